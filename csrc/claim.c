@@ -1,0 +1,427 @@
+/* The claim pass: pick up to `budget` due rows across lanes, lease them, lock-free.
+ *
+ * Per lane, one one-sided seek: binary search for encode(lane, floor * 60000) and read forward
+ * at most `window` entries, stopping at the first entry not yet due; an entry of another lane
+ * (spill) ends the lane and is counted, never granted. Entries whose key no longer equals the
+ * row's key are stale: skipped and counted. Rows written since the last merge are read from the
+ * ring, but only for a lane whose ring_min says one of them is due. Lanes are opened lazily, in
+ * the order the policy asks for them, so a pass touches only the lanes it grants from (and the
+ * first candidate of each share class).
+ *
+ * Who gets served (policy, applied here and stated in Python as engine.policy.reference_pass):
+ *   1. every share class with a claimable row accrues share * budget credit, capped at that
+ *      plus one grant: a class with nothing due banks nothing;
+ *   2. urgent takes at most its credit (a cap on drain share, not on admission);
+ *   3. each min_share class, in lane order, takes up to its credit (a floor);
+ *   4. the rest goes in lane order, or by global due time with remainder = edf; what a floor
+ *      class gets from it counts against its credit.
+ * Credits are shared words (one cache line each), so shares hold over time across every worker
+ * and every budget: 100 calls of budget 1 with only urgent rows due grant about 20.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+
+#include "layout.h"
+
+#define RING_CANDS 64
+#define RING_SCAN_ADVISE 1024
+
+typedef struct {
+    uint64_t key;
+    uint32_t row;
+} Cand;
+
+typedef struct {
+    uint64_t stamp;       /* pass id that opened it */
+    uint32_t lane;
+    int idx_done, ring_overflow, done;
+    uint64_t floor_word;  /* W: read before the index and the ring */
+    uint64_t ring_min;
+    uint64_t due_limit;   /* encode(lane, now) */
+    uint32_t pos, end;
+    uint64_t first_live;  /* key of the first live entry seen, or RL_KEY_NONE */
+    uint64_t last_key;    /* key of the last entry of this lane read */
+    int have_idx;
+    Cand idx;
+    uint32_t rn, ri;
+    Cand ring[RING_CANDS];
+    int have_peek;
+    Cand peek;
+    uint64_t peek_word;
+    uint32_t granted, spilled, stale, refused;
+} Cursor;
+
+typedef struct {
+    rl_seg *s;
+    uint32_t owner;
+    int64_t now, lease_ms;
+    uint32_t window, used;
+    uint64_t gen, stamp;
+    uint32_t count;
+    const _Atomic uint64_t *ik;
+    const _Atomic uint32_t *ir;
+    const _Atomic uint32_t *lane_start;
+    rl_policy *p;
+    uint32_t lanes;       /* lanes to consider */
+    uint32_t n, budget;
+    int64_t *out_rows, *out_lanes, *out_due, *out_tokens;
+    uint32_t advice;
+    Cursor *opened[RL_MAX_LANES];
+    uint32_t nopened;
+    uint32_t cls_granted[RL_CLASSES];
+} Pass;
+
+/* Per thread, so a pass allocates nothing: cursors, the owner-liveness memo, the policy cache. */
+static __thread Cursor tls_cursors[RL_MAX_LANES];
+static __thread uint64_t tls_stamp;
+static __thread uint8_t tls_memo[RL_MAX_OWNERS];
+static __thread rl_seg *tls_policy_seg;
+static __thread uint64_t tls_policy_version = UINT64_MAX;
+static __thread rl_policy tls_policy;
+
+static rl_policy *policy_cached(rl_seg *s) {
+    uint64_t v = atomic_load(&s->h->policy_version);
+    if (tls_policy_seg != s || tls_policy_version != v) {
+        rl_policy_read(s, &tls_policy);
+        tls_policy_seg = s;
+        tls_policy_version = atomic_load(&s->h->policy_version) == v ? v : UINT64_MAX;
+    }
+    return &tls_policy;
+}
+
+static int row_live(const Pass *P, uint32_t row, uint64_t key) {
+    return row < P->used && atomic_load_explicit(&P->s->rows[row].key, memory_order_acquire) == key;
+}
+
+/* Keep the RING_CANDS smallest due ring entries of a lane, sorted. */
+static void ring_collect(Pass *P, Cursor *c) {
+    rl_seg *s = P->s;
+    uint64_t cap = s->h->ring_capacity;
+    uint64_t head = atomic_load(&s->h->ring_head);
+    uint64_t tail = atomic_load(&s->h->ring_tail);
+    if (tail - head > RING_SCAN_ADVISE) P->advice |= RL_ADVISE_COMPACT;
+    uint64_t lo = rl_encode(c->lane, 0);
+    for (uint64_t pos = head; pos < tail; pos++) {
+        rl_ring_slot *slot = &s->ring[pos % cap];
+        uint64_t st = atomic_load_explicit(&slot->state, memory_order_acquire);
+        if (st != pos * 4 + 1) continue;
+        uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
+        uint32_t row = (uint32_t)atomic_load_explicit(&slot->row, memory_order_relaxed);
+        if (atomic_load_explicit(&slot->state, memory_order_acquire) != st) continue; /* reused */
+        if (key < lo || key > c->due_limit || !row_live(P, row, key)) continue;
+        if (c->rn == RING_CANDS) {
+            c->ring_overflow = 1;
+            if (key >= c->ring[RING_CANDS - 1].key) continue;
+            c->rn--; /* drop the largest */
+        }
+        uint32_t i = c->rn++;
+        while (i > 0 && (c->ring[i - 1].key > key || (c->ring[i - 1].key == key && c->ring[i - 1].row > row))) {
+            c->ring[i] = c->ring[i - 1];
+            i--;
+        }
+        c->ring[i] = (Cand){key, row};
+    }
+}
+
+static Cursor *lane_open(Pass *P, uint32_t lane) {
+    Cursor *c = &tls_cursors[lane];
+    if (c->stamp == P->stamp) return c;
+    rl_seg *s = P->s;
+    c->stamp = P->stamp;
+    c->lane = lane;
+    c->idx_done = c->ring_overflow = c->done = c->have_idx = c->have_peek = 0;
+    c->rn = c->ri = 0;
+    c->granted = c->spilled = c->stale = c->refused = 0;
+    c->first_live = c->last_key = RL_KEY_NONE;
+    c->due_limit = rl_encode(lane, (uint64_t)P->now);
+    uint32_t lo = atomic_load_explicit(&P->lane_start[lane], memory_order_relaxed);
+    uint32_t hi = atomic_load_explicit(&P->lane_start[lane + 1], memory_order_relaxed);
+    if (hi > P->count) hi = P->count;
+    if (lo > hi) lo = hi;
+    /* Nothing due in this lane, neither indexed nor recent: leave it unopened (no seek). */
+    int idx_due = lo < hi && atomic_load_explicit(&P->ik[lo], memory_order_relaxed) <= c->due_limit;
+    uint64_t rmin = atomic_load(&s->lanes[lane].ring_min);
+    if (!idx_due && rmin > c->due_limit) {
+        c->done = 1;
+        c->stamp = P->stamp - 1; /* not opened: no floor work */
+        return NULL;
+    }
+    c->floor_word = atomic_load(&s->lanes[lane].floor); /* (a) before the scan */
+    uint64_t seek = rl_encode(lane, (uint64_t)RL_FLOOR_MINUTE(c->floor_word) * 60000u);
+    while (lo < hi) { /* lower bound of `seek`; reading on past `hi` is the one-sided part */
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (atomic_load_explicit(&P->ik[mid], memory_order_relaxed) < seek) lo = mid + 1;
+        else hi = mid;
+    }
+    c->pos = lo;
+    c->end = (P->count - lo > P->window) ? lo + P->window : P->count;
+    c->ring_min = atomic_load(&s->lanes[lane].ring_min); /* (b) after W */
+    if (c->ring_min <= c->due_limit) ring_collect(P, c);
+    P->opened[P->nopened++] = c;
+    return c;
+}
+
+/* The next index entry of the lane that is live and due, or none. */
+static void idx_advance(Pass *P, Cursor *c) {
+    while (!c->have_idx && !c->idx_done) {
+        if (c->pos >= c->end) {
+            c->idx_done = 1;
+            break;
+        }
+        uint64_t key = atomic_load_explicit(&P->ik[c->pos], memory_order_relaxed);
+        uint32_t row = atomic_load_explicit(&P->ir[c->pos], memory_order_relaxed);
+        c->pos++;
+        if (rl_key_lane(key) != c->lane) {
+            if (rl_key_lane(key) > c->lane) c->spilled++; /* the next lane's rows: dropped */
+            else c->stale++;                             /* torn read of a rewritten buffer */
+            c->idx_done = 1;
+            break;
+        }
+        c->last_key = key;
+        int live = row_live(P, row, key);
+        if (live && c->first_live == RL_KEY_NONE) c->first_live = key;
+        if (key > c->due_limit) { /* first entry not yet due: the lane ends here */
+            c->idx_done = 1;
+            break;
+        }
+        if (!live) {
+            c->stale++;
+            continue;
+        }
+        c->idx = (Cand){key, row};
+        c->have_idx = 1;
+    }
+}
+
+/* Peek the lane's next claimable candidate in EDF order; 0 when the lane has none left. */
+static int lane_peek(Pass *P, Cursor *c) {
+    if (!c || c->done) return 0;
+    if (c->have_peek) return 1;
+    for (;;) {
+        idx_advance(P, c);
+        int has_ring = c->ri < c->rn;
+        Cand cand;
+        if (c->have_idx && has_ring) {
+            Cand *r = &c->ring[c->ri];
+            if (r->key < c->idx.key || (r->key == c->idx.key && r->row < c->idx.row)) {
+                cand = *r;
+                c->ri++;
+            } else {
+                cand = c->idx;
+                c->have_idx = 0;
+            }
+        } else if (c->have_idx) {
+            if (c->ring_overflow) { /* unread ring rows may precede it: keep EDF, stop here */
+                c->done = 1;
+                return 0;
+            }
+            cand = c->idx;
+            c->have_idx = 0;
+        } else if (has_ring) {
+            cand = c->ring[c->ri++];
+        } else {
+            c->done = 1;
+            return 0;
+        }
+        uint64_t w = atomic_load_explicit(&P->s->rows[cand.row].lease, memory_order_acquire);
+        if (!rl_lease_claimable(P->s, w, P->now, tls_memo)) {
+            c->refused++;
+            continue;
+        }
+        c->peek = cand;
+        c->peek_word = w;
+        c->have_peek = 1;
+        return 1;
+    }
+}
+
+/* Lease the peeked candidate; 1 on a grant. */
+static int lane_take_one(Pass *P, Cursor *c) {
+    rl_seg *s = P->s;
+    while (lane_peek(P, c)) {
+        c->have_peek = 0;
+        rl_row *row = &s->rows[c->peek.row];
+        uint64_t w = c->peek_word;
+        int64_t exp = P->now + P->lease_ms;
+        if (exp > (int64_t)RL_HORIZON) exp = (int64_t)RL_HORIZON;
+        uint64_t nw = RL_LEASE_MAKE(exp, P->owner, RL_LEASE_TOK(w) + 1u);
+        if (!atomic_compare_exchange_strong(&row->lease, &w, nw)) {
+            c->refused++;
+            continue;
+        }
+        /* The key may have moved between the check and the CAS (remove, prioritize). */
+        uint64_t key = atomic_load(&row->key);
+        if (key == RL_KEY_NONE || rl_key_due(key) > (uint64_t)P->now) {
+            uint64_t back = nw;
+            atomic_compare_exchange_strong(&row->lease, &back, RL_LEASE_FREE(nw));
+            c->stale++;
+            continue;
+        }
+        uint32_t i = P->n++;
+        P->out_rows[i] = c->peek.row;
+        P->out_lanes[i] = rl_key_lane(key);
+        P->out_due[i] = (int64_t)rl_key_due(key);
+        P->out_tokens[i] = (int64_t)nw;
+        c->granted++;
+        P->cls_granted[rl_class_of(P->p, c->lane)]++;
+        return 1;
+    }
+    return 0;
+}
+
+static uint32_t lane_take(Pass *P, uint32_t lane, uint32_t want) {
+    uint32_t got = 0;
+    if (want == 0 || P->n >= P->budget) return 0;
+    Cursor *c = lane_open(P, lane);
+    while (got < want && P->n < P->budget && lane_take_one(P, c)) got++;
+    return got;
+}
+
+static uint32_t class_take(Pass *P, uint32_t cls, uint32_t want) {
+    uint32_t got = 0;
+    for (uint32_t l = 0; l < P->lanes && got < want; l++)
+        if (rl_class_of(P->p, l) == cls) got += lane_take(P, l, want - got);
+    return got;
+}
+
+static int class_has_due(Pass *P, uint32_t cls) {
+    for (uint32_t l = 0; l < P->lanes; l++)
+        if (rl_class_of(P->p, l) == cls && lane_peek(P, lane_open(P, l))) return 1;
+    return 0;
+}
+
+/* ---- share credit: shared words, CAS only ---- */
+
+static void credit_accrue(rl_seg *s, uint32_t cls, int64_t add, int64_t cap) {
+    _Atomic int64_t *w = &s->h->credit[cls].credit;
+    int64_t cur = atomic_load(w), next;
+    do {
+        next = cur + add < cap ? cur + add : cap;
+    } while (!atomic_compare_exchange_weak(w, &cur, next));
+}
+
+static uint32_t credit_whole(rl_seg *s, uint32_t cls) {
+    int64_t c = atomic_load(&s->h->credit[cls].credit);
+    return c > 0 ? (uint32_t)(c / RL_ONE) : 0;
+}
+
+static void credit_spend(rl_seg *s, uint32_t cls, uint32_t got) {
+    if (got) atomic_fetch_sub(&s->h->credit[cls].credit, (int64_t)got * RL_ONE);
+}
+
+/* Grants a floor class got from the remainder count against its credit, down to zero. */
+static void credit_absorb(rl_seg *s, uint32_t cls, uint32_t got) {
+    _Atomic int64_t *w = &s->h->credit[cls].credit;
+    int64_t cur = atomic_load(w), next;
+    if (!got) return;
+    do {
+        if (cur <= 0) return;
+        next = cur - (int64_t)got * RL_ONE;
+        if (next < 0) next = 0;
+    } while (!atomic_compare_exchange_weak(w, &cur, next));
+}
+
+/* ---- the pass ---- */
+
+static void remainder_edf(Pass *P, int skip_urgent) {
+    while (P->n < P->budget) {
+        int best = -1;
+        uint64_t best_due = 0;
+        for (uint32_t l = skip_urgent ? 1 : 0; l < P->lanes; l++) {
+            Cursor *c = lane_open(P, l);
+            if (!lane_peek(P, c)) continue;
+            uint64_t due = rl_key_due(c->peek.key);
+            if (best < 0 || due < best_due) {
+                best = (int)l;
+                best_due = due;
+            }
+        }
+        if (best < 0) break;
+        lane_take(P, (uint32_t)best, 1); /* a lost race exhausts the lane or grants; no spin */
+    }
+}
+
+static void floors_raise(Pass *P) {
+    rl_seg *s = P->s;
+    int gen_moved = atomic_load(&s->h->index_gen) != P->gen; /* (c) */
+    for (uint32_t i = 0; i < P->nopened; i++) {
+        Cursor *c = P->opened[i];
+        uint32_t l = c->lane;
+        rl_lane *ln = &s->lanes[l];
+        if (c->granted) atomic_fetch_add_explicit(&ln->granted, c->granted, memory_order_relaxed);
+        if (c->spilled) atomic_fetch_add_explicit(&ln->spilled, c->spilled, memory_order_relaxed);
+        if (c->stale) atomic_fetch_add_explicit(&ln->stale_skipped, c->stale, memory_order_relaxed);
+        if (c->refused) atomic_fetch_add_explicit(&ln->lease_refused, c->refused, memory_order_relaxed);
+        if (gen_moved) continue;
+        uint64_t basis = c->first_live != RL_KEY_NONE ? c->first_live : c->last_key;
+        if (basis == RL_KEY_NONE) continue;
+        if (c->ring_min < basis) basis = c->ring_min;
+        rl_floor_raise(s, l, c->floor_word, rl_minute(rl_key_due(basis)));
+    }
+}
+
+int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t lease_ms,
+             uint32_t window, int64_t *out_rows, int64_t *out_lanes, int64_t *out_due,
+             int64_t *out_tokens, uint32_t *advice) {
+    if (budget == 0 || window == 0 || lease_ms <= 0 || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
+        return RL_E_VALUE;
+    if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE;
+    Pass P;
+    P.s = s;
+    P.owner = owner;
+    P.now = now_ms;
+    P.lease_ms = lease_ms;
+    P.window = window;
+    P.used = atomic_load(&s->h->rows_used);
+    if (P.used > s->h->row_capacity) P.used = s->h->row_capacity;
+    P.gen = atomic_load(&s->h->index_gen);
+    uint32_t buf = P.gen & 1;
+    P.count = atomic_load(&s->h->index_count[buf]);
+    if (P.count > s->h->row_capacity) P.count = s->h->row_capacity;
+    P.ik = s->ikeys[buf];
+    P.ir = s->irows[buf];
+    P.lane_start = s->h->lane_start[buf];
+    P.p = policy_cached(s);
+    P.lanes = RL_MAX_LANES;
+    P.n = 0;
+    P.budget = budget;
+    P.out_rows = out_rows;
+    P.out_lanes = out_lanes;
+    P.out_due = out_due;
+    P.out_tokens = out_tokens;
+    P.advice = 0;
+    P.nopened = 0;
+    memset(P.cls_granted, 0, sizeof P.cls_granted);
+    P.stamp = ++tls_stamp;
+    memset(tls_memo, 0, sizeof tls_memo);
+
+    const rl_policy *p = P.p;
+    if (!p->lanes_enabled) {
+        for (uint32_t l = 0; l < P.lanes && P.n < budget; l++) lane_take(&P, l, budget);
+    } else {
+        int capped = p->urgent_share < RL_ONE;
+        /* 1. accrue */
+        for (uint32_t cls = 0; cls < RL_CLASSES; cls++) {
+            int64_t fp = cls == 0 ? (capped ? p->urgent_share : 0) : p->min_share[cls];
+            if (fp > 0 && class_has_due(&P, cls))
+                credit_accrue(s, cls, fp * budget, fp * budget + RL_ONE);
+        }
+        /* 2. urgent, capped */
+        if (capped) credit_spend(s, 0, lane_take(&P, 0, credit_whole(s, 0)));
+        /* 3. floors, in lane order of their classes */
+        for (uint32_t cls = 1; cls < RL_CLASSES; cls++)
+            if (p->min_share[cls] > 0) credit_spend(s, cls, class_take(&P, cls, credit_whole(s, cls)));
+        /* 4. remainder */
+        uint32_t before[RL_CLASSES];
+        memcpy(before, P.cls_granted, sizeof before);
+        if (p->remainder_edf) remainder_edf(&P, capped);
+        else
+            for (uint32_t l = capped ? 1 : 0; l < P.lanes && P.n < budget; l++) lane_take(&P, l, budget);
+        for (uint32_t cls = 1; cls < RL_CLASSES; cls++)
+            if (p->min_share[cls] > 0) credit_absorb(s, cls, P.cls_granted[cls] - before[cls]);
+    }
+    floors_raise(&P);
+    if (atomic_load_explicit(&s->h->repair_needed, memory_order_relaxed)) P.advice |= RL_ADVISE_REAP;
+    if (advice) *advice = P.advice;
+    return (int)P.n;
+}

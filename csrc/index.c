@@ -1,0 +1,315 @@
+/* The index: sorted (key, row) arrays in the segment, a ring of recent writes, and the merge.
+ *
+ * The row table is the truth; the index is a hint. A claim pass accepts a candidate only when
+ * the row's current key still equals the candidate's key and a CAS on its lease word succeeds,
+ * so a stale or torn read of the index or the ring can only miss a row, never grant a wrong one.
+ *
+ * Two index generations live side by side. The merge (whoever wins the compactor word) writes
+ * the inactive one from the live entries of the active one plus the published ring entries,
+ * then publishes it with one store of index_gen, advances ring_head, and bumps every lane's
+ * floor epoch; claim passes never wait for it. A pass still reading the old generation can only
+ * miss rows that moved, and cannot raise a floor because the generation moved under it.
+ *
+ * Ring slots carry a state word, position * 4 + {1 published, 2 abandoned}. A writer reserves
+ * slots by CAS on ring_tail, fills them and publishes each by CAS from the state it found; the
+ * merge abandons a slot that stays unpublished past a deadline (its writer was killed between
+ * the two steps) by a CAS from the same state, and a writer that loses that race appends again.
+ * Writers store the row's key before appending, so a row whose append is lost or abandoned is
+ * still queued in the row table and comes back at the next full rebuild (rl_repair).
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "layout.h"
+
+#define ABANDON_AFTER_NS 50000000LL /* 50 ms */
+
+static int64_t mono_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+void rl_ring_min_note(rl_seg *s, uint64_t key) {
+    _Atomic uint64_t *m = &s->lanes[rl_key_lane(key)].ring_min;
+    uint64_t cur = atomic_load(m);
+    while (key < cur && !atomic_compare_exchange_weak(m, &cur, key))
+        ;
+}
+
+int rl_compact(rl_seg *s, uint32_t owner, int full_rebuild);
+
+int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
+                   const uint32_t *rows, uint32_t *advice) {
+    uint64_t cap = s->h->ring_capacity;
+    uint64_t lane_min[RL_MAX_LANES];
+    if (n == 0) return RL_OK;
+    if (n > cap) return RL_E_CAPACITY;
+    for (uint32_t l = 0; l < RL_MAX_LANES; l++) lane_min[l] = RL_KEY_NONE;
+    uint32_t done = 0;
+    while (done < n) {
+        uint32_t want = n - done;
+        uint64_t tail = atomic_load(&s->h->ring_tail);
+        uint64_t head = atomic_load(&s->h->ring_head);
+        if (tail + want - head > cap) {
+            int rc = rl_compact(s, owner, 0);
+            if (rc == RL_E_BUSY) sched_yield();
+            else if (rc != RL_OK) return rc;
+            continue;
+        }
+        if (!atomic_compare_exchange_weak(&s->h->ring_tail, &tail, tail + want)) continue;
+        for (uint32_t i = 0; i < want; i++) {
+            uint64_t pos = tail + i;
+            rl_ring_slot *slot = &s->ring[pos % cap];
+            uint64_t key = keys[done + i];
+            uint64_t old = atomic_load(&slot->state);
+            int ok = 0;
+            if ((old >> 2) != pos) { /* not abandoned under us (yet) */
+                atomic_store_explicit(&slot->key, key, memory_order_relaxed);
+                atomic_store_explicit(&slot->row, rows[done + i], memory_order_relaxed);
+                ok = atomic_compare_exchange_strong(&slot->state, &old, pos * 4 + 1);
+            }
+            if (ok) {
+                uint32_t l = rl_key_lane(key);
+                if (key < lane_min[l]) lane_min[l] = key;
+            } else {
+                /* The merge abandoned this slot while we were descheduled: append it again. */
+                int rc = rl_ring_append(s, owner, 1, &keys[done + i], &rows[done + i], advice);
+                if (rc != RL_OK) return rc;
+            }
+        }
+        done += want;
+    }
+    for (uint32_t l = 0; l < RL_MAX_LANES; l++)
+        if (lane_min[l] != RL_KEY_NONE) rl_ring_min_note(s, lane_min[l]);
+    uint64_t used = atomic_load(&s->h->ring_tail) - atomic_load(&s->h->ring_head);
+    if (advice && used * 2 > cap) *advice |= RL_ADVISE_COMPACT;
+    return RL_OK;
+}
+
+/* ================================================================ compactor word ===== */
+
+int rl_compactor_acquire(rl_seg *s, uint32_t owner) {
+    for (;;) {
+        uint64_t cur = 0;
+        if (atomic_compare_exchange_strong(&s->h->compactor, &cur, owner)) return RL_OK;
+        /* Held: by a live process, wait for it; by a dead one, take it over. */
+        if (rl_owner_alive(s, (uint32_t)cur, NULL)) return RL_E_BUSY;
+        if (atomic_compare_exchange_strong(&s->h->compactor, &cur, owner)) return RL_OK;
+    }
+}
+
+void rl_compactor_release(rl_seg *s, uint32_t owner) {
+    uint64_t cur = owner;
+    atomic_compare_exchange_strong(&s->h->compactor, &cur, 0);
+}
+
+/* ================================================================ sorting ===== */
+
+typedef struct {
+    uint64_t key;
+    uint32_t row;
+    uint32_t pad;
+} Entry;
+
+static int Entry_Cmp(const void *a, const void *b) {
+    const Entry *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return (x->row > y->row) - (x->row < y->row);
+}
+
+/* LSD radix sort on (key, row): keys are below 2^53, so five 11-bit digits of the key, and
+ * one stable pass per digit keeps equal keys in row order (the scan put them in row order). */
+static int Entry_RadixSort(Entry *a, size_t n) {
+    if (n < 4096) {
+        qsort(a, n, sizeof(Entry), Entry_Cmp);
+        return RL_OK;
+    }
+    Entry *tmp = malloc(n * sizeof(Entry));
+    if (!tmp) return RL_E_SYS;
+    size_t count[2048];
+    Entry *src = a, *dst = tmp;
+    for (int shift = 0; shift < 55; shift += 11) {
+        memset(count, 0, sizeof count);
+        for (size_t i = 0; i < n; i++) count[(src[i].key >> shift) & 2047]++;
+        size_t sum = 0;
+        for (int d = 0; d < 2048; d++) {
+            size_t c = count[d];
+            count[d] = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++) dst[count[(src[i].key >> shift) & 2047]++] = src[i];
+        Entry *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != a) memcpy(a, src, n * sizeof(Entry));
+    free(tmp);
+    return RL_OK;
+}
+
+/* ================================================================ the merge ===== */
+
+static int row_live(rl_seg *s, uint32_t row, uint64_t key, uint32_t used) {
+    return row < used && atomic_load_explicit(&s->rows[row].key, memory_order_acquire) == key;
+}
+
+/* Wait for the ring's published prefix; abandon a slot whose writer never finished. */
+static uint64_t ring_settle(rl_seg *s, uint64_t head, uint64_t tail) {
+    uint64_t cap = s->h->ring_capacity, pos = head;
+    int64_t waited_from = 0;
+    while (pos < tail) {
+        rl_ring_slot *slot = &s->ring[pos % cap];
+        uint64_t st = atomic_load(&slot->state);
+        if ((st >> 2) == pos && (st & 3)) {
+            pos++;
+            waited_from = 0;
+            continue;
+        }
+        int64_t now = mono_ns();
+        if (!waited_from) waited_from = now;
+        if (now - waited_from > ABANDON_AFTER_NS) {
+            atomic_compare_exchange_strong(&slot->state, &st, pos * 4 + 2);
+            continue; /* either we abandoned it or its writer just published it */
+        }
+        sched_yield();
+    }
+    return pos;
+}
+
+int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
+    rl_header *h = s->h;
+    (void)owner;
+    uint64_t gen = atomic_load(&h->index_gen);
+    uint32_t src = gen & 1, dst = src ^ 1;
+    uint32_t cap = h->row_capacity;
+    uint32_t used = atomic_load(&h->rows_used);
+    if (used > cap) used = cap;
+    uint64_t head = atomic_load(&h->ring_head);
+    uint64_t tail = atomic_load(&h->ring_tail);
+    uint64_t upto = ring_settle(s, head, tail);
+    uint64_t rcap = h->ring_capacity;
+    _Atomic uint64_t *dk = s->ikeys[dst];
+    _Atomic uint32_t *dr = s->irows[dst];
+    uint32_t m = 0;
+
+    if (lane_min)
+        for (uint32_t l = 0; l < RL_MAX_LANES; l++) lane_min[l] = UINT32_MAX;
+
+    if (!full) {
+        size_t nr = 0;
+        Entry *fresh = malloc((size_t)(upto - head + 1) * sizeof(Entry));
+        if (!fresh) return RL_E_SYS;
+        for (uint64_t pos = head; pos < upto; pos++) {
+            rl_ring_slot *slot = &s->ring[pos % rcap];
+            if (atomic_load(&slot->state) != pos * 4 + 1) continue; /* abandoned */
+            uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
+            uint32_t row = (uint32_t)atomic_load_explicit(&slot->row, memory_order_relaxed);
+            if (row_live(s, row, key, used)) fresh[nr++] = (Entry){key, row, 0};
+        }
+        qsort(fresh, nr, sizeof(Entry), Entry_Cmp);
+        uint32_t nsrc = atomic_load(&h->index_count[src]);
+        if (nsrc > cap) nsrc = cap;
+        _Atomic uint64_t *sk = s->ikeys[src];
+        _Atomic uint32_t *sr = s->irows[src];
+        size_t i = 0, j = 0;
+        uint64_t last_key = RL_KEY_NONE;
+        uint32_t last_row = UINT32_MAX;
+        while (i < nsrc || j < nr) {
+            Entry e;
+            if (j >= nr || (i < nsrc && (atomic_load_explicit(&sk[i], memory_order_relaxed) < fresh[j].key ||
+                                         (atomic_load_explicit(&sk[i], memory_order_relaxed) == fresh[j].key &&
+                                          atomic_load_explicit(&sr[i], memory_order_relaxed) <= fresh[j].row)))) {
+                e.key = atomic_load_explicit(&sk[i], memory_order_relaxed);
+                e.row = atomic_load_explicit(&sr[i], memory_order_relaxed);
+                i++;
+                if (!row_live(s, e.row, e.key, used)) continue; /* stale: dropped here */
+            } else {
+                e = fresh[j++];
+            }
+            if (e.key == last_key && e.row == last_row) continue;
+            if (m >= cap) { /* a row seen live at two keys while it moved: rebuild instead */
+                full = 1;
+                break;
+            }
+            atomic_store_explicit(&dk[m], e.key, memory_order_relaxed);
+            atomic_store_explicit(&dr[m], e.row, memory_order_relaxed);
+            m++;
+            last_key = e.key;
+            last_row = e.row;
+        }
+        free(fresh);
+    }
+    if (full) {
+        Entry *all = malloc((size_t)(used + 1) * sizeof(Entry));
+        if (!all) return RL_E_SYS;
+        size_t n = 0;
+        for (uint32_t r = 0; r < used; r++) {
+            uint64_t key = atomic_load_explicit(&s->rows[r].key, memory_order_acquire);
+            if (key == RL_KEY_NONE) continue;
+            all[n++] = (Entry){key, r, 0};
+            if (lane_min) {
+                uint32_t l = rl_key_lane(key), mi = rl_minute(rl_key_due(key));
+                if (l < RL_MAX_LANES && mi < lane_min[l]) lane_min[l] = mi;
+            }
+        }
+        int rc = Entry_RadixSort(all, n);
+        if (rc != RL_OK) {
+            free(all);
+            return rc;
+        }
+        m = 0;
+        for (size_t i = 0; i < n; i++) {
+            atomic_store_explicit(&dk[m], all[i].key, memory_order_relaxed);
+            atomic_store_explicit(&dr[m], all[i].row, memory_order_relaxed);
+            m++;
+        }
+        free(all);
+    }
+    /* Lane starts of the new generation: the first position of each lane. */
+    uint32_t p = 0;
+    for (uint32_t l = 0; l <= RL_MAX_LANES; l++) {
+        while (p < m && rl_key_lane(atomic_load_explicit(&dk[p], memory_order_relaxed)) < l) p++;
+        atomic_store_explicit(&h->lane_start[dst][l], p, memory_order_relaxed);
+    }
+    atomic_store(&h->index_count[dst], m);
+    uint64_t old_min[RL_MAX_LANES], new_min[RL_MAX_LANES];
+    for (uint32_t l = 0; l < RL_MAX_LANES; l++) old_min[l] = atomic_load(&s->lanes[l].ring_min);
+    atomic_store(&h->index_gen, gen + 1); /* publish */
+    atomic_store(&h->ring_head, upto);
+    /* ring_min now covers only what is left in the ring. Read the old values before the tail:
+     * a writer that lowered one after that read makes our CAS fail, which leaves the (lower,
+     * still conservative) value in place. */
+    for (uint32_t l = 0; l < RL_MAX_LANES; l++) new_min[l] = RL_KEY_NONE;
+    uint64_t tail_now = atomic_load(&h->ring_tail);
+    for (uint64_t pos = upto; pos < tail_now; pos++) {
+        rl_ring_slot *slot = &s->ring[pos % rcap];
+        uint64_t st = atomic_load(&slot->state);
+        if ((st >> 2) == pos && (st & 3) == 2) continue;
+        uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
+        if ((st >> 2) != pos) { /* still being written: keep its lane conservative */
+            for (uint32_t l = 0; l < RL_MAX_LANES; l++) new_min[l] = old_min[l];
+            break;
+        }
+        uint32_t l = rl_key_lane(key);
+        if (l < RL_MAX_LANES && key < new_min[l]) new_min[l] = key;
+    }
+    for (uint32_t l = 0; l < RL_MAX_LANES; l++) {
+        uint64_t expect = old_min[l];
+        if (new_min[l] != old_min[l])
+            atomic_compare_exchange_strong(&s->lanes[l].ring_min, &expect, new_min[l]);
+    }
+    rl_floor_bump_all(s);
+    return RL_OK;
+}
+
+int rl_compact(rl_seg *s, uint32_t owner, int full_rebuild) {
+    int rc = rl_compactor_acquire(s, owner);
+    if (rc != RL_OK) return rc;
+    rc = rl_compact_locked(s, owner, full_rebuild, NULL);
+    rl_compactor_release(s, owner);
+    return rc;
+}

@@ -1,0 +1,171 @@
+/* render-lanes C core: the public C API, and the cffi cdef source.
+ *
+ * engine/_build.py feeds this file to ffi.cdef() after dropping the preprocessor lines
+ * marked CDEF-SKIP, so keep it to plain declarations and `#define NAME integer`. The layout of
+ * the segment itself is private to the C files (csrc/layout.h).
+ */
+#ifndef RL_LANES_H /* CDEF-SKIP */
+#define RL_LANES_H /* CDEF-SKIP */
+#include <stdint.h> /* CDEF-SKIP */
+
+/* Status codes. engine/errors.py maps each one to an exception; keep the two in step. */
+#define RL_OK 0
+#define RL_E_LAYOUT -1
+#define RL_E_LEASE -2
+#define RL_E_CAPACITY -3
+#define RL_E_VALUE -4
+#define RL_E_RANGE -5
+#define RL_E_SYS -6
+#define RL_E_TIMEOUT -7
+#define RL_E_EXISTS -8
+#define RL_E_NOTFOUND -9
+#define RL_E_NOTALLOWED -10
+#define RL_E_BUSY -11
+
+#define RL_LAYOUT_VERSION 1
+#define RL_MAX_LANES 64
+#define RL_MAX_BANDS 30
+#define RL_MAX_OWNERS 1024
+#define RL_CLASSES 4
+#define RL_ONE 65536
+
+/* Flags a claim pass reports back (rl_claim's *advice). */
+#define RL_ADVISE_COMPACT 1
+#define RL_ADVISE_REAP 2
+
+/* Row provenance codes. */
+#define RL_PROV_SUBMITTED 0
+#define RL_PROV_DISCOVERED 1
+
+typedef struct rl_seg rl_seg; /* one process's handle on a mapped segment */
+
+/* The policy as the segment stores it. Shares in RL_ONE fixed point. */
+typedef struct {
+    uint32_t band_count;              /* number of band boundaries n (lanes = 2n + 4) */
+    uint32_t bands[30];               /* boundaries in seconds, ascending */
+    uint32_t cold_after;
+    uint32_t urgent_share;            /* RL_ONE = uncapped */
+    uint32_t min_share[4];            /* indexed by class: 0 urgent (unused), 1 submitted, 2 discovered, 3 cold */
+    uint32_t remainder_edf;           /* 0 lane order, 1 global EDF */
+    uint32_t lanes_enabled;
+    double urgent_share_exact;        /* the shares as the caller gave them, for reading back */
+    double min_share_exact[4];
+} rl_policy;
+
+typedef struct {
+    uint64_t magic;
+    uint32_t layout_version;
+    uint32_t max_lanes;
+    uint64_t total_bytes;
+    uint32_t row_capacity;
+    uint32_t ring_capacity;
+    uint32_t rows_used;
+    uint32_t index_count;
+    uint64_t index_gen;
+    uint64_t ring_head;
+    uint64_t ring_tail;
+    uint64_t created_ms;
+} rl_info;
+
+typedef struct {
+    uint64_t floor_word;      /* minute << 32 | epoch */
+    uint64_t ring_min;        /* lowest key appended to the ring since the last merge */
+    uint64_t granted;
+    uint64_t spilled;
+    uint64_t stale_skipped;
+    uint64_t lease_refused;
+    uint64_t queued;          /* filled by rl_stats (row walk) */
+    uint64_t due;
+    uint64_t leased;
+} rl_lane_stats;
+
+typedef struct {
+    int32_t code;     /* RL_V_* below */
+    uint32_t row;
+    uint32_t lane;
+    uint64_t detail;
+} rl_problem;
+
+#define RL_V_BELOW_FLOOR 1
+#define RL_V_NOT_FINDABLE 2
+#define RL_V_INDEX_ORDER 3
+#define RL_V_INDEX_ROW 4
+#define RL_V_UNKNOWN_OWNER 5
+#define RL_V_BAD_KEY 6
+#define RL_V_LANE_START 7
+#define RL_V_HEADER 8
+
+typedef struct {
+    uint32_t row;
+    uint32_t lane;
+    int64_t due_ms;
+    uint64_t key;
+    uint64_t lease;
+    int64_t lease_expiry_ms;  /* -1 when not leased */
+    uint32_t lease_owner;
+    uint32_t interval_s;
+    uint32_t failures;
+    uint32_t provenance;
+    uint32_t urgent;
+    uint32_t queued;
+} rl_row_info;
+
+/* ---- keys (the C mirror of engine/keys.py) ---- */
+uint64_t rl_encode(uint32_t lane, uint64_t due_ms);
+uint32_t rl_lane_for(const rl_policy *p, uint32_t provenance, uint32_t interval_s,
+                     uint32_t failures, int urgent);
+
+/* ---- segment: create / attach / close ---- */
+int rl_segment_size(uint32_t row_capacity, uint32_t ring_capacity, uint64_t *bytes);
+int rl_create(const char *name, uint32_t row_capacity, uint32_t ring_capacity,
+              const rl_policy *policy, int64_t now_ms, rl_seg **out);
+int rl_attach(const char *name, double timeout_s, rl_seg **out);
+void rl_close(rl_seg *s);
+int rl_unlink(const char *name);
+int rl_info_get(rl_seg *s, rl_info *out);
+int rl_layout_check(const void *base, uint64_t bytes);   /* 0 when `base` holds our layout */
+
+/* ---- owners ---- */
+int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *owner);
+int rl_owner_release(rl_seg *s, uint32_t owner);
+int rl_owner_get(rl_seg *s, uint32_t owner, uint32_t *pid, uint64_t *start_time, uint32_t *state);
+int rl_owner_mark_dead(rl_seg *s, uint32_t owner);
+int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed);
+
+/* ---- policy ---- */
+int rl_policy_get(rl_seg *s, rl_policy *out, uint64_t *version);
+int rl_policy_set(rl_seg *s, const rl_policy *p);
+int rl_credit_get(rl_seg *s, int64_t *credits);   /* RL_CLASSES values */
+
+/* ---- claim pass ---- */
+int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t lease_ms,
+             uint32_t window, int64_t *out_rows, int64_t *out_lanes, int64_t *out_due,
+             int64_t *out_tokens, uint32_t *advice);
+
+/* ---- writes ---- */
+int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due_ms,
+                const int64_t *interval_s, const int64_t *provenance, const int64_t *failures,
+                int64_t *out_rows, uint32_t *advice);
+int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
+                     const int64_t *tokens, const int64_t *next_due_ms, int64_t now_ms,
+                     uint8_t *ok, uint32_t *advice);
+int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t retry_at_ms,
+            int64_t now_ms, uint32_t *advice);
+int rl_release(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token);
+int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t now_ms,
+             int64_t lease_ms, uint64_t *new_token);
+int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now_ms,
+                  uint32_t *advice);
+int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice);
+int rl_restamp(rl_seg *s, uint32_t owner, uint32_t limit, uint32_t *restamped, uint32_t *remaining);
+
+/* ---- index ---- */
+int rl_compact(rl_seg *s, uint32_t owner, int full_rebuild);
+
+/* ---- looking at it ---- */
+int rl_row_info_get(rl_seg *s, uint32_t row, int64_t now_ms, rl_row_info *out);
+int rl_stats(rl_seg *s, int64_t now_ms, rl_lane_stats *lanes);
+int rl_verify(rl_seg *s, rl_problem *out, uint32_t max_out, uint32_t *found);
+int rl_rows_dump(rl_seg *s, uint32_t start, uint32_t n, uint64_t *keys, uint64_t *meta);
+
+#endif /* CDEF-SKIP */

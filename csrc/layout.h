@@ -1,0 +1,192 @@
+/* The segment layout, private to the C core.
+ *
+ * One named POSIX shared-memory object per engine:
+ *
+ *   [header page]          rl_header: magic, version, every size and offset, ready flag,
+ *                          then the hot shared words, each on its own 64-byte line
+ *   [lanes]                RL_MAX_LANES x rl_lane (floor word, ring minimum, counters)
+ *   [owners]               RL_MAX_OWNERS x rl_owner
+ *   [rows]                 row_capacity x rl_row (24 bytes: key, lease word, meta)
+ *   [index 0] [index 1]    two generations of (key uint64[cap], row uint32[cap])
+ *   [ring]                 ring_capacity x rl_ring_slot: recent writes not yet merged
+ *
+ * RL_LAYOUT_VERSION (csrc/lanes.h) must be bumped by any change to a struct in this file, to
+ * the order of the regions, or to the meaning of a word (the key, lease or meta packing). An
+ * attacher compares the version and recomputes every offset from the sizes; any difference is
+ * RL_E_LAYOUT, so no process ever reads a view with shifted offsets.
+ */
+#ifndef RL_LAYOUT_H
+#define RL_LAYOUT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lanes.h"
+
+#define RL_MAGIC 0x314E414C5F4C5252ULL /* "RRL_LAN1" little-endian */
+#define RL_LINE 64
+#define RL_KEY_NONE UINT64_MAX
+#define RL_STRIDE (1ULL << 42)
+#define RL_HORIZON (RL_STRIDE - 1)
+
+/* ---- lease word: [expiry_ms:42][owner:10][tok:12]; owner 0 = free ----
+ * The whole word is the fencing token handed to the caller: it changes on every grant (tok
+ * counts grants of the row, expiry and owner differ between holders), and one CAS on it takes,
+ * renews or ends a lease, so a stale token can never change a row. */
+#define RL_TOK_BITS 12
+#define RL_OWNER_BITS 10
+#define RL_LEASE_OWNER(w) ((uint32_t)(((w) >> RL_TOK_BITS) & ((1u << RL_OWNER_BITS) - 1)))
+#define RL_LEASE_TOK(w) ((uint32_t)((w) & ((1u << RL_TOK_BITS) - 1)))
+#define RL_LEASE_EXPIRY(w) ((int64_t)((w) >> (RL_TOK_BITS + RL_OWNER_BITS)))
+#define RL_LEASE_MAKE(exp, owner, tok)                                                        \
+    (((uint64_t)(exp) << (RL_TOK_BITS + RL_OWNER_BITS)) | ((uint64_t)(owner) << RL_TOK_BITS) | \
+     ((uint64_t)(tok) & ((1u << RL_TOK_BITS) - 1)))
+#define RL_LEASE_FREE(w) (RL_LEASE_MAKE(0, 0, RL_LEASE_TOK(w)))
+
+/* ---- meta word: [interval_s:32][failures:8][prov:1][urgent:1][allocated:1] ---- */
+#define RL_META_INTERVAL(m) ((uint32_t)((m) & 0xFFFFFFFFu))
+#define RL_META_FAILURES(m) ((uint32_t)(((m) >> 32) & 0xFFu))
+#define RL_META_PROV(m) ((uint32_t)(((m) >> 40) & 1u))
+#define RL_META_URGENT(m) ((uint32_t)(((m) >> 41) & 1u))
+#define RL_META_ALLOCATED(m) ((uint32_t)(((m) >> 42) & 1u))
+#define RL_META_MAKE(interval, failures, prov, urgent)                                 \
+    ((uint64_t)(interval) | ((uint64_t)((failures) > 255 ? 255 : (failures)) << 32) | \
+     ((uint64_t)(prov) << 40) | ((uint64_t)(urgent) << 41) | (1ULL << 42))
+
+/* ---- floor word: [minute:32][epoch:32] ---- */
+#define RL_FLOOR_MINUTE(w) ((uint32_t)((w) >> 32))
+#define RL_FLOOR_EPOCH(w) ((uint32_t)(w))
+#define RL_FLOOR_MAKE(minute, epoch) (((uint64_t)(minute) << 32) | (uint32_t)(epoch))
+
+/* Owner slot states. */
+#define RL_OWNER_FREE 0
+#define RL_OWNER_CLAIMING 1
+#define RL_OWNER_ALIVE 2
+#define RL_OWNER_DEAD 3
+
+typedef struct {
+    _Atomic uint64_t key;   /* lane * 2^42 + due_ms, or RL_KEY_NONE when not queued */
+    _Atomic uint64_t lease; /* see the lease word above */
+    _Atomic uint64_t meta;  /* see the meta word above */
+} rl_row;
+_Static_assert(sizeof(rl_row) == 24, "row is 24 bytes");
+
+typedef struct {
+    _Atomic uint64_t state; /* position * 4 + {1 published, 2 abandoned} */
+    _Atomic uint64_t key;
+    _Atomic uint64_t row;
+} rl_ring_slot;
+
+typedef struct {
+    _Alignas(RL_LINE) _Atomic uint64_t floor; /* [minute:32][epoch:32], see csrc/floor.c */
+    char pad0[RL_LINE - 8];
+    _Alignas(RL_LINE) _Atomic uint64_t ring_min; /* lowest key this lane appended since a merge */
+    char pad1[RL_LINE - 8];
+    _Alignas(RL_LINE) _Atomic uint64_t granted;
+    _Atomic uint64_t spilled;
+    _Atomic uint64_t stale_skipped;
+    _Atomic uint64_t lease_refused;
+    char pad2[RL_LINE - 32];
+} rl_lane;
+_Static_assert(sizeof(rl_lane) == 3 * RL_LINE, "lane is three cache lines");
+_Static_assert(offsetof(rl_lane, floor) % RL_LINE == 0, "floor word on its own line");
+_Static_assert(offsetof(rl_lane, ring_min) % RL_LINE == 0, "ring minimum on its own line");
+_Static_assert(offsetof(rl_lane, granted) % RL_LINE == 0, "counters on their own line");
+
+typedef struct {
+    _Atomic uint32_t state;      /* RL_OWNER_* */
+    _Atomic uint32_t pid;
+    _Atomic uint64_t start_time; /* process start time (ms since epoch, from psutil) */
+} rl_owner;
+
+typedef struct {
+    _Alignas(RL_LINE) _Atomic int64_t credit; /* share credit in RL_ONE units, see claim.c */
+    char pad[RL_LINE - 8];
+} rl_class_credit;
+_Static_assert(sizeof(rl_class_credit) == RL_LINE, "one credit per line");
+
+typedef struct {
+    _Atomic uint32_t seq; /* odd while being written */
+    uint32_t pad;
+    rl_policy p;
+} rl_policy_slot;
+
+typedef struct {
+    /* --- identity: written once by the creator before `ready` --- */
+    uint64_t magic;
+    uint32_t layout_version;
+    uint32_t header_bytes;
+    uint64_t total_bytes;
+    uint32_t max_lanes;
+    uint32_t max_owners;
+    uint32_t row_capacity;
+    uint32_t ring_capacity;
+    uint64_t off_lanes, off_owners, off_rows, off_index_keys[2], off_index_rows[2], off_ring;
+    uint64_t created_ms;
+    _Atomic uint32_t ready; /* published last */
+    uint32_t pad0;
+
+    /* --- hot words, one line each --- */
+    _Alignas(RL_LINE) _Atomic uint64_t index_gen; /* active generation; buffer = gen & 1 */
+    _Alignas(RL_LINE) _Atomic uint64_t ring_head;
+    _Alignas(RL_LINE) _Atomic uint64_t ring_tail;
+    _Alignas(RL_LINE) _Atomic uint32_t rows_used;
+    _Alignas(RL_LINE) _Atomic uint64_t compactor; /* owner id holding the merge, 0 = none */
+    _Alignas(RL_LINE) _Atomic uint64_t policy_version; /* active slot = version & 1 */
+    _Alignas(RL_LINE) _Atomic uint32_t repair_needed;
+    _Alignas(RL_LINE) rl_class_credit credit[RL_CLASSES];
+
+    /* --- per index generation: entry count and lane starts, written before the gen flips --- */
+    _Alignas(RL_LINE) _Atomic uint32_t index_count[2];
+    _Atomic uint32_t lane_start[2][RL_MAX_LANES + 1];
+
+    rl_policy_slot policy[2];
+} rl_header;
+
+_Static_assert(offsetof(rl_header, index_gen) % RL_LINE == 0, "index_gen on its own line");
+_Static_assert(offsetof(rl_header, ring_head) % RL_LINE == 0, "ring_head on its own line");
+_Static_assert(offsetof(rl_header, ring_tail) % RL_LINE == 0, "ring_tail on its own line");
+_Static_assert(offsetof(rl_header, credit) % RL_LINE == 0, "credits on their own lines");
+_Static_assert(RL_MAX_LANES == 2 * RL_MAX_BANDS + 4, "lanes fit the widest band list");
+
+/* One process's view of a mapped segment. */
+struct rl_seg {
+    rl_header *h;
+    uint8_t *base;
+    uint64_t bytes;
+    rl_lane *lanes;
+    rl_owner *owners;
+    rl_row *rows;
+    _Atomic uint64_t *ikeys[2];
+    _Atomic uint32_t *irows[2];
+    rl_ring_slot *ring;
+    char name[256];
+};
+
+/* ---- helpers shared between the C files ---- */
+static inline uint32_t rl_minute(uint64_t due_ms) { return (uint32_t)(due_ms / 60000u); }
+static inline uint32_t rl_key_lane(uint64_t key) { return (uint32_t)(key >> 42); }
+static inline uint64_t rl_key_due(uint64_t key) { return key & (RL_STRIDE - 1); }
+
+/* classes: 0 urgent, 1 submitted, 2 discovered, 3 cold (lanes past the layout count as cold) */
+static inline uint32_t rl_class_of(const rl_policy *p, uint32_t lane) {
+    uint32_t bands = p->band_count + 1;
+    if (lane == 0) return 0;
+    if (lane <= bands) return 1;
+    if (lane <= 2 * bands) return 2;
+    return 3;
+}
+
+void rl_policy_read(rl_seg *s, rl_policy *out);                    /* segment.c */
+int rl_owner_alive(rl_seg *s, uint32_t owner, uint8_t *memo);      /* lease.c */
+int rl_lease_claimable(rl_seg *s, uint64_t word, int64_t now_ms, uint8_t *memo); /* lease.c */
+void rl_floor_lower(rl_seg *s, uint32_t lane, uint32_t minute);    /* floor.c */
+int rl_floor_raise(rl_seg *s, uint32_t lane, uint64_t seen_word, uint32_t minute); /* floor.c */
+void rl_floor_bump_all(rl_seg *s);                                 /* floor.c */
+int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
+                   const uint32_t *rows, uint32_t *advice);         /* index.c */
+void rl_ring_min_note(rl_seg *s, uint64_t key);                    /* index.c */
+int64_t rl_now_ms(void);                                           /* segment.c */
+
+#endif

@@ -1,0 +1,343 @@
+/* The segment: create with O_EXCL, reserve memory up front, publish a ready flag last; attach
+ * only to a segment whose magic, version and every size and offset match what this build would
+ * lay out itself. Also the owner table and the policy slots, which live in the header.
+ *
+ * The segment is a plain POSIX shm object (/dev/shm/NAME, the same namespace as Python's
+ * multiprocessing.shared_memory), opened here rather than through SharedMemory so that no
+ * resource tracker ever learns of it: the creator alone decides when to unlink.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "layout.h"
+
+int64_t rl_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/* Every offset is a function of the two capacities alone, so an attacher recomputes them and
+ * compares: a segment laid out by another build can never be read with shifted offsets. */
+typedef struct {
+    uint64_t lanes, owners, rows, ikeys[2], irows[2], ring, total;
+} Layout;
+
+static int Layout_Compute(uint32_t rows, uint32_t ring, Layout *l) {
+    if (rows == 0 || ring == 0) return RL_E_VALUE;
+    if (rows > (1u << 31) || ring > (1u << 28)) return RL_E_RANGE;
+    uint64_t off = align_up(sizeof(rl_header), 4096);
+    l->lanes = off;
+    off = align_up(off + (uint64_t)RL_MAX_LANES * sizeof(rl_lane), RL_LINE);
+    l->owners = off;
+    off = align_up(off + (uint64_t)RL_MAX_OWNERS * sizeof(rl_owner), RL_LINE);
+    l->rows = off;
+    off = align_up(off + (uint64_t)rows * sizeof(rl_row), RL_LINE);
+    for (int g = 0; g < 2; g++) {
+        l->ikeys[g] = off;
+        off = align_up(off + (uint64_t)rows * 8, RL_LINE);
+        l->irows[g] = off;
+        off = align_up(off + (uint64_t)rows * 4, RL_LINE);
+    }
+    l->ring = off;
+    off = align_up(off + (uint64_t)ring * sizeof(rl_ring_slot), 4096);
+    l->total = off;
+    return RL_OK;
+}
+
+int rl_segment_size(uint32_t rows, uint32_t ring, uint64_t *bytes) {
+    Layout l;
+    int rc = Layout_Compute(rows, ring, &l);
+    if (rc == RL_OK) *bytes = l.total;
+    return rc;
+}
+
+static void Seg_Bind(rl_seg *s, uint8_t *base, uint64_t bytes) {
+    rl_header *h = (rl_header *)base;
+    s->base = base;
+    s->bytes = bytes;
+    s->h = h;
+    s->lanes = (rl_lane *)(base + h->off_lanes);
+    s->owners = (rl_owner *)(base + h->off_owners);
+    s->rows = (rl_row *)(base + h->off_rows);
+    for (int g = 0; g < 2; g++) {
+        s->ikeys[g] = (_Atomic uint64_t *)(base + h->off_index_keys[g]);
+        s->irows[g] = (_Atomic uint32_t *)(base + h->off_index_rows[g]);
+    }
+    s->ring = (rl_ring_slot *)(base + h->off_ring);
+}
+
+static int name_ok(const char *name) {
+    size_t n = strlen(name);
+    if (n == 0 || n > 200) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (name[i] == '/' || name[i] == '\0') return 0;
+    return 1;
+}
+
+static void shm_path(const char *name, char *out) {
+    out[0] = '/';
+    strcpy(out + 1, name);
+}
+
+int rl_create(const char *name, uint32_t rows, uint32_t ring, const rl_policy *policy,
+              int64_t now_ms, rl_seg **out) {
+    Layout l;
+    char path[256];
+    int rc = Layout_Compute(rows, ring, &l);
+    if (rc != RL_OK) return rc;
+    if (!name_ok(name)) return RL_E_VALUE;
+    shm_path(name, path);
+    int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) return errno == EEXIST ? RL_E_EXISTS : RL_E_SYS;
+    /* Reserve every page now: an over-committed tmpfs would otherwise SIGBUS on first touch. */
+    int err = posix_fallocate(fd, 0, (off_t)l.total);
+    if (err == EOPNOTSUPP || err == EINVAL) err = ftruncate(fd, (off_t)l.total) ? errno : 0;
+    if (err) {
+        close(fd);
+        shm_unlink(path);
+        return err == ENOSPC ? RL_E_CAPACITY : RL_E_SYS;
+    }
+    uint8_t *base = mmap(NULL, l.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base == MAP_FAILED) {
+        shm_unlink(path);
+        return RL_E_SYS;
+    }
+    rl_seg *s = calloc(1, sizeof(rl_seg));
+    if (!s) {
+        munmap(base, l.total);
+        shm_unlink(path);
+        return RL_E_SYS;
+    }
+    rl_header *h = (rl_header *)base; /* the object is fresh, so every word is already zero */
+    h->magic = RL_MAGIC;
+    h->layout_version = RL_LAYOUT_VERSION;
+    h->header_bytes = (uint32_t)sizeof(rl_header);
+    h->total_bytes = l.total;
+    h->max_lanes = RL_MAX_LANES;
+    h->max_owners = RL_MAX_OWNERS;
+    h->row_capacity = rows;
+    h->ring_capacity = ring;
+    h->off_lanes = l.lanes;
+    h->off_owners = l.owners;
+    h->off_rows = l.rows;
+    for (int g = 0; g < 2; g++) {
+        h->off_index_keys[g] = l.ikeys[g];
+        h->off_index_rows[g] = l.irows[g];
+    }
+    h->off_ring = l.ring;
+    h->created_ms = (uint64_t)now_ms;
+    h->policy[0].p = *policy;
+    Seg_Bind(s, base, l.total);
+    for (uint32_t i = 0; i < RL_MAX_LANES; i++) atomic_store(&s->lanes[i].ring_min, RL_KEY_NONE);
+    for (uint32_t r = 0; r < rows; r++) atomic_store_explicit(&s->rows[r].key, RL_KEY_NONE, memory_order_relaxed);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    atomic_store(&h->ready, 1); /* last: attachers wait for it */
+    *out = s;
+    return RL_OK;
+}
+
+int rl_layout_check(const void *base_, uint64_t bytes) {
+    const rl_header *h = base_;
+    Layout l;
+    if (bytes < sizeof(rl_header)) return RL_E_LAYOUT;
+    if (h->magic != RL_MAGIC || h->layout_version != RL_LAYOUT_VERSION) return RL_E_LAYOUT;
+    if (h->header_bytes != sizeof(rl_header) || h->max_lanes != RL_MAX_LANES ||
+        h->max_owners != RL_MAX_OWNERS)
+        return RL_E_LAYOUT;
+    if (Layout_Compute(h->row_capacity, h->ring_capacity, &l) != RL_OK) return RL_E_LAYOUT;
+    if (h->total_bytes != l.total || bytes != l.total) return RL_E_LAYOUT;
+    if (h->off_lanes != l.lanes || h->off_owners != l.owners || h->off_rows != l.rows ||
+        h->off_ring != l.ring)
+        return RL_E_LAYOUT;
+    for (int g = 0; g < 2; g++)
+        if (h->off_index_keys[g] != l.ikeys[g] || h->off_index_rows[g] != l.irows[g])
+            return RL_E_LAYOUT;
+    return RL_OK;
+}
+
+int rl_attach(const char *name, double timeout_s, rl_seg **out) {
+    char path[256];
+    if (!name_ok(name)) return RL_E_VALUE;
+    shm_path(name, path);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int fd = shm_open(path, O_RDWR, 0);
+        if (fd < 0) return errno == ENOENT ? RL_E_NOTFOUND : RL_E_SYS;
+        struct stat st;
+        if (fstat(fd, &st) != 0) {
+            close(fd);
+            return RL_E_SYS;
+        }
+        uint64_t bytes = (uint64_t)st.st_size;
+        int ready = 0, rc = RL_E_LAYOUT;
+        uint8_t *base = NULL;
+        if (bytes >= sizeof(rl_header)) {
+            base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (base == MAP_FAILED) {
+                close(fd);
+                return RL_E_SYS;
+            }
+            rl_header *h = (rl_header *)base;
+            ready = atomic_load(&h->ready) == 1;
+            if (ready) rc = rl_layout_check(base, bytes);
+        }
+        close(fd);
+        if (ready) {
+            if (rc != RL_OK) {
+                munmap(base, bytes);
+                return rc;
+            }
+            rl_seg *s = calloc(1, sizeof(rl_seg));
+            if (!s) {
+                munmap(base, bytes);
+                return RL_E_SYS;
+            }
+            Seg_Bind(s, base, bytes);
+            snprintf(s->name, sizeof s->name, "%s", name);
+            *out = s;
+            return RL_OK;
+        }
+        if (base) munmap(base, bytes);
+        /* Empty or not yet ready: the creator may be between shm_open and the ready flag. A
+         * segment that never becomes ready is refused after the timeout, never read. */
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        double waited = (double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9;
+        if (waited >= timeout_s) return bytes == 0 || bytes >= sizeof(rl_header) ? RL_E_TIMEOUT : RL_E_LAYOUT;
+        struct timespec nap = {0, 2000000};
+        nanosleep(&nap, NULL);
+    }
+}
+
+void rl_close(rl_seg *s) {
+    if (!s) return;
+    munmap(s->base, s->bytes);
+    free(s);
+}
+
+int rl_unlink(const char *name) {
+    char path[256];
+    if (!name_ok(name)) return RL_E_VALUE;
+    shm_path(name, path);
+    if (shm_unlink(path) != 0) return errno == ENOENT ? RL_E_NOTFOUND : RL_E_SYS;
+    return RL_OK;
+}
+
+int rl_info_get(rl_seg *s, rl_info *o) {
+    rl_header *h = s->h;
+    uint64_t gen = atomic_load(&h->index_gen);
+    o->magic = h->magic;
+    o->layout_version = h->layout_version;
+    o->max_lanes = h->max_lanes;
+    o->total_bytes = h->total_bytes;
+    o->row_capacity = h->row_capacity;
+    o->ring_capacity = h->ring_capacity;
+    o->rows_used = atomic_load(&h->rows_used);
+    o->index_count = atomic_load(&h->index_count[gen & 1]);
+    o->index_gen = gen;
+    o->ring_head = atomic_load(&h->ring_head);
+    o->ring_tail = atomic_load(&h->ring_tail);
+    o->created_ms = h->created_ms;
+    return RL_OK;
+}
+
+/* ===================================================================== policy slots ===== */
+
+/* Two slots and a version: a writer fills the inactive slot and flips the version; a reader
+ * copies the active slot and retries if its sequence moved (a seqlock without a lock: a writer
+ * that dies mid-copy leaves the old slot active). */
+void rl_policy_read(rl_seg *s, rl_policy *out) {
+    for (;;) {
+        uint64_t v = atomic_load(&s->h->policy_version);
+        rl_policy_slot *slot = &s->h->policy[v & 1];
+        uint32_t q0 = atomic_load(&slot->seq);
+        memcpy(out, &slot->p, sizeof *out);
+        atomic_thread_fence(memory_order_acquire);
+        if (!(q0 & 1) && atomic_load(&slot->seq) == q0 && atomic_load(&s->h->policy_version) == v)
+            return;
+        sched_yield();
+    }
+}
+
+int rl_policy_get(rl_seg *s, rl_policy *out, uint64_t *version) {
+    rl_policy_read(s, out);
+    *version = atomic_load(&s->h->policy_version);
+    return RL_OK;
+}
+
+static int policy_valid(const rl_policy *p) {
+    if (p->band_count > RL_MAX_BANDS || p->cold_after < 1 || p->cold_after > 255) return 0;
+    for (uint32_t i = 1; i < p->band_count; i++)
+        if (p->bands[i] <= p->bands[i - 1]) return 0;
+    uint64_t sum = p->urgent_share;
+    for (int c = 1; c < RL_CLASSES; c++) sum += p->min_share[c];
+    if (p->urgent_share > RL_ONE || sum > RL_ONE + RL_CLASSES) return 0;
+    return p->remainder_edf <= 1 && p->lanes_enabled <= 1;
+}
+
+int rl_policy_set(rl_seg *s, const rl_policy *p) {
+    if (!policy_valid(p)) return RL_E_VALUE;
+    for (;;) {
+        uint64_t v = atomic_load(&s->h->policy_version);
+        rl_policy_slot *slot = &s->h->policy[(v + 1) & 1];
+        uint32_t q = atomic_load(&slot->seq);
+        if (q & 1) { /* another setter is filling it; wait for it to flip */
+            sched_yield();
+            continue;
+        }
+        if (!atomic_compare_exchange_strong(&slot->seq, &q, q + 1)) continue;
+        memcpy(&slot->p, p, sizeof *p);
+        atomic_store(&slot->seq, q + 2);
+        if (atomic_compare_exchange_strong(&s->h->policy_version, &v, v + 1)) return RL_OK;
+    }
+}
+
+int rl_credit_get(rl_seg *s, int64_t *credits) {
+    for (int c = 0; c < RL_CLASSES; c++) credits[c] = atomic_load(&s->h->credit[c].credit);
+    return RL_OK;
+}
+
+/* ===================================================================== owners ===== */
+
+int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *owner) {
+    for (uint32_t o = 1; o < RL_MAX_OWNERS; o++) {
+        uint32_t st = RL_OWNER_FREE;
+        if (atomic_compare_exchange_strong(&s->owners[o].state, &st, RL_OWNER_CLAIMING)) {
+            atomic_store(&s->owners[o].pid, pid);
+            atomic_store(&s->owners[o].start_time, start_time);
+            atomic_store(&s->owners[o].state, RL_OWNER_ALIVE);
+            *owner = o;
+            return RL_OK;
+        }
+    }
+    return RL_E_CAPACITY;
+}
+
+int rl_owner_get(rl_seg *s, uint32_t o, uint32_t *pid, uint64_t *start, uint32_t *state) {
+    if (o == 0 || o >= RL_MAX_OWNERS) return RL_E_RANGE;
+    *state = atomic_load(&s->owners[o].state);
+    *pid = atomic_load(&s->owners[o].pid);
+    *start = atomic_load(&s->owners[o].start_time);
+    return RL_OK;
+}
+
+int rl_owner_mark_dead(rl_seg *s, uint32_t o) {
+    if (o == 0 || o >= RL_MAX_OWNERS) return RL_E_RANGE;
+    uint32_t st = RL_OWNER_ALIVE;
+    if (atomic_compare_exchange_strong(&s->owners[o].state, &st, RL_OWNER_DEAD))
+        atomic_store(&s->h->repair_needed, 1);
+    return RL_OK;
+}

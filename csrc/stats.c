@@ -1,0 +1,144 @@
+/* Looking at a segment without a debugger: one row, per-lane statistics, and verify(), which
+ * walks everything and reports each broken invariant it finds. Not on any hot path. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "layout.h"
+
+int rl_row_info_get(rl_seg *s, uint32_t row, int64_t now_ms, rl_row_info *o) {
+    if (row >= atomic_load(&s->h->rows_used) || row >= s->h->row_capacity) return RL_E_RANGE;
+    uint64_t key = atomic_load(&s->rows[row].key);
+    uint64_t w = atomic_load(&s->rows[row].lease);
+    uint64_t meta = atomic_load(&s->rows[row].meta);
+    memset(o, 0, sizeof *o);
+    o->row = row;
+    o->key = key;
+    o->queued = key != RL_KEY_NONE;
+    o->lane = o->queued ? rl_key_lane(key) : 0;
+    o->due_ms = o->queued ? (int64_t)rl_key_due(key) : -1;
+    o->lease = w;
+    o->lease_owner = RL_LEASE_OWNER(w);
+    o->lease_expiry_ms = o->lease_owner && RL_LEASE_EXPIRY(w) > now_ms ? RL_LEASE_EXPIRY(w) : -1;
+    o->interval_s = RL_META_INTERVAL(meta);
+    o->failures = RL_META_FAILURES(meta);
+    o->provenance = RL_META_PROV(meta);
+    o->urgent = RL_META_URGENT(meta);
+    return RL_OK;
+}
+
+int rl_stats(rl_seg *s, int64_t now_ms, rl_lane_stats *out) {
+    for (uint32_t l = 0; l < RL_MAX_LANES; l++) {
+        rl_lane *ln = &s->lanes[l];
+        memset(&out[l], 0, sizeof out[l]);
+        out[l].floor_word = atomic_load(&ln->floor);
+        out[l].ring_min = atomic_load(&ln->ring_min);
+        out[l].granted = atomic_load(&ln->granted);
+        out[l].spilled = atomic_load(&ln->spilled);
+        out[l].stale_skipped = atomic_load(&ln->stale_skipped);
+        out[l].lease_refused = atomic_load(&ln->lease_refused);
+    }
+    uint32_t used = atomic_load(&s->h->rows_used);
+    for (uint32_t r = 0; r < used && r < s->h->row_capacity; r++) {
+        uint64_t key = atomic_load_explicit(&s->rows[r].key, memory_order_relaxed);
+        if (key == RL_KEY_NONE) continue;
+        uint32_t l = rl_key_lane(key);
+        if (l >= RL_MAX_LANES) continue;
+        out[l].queued++;
+        if ((int64_t)rl_key_due(key) <= now_ms) out[l].due++;
+        uint64_t w = atomic_load_explicit(&s->rows[r].lease, memory_order_relaxed);
+        if (RL_LEASE_OWNER(w) && RL_LEASE_EXPIRY(w) > now_ms) out[l].leased++;
+    }
+    return RL_OK;
+}
+
+static void note(rl_problem *out, uint32_t max, uint32_t *found, int32_t code, uint32_t row,
+                 uint32_t lane, uint64_t detail) {
+    if (*found < max) out[*found] = (rl_problem){code, row, lane, detail};
+    (*found)++;
+}
+
+/* Meant for a quiescent segment (tests call it after every scenario): a write in flight can
+ * show as a row not yet findable. */
+int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
+    rl_header *h = s->h;
+    *found = 0;
+    if (rl_layout_check(s->base, s->bytes) != RL_OK) {
+        note(out, max, found, RL_V_HEADER, 0, 0, 0);
+        return RL_OK;
+    }
+    uint32_t used = atomic_load(&h->rows_used), cap = h->row_capacity;
+    if (used > cap) {
+        note(out, max, found, RL_V_HEADER, used, 0, cap);
+        used = cap;
+    }
+    uint8_t *seen = calloc(used ? used : 1, 1);
+    if (!seen) return RL_E_SYS;
+    uint64_t gen = atomic_load(&h->index_gen);
+    uint32_t b = gen & 1, count = atomic_load(&h->index_count[b]);
+    if (count > cap) {
+        note(out, max, found, RL_V_HEADER, count, 0, cap);
+        count = cap;
+    }
+    uint64_t prev = 0;
+    for (uint32_t i = 0; i < count; i++) {
+        uint64_t key = atomic_load(&s->ikeys[b][i]);
+        uint32_t row = atomic_load(&s->irows[b][i]);
+        if (i && key < prev) note(out, max, found, RL_V_INDEX_ORDER, row, rl_key_lane(key), i);
+        prev = key;
+        if (row >= used) {
+            note(out, max, found, RL_V_INDEX_ROW, row, rl_key_lane(key), i);
+            continue;
+        }
+        if (atomic_load(&s->rows[row].key) == key) seen[row] = 1;
+    }
+    for (uint32_t l = 0; l < RL_MAX_LANES; l++) {
+        uint32_t st = atomic_load(&h->lane_start[b][l]);
+        uint32_t en = atomic_load(&h->lane_start[b][l + 1]);
+        if (st > en || en > count || (st < count && rl_key_lane(atomic_load(&s->ikeys[b][st])) < l) ||
+            (st > 0 && st <= count && rl_key_lane(atomic_load(&s->ikeys[b][st - 1])) >= l))
+            note(out, max, found, RL_V_LANE_START, 0, l, st);
+    }
+    uint64_t head = atomic_load(&h->ring_head), tail = atomic_load(&h->ring_tail);
+    for (uint64_t pos = head; pos < tail; pos++) {
+        rl_ring_slot *slot = &s->ring[pos % h->ring_capacity];
+        if (atomic_load(&slot->state) != pos * 4 + 1) continue;
+        uint64_t key = atomic_load(&slot->key);
+        uint64_t row = atomic_load(&slot->row);
+        if (row < used && atomic_load(&s->rows[row].key) == key) {
+            seen[row] = 1;
+            uint32_t l = rl_key_lane(key);
+            if (l < RL_MAX_LANES && key < atomic_load(&s->lanes[l].ring_min))
+                note(out, max, found, RL_V_BELOW_FLOOR, (uint32_t)row, l, key); /* ring_min too high */
+        }
+    }
+    for (uint32_t r = 0; r < used; r++) {
+        uint64_t key = atomic_load(&s->rows[r].key);
+        uint64_t w = atomic_load(&s->rows[r].lease);
+        uint32_t o = RL_LEASE_OWNER(w);
+        if (o) {
+            uint32_t st = atomic_load(&s->owners[o].state);
+            if (st == RL_OWNER_FREE) note(out, max, found, RL_V_UNKNOWN_OWNER, r, 0, o);
+        }
+        if (key == RL_KEY_NONE) continue;
+        uint32_t l = rl_key_lane(key);
+        if (l >= RL_MAX_LANES) {
+            note(out, max, found, RL_V_BAD_KEY, r, l, key);
+            continue;
+        }
+        uint32_t fl = RL_FLOOR_MINUTE(atomic_load(&s->lanes[l].floor));
+        if (fl && rl_minute(rl_key_due(key)) < fl) note(out, max, found, RL_V_BELOW_FLOOR, r, l, key);
+        if (!seen[r]) note(out, max, found, RL_V_NOT_FINDABLE, r, l, key);
+    }
+    free(seen);
+    return RL_OK;
+}
+
+int rl_rows_dump(rl_seg *s, uint32_t start, uint32_t n, uint64_t *keys, uint64_t *meta) {
+    uint32_t used = atomic_load(&s->h->rows_used);
+    if (start > used || n > used - start) return RL_E_RANGE;
+    for (uint32_t i = 0; i < n; i++) {
+        keys[i] = atomic_load_explicit(&s->rows[start + i].key, memory_order_relaxed);
+        meta[i] = atomic_load_explicit(&s->rows[start + i].meta, memory_order_relaxed);
+    }
+    return RL_OK;
+}

@@ -1,0 +1,289 @@
+/* Writes: add, complete, fail, release, renew, prioritize, remove, restamp.
+ *
+ * Every write that moves a row goes through publish_keys(), which keeps the order the floor
+ * protocol needs (csrc/floor.c): 1. the row's key is stored, 2. (key, row) is appended to the
+ * ring and ring_min lowered, 3. the lane's floor is lowered with its epoch bumped. Writes that
+ * need a lease (complete, fail) first CAS the token into a "writing" word that no claimer can
+ * take and no other holder of the same token can match, and end the lease only after step 3:
+ * a stale token therefore fails its first CAS and changes nothing.
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layout.h"
+
+int rl_compact(rl_seg *s, uint32_t owner, int full_rebuild);
+
+static int64_t clamp_due(int64_t v) {
+    if (v < 0) return 0;
+    return v > (int64_t)RL_HORIZON ? (int64_t)RL_HORIZON : v;
+}
+
+/* Make stored keys visible to claim passes at once and lower their lanes' floors. Batches
+ * larger than the ring are published by a full rebuild of the index instead. */
+static int publish_keys(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
+                        const uint32_t *rows, uint32_t *advice) {
+    uint32_t lane_min[RL_MAX_LANES];
+    int rc;
+    if (n == 0) return RL_OK;
+    if (n <= s->h->ring_capacity) {
+        rc = rl_ring_append(s, owner, n, keys, rows, advice);
+    } else {
+        while ((rc = rl_compact(s, owner, 1)) == RL_E_BUSY) sched_yield();
+    }
+    if (rc != RL_OK) return rc;
+    for (uint32_t l = 0; l < RL_MAX_LANES; l++) lane_min[l] = UINT32_MAX;
+    for (uint32_t i = 0; i < n; i++) {
+        if (keys[i] == RL_KEY_NONE) continue;
+        uint32_t l = rl_key_lane(keys[i]), m = rl_minute(rl_key_due(keys[i]));
+        if (m < lane_min[l]) lane_min[l] = m;
+    }
+    for (uint32_t l = 0; l < RL_MAX_LANES; l++)
+        if (lane_min[l] != UINT32_MAX) rl_floor_lower(s, l, lane_min[l]);
+    return RL_OK;
+}
+
+static int row_ok(rl_seg *s, uint32_t row) {
+    return row < atomic_load(&s->h->rows_used) && row < s->h->row_capacity;
+}
+
+/* ================================================================ add ===== */
+
+int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const int64_t *interval,
+                const int64_t *prov, const int64_t *failures, int64_t *out_rows, uint32_t *advice) {
+    rl_policy p;
+    if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE;
+    for (uint32_t i = 0; i < n; i++) { /* every element checked before anything changes */
+        if (due[i] < 0 || due[i] >= (int64_t)RL_STRIDE) return RL_E_RANGE;
+        if (interval[i] < 1 || interval[i] > (int64_t)UINT32_MAX) return RL_E_RANGE;
+        if (prov[i] != RL_PROV_SUBMITTED && prov[i] != RL_PROV_DISCOVERED) return RL_E_VALUE;
+        if (failures && (failures[i] < 0 || failures[i] > 255)) return RL_E_RANGE;
+    }
+    if (n == 0) return RL_OK;
+    uint32_t first = atomic_load(&s->h->rows_used);
+    do {
+        if ((uint64_t)first + n > s->h->row_capacity) return RL_E_CAPACITY;
+    } while (!atomic_compare_exchange_weak(&s->h->rows_used, &first, first + n));
+    rl_policy_read(s, &p);
+    uint64_t *keys = malloc((size_t)n * 8);
+    uint32_t *rows = malloc((size_t)n * 4);
+    if (!keys || !rows) {
+        free(keys);
+        free(rows);
+        return RL_E_SYS;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t r = first + i, f = failures ? (uint32_t)failures[i] : 0;
+        uint32_t lane = rl_lane_for(&p, (uint32_t)prov[i], (uint32_t)interval[i], f, 0);
+        atomic_store(&s->rows[r].meta, RL_META_MAKE((uint32_t)interval[i], f, (uint32_t)prov[i], 0));
+        keys[i] = rl_encode(lane, (uint64_t)due[i]);
+        rows[i] = r;
+        atomic_store(&s->rows[r].key, keys[i]);
+        out_rows[i] = r;
+    }
+    int rc = publish_keys(s, owner, n, keys, rows, advice);
+    free(keys);
+    free(rows);
+    return rc;
+}
+
+/* ================================================================ leased writes ===== */
+
+/* Token -> "writing" word: same tok, this owner, never expires, so claimers pass it by. */
+static int lease_begin_write(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, uint64_t *writing) {
+    uint64_t expect = token;
+    if (RL_LEASE_OWNER(token) == 0) return RL_E_LEASE;
+    *writing = RL_LEASE_MAKE(RL_HORIZON, owner, RL_LEASE_TOK(token));
+    if (*writing == token) *writing = RL_LEASE_MAKE(RL_HORIZON - 1, owner, RL_LEASE_TOK(token));
+    if (!atomic_compare_exchange_strong(&s->rows[row].lease, &expect, *writing)) return RL_E_LEASE;
+    if (atomic_load(&s->rows[row].key) == RL_KEY_NONE) { /* removed while leased */
+        atomic_compare_exchange_strong(&s->rows[row].lease, writing, RL_LEASE_FREE(*writing));
+        return RL_E_LEASE;
+    }
+    return RL_OK;
+}
+
+static void lease_end_write(rl_seg *s, uint32_t row, uint64_t writing) {
+    uint64_t expect = writing;
+    atomic_compare_exchange_strong(&s->rows[row].lease, &expect, RL_LEASE_FREE(writing));
+}
+
+int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
+                     const int64_t *tokens, const int64_t *next_due, int64_t now_ms, uint8_t *ok,
+                     uint32_t *advice) {
+    rl_policy p;
+    if (owner == 0 || owner >= RL_MAX_OWNERS || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
+        return RL_E_VALUE;
+    for (uint32_t i = 0; i < n; i++) {
+        if (rows[i] < 0 || !row_ok(s, (uint32_t)rows[i])) return RL_E_RANGE;
+        if (next_due && (next_due[i] < -1 || next_due[i] >= (int64_t)RL_STRIDE)) return RL_E_RANGE;
+    }
+    if (n == 0) return RL_OK;
+    rl_policy_read(s, &p);
+    uint64_t *keys = malloc((size_t)n * 8), *writing = malloc((size_t)n * 8);
+    uint32_t *rws = malloc((size_t)n * 4);
+    if (!keys || !rws || !writing) {
+        free(keys);
+        free(rws);
+        free(writing);
+        return RL_E_SYS;
+    }
+    uint32_t m = 0, done = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t r = (uint32_t)rows[i];
+        ok[i] = lease_begin_write(s, owner, r, (uint64_t)tokens[i], &writing[i]) == RL_OK;
+        if (!ok[i]) continue;
+        uint64_t meta = atomic_load(&s->rows[r].meta);
+        uint32_t interval = RL_META_INTERVAL(meta), prov = RL_META_PROV(meta);
+        atomic_store(&s->rows[r].meta, RL_META_MAKE(interval, 0, prov, 0));
+        int64_t due = next_due && next_due[i] >= 0 ? next_due[i]
+                                                    : clamp_due(now_ms + (int64_t)interval * 1000);
+        keys[m] = rl_encode(rl_lane_for(&p, prov, interval, 0, 0), (uint64_t)due);
+        rws[m] = r;
+        atomic_store(&s->rows[r].key, keys[m]);
+        m++;
+    }
+    int rc = publish_keys(s, owner, m, keys, rws, advice);
+    for (uint32_t i = 0; i < n; i++)
+        if (ok[i]) {
+            lease_end_write(s, (uint32_t)rows[i], writing[i]);
+            done++;
+        }
+    free(keys);
+    free(rws);
+    free(writing);
+    return rc == RL_OK ? (int)done : rc;
+}
+
+int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t retry_at,
+            int64_t now_ms, uint32_t *advice) {
+    rl_policy p;
+    uint64_t writing;
+    if (owner == 0 || owner >= RL_MAX_OWNERS || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
+        return RL_E_VALUE;
+    if (!row_ok(s, row)) return RL_E_RANGE;
+    if (retry_at < -1 || retry_at >= (int64_t)RL_STRIDE) return RL_E_RANGE;
+    int rc = lease_begin_write(s, owner, row, token, &writing);
+    if (rc != RL_OK) return rc;
+    rl_policy_read(s, &p);
+    uint64_t meta = atomic_load(&s->rows[row].meta);
+    uint32_t interval = RL_META_INTERVAL(meta), prov = RL_META_PROV(meta);
+    uint32_t f = RL_META_FAILURES(meta) + 1;
+    if (f > 255) f = 255;
+    atomic_store(&s->rows[row].meta, RL_META_MAKE(interval, f, prov, 0));
+    /* Back-off: 30 s doubling per failure, never longer than the row's own interval. */
+    int64_t backoff = 30000LL << (f - 1 < 20 ? f - 1 : 20);
+    if (backoff > (int64_t)interval * 1000) backoff = (int64_t)interval * 1000;
+    int64_t due = retry_at >= 0 ? retry_at : clamp_due(now_ms + backoff);
+    uint64_t key = rl_encode(rl_lane_for(&p, prov, interval, f, 0), (uint64_t)due);
+    atomic_store(&s->rows[row].key, key);
+    rc = publish_keys(s, owner, 1, &key, &row, advice);
+    lease_end_write(s, row, writing);
+    return rc;
+}
+
+int rl_release(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token) {
+    (void)owner;
+    if (!row_ok(s, row)) return RL_E_RANGE;
+    uint64_t expect = token;
+    if (RL_LEASE_OWNER(token) == 0) return RL_E_LEASE;
+    if (!atomic_compare_exchange_strong(&s->rows[row].lease, &expect, RL_LEASE_FREE(token)))
+        return RL_E_LEASE;
+    return RL_OK;
+}
+
+int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t now_ms,
+             int64_t lease_ms, uint64_t *new_token) {
+    (void)owner;
+    if (!row_ok(s, row)) return RL_E_RANGE;
+    if (lease_ms <= 0 || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE) return RL_E_VALUE;
+    if (RL_LEASE_OWNER(token) == 0) return RL_E_LEASE;
+    int64_t exp = now_ms + lease_ms;
+    if (exp > (int64_t)RL_HORIZON - 2) exp = (int64_t)RL_HORIZON - 2; /* below the writing word */
+    uint64_t nw = RL_LEASE_MAKE(exp, RL_LEASE_OWNER(token), RL_LEASE_TOK(token));
+    if (nw == token) { /* same expiry: nothing to change, but the lease must still be ours */
+        if (atomic_load(&s->rows[row].lease) != token) return RL_E_LEASE;
+    } else {
+        uint64_t expect = token;
+        if (!atomic_compare_exchange_strong(&s->rows[row].lease, &expect, nw)) return RL_E_LEASE;
+    }
+    *new_token = nw;
+    return RL_OK;
+}
+
+/* ================================================================ unleased writes ===== */
+
+int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now_ms, uint32_t *advice) {
+    rl_policy p;
+    if (owner == 0 || owner >= RL_MAX_OWNERS || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
+        return RL_E_VALUE;
+    if (!row_ok(s, row)) return RL_E_RANGE;
+    if (atomic_load(&s->rows[row].key) == RL_KEY_NONE) return RL_E_VALUE;
+    rl_policy_read(s, &p);
+    uint64_t meta = atomic_load(&s->rows[row].meta);
+    uint32_t interval = RL_META_INTERVAL(meta), prov = RL_META_PROV(meta), f = RL_META_FAILURES(meta);
+    atomic_store(&s->rows[row].meta, RL_META_MAKE(interval, f, prov, rush ? 1u : 0u));
+    uint64_t key = rl_encode(rl_lane_for(&p, prov, interval, f, rush), (uint64_t)now_ms);
+    atomic_store(&s->rows[row].key, key);
+    return publish_keys(s, owner, 1, &key, &row, advice);
+}
+
+int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice) {
+    (void)owner;
+    (void)advice;
+    if (!row_ok(s, row)) return RL_E_RANGE;
+    if (atomic_load(&s->rows[row].key) == RL_KEY_NONE) return RL_E_VALUE;
+    atomic_store(&s->rows[row].key, RL_KEY_NONE);
+    /* End any lease with a new tok, so its holder's token is stale (LeaseLost, not a revival). */
+    uint64_t w = atomic_load(&s->rows[row].lease);
+    while (!atomic_compare_exchange_weak(&s->rows[row].lease, &w,
+                                         RL_LEASE_MAKE(0, 0, RL_LEASE_TOK(w) + 1u)))
+        ;
+    return RL_OK;
+}
+
+/* Re-encode rows written with lanes disabled into their derived lanes, due times untouched.
+ * Bounded by `limit`, cursor-free (a restamped row is no longer a lane-0 non-urgent row that
+ * derives elsewhere), and refused once lanes are on: a lane-0 row could then be urgent intent. */
+int rl_restamp(rl_seg *s, uint32_t owner, uint32_t limit, uint32_t *restamped, uint32_t *remaining) {
+    rl_policy p;
+    if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE;
+    rl_policy_read(s, &p);
+    if (p.lanes_enabled) return RL_E_NOTALLOWED;
+    rl_policy on = p;
+    on.lanes_enabled = 1;
+    uint32_t used = atomic_load(&s->h->rows_used), m = 0, left = 0;
+    uint64_t *keys = malloc((size_t)(limit ? limit : 1) * 8);
+    uint32_t *rows = malloc((size_t)(limit ? limit : 1) * 4);
+    if (!keys || !rows) {
+        free(keys);
+        free(rows);
+        return RL_E_SYS;
+    }
+    for (uint32_t r = 0; r < used && r < s->h->row_capacity; r++) {
+        uint64_t key = atomic_load(&s->rows[r].key);
+        if (key == RL_KEY_NONE || rl_key_lane(key) != 0) continue;
+        uint64_t meta = atomic_load(&s->rows[r].meta);
+        if (RL_META_URGENT(meta)) continue;
+        uint32_t lane = rl_lane_for(&on, RL_META_PROV(meta), RL_META_INTERVAL(meta), RL_META_FAILURES(meta), 0);
+        if (lane == 0) continue;
+        if (m == limit) {
+            left = 1;
+            break;
+        }
+        uint64_t nk = rl_encode(lane, rl_key_due(key));
+        if (!atomic_compare_exchange_strong(&s->rows[r].key, &key, nk)) continue; /* moved: its writer decided */
+        keys[m] = nk;
+        rows[m] = r;
+        m++;
+    }
+    uint32_t advice = 0;
+    int rc = publish_keys(s, owner, m, keys, rows, &advice);
+    free(keys);
+    free(rows);
+    *restamped = m;
+    *remaining = left;
+    return rc;
+}

@@ -1,0 +1,572 @@
+"""The public engine: writes, claims, statistics and verification over one shared segment.
+
+Every method validates its whole input in Python first (clear ``EngineValueError`` /
+``EngineTypeError``, nothing changed), then makes one call into the C core. The C core checks
+ranges again, so a caller that bypasses this layer still cannot corrupt the segment.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
+from .keys import STRIDE, as_int64_array, check_due_array, check_due_ms
+from .policy import PROVENANCES, LanePolicy
+from .segment import OWNER_ALIVE, Segment, check, ffi, lib, process_start_ms
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+DEFAULT_LEASE_MS = 30_000
+DEFAULT_WINDOW = 140
+MAX_BUDGET = 1 << 16
+_PROVENANCE_CODE = {name: code for code, name in enumerate(PROVENANCES)}
+
+_PROBLEMS = {
+    lib.RL_V_BELOW_FLOOR: "live row below its lane's floor",
+    lib.RL_V_NOT_FINDABLE: "queued row in neither the index nor the recent-write ring",
+    lib.RL_V_INDEX_ORDER: "index out of order",
+    lib.RL_V_INDEX_ROW: "index entry points at no row",
+    lib.RL_V_UNKNOWN_OWNER: "lease held by an unknown owner",
+    lib.RL_V_BAD_KEY: "row key names a lane past the layout",
+    lib.RL_V_LANE_START: "lane start table disagrees with the index",
+    lib.RL_V_HEADER: "header sizes disagree",
+}
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _int(value: object, what: str, lo: int, hi: int) -> int:
+    """One integer in [lo, hi]; bools, floats and None are refused, not coerced."""
+    if value is None:
+        raise EngineValueError(f"{what} is absent (None)")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise EngineTypeError(f"{what} must be an integer, got {type(value).__name__}")
+    v = int(value)
+    if not lo <= v <= hi:
+        raise EngineValueError(f"{what} must be in [{lo}, {hi}], got {v}")
+    return v
+
+
+class Claim(NamedTuple):
+    row: int
+    lane: int
+    due_ms: int
+    token: int
+
+
+class Claims:
+    """The rows one claim pass leased: four int64 arrays of the same length."""
+
+    __slots__ = ("_buf", "_n")
+
+    def __init__(self, buf: IntArray, n: int) -> None:
+        self._buf = buf
+        self._n = n
+
+    @property
+    def rows(self) -> IntArray:
+        return self._buf[0, : self._n]
+
+    @property
+    def lanes(self) -> IntArray:
+        return self._buf[1, : self._n]
+
+    @property
+    def due_ms(self) -> IntArray:
+        return self._buf[2, : self._n]
+
+    @property
+    def tokens(self) -> IntArray:
+        return self._buf[3, : self._n]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[Claim]:
+        b = self._buf
+        for i in range(self._n):
+            yield Claim(int(b[0, i]), int(b[1, i]), int(b[2, i]), int(b[3, i]))
+
+    def __repr__(self) -> str:
+        return f"Claims(n={self._n}, rows={self.rows.tolist()})"
+
+
+class Engine:
+    """A claim engine over one named shared-memory segment (see the package README)."""
+
+    def __init__(self, seg: Segment, creator_pid: int | None) -> None:
+        self._seg = seg
+        self._creator_pid = creator_pid
+        self._out_row = ffi.new("int64_t[1]")
+        self._advice = ffi.new("uint32_t *")
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, name: str, capacity: int, policy: LanePolicy | None = None, *,
+               ring_capacity: int | None = None, exist_ok: bool = False) -> Engine:
+        """Create the segment and own it (this process unlinks it on ``close``/``unlink``).
+
+        ``exist_ok=True`` takes over a segment of that name left by a crashed owner instead of
+        failing: it attaches, reclaims dead owners' leases, and becomes the owner.
+        """
+        name = _name(name)
+        capacity = _int(capacity, "capacity", 1, (1 << 31))
+        if policy is None:
+            policy = LanePolicy()
+        if not isinstance(policy, LanePolicy):
+            raise EngineTypeError("policy must be a LanePolicy")
+        ring = min(65_536, max(64, capacity)) if ring_capacity is None else _int(
+            ring_capacity, "ring_capacity", 1, 1 << 28)
+        try:
+            seg = Segment.create(name, capacity, ring, policy, wall_ms())
+        except SegmentExists:
+            if not exist_ok:
+                raise
+            eng = cls(Segment.attach(name, 5.0), os.getpid())
+            eng.reap()
+            return eng
+        return cls(seg, os.getpid())
+
+    @classmethod
+    def attach(cls, name: str, timeout: float = 5.0) -> Engine:
+        """Attach to an existing segment; never unlinks it. ``LayoutMismatch`` if not ours."""
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+                math.isfinite(timeout) and timeout >= 0):
+            raise EngineValueError("timeout must be a finite number of seconds >= 0")
+        return cls(Segment.attach(_name(name), float(timeout)), None)
+
+    @property
+    def name(self) -> str:
+        return self._seg.name
+
+    @property
+    def is_owner(self) -> bool:
+        return self._creator_pid == os.getpid()
+
+    def close(self) -> None:
+        """Unmap this process's view; the owner also unlinks the segment."""
+        if self._seg._handle is None:
+            return
+        self._seg.close()
+        if self.is_owner:
+            try:
+                Segment.unlink(self.name)
+            except EngineError:
+                pass
+
+    def unlink(self) -> None:
+        """Remove the segment name now (mappings stay valid until closed)."""
+        Segment.unlink(self.name)
+        self._creator_pid = None
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        seg = getattr(self, "_seg", None)
+        if seg is not None and seg._handle is not None and not self.is_owner:
+            # An attacher's view (or a forked child's copy) just goes away; it never unlinks.
+            seg.close() if seg._owner_pid == os.getpid() else seg.forget()
+
+    # -- small helpers ---------------------------------------------------------------------------
+
+    @property
+    def _h(self) -> Any:
+        return self._seg.handle
+
+    def _rows_used(self) -> int:
+        return int(self._seg.info().rows_used)
+
+    def _row(self, row: object) -> int:
+        r = _int(row, "row", 0, (1 << 31))
+        if r >= self._rows_used():
+            raise EngineValueError(f"row {r} does not exist")
+        return r
+
+    @staticmethod
+    def _now(now_ms: object) -> int:
+        return wall_ms() if now_ms is None else check_due_ms(now_ms, "now_ms")
+
+    @staticmethod
+    def _token(token: object) -> int:
+        return _int(token, "token", 1, (1 << 63) - 1)
+
+    def _after(self, advice: int) -> None:
+        """Act on what the C core advised: merge the ring, or repair after a dead owner."""
+        if advice & lib.RL_ADVISE_REAP:
+            self._repair()
+        if advice & lib.RL_ADVISE_COMPACT:
+            status = lib.rl_compact(self._h, self._seg.owner, 0)
+            if status != lib.RL_E_BUSY:
+                check(status, "compact")
+
+    def _repair(self) -> int:
+        out = ffi.new("uint32_t *")
+        status = lib.rl_repair(self._h, self._seg.owner, out)
+        if status == lib.RL_E_BUSY:
+            return 0
+        check(status, "repair")
+        return int(out[0])
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def add(self, due_ms: int, interval_s: int, provenance: str = "submitted",
+            failures: int = 0) -> int:
+        """Queue one row; returns its row id."""
+        due = check_due_ms(due_ms)
+        interval = _int(interval_s, "interval_s", 1, 0xFFFFFFFF)
+        prov = _provenance_code(provenance)
+        fails = _int(failures, "failures", 0, 255)
+        d, i, p, f = (ffi.new("int64_t[1]", [v]) for v in (due, interval, prov, fails))
+        self._advice[0] = 0
+        check(lib.rl_add_many(self._h, self._seg.owner, 1, d, i, p, f, self._out_row,
+                              self._advice), "add")
+        self._after(self._advice[0])
+        return int(self._out_row[0])
+
+    def add_many(self, due_ms: Any, interval_s: Any, provenance: Any = "submitted",
+                 failures: Any = None) -> IntArray:
+        """Queue many rows at once; every element is checked before any row is written."""
+        due = check_due_array(due_ms)
+        n = len(due)
+        interval = _broadcast(interval_s, n, "interval_s")
+        if ((interval < 1) | (interval > 0xFFFFFFFF)).any():
+            raise EngineValueError("interval_s must be whole seconds in [1, 2**32)")
+        prov = _provenance_array(provenance, n)
+        fails = np.zeros(n, np.int64) if failures is None else _broadcast(failures, n, "failures")
+        if ((fails < 0) | (fails > 255)).any():
+            raise EngineValueError("failures must be in [0, 255]")
+        out = np.empty(n, np.int64)
+        if n == 0:
+            return out
+        self._advice[0] = 0
+        check(lib.rl_add_many(self._h, self._seg.owner, n, _ptr(due), _ptr(interval), _ptr(prov),
+                              _ptr(fails), _ptr(out), self._advice), "add_many")
+        self._after(self._advice[0])
+        return out
+
+    def complete(self, row: int, token: int, next_due_ms: int | None = None,
+                 now_ms: int | None = None) -> None:
+        """End the lease and reschedule (default ``now + interval``). ``LeaseLost`` if stale."""
+        ok = self.complete_many([self._row(row)], [self._token(token)],
+                                None if next_due_ms is None else [check_due_ms(next_due_ms,
+                                                                               "next_due_ms")],
+                                now_ms)
+        if not ok[0]:
+            check(lib.RL_E_LEASE, f"complete row {row}")
+
+    def complete_many(self, rows: Any, tokens: Any, next_due_ms: Any = None,
+                      now_ms: int | None = None) -> BoolArray:
+        """Complete a batch in one call; returns which leases were still held (and completed)."""
+        r = as_int64_array(rows, "rows")
+        t = as_int64_array(tokens, "tokens")
+        if len(r) != len(t):
+            raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
+        used = self._rows_used()
+        if len(r) and (r.min() < 0 or r.max() >= used):
+            raise EngineValueError("rows holds a row id that does not exist")
+        if len(t) and t.min() < 1:
+            raise EngineValueError("tokens must be positive")
+        nxt = ffi.NULL
+        if next_due_ms is not None:
+            nd = check_due_array(next_due_ms, "next_due_ms")
+            if len(nd) != len(r):
+                raise EngineValueError("next_due_ms and rows differ in length")
+            nxt = _ptr(nd)
+        now = self._now(now_ms)
+        ok = np.zeros(len(r), np.uint8)
+        if len(r) == 0:
+            return ok.astype(bool)
+        self._advice[0] = 0
+        check(lib.rl_complete_many(self._h, self._seg.owner, len(r), _ptr(r), _ptr(t), nxt, now,
+                                   ffi.from_buffer("uint8_t[]", ok), self._advice),
+              "complete_many")
+        self._after(self._advice[0])
+        return ok.astype(bool)
+
+    def fail(self, row: int, token: int, retry_at_ms: int | None = None,
+             now_ms: int | None = None) -> None:
+        """Count a failure, derive the lane again (cold after ``cold_after``), back off."""
+        r, t = self._row(row), self._token(token)
+        retry = -1 if retry_at_ms is None else check_due_ms(retry_at_ms, "retry_at_ms")
+        now = self._now(now_ms)
+        self._advice[0] = 0
+        check(lib.rl_fail(self._h, self._seg.owner, r, t, retry, now, self._advice),
+              f"fail row {r}")
+        self._after(self._advice[0])
+
+    def release(self, row: int, token: int) -> None:
+        """Give the row back unrendered; its schedule is unchanged."""
+        r, t = self._row(row), self._token(token)
+        check(lib.rl_release(self._h, self._seg.owner, r, t), f"release row {r}")
+
+    def renew(self, row: int, token: int, lease_ms: int = DEFAULT_LEASE_MS,
+              now_ms: int | None = None) -> int:
+        """Extend a lease (a long render); returns the new token, the old one is now stale."""
+        r, t = self._row(row), self._token(token)
+        lease = _int(lease_ms, "lease_ms", 1, STRIDE - 1)
+        out = ffi.new("uint64_t *")
+        check(lib.rl_renew(self._h, self._seg.owner, r, t, self._now(now_ms), lease, out),
+              f"renew row {r}")
+        return int(out[0])
+
+    def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
+        """``"rush"``: urgent lane, due now. ``"wait"``: own lane, due now."""
+        r = self._row(row)
+        if mode not in ("rush", "wait"):
+            raise EngineValueError(f"mode must be 'rush' or 'wait', got {mode!r}")
+        now = self._now(now_ms)
+        self._advice[0] = 0
+        check(lib.rl_prioritize(self._h, self._seg.owner, r, 1 if mode == "rush" else 0, now,
+                                self._advice), f"prioritize row {r} (removed?)")
+        self._after(self._advice[0])
+
+    def remove(self, row: int) -> None:
+        r = self._row(row)
+        check(lib.rl_remove(self._h, self._seg.owner, r, ffi.NULL), f"remove row {r} (removed?)")
+
+    # -- claims ----------------------------------------------------------------------------------
+
+    def claim(self, budget: int = 16, now_ms: int | None = None, lease_ms: int = DEFAULT_LEASE_MS,
+              window: int = DEFAULT_WINDOW) -> Claims:
+        """Lease up to ``budget`` due rows across lanes, as the policy shares them."""
+        b = _int(budget, "budget", 1, MAX_BUDGET)
+        lease = _int(lease_ms, "lease_ms", 1, STRIDE - 1)
+        win = _int(window, "window", 1, 1 << 30)
+        now = self._now(now_ms)
+        buf = np.empty((4, b), np.int64)
+        p = ffi.cast("int64_t *", ffi.from_buffer(buf))
+        n = check(lib.rl_claim(self._h, self._seg.owner, b, now, lease, win, p, p + b, p + 2 * b,
+                               p + 3 * b, self._advice), "claim")
+        if self._advice[0]:
+            self._after(self._advice[0])
+        return Claims(buf, n)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def describe(self, row: int, now_ms: int | None = None) -> dict[str, Any]:
+        """Everything the row table holds about one row (true due time, never a raw key)."""
+        r = self._row(row)
+        out = ffi.new("rl_row_info *")
+        check(lib.rl_row_info_get(self._h, r, self._now(now_ms), out))
+        queued = bool(out.queued)
+        return {
+            "row": r,
+            "queued": queued,
+            "due_ms": int(out.due_ms) if queued else None,
+            "lane": int(out.lane) if queued else None,
+            "interval_s": int(out.interval_s),
+            "failures": int(out.failures),
+            "provenance": PROVENANCES[out.provenance],
+            "urgent": bool(out.urgent),
+            "leased": out.lease_expiry_ms >= 0,
+            "lease_expiry_ms": int(out.lease_expiry_ms) if out.lease_expiry_ms >= 0 else None,
+        }
+
+    def due_ms(self, row: int) -> int | None:
+        """The row's true due time (None once removed)."""
+        due: int | None = self.describe(row)["due_ms"]
+        return due
+
+    def lane(self, row: int) -> int | None:
+        lane: int | None = self.describe(row)["lane"]
+        return lane
+
+    def lane_name(self, lane: int) -> str:
+        return self.policy.lane_name(_int(lane, "lane", 0, lib.RL_MAX_LANES - 1))
+
+    def floor_minute(self, lane: int) -> int:
+        """The lane's claim floor in minutes since the epoch; 0 means no floor."""
+        return int(self._lane_stats(wall_ms())[_int(lane, "lane", 0, lib.RL_MAX_LANES - 1)]
+                   .floor_word >> 32)
+
+    @property
+    def policy(self) -> LanePolicy:
+        return self._seg.policy()
+
+    def set_policy(self, policy: LanePolicy) -> None:
+        """Change the policy live for every attached process; no row is rewritten."""
+        if not isinstance(policy, LanePolicy):
+            raise EngineTypeError("policy must be a LanePolicy")
+        self._seg.set_policy(policy)
+
+    def _lane_stats(self, now: int) -> Any:
+        lanes = ffi.new("rl_lane_stats[]", lib.RL_MAX_LANES)
+        check(lib.rl_stats(self._h, now, lanes))
+        return lanes
+
+    def stats(self, now_ms: int | None = None) -> dict[str, Any]:
+        now = self._now(now_ms)
+        info = self._seg.info()
+        policy = self.policy
+        lanes = self._lane_stats(now)
+        credits = ffi.new("int64_t[]", lib.RL_CLASSES)
+        check(lib.rl_credit_get(self._h, credits))
+        shown = [i for i in range(lib.RL_MAX_LANES)
+                 if i < policy.lane_count or lanes[i].queued or lanes[i].granted]
+        return {
+            "name": self.name,
+            "layout_version": int(info.layout_version),
+            "capacity": int(info.row_capacity),
+            "rows": int(info.rows_used),
+            "queued": sum(int(lanes[i].queued) for i in range(lib.RL_MAX_LANES)),
+            "bytes": int(info.total_bytes),
+            "index": {"entries": int(info.index_count), "generation": int(info.index_gen)},
+            "ring": {"capacity": int(info.ring_capacity),
+                     "pending": int(info.ring_tail - info.ring_head)},
+            "credits": {c: int(credits[i]) / lib.RL_ONE
+                        for i, c in enumerate(("urgent", "submitted", "discovered", "cold"))},
+            "lanes": [
+                {
+                    "lane": i,
+                    "name": policy.lane_name(i),
+                    "floor_minute": int(lanes[i].floor_word >> 32),
+                    "queued": int(lanes[i].queued),
+                    "due": int(lanes[i].due),
+                    "leased": int(lanes[i].leased),
+                    "granted": int(lanes[i].granted),
+                    "spilled": int(lanes[i].spilled),
+                    "stale_skipped": int(lanes[i].stale_skipped),
+                    "lease_refused": int(lanes[i].lease_refused),
+                }
+                for i in shown
+            ],
+        }
+
+    def verify(self) -> list[str]:
+        """Walk the segment; one line per broken invariant (empty when all hold)."""
+        cap = 64
+        out = ffi.new("rl_problem[]", cap)
+        found = ffi.new("uint32_t *")
+        check(lib.rl_verify(self._h, out, cap, found))
+        problems = []
+        for i in range(min(int(found[0]), cap)):
+            p = out[i]
+            what = _PROBLEMS.get(p.code, f"problem {p.code}")
+            problems.append(f"{what}: row {p.row}, lane {p.lane}, detail {p.detail}")
+        if found[0] > cap:
+            problems.append(f"... and {found[0] - cap} more")
+        return problems
+
+    check = verify
+
+    # -- maintenance -----------------------------------------------------------------------------
+
+    def compact(self, full: bool = False) -> None:
+        """Merge recent writes into the sorted index now (``full``: rebuild from the row table)."""
+        owner = self._seg.owner
+        while (status := lib.rl_compact(self._h, owner, 1 if full else 0)) == lib.RL_E_BUSY:
+            time.sleep(0.001)
+        check(status, "compact")
+
+    def restamp(self, limit: int = 5000) -> dict[str, Any]:
+        """Re-encode up to ``limit`` rows written with lanes disabled into their lanes."""
+        lim = _int(limit, "limit", 1, 10_000_000)
+        done, left = ffi.new("uint32_t *"), ffi.new("uint32_t *")
+        check(lib.rl_restamp(self._h, self._seg.owner, lim, done, left),
+              "restamp (refused while lanes are enabled)")
+        return {"restamped": int(done[0]), "done": not left[0]}
+
+    def reap(self) -> int:
+        """Find owners whose process is gone (pid + start time), reclaim their leases at once.
+
+        Returns how many dead owners were found. Claim passes notice dead lease holders by
+        themselves; this also catches processes that died holding no lease mid-write.
+        """
+        dead = 0
+        for owner, pid, start, state in self._seg.owners():
+            if state != OWNER_ALIVE:
+                dead += state == 3
+                continue
+            try:
+                alive = abs(process_start_ms(pid) - start) < 2000
+            except Exception:  # psutil.NoSuchProcess, AccessDenied on a foreign pid
+                alive = False
+            if not alive:
+                check(lib.rl_owner_mark_dead(self._h, owner))
+                dead += 1
+        if dead:
+            self._repair()
+        return dead
+
+    def __repr__(self) -> str:
+        state = "closed" if self._seg._handle is None else "open"
+        return f"<Engine {self.name!r} {state}>"
+
+
+# -- argument helpers ---------------------------------------------------------------------------
+
+
+def _name(name: object) -> str:
+    if not isinstance(name, str):
+        raise EngineTypeError("name must be a str")
+    if not name or len(name) > 200 or "/" in name or "\0" in name:
+        raise EngineValueError(f"bad segment name {name!r}: 1-200 characters, no '/'")
+    return name
+
+
+def _ptr(arr: np.ndarray[Any, Any]) -> Any:
+    return ffi.cast("int64_t *", ffi.from_buffer(arr)) if arr.dtype == np.int64 else \
+        ffi.from_buffer(arr)
+
+
+def _broadcast(values: Any, n: int, what: str) -> IntArray:
+    if np.ndim(values) == 0:
+        if isinstance(values, bool) or not isinstance(values, (numbers.Integral, np.integer)):
+            raise EngineTypeError(f"{what} must be an integer or an integer array")
+        return np.full(n, int(values), np.int64)
+    arr = as_int64_array(values, what)
+    if len(arr) != n:
+        raise EngineValueError(f"{what} has {len(arr)} elements, due_ms has {n}")
+    return np.ascontiguousarray(arr)
+
+
+def _provenance_code(value: object) -> int:
+    if isinstance(value, str):
+        if value not in _PROVENANCE_CODE:
+            raise EngineValueError(f"unknown provenance {value!r} (known: {PROVENANCES})")
+        return _PROVENANCE_CODE[value]
+    if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool):
+        if int(value) not in (0, 1):
+            raise EngineValueError(f"provenance code must be 0 or 1, got {value}")
+        return int(value)
+    raise EngineTypeError(f"provenance must be 'submitted', 'discovered', 0 or 1, got {value!r}")
+
+
+def _provenance_array(values: Any, n: int) -> IntArray:
+    if isinstance(values, str) or np.ndim(values) == 0:
+        return np.full(n, _provenance_code(values), np.int64)
+    arr = np.asarray(values)
+    if arr.ndim != 1 or len(arr) != n:
+        raise EngineValueError(f"provenance must have {n} elements")
+    if arr.dtype.kind in "UO":
+        codes = np.full(n, -1, np.int64)
+        for name, code in _PROVENANCE_CODE.items():
+            codes[arr == name] = code
+        if (codes < 0).any():
+            i = int(np.argmax(codes < 0))
+            raise EngineValueError(f"provenance[{i}] = {arr[i]!r} is not one of {PROVENANCES}")
+        return codes
+    if arr.dtype.kind in "iu":
+        codes = arr.astype(np.int64)
+        if ((codes != 0) & (codes != 1)).any():
+            raise EngineValueError("provenance codes must be 0 (submitted) or 1 (discovered)")
+        return codes
+    raise EngineTypeError(f"provenance must be strings or 0/1 codes, got dtype {arr.dtype}")

@@ -1,0 +1,75 @@
+"""The exception hierarchy and the one table that maps the C core's status codes onto it.
+
+Nothing else in the package invents an error for a C status: :func:`raise_for` is the only
+translation, so a new code in ``csrc/lanes.h`` needs one line here.
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+
+class EngineError(Exception):
+    """Base of every error render-lanes raises on purpose."""
+
+
+class EngineValueError(EngineError, ValueError):
+    """A bad value: absent or out-of-range due time, unknown provenance, bad share, ..."""
+
+
+class EngineTypeError(EngineError, TypeError):
+    """A value of the wrong type (a float row id, a string array where integers belong, ...)."""
+
+
+class LayoutMismatch(EngineError):
+    """The named segment is not an engine of this layout: foreign, truncated or other version."""
+
+
+class LeaseLost(EngineError):
+    """The fencing token is stale: the lease expired and was re-claimed, or already ended."""
+
+
+class CapacityError(EngineError):
+    """The segment has no room left (rows, or owner slots)."""
+
+
+class EngineClosed(EngineError):
+    """The engine was closed in this process."""
+
+
+class AttachTimeout(EngineError, TimeoutError):
+    """The segment exists but its creator never published the ready flag."""
+
+
+class SegmentExists(EngineError, FileExistsError):
+    """``Engine.create`` found a segment of that name already (see ``exist_ok`` / ``lanes cleanup``)."""
+
+
+class SegmentMissing(EngineError, FileNotFoundError):
+    """No segment of that name exists."""
+
+
+class NotAllowed(EngineError):
+    """The operation is refused in the current state (restamp while lanes are enabled, ...)."""
+
+
+# Status codes from csrc/lanes.h (RL_E_*). Keep in step with that header.
+_TABLE: dict[int, tuple[type[EngineError], str]] = {
+    -1: (LayoutMismatch, "segment layout does not match"),
+    -2: (LeaseLost, "lease lost: the token is stale"),
+    -3: (CapacityError, "capacity exhausted"),
+    -4: (EngineValueError, "bad argument"),
+    -5: (EngineValueError, "out of range"),
+    -6: (EngineError, "system call failed"),
+    -7: (AttachTimeout, "timed out waiting for the segment"),
+    -8: (SegmentExists, "segment already exists"),
+    -9: (SegmentMissing, "no such segment"),
+    -10: (NotAllowed, "not allowed now"),
+    -11: (EngineError, "busy"),
+}
+
+
+def raise_for(status: int, context: str = "") -> NoReturn:
+    """Raise the exception mapped to a negative C status, with ``context`` in the message."""
+    cls, text = _TABLE.get(status, (EngineError, f"unknown status {status}"))
+    raise cls(f"{context}: {text}" if context else text)

@@ -1,0 +1,256 @@
+"""Lane policy: which lane a row belongs to, and how a claim pass shares capacity between lanes.
+
+Lane layout for normalised ``ttl_bands = (b1, ..., bn)`` (seconds)::
+
+    0               urgent              operator intent (prioritize rush)
+    1 .. n+1        submitted/b0..bn    in a sitemap, banded by interval, shortest first
+    n+2 .. 2n+2     discovered/b0..bn   crawler-found, banded the same way
+    2n+3            cold                failures >= cold_after, or suppressed
+
+The lane is derived on every write from stable inputs and never stored as intent, so a policy
+change needs no sweep. Fairness (the urgent cap and the minimum shares) is applied at claim time
+and lives in the segment header, so it changes live without rewriting a row.
+
+:func:`reference_pass` is the plain-Python statement of what one claim pass grants. The C pass
+(``csrc/claim.c``) must agree with it; the tests use it as the oracle.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import EngineTypeError, EngineValueError
+
+PROVENANCES: tuple[str, ...] = ("submitted", "discovered")
+CLASSES: tuple[str, ...] = ("urgent", "submitted", "discovered", "cold")
+SHARE_CLASSES: tuple[str, ...] = ("submitted", "discovered", "cold")
+REMAINDERS: tuple[str, ...] = ("lane-order", "edf")
+MAX_BANDS = 30
+"""Band boundaries a segment can hold: 2 * 30 + 4 = 64 lanes (csrc/lanes.h RL_MAX_LANES)."""
+
+ONE = 1 << 16
+"""Fixed-point unit of share credit (one grant), shared with the C accounting."""
+
+
+def normalize_bands(bands: Any) -> tuple[int, ...]:
+    """Sorted, deduplicated, positive whole seconds; an empty list means a single band."""
+    if isinstance(bands, (str, bytes)) or not hasattr(bands, "__iter__"):
+        raise EngineTypeError("ttl_bands must be a sequence of seconds")
+    out: set[int] = set()
+    for b in bands:
+        if isinstance(b, bool) or not isinstance(b, (int, float)):
+            raise EngineTypeError(f"ttl_bands holds {b!r}, not a number of seconds")
+        if not math.isfinite(b) or b <= 0 or b != int(b):
+            raise EngineValueError(f"ttl_bands must hold positive whole seconds, got {b!r}")
+        out.add(int(b))
+    if len(out) > MAX_BANDS:
+        raise EngineValueError(f"at most {MAX_BANDS} ttl_bands, got {len(out)}")
+    return tuple(sorted(out))
+
+
+def _share(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise EngineTypeError(f"{what} must be a number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v) or not 0.0 <= v <= 1.0:
+        raise EngineValueError(f"{what} must lie in [0, 1], got {value!r}")
+    return v
+
+
+def share_fp(share: float) -> int:
+    """A share as the C core stores it: fixed point, ``ONE`` = the whole budget."""
+    return int(round(share * ONE))
+
+
+@dataclass(frozen=True)
+class LanePolicy:
+    ttl_bands: tuple[int, ...] = (3600, 6 * 3600, 24 * 3600)
+    cold_after: int = 3
+    urgent_max_share: float = 0.2
+    min_share: Mapping[str, float] = field(
+        default_factory=lambda: {"discovered": 0.10, "cold": 0.02}
+    )
+    remainder: str = "lane-order"
+    lanes_enabled: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ttl_bands", normalize_bands(self.ttl_bands))
+        if isinstance(self.cold_after, bool) or not isinstance(self.cold_after, int):
+            raise EngineTypeError(f"cold_after must be an int, got {self.cold_after!r}")
+        if not 1 <= self.cold_after <= 255:
+            raise EngineValueError(f"cold_after must be in [1, 255], got {self.cold_after}")
+        urgent = _share(self.urgent_max_share, "urgent_max_share")
+        object.__setattr__(self, "urgent_max_share", urgent)
+        if not isinstance(self.min_share, Mapping):
+            raise EngineTypeError("min_share must be a mapping of class name to share")
+        shares: dict[str, float] = {}
+        for name, value in self.min_share.items():
+            if name not in SHARE_CLASSES:
+                raise EngineValueError(
+                    f"min_share names unknown class {name!r} (known: {', '.join(SHARE_CLASSES)};"
+                    " urgent is bounded by urgent_max_share)"
+                )
+            shares[name] = _share(value, f"min_share[{name!r}]")
+        total = urgent + sum(shares.values())
+        if total > 1.0 + 1e-9:
+            raise EngineValueError(f"urgent_max_share + sum(min_share) = {total:.4g} exceeds 1")
+        object.__setattr__(self, "min_share", shares)
+        if self.remainder not in REMAINDERS:
+            raise EngineValueError(f"remainder must be one of {REMAINDERS}, got {self.remainder!r}")
+        if not isinstance(self.lanes_enabled, bool):
+            raise EngineTypeError("lanes_enabled must be a bool")
+
+    def __hash__(self) -> int:
+        return hash((self.ttl_bands, self.cold_after, self.urgent_max_share,
+                     tuple(sorted(self.min_share.items())), self.remainder, self.lanes_enabled))
+
+    # -- lane layout -------------------------------------------------------------------------
+
+    @property
+    def band_count(self) -> int:
+        return len(self.ttl_bands) + 1
+
+    @property
+    def lane_count(self) -> int:
+        return 2 * self.band_count + 2
+
+    @property
+    def cold_lane(self) -> int:
+        return self.lane_count - 1
+
+    def band_of(self, interval_s: int) -> int:
+        return bisect.bisect_left(self.ttl_bands, interval_s)
+
+    def lane_for(self, provenance: str, interval_s: int, failures: int = 0,
+                 urgent: bool = False, suppressed: bool = False) -> int:
+        """The lane a row belongs in, derived from its inputs (mirrored by ``rl_lane_for``)."""
+        if provenance not in PROVENANCES:
+            raise EngineValueError(f"unknown provenance {provenance!r} (known: {PROVENANCES})")
+        if not self.lanes_enabled:
+            return 0
+        if urgent:
+            return 0
+        if suppressed or failures >= self.cold_after:
+            return self.cold_lane
+        base = 1 if provenance == "submitted" else 1 + self.band_count
+        return base + self.band_of(interval_s)
+
+    def class_of(self, lane: int) -> str:
+        """Class of a lane; a lane past this policy's layout (left by a wider one) counts as cold."""
+        if lane == 0:
+            return "urgent"
+        if lane <= self.band_count:
+            return "submitted"
+        if lane <= 2 * self.band_count:
+            return "discovered"
+        return "cold"
+
+    def lane_name(self, lane: int) -> str:
+        if lane == 0:
+            return "urgent"
+        if lane >= self.cold_lane:
+            return "cold" if lane == self.cold_lane else f"lane{lane}"
+        cls = self.class_of(lane)
+        band = lane - 1 if cls == "submitted" else lane - 1 - self.band_count
+        return f"{cls}/b{band}"
+
+    def class_lanes(self, cls: str, lane_total: int) -> list[int]:
+        return [lane for lane in range(lane_total) if self.class_of(lane) == cls]
+
+
+# -- the reference of one claim pass -----------------------------------------------------------
+
+
+def reference_pass(
+    policy: LanePolicy,
+    budget: int,
+    due: Sequence[Sequence[int]],
+    credits: Mapping[str, int],
+) -> tuple[list[int], dict[str, int]]:
+    """What one claim pass grants, in plain Python: the oracle for ``csrc/claim.c``.
+
+    ``due[L]`` lists the due times (ascending) of lane ``L``'s claimable rows; ``credits`` are the
+    shared share counters in ``ONE`` units. Returns grants per lane and the updated credits.
+
+    1. Each share class that has a claimable row accrues ``share * budget`` of credit, capped at
+       that plus one grant (an idle class banks nothing).
+    2. Urgent (lane 0) is served first but never beyond its credit: a cap on drain share.
+    3. Each ``min_share`` class, in lane order, takes up to its credit: a floor.
+    4. The remainder goes in lane order (or by global due time with ``remainder="edf"``); grants
+       a floor class gets from it count against its credit, so it cannot bank them.
+    With lanes disabled the pass is one EDF queue over every lane, in lane order, with no shares.
+    """
+    lanes = len(due)
+    left = [list(d) for d in due]
+    grants = [0] * lanes
+    cred = {c: int(credits.get(c, 0)) for c in CLASSES}
+    remaining = budget
+
+    def take(lane: int, want: int) -> int:
+        nonlocal remaining
+        got = min(want, len(left[lane]), remaining)
+        del left[lane][:got]
+        grants[lane] += got
+        remaining -= got
+        return got
+
+    if not policy.lanes_enabled:
+        for lane in range(lanes):
+            take(lane, remaining)
+        return grants, cred
+
+    urgent_fp = share_fp(policy.urgent_max_share)
+    capped = urgent_fp < ONE
+    floors = {c: share_fp(s) for c, s in policy.min_share.items() if share_fp(s) > 0}
+    accrual = dict(floors)
+    if capped:
+        accrual["urgent"] = urgent_fp
+    lanes_of = {c: policy.class_lanes(c, lanes) for c in CLASSES}
+    for cls, fp in accrual.items():
+        if any(left[lane] for lane in lanes_of[cls]):
+            cred[cls] = min(cred[cls] + fp * budget, fp * budget + ONE)
+
+    if capped:
+        want = max(0, cred["urgent"] // ONE)
+        got = take(0, want)
+        cred["urgent"] -= got * ONE
+    for cls in SHARE_CLASSES:
+        if cls not in floors:
+            continue
+        want = max(0, cred[cls] // ONE)
+        for lane in lanes_of[cls]:
+            got = take(lane, want)
+            want -= got
+            cred[cls] -= got * ONE
+
+    order = [lane for lane in range(lanes) if not (capped and lane == 0)]
+    before = list(grants)
+    if policy.remainder == "lane-order":
+        for lane in order:
+            take(lane, remaining)
+    else:
+        while remaining > 0:
+            heads = [(left[lane][0], lane) for lane in order if left[lane]]
+            if not heads:
+                break
+            take(min(heads)[1], 1)
+    for cls in floors:
+        extra = sum(grants[lane] - before[lane] for lane in lanes_of[cls])
+        if extra and cred[cls] > 0:
+            cred[cls] = max(0, cred[cls] - extra * ONE)
+    return grants, cred
+
+
+def policy_to_dict(policy: LanePolicy) -> dict[str, Any]:
+    return {
+        "ttl_bands": list(policy.ttl_bands),
+        "cold_after": policy.cold_after,
+        "urgent_max_share": policy.urgent_max_share,
+        "min_share": dict(policy.min_share),
+        "remainder": policy.remainder,
+        "lanes_enabled": policy.lanes_enabled,
+    }

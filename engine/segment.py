@@ -1,0 +1,157 @@
+"""The thin binding layer: one process's handle on a segment, C statuses turned into exceptions.
+
+Why a handle of our own rather than ``multiprocessing.shared_memory.SharedMemory``: before 3.13
+every ``SharedMemory(name)`` registers the segment with the resource tracker, which unlinks it
+when the *attaching* process exits — taking the owner's queue with it. The C core opens the
+same ``/dev/shm`` object with ``shm_open`` directly, so no tracker ever hears of it and only the
+creator (or ``lanes cleanup``) unlinks.
+
+Lease owners are per process: after ``os.fork()`` the child registers itself on first use, so
+the parent's leases stay the parent's. The owner's start time (psutil) is recorded beside its
+pid, so ``Engine.reap`` never mistakes a reused pid for the owner.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psutil
+
+from . import _core
+from .errors import EngineClosed, raise_for
+from .policy import SHARE_CLASSES, LanePolicy, share_fp
+
+ffi = _core.ffi
+lib = _core.lib
+
+OWNER_FREE, OWNER_CLAIMING, OWNER_ALIVE, OWNER_DEAD = 0, 1, 2, 3
+CLASS_INDEX = {"urgent": 0, "submitted": 1, "discovered": 2, "cold": 3}
+
+
+def check(status: int, context: str = "") -> int:
+    """Pass a non-negative status through; raise the mapped exception for a negative one."""
+    if status < 0:
+        raise_for(status, context)
+    return status
+
+
+def process_start_ms(pid: int | None = None) -> int:
+    return int(psutil.Process(pid).create_time() * 1000)
+
+
+def policy_to_c(policy: LanePolicy) -> Any:
+    p = ffi.new("rl_policy *")
+    p.band_count = len(policy.ttl_bands)
+    for i, b in enumerate(policy.ttl_bands):
+        p.bands[i] = min(b, 0xFFFFFFFF)
+    p.cold_after = policy.cold_after
+    p.urgent_share = share_fp(policy.urgent_max_share)
+    p.urgent_share_exact = policy.urgent_max_share
+    for name in SHARE_CLASSES:
+        share = policy.min_share.get(name, 0.0)
+        p.min_share[CLASS_INDEX[name]] = share_fp(share)
+        p.min_share_exact[CLASS_INDEX[name]] = share
+    p.remainder_edf = 1 if policy.remainder == "edf" else 0
+    p.lanes_enabled = 1 if policy.lanes_enabled else 0
+    return p
+
+
+def policy_from_c(p: Any) -> LanePolicy:
+    shares = {n: float(p.min_share_exact[CLASS_INDEX[n]]) for n in SHARE_CLASSES
+              if p.min_share[CLASS_INDEX[n]] > 0}
+    return LanePolicy(
+        ttl_bands=tuple(int(p.bands[i]) for i in range(p.band_count)),
+        cold_after=int(p.cold_after),
+        urgent_max_share=float(p.urgent_share_exact),
+        min_share=shares,
+        remainder="edf" if p.remainder_edf else "lane-order",
+        lanes_enabled=bool(p.lanes_enabled),
+    )
+
+
+class Segment:
+    """A mapped segment plus this process's lease-owner id. Not thread-safe; one per process."""
+
+    def __init__(self, handle: Any, name: str) -> None:
+        self._handle = handle
+        self.name = name
+        self._owner = 0
+        self._owner_pid = -1
+        self._policy_version = -1
+        self._policy: LanePolicy | None = None
+
+    @classmethod
+    def create(cls, name: str, capacity: int, ring_capacity: int, policy: LanePolicy,
+               now_ms: int) -> Segment:
+        out = ffi.new("rl_seg **")
+        check(lib.rl_create(name.encode(), capacity, ring_capacity, policy_to_c(policy), now_ms,
+                            out), f"create {name!r}")
+        return cls(out[0], name)
+
+    @classmethod
+    def attach(cls, name: str, timeout: float) -> Segment:
+        out = ffi.new("rl_seg **")
+        check(lib.rl_attach(name.encode(), timeout, out), f"attach {name!r}")
+        return cls(out[0], name)
+
+    @property
+    def handle(self) -> Any:
+        if self._handle is None:
+            raise EngineClosed(f"engine {self.name!r} is closed")
+        return self._handle
+
+    @property
+    def owner(self) -> int:
+        """This process's lease-owner id, registered on first use (again after a fork)."""
+        pid = os.getpid()
+        if self._owner_pid != pid:
+            out = ffi.new("uint32_t *")
+            check(lib.rl_owner_register(self.handle, pid, process_start_ms(pid), out),
+                  "register lease owner")
+            self._owner, self._owner_pid = int(out[0]), pid
+        return self._owner
+
+    def info(self) -> Any:
+        out = ffi.new("rl_info *")
+        check(lib.rl_info_get(self.handle, out))
+        return out
+
+    def policy(self) -> LanePolicy:
+        p = ffi.new("rl_policy *")
+        version = ffi.new("uint64_t *")
+        check(lib.rl_policy_get(self.handle, p, version))
+        if version[0] != self._policy_version or self._policy is None:
+            self._policy = policy_from_c(p)
+            self._policy_version = int(version[0])
+        return self._policy
+
+    def set_policy(self, policy: LanePolicy) -> None:
+        check(lib.rl_policy_set(self.handle, policy_to_c(policy)), "set_policy")
+
+    def owners(self) -> list[tuple[int, int, int, int]]:
+        """(owner id, pid, start time ms, state) of every slot that is not free."""
+        pid, start, state = ffi.new("uint32_t *"), ffi.new("uint64_t *"), ffi.new("uint32_t *")
+        found = []
+        for o in range(1, lib.RL_MAX_OWNERS):
+            check(lib.rl_owner_get(self.handle, o, pid, start, state))
+            if state[0] != OWNER_FREE:
+                found.append((o, int(pid[0]), int(start[0]), int(state[0])))
+        return found
+
+    def close(self) -> None:
+        """Unmap; a process that registered as an owner first ends its leases."""
+        if self._handle is None:
+            return
+        if self._owner and self._owner_pid == os.getpid():
+            lib.rl_owner_release(self._handle, self._owner)
+        lib.rl_close(self._handle)
+        self._handle = None
+
+    def forget(self) -> None:
+        """Drop the handle without touching the segment (a forked child's inherited copy)."""
+        self._handle = None
+
+    @staticmethod
+    def unlink(name: str) -> None:
+        check(lib.rl_unlink(name.encode()), f"unlink {name!r}")

@@ -1,0 +1,57 @@
+"""Fixtures: a fresh engine per test, and a session check that no test segment is left behind."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from lanes_testlib import dispose, leftover_segments, unique_name
+
+settings.register_profile(
+    "lanes",
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=False,
+)
+settings.load_profile("lanes")
+
+
+@pytest.fixture
+def make_engine() -> Iterator[Callable[..., Any]]:
+    """A factory: ``make_engine(policy=None, capacity=4096, **kw)``; every engine is disposed."""
+    from engine import Engine
+
+    made: list[tuple[Any, str]] = []
+
+    def make(policy: Any = None, capacity: int = 4096, **kw: Any) -> Any:
+        name = unique_name()
+        eng = Engine.create(name, capacity, policy, **kw)
+        made.append((eng, name))
+        return eng
+
+    yield make
+    for eng, name in made:
+        dispose(eng, name)
+
+
+@pytest.fixture
+def eng(make_engine: Callable[..., Any]) -> Any:
+    """An engine with the default policy and room for 4096 rows."""
+    return make_engine()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_segment_left_behind() -> Iterator[None]:
+    before = set(leftover_segments())
+    yield
+    left = [p for p in leftover_segments() if p not in before]
+    for path in left:  # clean up, then fail loudly
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    assert left == [], f"test segments left in /dev/shm: {left}"

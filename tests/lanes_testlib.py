@@ -1,0 +1,153 @@
+"""Shared helpers for the render-lanes test suite (no pytest import: child processes load it).
+
+Everything a spawned or forkserver child needs lives here at module level so that it pickles by
+reference; conftest.py re-exports the fixtures' building blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    # The package may be built in place rather than installed into the venv.
+    try:
+        import engine  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, ROOT)
+
+NOW = 1_800_000_000_000
+"""The fixed virtual time base of every test (ms since the epoch)."""
+
+MINUTE = 60_000
+HOUR = 3_600_000
+DAY = 24 * HOUR
+PREFIX = "rl-test-"
+SHM_DIR = "/dev/shm"
+
+# Intervals (s) that land in each band of the default ttl_bands (3600, 21600, 86400).
+BAND_INTERVALS = (600, 7200, 43200, 172800)
+
+
+def unique_name() -> str:
+    return f"{PREFIX}{uuid.uuid4().hex[:12]}"
+
+
+def shm_path(name: str) -> str:
+    return os.path.join(SHM_DIR, name)
+
+
+def leftover_segments() -> list[str]:
+    return sorted(glob.glob(os.path.join(SHM_DIR, PREFIX + "*")))
+
+
+def dispose(eng: Any, name: str) -> None:
+    """Close and unlink ``eng`` whatever state it is in; never raises."""
+    from engine.errors import EngineError
+
+    with contextlib.suppress(EngineError, OSError):
+        eng.unlink()
+    with contextlib.suppress(EngineError, OSError):
+        eng.close()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(shm_path(name))
+
+
+@contextlib.contextmanager
+def fresh_engine(policy: Any = None, capacity: int = 4096, **kw: Any) -> Iterator[Any]:
+    """A new engine on a unique segment, always closed and unlinked afterwards."""
+    from engine import Engine
+
+    name = unique_name()
+    eng = Engine.create(name, capacity, policy, **kw)
+    try:
+        yield eng
+    finally:
+        dispose(eng, name)
+
+
+def lane_counts(claims: Any, lanes: int) -> list[int]:
+    counts = [0] * lanes
+    for lane in claims.lanes.tolist():
+        counts[int(lane)] += 1
+    return counts
+
+
+def snapshot(eng: Any, rows: Any) -> list[dict[str, Any]]:
+    return [eng.describe(int(r)) for r in rows]
+
+
+# -- child-process bodies (multiprocessing targets must be importable module attributes) -------
+
+
+def _report(q: Any, fn: Any) -> None:
+    try:
+        q.put(("ok", fn()))
+    except BaseException:  # report everything: the parent asserts on it
+        q.put(("error", traceback.format_exc()))
+
+
+def child_attach_claim(name: str, now_ms: int, budget: int, q: Any) -> None:
+    def body() -> dict[str, Any]:
+        from engine import Engine
+
+        eng = Engine.attach(name)
+        c = eng.claim(budget=budget, now_ms=now_ms, lease_ms=600_000)
+        out = {"rows": c.rows.tolist(), "tokens": c.tokens.tolist(), "pid": os.getpid()}
+        eng.close()
+        return out
+
+    _report(q, body)
+
+
+def child_attach_add(name: str, due_ms: int, interval_s: int, q: Any) -> None:
+    def body() -> int:
+        from engine import Engine
+
+        eng = Engine.attach(name)
+        row = int(eng.add(due_ms, interval_s, provenance="submitted"))
+        eng.close()
+        return row
+
+    _report(q, body)
+
+
+def child_set_policy(name: str, remainder: str, q: Any) -> None:
+    def body() -> str:
+        from engine import Engine, LanePolicy
+
+        eng = Engine.attach(name)
+        eng.set_policy(LanePolicy(remainder=remainder))
+        got = eng.policy.remainder
+        eng.close()
+        return got
+
+    _report(q, body)
+
+
+def child_claim_and_hold(name: str, now_ms: int, q: Any) -> None:
+    """Claim one row with a 10-minute lease, report it, then wait to be killed."""
+    try:
+        from engine import Engine
+
+        eng = Engine.attach(name)
+        c = eng.claim(budget=1, now_ms=now_ms, lease_ms=600_000)
+        q.put(("ok", {"rows": c.rows.tolist(), "tokens": c.tokens.tolist()}))
+    except BaseException:
+        q.put(("error", traceback.format_exc()))
+        return
+    time.sleep(600)
+
+
+def get_result(q: Any, timeout: float = 60.0) -> Any:
+    status, value = q.get(timeout=timeout)
+    assert status == "ok", f"child failed:\n{value}"
+    return value
