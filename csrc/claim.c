@@ -24,6 +24,9 @@
 #include "layout.h"
 
 #define RING_CANDS 64
+/* Rows leased to a live holder do not use up the window (a pool with more rows in flight than
+ * `window` would otherwise stall the lane behind them), up to this many per lane and pass. */
+#define IN_FLIGHT_CAP 4096
 #define RING_SCAN_ADVISE 1024
 
 typedef struct {
@@ -38,7 +41,7 @@ typedef struct {
     uint64_t floor_word;  /* W: read before the index and the ring */
     uint64_t ring_min;
     uint64_t due_limit;   /* encode(lane, now) */
-    uint32_t pos, end;
+    uint32_t pos, end, in_flight;
     uint64_t first_live;  /* key of the first live entry seen, or RL_KEY_NONE */
     uint64_t last_key;    /* key of the last entry of this lane read */
     int have_idx;
@@ -90,7 +93,7 @@ static rl_policy *policy_cached(rl_seg *s) {
 }
 
 static int row_live(const Pass *P, uint32_t row, uint64_t key) {
-    return row < P->used && atomic_load_explicit(&P->s->rows[row].key, memory_order_acquire) == key;
+    return row < P->used && rl_row_key(P->s, row) == key;
 }
 
 /* Keep the RING_CANDS smallest due ring entries of a lane, sorted. */
@@ -109,8 +112,11 @@ static void ring_collect(Pass *P, Cursor *c) {
         uint32_t row = (uint32_t)atomic_load_explicit(&slot->row, memory_order_relaxed);
         if (atomic_load_explicit(&slot->state, memory_order_acquire) != st) continue; /* reused */
         if (key < lo || key > c->due_limit || !row_live(P, row, key)) continue;
+        uint64_t w = atomic_load_explicit(&s->rows[row].lease, memory_order_acquire);
+        if (!rl_lease_claimable(s, w, P->now, tls_memo)) continue; /* in flight: holds no slot */
         if (c->rn == RING_CANDS) {
             c->ring_overflow = 1;
+            P->advice |= RL_ADVISE_COMPACT; /* move them into the index, where the window reads them */
             if (key >= c->ring[RING_CANDS - 1].key) continue;
             c->rn--; /* drop the largest */
         }
@@ -130,7 +136,7 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     c->stamp = P->stamp;
     c->lane = lane;
     c->idx_done = c->ring_overflow = c->done = c->have_idx = c->have_peek = 0;
-    c->rn = c->ri = 0;
+    c->rn = c->ri = c->in_flight = 0;
     c->granted = c->spilled = c->stale = c->refused = 0;
     c->first_live = c->last_key = RL_KEY_NONE;
     c->due_limit = rl_encode(lane, (uint64_t)P->now);
@@ -201,6 +207,7 @@ static int lane_peek(Pass *P, Cursor *c) {
         idx_advance(P, c);
         int has_ring = c->ri < c->rn;
         Cand cand;
+        int from_idx = 0;
         if (c->have_idx && has_ring) {
             Cand *r = &c->ring[c->ri];
             if (r->key < c->idx.key || (r->key == c->idx.key && r->row < c->idx.row)) {
@@ -209,6 +216,7 @@ static int lane_peek(Pass *P, Cursor *c) {
             } else {
                 cand = c->idx;
                 c->have_idx = 0;
+                from_idx = 1;
             }
         } else if (c->have_idx) {
             if (c->ring_overflow) { /* unread ring rows may precede it: keep EDF, stop here */
@@ -217,6 +225,7 @@ static int lane_peek(Pass *P, Cursor *c) {
             }
             cand = c->idx;
             c->have_idx = 0;
+            from_idx = 1;
         } else if (has_ring) {
             cand = c->ring[c->ri++];
         } else {
@@ -226,6 +235,10 @@ static int lane_peek(Pass *P, Cursor *c) {
         uint64_t w = atomic_load_explicit(&P->s->rows[cand.row].lease, memory_order_acquire);
         if (!rl_lease_claimable(P->s, w, P->now, tls_memo)) {
             c->refused++;
+            if (from_idx && c->in_flight < IN_FLIGHT_CAP && c->end < P->count) {
+                c->in_flight++;
+                c->end++;
+            }
             continue;
         }
         c->peek = cand;
@@ -250,7 +263,7 @@ static int lane_take_one(Pass *P, Cursor *c) {
             continue;
         }
         /* The key may have moved between the check and the CAS (remove, prioritize). */
-        uint64_t key = atomic_load(&row->key);
+        uint64_t key = RL_WORD_KEY(atomic_load(&row->word));
         if (key == RL_KEY_NONE || rl_key_due(key) > (uint64_t)P->now) {
             uint64_t back = nw;
             atomic_compare_exchange_strong(&row->lease, &back, RL_LEASE_FREE(nw));

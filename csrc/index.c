@@ -154,7 +154,7 @@ static int Entry_RadixSort(Entry *a, size_t n) {
 /* ================================================================ the merge ===== */
 
 static int row_live(rl_seg *s, uint32_t row, uint64_t key, uint32_t used) {
-    return row < used && atomic_load_explicit(&s->rows[row].key, memory_order_acquire) == key;
+    return row < used && rl_row_key(s, row) == key;
 }
 
 /* Wait for the ring's published prefix; abandon a slot whose writer never finished. */
@@ -248,7 +248,7 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
         if (!all) return RL_E_SYS;
         size_t n = 0;
         for (uint32_t r = 0; r < used; r++) {
-            uint64_t key = atomic_load_explicit(&s->rows[r].key, memory_order_acquire);
+            uint64_t key = rl_row_key(s, r);
             if (key == RL_KEY_NONE) continue;
             all[n++] = (Entry){key, r, 0};
             if (lane_min) {

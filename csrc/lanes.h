@@ -22,7 +22,9 @@
 #define RL_E_NOTALLOWED -10
 #define RL_E_BUSY -11
 
-#define RL_LAYOUT_VERSION 1
+/* Bump on any change to csrc/layout.h (a struct, the region order, the row/lease/floor word
+ * packing): attachers refuse a segment of another version with RL_E_LAYOUT. */
+#define RL_LAYOUT_VERSION 2
 #define RL_MAX_LANES 64
 #define RL_MAX_BANDS 30
 #define RL_MAX_OWNERS 1024
@@ -166,6 +168,6 @@ int rl_compact(rl_seg *s, uint32_t owner, int full_rebuild);
 int rl_row_info_get(rl_seg *s, uint32_t row, int64_t now_ms, rl_row_info *out);
 int rl_stats(rl_seg *s, int64_t now_ms, rl_lane_stats *lanes);
 int rl_verify(rl_seg *s, rl_problem *out, uint32_t max_out, uint32_t *found);
-int rl_rows_dump(rl_seg *s, uint32_t start, uint32_t n, uint64_t *keys, uint64_t *meta);
+int rl_rows_dump(rl_seg *s, uint32_t start, uint32_t n, uint64_t *words, uint64_t *leases);
 
 #endif /* CDEF-SKIP */

@@ -6,7 +6,8 @@
  *                          then the hot shared words, each on its own 64-byte line
  *   [lanes]                RL_MAX_LANES x rl_lane (floor word, ring minimum, counters)
  *   [owners]               RL_MAX_OWNERS x rl_owner
- *   [rows]                 row_capacity x rl_row (24 bytes: key, lease word, meta)
+ *   [rows]                 row_capacity x rl_row (16 bytes: row word, lease word)
+ *   [intervals]            row_capacity x uint32 (seconds)
  *   [index 0] [index 1]    two generations of (key uint64[cap], row uint32[cap])
  *   [ring]                 ring_capacity x rl_ring_slot: recent writes not yet merged
  *
@@ -26,7 +27,9 @@
 
 #define RL_MAGIC 0x314E414C5F4C5252ULL /* "RRL_LAN1" little-endian */
 #define RL_LINE 64
-#define RL_KEY_NONE UINT64_MAX
+#define RL_KEY_BITS 49
+#define RL_KEY_MASK ((1ULL << RL_KEY_BITS) - 1)
+#define RL_KEY_NONE RL_KEY_MASK /* lane 127: above every real key, and "not queued" in a row */
 #define RL_STRIDE (1ULL << 42)
 #define RL_HORIZON (RL_STRIDE - 1)
 
@@ -44,15 +47,17 @@
      ((uint64_t)(tok) & ((1u << RL_TOK_BITS) - 1)))
 #define RL_LEASE_FREE(w) (RL_LEASE_MAKE(0, 0, RL_LEASE_TOK(w)))
 
-/* ---- meta word: [interval_s:32][failures:8][prov:1][urgent:1][allocated:1] ---- */
-#define RL_META_INTERVAL(m) ((uint32_t)((m) & 0xFFFFFFFFu))
-#define RL_META_FAILURES(m) ((uint32_t)(((m) >> 32) & 0xFFu))
-#define RL_META_PROV(m) ((uint32_t)(((m) >> 40) & 1u))
-#define RL_META_URGENT(m) ((uint32_t)(((m) >> 41) & 1u))
-#define RL_META_ALLOCATED(m) ((uint32_t)(((m) >> 42) & 1u))
-#define RL_META_MAKE(interval, failures, prov, urgent)                                 \
-    ((uint64_t)(interval) | ((uint64_t)((failures) > 255 ? 255 : (failures)) << 32) | \
-     ((uint64_t)(prov) << 40) | ((uint64_t)(urgent) << 41) | (1ULL << 42))
+/* ---- row word: [urgent:1][prov:1][failures:8][key:49] ----
+ * The key (lane:7, due_ms:42) and the inputs its lane is derived from change together in one
+ * store, so a reader never sees a key with another write's failure count. RL_KEY_NONE in the
+ * key bits means "not queued". The interval lives in its own uint32 array (written at add). */
+#define RL_WORD_KEY(w) ((w) & RL_KEY_MASK)
+#define RL_WORD_FAILURES(w) ((uint32_t)(((w) >> 49) & 0xFFu))
+#define RL_WORD_PROV(w) ((uint32_t)(((w) >> 57) & 1u))
+#define RL_WORD_URGENT(w) ((uint32_t)(((w) >> 58) & 1u))
+#define RL_WORD_MAKE(key, failures, prov, urgent)                                        \
+    ((uint64_t)(key) | ((uint64_t)((failures) > 255 ? 255 : (failures)) << 49) |        \
+     ((uint64_t)(prov) << 57) | ((uint64_t)(urgent) << 58))
 
 /* ---- floor word: [minute:32][epoch:32] ---- */
 #define RL_FLOOR_MINUTE(w) ((uint32_t)((w) >> 32))
@@ -66,11 +71,10 @@
 #define RL_OWNER_DEAD 3
 
 typedef struct {
-    _Atomic uint64_t key;   /* lane * 2^42 + due_ms, or RL_KEY_NONE when not queued */
+    _Atomic uint64_t word;  /* see the row word above: key plus failures and flags */
     _Atomic uint64_t lease; /* see the lease word above */
-    _Atomic uint64_t meta;  /* see the meta word above */
 } rl_row;
-_Static_assert(sizeof(rl_row) == 24, "row is 24 bytes");
+_Static_assert(sizeof(rl_row) == 16, "row is 16 bytes: four to a cache line");
 
 typedef struct {
     _Atomic uint64_t state; /* position * 4 + {1 published, 2 abandoned} */
@@ -122,7 +126,7 @@ typedef struct {
     uint32_t max_owners;
     uint32_t row_capacity;
     uint32_t ring_capacity;
-    uint64_t off_lanes, off_owners, off_rows, off_index_keys[2], off_index_rows[2], off_ring;
+    uint64_t off_lanes, off_owners, off_rows, off_intervals, off_index_keys[2], off_index_rows[2], off_ring;
     uint64_t created_ms;
     _Atomic uint32_t ready; /* published last */
     uint32_t pad0;
@@ -158,6 +162,7 @@ struct rl_seg {
     rl_lane *lanes;
     rl_owner *owners;
     rl_row *rows;
+    _Atomic uint32_t *intervals;
     _Atomic uint64_t *ikeys[2];
     _Atomic uint32_t *irows[2];
     rl_ring_slot *ring;
@@ -165,6 +170,9 @@ struct rl_seg {
 };
 
 /* ---- helpers shared between the C files ---- */
+static inline uint64_t rl_row_key(rl_seg *s, uint32_t row) {
+    return RL_WORD_KEY(atomic_load_explicit(&s->rows[row].word, memory_order_acquire));
+}
 static inline uint32_t rl_minute(uint64_t due_ms) { return (uint32_t)(due_ms / 60000u); }
 static inline uint32_t rl_key_lane(uint64_t key) { return (uint32_t)(key >> 42); }
 static inline uint64_t rl_key_due(uint64_t key) { return key & (RL_STRIDE - 1); }

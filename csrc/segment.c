@@ -31,7 +31,7 @@ static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 /* Every offset is a function of the two capacities alone, so an attacher recomputes them and
  * compares: a segment laid out by another build can never be read with shifted offsets. */
 typedef struct {
-    uint64_t lanes, owners, rows, ikeys[2], irows[2], ring, total;
+    uint64_t lanes, owners, rows, intervals, ikeys[2], irows[2], ring, total;
 } Layout;
 
 static int Layout_Compute(uint32_t rows, uint32_t ring, Layout *l) {
@@ -44,6 +44,8 @@ static int Layout_Compute(uint32_t rows, uint32_t ring, Layout *l) {
     off = align_up(off + (uint64_t)RL_MAX_OWNERS * sizeof(rl_owner), RL_LINE);
     l->rows = off;
     off = align_up(off + (uint64_t)rows * sizeof(rl_row), RL_LINE);
+    l->intervals = off;
+    off = align_up(off + (uint64_t)rows * 4, RL_LINE);
     for (int g = 0; g < 2; g++) {
         l->ikeys[g] = off;
         off = align_up(off + (uint64_t)rows * 8, RL_LINE);
@@ -71,6 +73,7 @@ static void Seg_Bind(rl_seg *s, uint8_t *base, uint64_t bytes) {
     s->lanes = (rl_lane *)(base + h->off_lanes);
     s->owners = (rl_owner *)(base + h->off_owners);
     s->rows = (rl_row *)(base + h->off_rows);
+    s->intervals = (_Atomic uint32_t *)(base + h->off_intervals);
     for (int g = 0; g < 2; g++) {
         s->ikeys[g] = (_Atomic uint64_t *)(base + h->off_index_keys[g]);
         s->irows[g] = (_Atomic uint32_t *)(base + h->off_index_rows[g]);
@@ -133,6 +136,7 @@ int rl_create(const char *name, uint32_t rows, uint32_t ring, const rl_policy *p
     h->off_lanes = l.lanes;
     h->off_owners = l.owners;
     h->off_rows = l.rows;
+    h->off_intervals = l.intervals;
     for (int g = 0; g < 2; g++) {
         h->off_index_keys[g] = l.ikeys[g];
         h->off_index_rows[g] = l.irows[g];
@@ -142,7 +146,7 @@ int rl_create(const char *name, uint32_t rows, uint32_t ring, const rl_policy *p
     h->policy[0].p = *policy;
     Seg_Bind(s, base, l.total);
     for (uint32_t i = 0; i < RL_MAX_LANES; i++) atomic_store(&s->lanes[i].ring_min, RL_KEY_NONE);
-    for (uint32_t r = 0; r < rows; r++) atomic_store_explicit(&s->rows[r].key, RL_KEY_NONE, memory_order_relaxed);
+    for (uint32_t r = 0; r < rows; r++) atomic_store_explicit(&s->rows[r].word, RL_KEY_NONE, memory_order_relaxed);
     snprintf(s->name, sizeof s->name, "%s", name);
     atomic_store(&h->ready, 1); /* last: attachers wait for it */
     *out = s;
@@ -160,6 +164,7 @@ int rl_layout_check(const void *base_, uint64_t bytes) {
     if (Layout_Compute(h->row_capacity, h->ring_capacity, &l) != RL_OK) return RL_E_LAYOUT;
     if (h->total_bytes != l.total || bytes != l.total) return RL_E_LAYOUT;
     if (h->off_lanes != l.lanes || h->off_owners != l.owners || h->off_rows != l.rows ||
+        h->off_intervals != l.intervals ||
         h->off_ring != l.ring)
         return RL_E_LAYOUT;
     for (int g = 0; g < 2; g++)

@@ -7,9 +7,8 @@
 
 int rl_row_info_get(rl_seg *s, uint32_t row, int64_t now_ms, rl_row_info *o) {
     if (row >= atomic_load(&s->h->rows_used) || row >= s->h->row_capacity) return RL_E_RANGE;
-    uint64_t key = atomic_load(&s->rows[row].key);
+    uint64_t word = atomic_load(&s->rows[row].word), key = RL_WORD_KEY(word);
     uint64_t w = atomic_load(&s->rows[row].lease);
-    uint64_t meta = atomic_load(&s->rows[row].meta);
     memset(o, 0, sizeof *o);
     o->row = row;
     o->key = key;
@@ -19,10 +18,10 @@ int rl_row_info_get(rl_seg *s, uint32_t row, int64_t now_ms, rl_row_info *o) {
     o->lease = w;
     o->lease_owner = RL_LEASE_OWNER(w);
     o->lease_expiry_ms = o->lease_owner && RL_LEASE_EXPIRY(w) > now_ms ? RL_LEASE_EXPIRY(w) : -1;
-    o->interval_s = RL_META_INTERVAL(meta);
-    o->failures = RL_META_FAILURES(meta);
-    o->provenance = RL_META_PROV(meta);
-    o->urgent = RL_META_URGENT(meta);
+    o->interval_s = atomic_load(&s->intervals[row]);
+    o->failures = RL_WORD_FAILURES(word);
+    o->provenance = RL_WORD_PROV(word);
+    o->urgent = RL_WORD_URGENT(word);
     return RL_OK;
 }
 
@@ -39,7 +38,7 @@ int rl_stats(rl_seg *s, int64_t now_ms, rl_lane_stats *out) {
     }
     uint32_t used = atomic_load(&s->h->rows_used);
     for (uint32_t r = 0; r < used && r < s->h->row_capacity; r++) {
-        uint64_t key = atomic_load_explicit(&s->rows[r].key, memory_order_relaxed);
+        uint64_t key = rl_row_key(s, r);
         if (key == RL_KEY_NONE) continue;
         uint32_t l = rl_key_lane(key);
         if (l >= RL_MAX_LANES) continue;
@@ -89,7 +88,7 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
             note(out, max, found, RL_V_INDEX_ROW, row, rl_key_lane(key), i);
             continue;
         }
-        if (atomic_load(&s->rows[row].key) == key) seen[row] = 1;
+        if (rl_row_key(s, row) == key) seen[row] = 1;
     }
     for (uint32_t l = 0; l < RL_MAX_LANES; l++) {
         uint32_t st = atomic_load(&h->lane_start[b][l]);
@@ -104,7 +103,7 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
         if (atomic_load(&slot->state) != pos * 4 + 1) continue;
         uint64_t key = atomic_load(&slot->key);
         uint64_t row = atomic_load(&slot->row);
-        if (row < used && atomic_load(&s->rows[row].key) == key) {
+        if (row < used && rl_row_key(s, (uint32_t)row) == key) {
             seen[row] = 1;
             uint32_t l = rl_key_lane(key);
             if (l < RL_MAX_LANES && key < atomic_load(&s->lanes[l].ring_min))
@@ -112,7 +111,7 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
         }
     }
     for (uint32_t r = 0; r < used; r++) {
-        uint64_t key = atomic_load(&s->rows[r].key);
+        uint64_t key = rl_row_key(s, r);
         uint64_t w = atomic_load(&s->rows[r].lease);
         uint32_t o = RL_LEASE_OWNER(w);
         if (o) {
@@ -133,12 +132,12 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
     return RL_OK;
 }
 
-int rl_rows_dump(rl_seg *s, uint32_t start, uint32_t n, uint64_t *keys, uint64_t *meta) {
+int rl_rows_dump(rl_seg *s, uint32_t start, uint32_t n, uint64_t *words, uint64_t *leases) {
     uint32_t used = atomic_load(&s->h->rows_used);
     if (start > used || n > used - start) return RL_E_RANGE;
     for (uint32_t i = 0; i < n; i++) {
-        keys[i] = atomic_load_explicit(&s->rows[start + i].key, memory_order_relaxed);
-        meta[i] = atomic_load_explicit(&s->rows[start + i].meta, memory_order_relaxed);
+        words[i] = atomic_load_explicit(&s->rows[start + i].word, memory_order_relaxed);
+        leases[i] = atomic_load_explicit(&s->rows[start + i].lease, memory_order_relaxed);
     }
     return RL_OK;
 }

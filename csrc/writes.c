@@ -77,10 +77,10 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
     for (uint32_t i = 0; i < n; i++) {
         uint32_t r = first + i, f = failures ? (uint32_t)failures[i] : 0;
         uint32_t lane = rl_lane_for(&p, (uint32_t)prov[i], (uint32_t)interval[i], f, 0);
-        atomic_store(&s->rows[r].meta, RL_META_MAKE((uint32_t)interval[i], f, (uint32_t)prov[i], 0));
+        atomic_store(&s->intervals[r], (uint32_t)interval[i]);
         keys[i] = rl_encode(lane, (uint64_t)due[i]);
         rows[i] = r;
-        atomic_store(&s->rows[r].key, keys[i]);
+        atomic_store(&s->rows[r].word, RL_WORD_MAKE(keys[i], f, (uint32_t)prov[i], 0));
         out_rows[i] = r;
     }
     int rc = publish_keys(s, owner, n, keys, rows, advice);
@@ -98,7 +98,7 @@ static int lease_begin_write(rl_seg *s, uint32_t owner, uint32_t row, uint64_t t
     *writing = RL_LEASE_MAKE(RL_HORIZON, owner, RL_LEASE_TOK(token));
     if (*writing == token) *writing = RL_LEASE_MAKE(RL_HORIZON - 1, owner, RL_LEASE_TOK(token));
     if (!atomic_compare_exchange_strong(&s->rows[row].lease, &expect, *writing)) return RL_E_LEASE;
-    if (atomic_load(&s->rows[row].key) == RL_KEY_NONE) { /* removed while leased */
+    if (rl_row_key(s, row) == RL_KEY_NONE) { /* removed while leased */
         atomic_compare_exchange_strong(&s->rows[row].lease, writing, RL_LEASE_FREE(*writing));
         return RL_E_LEASE;
     }
@@ -135,14 +135,13 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
         uint32_t r = (uint32_t)rows[i];
         ok[i] = lease_begin_write(s, owner, r, (uint64_t)tokens[i], &writing[i]) == RL_OK;
         if (!ok[i]) continue;
-        uint64_t meta = atomic_load(&s->rows[r].meta);
-        uint32_t interval = RL_META_INTERVAL(meta), prov = RL_META_PROV(meta);
-        atomic_store(&s->rows[r].meta, RL_META_MAKE(interval, 0, prov, 0));
+        uint64_t word = atomic_load(&s->rows[r].word);
+        uint32_t interval = atomic_load(&s->intervals[r]), prov = RL_WORD_PROV(word);
         int64_t due = next_due && next_due[i] >= 0 ? next_due[i]
                                                     : clamp_due(now_ms + (int64_t)interval * 1000);
         keys[m] = rl_encode(rl_lane_for(&p, prov, interval, 0, 0), (uint64_t)due);
         rws[m] = r;
-        atomic_store(&s->rows[r].key, keys[m]);
+        atomic_store(&s->rows[r].word, RL_WORD_MAKE(keys[m], 0, prov, 0));
         m++;
     }
     int rc = publish_keys(s, owner, m, keys, rws, advice);
@@ -168,17 +167,16 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
     int rc = lease_begin_write(s, owner, row, token, &writing);
     if (rc != RL_OK) return rc;
     rl_policy_read(s, &p);
-    uint64_t meta = atomic_load(&s->rows[row].meta);
-    uint32_t interval = RL_META_INTERVAL(meta), prov = RL_META_PROV(meta);
-    uint32_t f = RL_META_FAILURES(meta) + 1;
+    uint64_t word = atomic_load(&s->rows[row].word);
+    uint32_t interval = atomic_load(&s->intervals[row]), prov = RL_WORD_PROV(word);
+    uint32_t f = RL_WORD_FAILURES(word) + 1;
     if (f > 255) f = 255;
-    atomic_store(&s->rows[row].meta, RL_META_MAKE(interval, f, prov, 0));
     /* Back-off: 30 s doubling per failure, never longer than the row's own interval. */
     int64_t backoff = 30000LL << (f - 1 < 20 ? f - 1 : 20);
     if (backoff > (int64_t)interval * 1000) backoff = (int64_t)interval * 1000;
     int64_t due = retry_at >= 0 ? retry_at : clamp_due(now_ms + backoff);
     uint64_t key = rl_encode(rl_lane_for(&p, prov, interval, f, 0), (uint64_t)due);
-    atomic_store(&s->rows[row].key, key);
+    atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, 0));
     rc = publish_keys(s, owner, 1, &key, &row, advice);
     lease_end_write(s, row, writing);
     return rc;
@@ -220,13 +218,12 @@ int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now
     if (owner == 0 || owner >= RL_MAX_OWNERS || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
         return RL_E_VALUE;
     if (!row_ok(s, row)) return RL_E_RANGE;
-    if (atomic_load(&s->rows[row].key) == RL_KEY_NONE) return RL_E_VALUE;
+    uint64_t word = atomic_load(&s->rows[row].word);
+    if (RL_WORD_KEY(word) == RL_KEY_NONE) return RL_E_VALUE;
     rl_policy_read(s, &p);
-    uint64_t meta = atomic_load(&s->rows[row].meta);
-    uint32_t interval = RL_META_INTERVAL(meta), prov = RL_META_PROV(meta), f = RL_META_FAILURES(meta);
-    atomic_store(&s->rows[row].meta, RL_META_MAKE(interval, f, prov, rush ? 1u : 0u));
+    uint32_t interval = atomic_load(&s->intervals[row]), prov = RL_WORD_PROV(word), f = RL_WORD_FAILURES(word);
     uint64_t key = rl_encode(rl_lane_for(&p, prov, interval, f, rush), (uint64_t)now_ms);
-    atomic_store(&s->rows[row].key, key);
+    atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, rush ? 1u : 0u));
     return publish_keys(s, owner, 1, &key, &row, advice);
 }
 
@@ -234,8 +231,9 @@ int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice) {
     (void)owner;
     (void)advice;
     if (!row_ok(s, row)) return RL_E_RANGE;
-    if (atomic_load(&s->rows[row].key) == RL_KEY_NONE) return RL_E_VALUE;
-    atomic_store(&s->rows[row].key, RL_KEY_NONE);
+    uint64_t word = atomic_load(&s->rows[row].word);
+    if (RL_WORD_KEY(word) == RL_KEY_NONE) return RL_E_VALUE;
+    atomic_store(&s->rows[row].word, RL_WORD_MAKE(RL_KEY_NONE, RL_WORD_FAILURES(word), RL_WORD_PROV(word), 0));
     /* End any lease with a new tok, so its holder's token is stale (LeaseLost, not a revival). */
     uint64_t w = atomic_load(&s->rows[row].lease);
     while (!atomic_compare_exchange_weak(&s->rows[row].lease, &w,
@@ -263,18 +261,18 @@ int rl_restamp(rl_seg *s, uint32_t owner, uint32_t limit, uint32_t *restamped, u
         return RL_E_SYS;
     }
     for (uint32_t r = 0; r < used && r < s->h->row_capacity; r++) {
-        uint64_t key = atomic_load(&s->rows[r].key);
-        if (key == RL_KEY_NONE || rl_key_lane(key) != 0) continue;
-        uint64_t meta = atomic_load(&s->rows[r].meta);
-        if (RL_META_URGENT(meta)) continue;
-        uint32_t lane = rl_lane_for(&on, RL_META_PROV(meta), RL_META_INTERVAL(meta), RL_META_FAILURES(meta), 0);
+        uint64_t word = atomic_load(&s->rows[r].word), key = RL_WORD_KEY(word);
+        if (key == RL_KEY_NONE || rl_key_lane(key) != 0 || RL_WORD_URGENT(word)) continue;
+        uint32_t lane = rl_lane_for(&on, RL_WORD_PROV(word), atomic_load(&s->intervals[r]),
+                                    RL_WORD_FAILURES(word), 0);
         if (lane == 0) continue;
         if (m == limit) {
             left = 1;
             break;
         }
         uint64_t nk = rl_encode(lane, rl_key_due(key));
-        if (!atomic_compare_exchange_strong(&s->rows[r].key, &key, nk)) continue; /* moved: its writer decided */
+        uint64_t nw = (word & ~RL_KEY_MASK) | nk;
+        if (!atomic_compare_exchange_strong(&s->rows[r].word, &word, nw)) continue; /* moved: its writer decided */
         keys[m] = nk;
         rows[m] = r;
         m++;

@@ -62,8 +62,11 @@ def _share(value: Any, what: str) -> float:
 
 
 def share_fp(share: float) -> int:
-    """A share as the C core stores it: fixed point, ``ONE`` = the whole budget."""
-    return int(round(share * ONE))
+    """A share as the C core stores it: fixed point, ``ONE`` = the whole budget.
+
+    Rounded up, so five calls at 0.2 make a whole grant (13108 * 5 >= ONE), not 4.99998 of one.
+    """
+    return min(ONE, math.ceil(share * ONE))
 
 
 @dataclass(frozen=True)

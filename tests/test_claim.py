@@ -1,0 +1,375 @@
+"""The claim pass (DESIGN §6): lanes, per-lane floors, spill, stale entries, EDF inside a lane."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import STRIDE, LanePolicy, encode
+from engine.errors import EngineError, EngineValueError
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine
+
+PRODUCT_INTERVAL = 48 * 3600
+HOME_INTERVAL = 3600
+
+
+def _minute(due_ms: int) -> int:
+    return due_ms // MINUTE
+
+
+def _headline(eng):
+    products = [
+        eng.add(NOW - 3 * DAY - i * MINUTE, PRODUCT_INTERVAL, provenance="submitted")
+        for i in range(60)
+    ]
+    home = eng.add(NOW - 2 * HOUR, HOME_INTERVAL, provenance="submitted")
+    return products, home
+
+
+# -- the headline -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compacted", [False, True], ids=["recent-writes", "indexed"])
+@pytest.mark.parametrize("window", [1, 140])
+def test_deep_backlog_in_slow_lane_does_not_hide_fast_lane(make_engine, compacted, window):
+    eng = make_engine()
+    products, home = _headline(eng)
+    assert eng.lane(home) == 1
+    assert {eng.lane(p) for p in products} == {4}
+    if compacted:
+        eng.compact()
+    c = eng.claim(budget=1, now_ms=NOW, window=window)
+    assert c.rows.tolist() == [home]
+    assert c.lanes.tolist() == [1]
+    assert c.due_ms.tolist() == [NOW - 2 * HOUR]
+    assert eng.verify() == []
+
+
+def test_without_lanes_the_deep_backlog_hides_the_homepage(make_engine):
+    eng = make_engine(LanePolicy(lanes_enabled=False))
+    products, home = _headline(eng)
+    assert eng.lane(home) == 0
+    assert {eng.lane(p) for p in products} == {0}
+    c = eng.claim(budget=1, now_ms=NOW)
+    assert len(c) == 1
+    assert int(c.rows[0]) in products
+    assert int(c.due_ms[0]) == NOW - 3 * DAY - 59 * MINUTE  # the oldest: plain EDF
+    assert eng.verify() == []
+
+
+def test_remainder_edf_serves_global_due_order_across_lanes(make_engine):
+    eng = make_engine(LanePolicy(remainder="edf"))
+    products, home = _headline(eng)
+    c = eng.claim(budget=1, now_ms=NOW)
+    assert c.rows.tolist() == [products[59]]
+    assert c.lanes.tolist() == [4]  # the true lane is kept, only the order is global
+    assert eng.verify() == []
+
+
+# -- claim results ------------------------------------------------------------------------------
+
+
+def test_claims_expose_parallel_int64_arrays_and_iterate_as_records(eng):
+    rows = [eng.add(NOW - i * MINUTE, 600) for i in range(5)]
+    c = eng.claim(budget=3, now_ms=NOW)
+    assert len(c) == 3
+    for arr in (c.rows, c.lanes, c.due_ms, c.tokens):
+        assert isinstance(arr, np.ndarray)
+        assert arr.dtype == np.int64
+        assert arr.shape == (3,)
+    items = list(c)
+    assert [x.row for x in items] == c.rows.tolist()
+    assert [x.lane for x in items] == c.lanes.tolist()
+    assert [x.due_ms for x in items] == c.due_ms.tolist()
+    assert [x.token for x in items] == c.tokens.tolist()
+    assert set(c.rows.tolist()) <= set(rows)
+    for x in items:
+        assert eng.due_ms(x.row) == x.due_ms  # the true due time, not a key
+        assert x.due_ms < STRIDE
+        assert eng.lane(x.row) == x.lane
+    assert len(set(c.tokens.tolist())) == 3
+    assert eng.verify() == []
+
+
+def test_a_row_is_not_claimed_before_it_is_due(eng):
+    row = eng.add(NOW + 5 * MINUTE, 600)
+    assert len(eng.claim(budget=4, now_ms=NOW)) == 0
+    assert len(eng.claim(budget=4, now_ms=NOW + 5 * MINUTE - 1)) == 0
+    c = eng.claim(budget=4, now_ms=NOW + 5 * MINUTE)
+    assert c.rows.tolist() == [row]
+    assert eng.verify() == []
+
+
+def test_a_claimed_row_is_not_claimed_again_while_leased(eng):
+    rows = [eng.add(NOW - MINUTE, 600) for _ in range(3)]
+    first = eng.claim(budget=10, now_ms=NOW, lease_ms=60_000)
+    assert sorted(first.rows.tolist()) == sorted(rows)
+    assert len(eng.claim(budget=10, now_ms=NOW + 59_000)) == 0
+    assert eng.verify() == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(budget=-1),
+        dict(budget=1.5),
+        dict(budget=None),
+        dict(budget=1, now_ms=math.nan),
+        dict(budget=1, now_ms=-5),
+        dict(budget=1, now_ms=encode(1, NOW)),
+        dict(budget=1, lease_ms=-5),
+        dict(budget=1, window=-1),
+    ],
+    ids=repr,
+)
+def test_bad_claim_arguments_are_rejected_and_change_nothing(eng, kwargs):
+    row = eng.add(NOW - MINUTE, 600)
+    kwargs.setdefault("now_ms", NOW)
+    with pytest.raises(EngineError) as info:
+        eng.claim(**kwargs)
+    assert isinstance(info.value, (ValueError, TypeError))
+    assert eng.describe(row)["leased"] is False
+    assert eng.claim(budget=1, now_ms=NOW).rows.tolist() == [row]
+    assert eng.verify() == []
+
+
+# -- EDF inside a lane, and the disabled / edf orders -------------------------------------------
+
+
+@settings(max_examples=25)
+@given(
+    offsets=st.lists(st.integers(-5 * DAY, 2 * HOUR), min_size=1, max_size=40),
+    budgets=st.lists(st.integers(1, 8), min_size=1, max_size=20),
+    compacted=st.booleans(),
+)
+def test_rows_of_one_lane_are_claimed_in_due_order(offsets, budgets, compacted):
+    with fresh_engine(capacity=128) as eng:
+        rows = {eng.add(NOW + off, 600): NOW + off for off in offsets}
+        assert {eng.lane(r) for r in rows} == {1}
+        if compacted:
+            eng.compact()
+        due_now = sorted(d for d in rows.values() if d <= NOW)
+        got: list[int] = []
+        for budget in budgets:
+            c = eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY)
+            dues = c.due_ms.tolist()
+            assert dues == sorted(dues)
+            assert all(d <= NOW for d in dues)
+            got += dues
+        assert got == due_now[: len(got)]  # exactly the earliest, in order
+        assert len(got) == min(len(due_now), sum(budgets))
+        assert eng.verify() == []
+
+
+@settings(max_examples=20)
+@given(
+    spec=st.lists(
+        st.tuples(
+            st.integers(-3 * DAY, 0),
+            st.sampled_from([60, 7200, 43200, 172800]),
+            st.sampled_from(["submitted", "discovered"]),
+            st.integers(0, 5),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    budget=st.integers(1, 50),
+)
+def test_lanes_disabled_behaves_as_one_edf_queue(spec, budget):
+    with fresh_engine(LanePolicy(lanes_enabled=False), capacity=128) as eng:
+        for off, interval, prov, failures in spec:
+            eng.add(NOW + off, interval, provenance=prov, failures=failures)
+        c = eng.claim(budget=budget, now_ms=NOW)
+        assert set(c.lanes.tolist()) <= {0}
+        expected = sorted(NOW + s[0] for s in spec)[:budget]
+        assert c.due_ms.tolist() == expected
+        assert eng.verify() == []
+
+
+@settings(max_examples=20)
+@given(
+    spec=st.lists(
+        st.tuples(
+            st.integers(-3 * DAY, 0),
+            st.sampled_from([60, 7200, 43200, 172800]),
+            st.sampled_from(["submitted", "discovered"]),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    budget=st.integers(1, 50),
+)
+def test_remainder_edf_grants_the_globally_earliest_rows(spec, budget):
+    with fresh_engine(LanePolicy(remainder="edf", min_share={}), capacity=128) as eng:
+        for off, interval, prov in spec:
+            eng.add(NOW + off, interval, provenance=prov)
+        c = eng.claim(budget=budget, now_ms=NOW)
+        expected = sorted(NOW + s[0] for s in spec)[:budget]
+        assert sorted(c.due_ms.tolist()) == expected
+        assert eng.verify() == []
+
+
+# -- floors -------------------------------------------------------------------------------------
+
+
+def test_wedged_lane_does_not_strand_another_lane(make_engine):
+    eng = make_engine(LanePolicy(cold_after=255))
+    wedged_due = NOW - 3 * DAY
+    wedged = eng.add(wedged_due, HOME_INTERVAL)  # lane 1, always fails at the same due time
+    others = [eng.add(NOW - DAY - i * MINUTE, PRODUCT_INTERVAL) for i in range(10)]
+    assert eng.lane(wedged) == 1 and {eng.lane(r) for r in others} == {4}
+    eng.compact()
+    served: list[int] = []
+    for i in range(15):
+        now = NOW + i * 1000
+        c = eng.claim(budget=2, now_ms=now, lease_ms=HOUR)
+        assert wedged in c.rows.tolist()  # lane order: the fast lane first, every time
+        for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+            if row == wedged:
+                eng.fail(row, tok, retry_at_ms=wedged_due, now_ms=now)
+            else:
+                served.append(row)
+                eng.complete(row, tok, next_due_ms=NOW + 30 * DAY, now_ms=now)
+        assert eng.verify() == []
+    assert sorted(served) == sorted(others)
+    assert eng.due_ms(wedged) == wedged_due
+    assert eng.lane(wedged) == 1
+    assert eng.floor_minute(1) <= _minute(wedged_due)
+    # the wedged row pins only its own lane's floor
+    assert eng.floor_minute(4) >= _minute(NOW - DAY - 9 * MINUTE) > _minute(wedged_due)
+    assert eng.verify() == []
+
+
+def test_floor_is_held_by_an_in_flight_row(eng):
+    dues = [NOW - 3 * HOUR, NOW - 2 * HOUR, NOW - HOUR]
+    rows = [eng.add(d, HOME_INTERVAL) for d in dues]
+    eng.compact()
+    assert eng.floor_minute(1) == 0
+    first = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
+    assert first.rows.tolist() == [rows[0]]
+    second = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
+    assert second.rows.tolist() == [rows[1]]
+    eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)  # takes rows[2]
+    eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)  # nothing left, the floor may move
+    # the leased row may come back (release, expiry): it holds the floor at its minute
+    assert eng.floor_minute(1) == _minute(dues[0])
+    assert eng.verify() == []
+
+    eng.complete(rows[0], int(first.tokens[0]), next_due_ms=NOW + DAY, now_ms=NOW)
+    assert len(eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)) == 0
+    assert eng.floor_minute(1) == _minute(dues[1])  # rises to the next in-flight row, no further
+    eng.release(rows[1], int(second.tokens[0]))
+    c = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
+    assert c.rows.tolist() == [rows[1]]
+    assert eng.verify() == []
+
+
+def test_floor_is_lowered_by_a_write_below_it(eng):
+    rows = [eng.add(NOW - HOUR + i * MINUTE, HOME_INTERVAL) for i in range(5)]
+    eng.compact()
+    c = eng.claim(budget=5, now_ms=NOW, lease_ms=DAY)
+    for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+        eng.complete(row, tok, next_due_ms=NOW + DAY, now_ms=NOW)
+    eng.claim(budget=5, now_ms=NOW, lease_ms=DAY)
+    raised = eng.floor_minute(1)
+    assert raised >= _minute(NOW - HOUR)
+    low_due = NOW - 5 * HOUR
+    late = eng.add(low_due, HOME_INTERVAL)
+    assert 0 < eng.floor_minute(1) <= _minute(low_due)
+    assert eng.verify() == []
+    c = eng.claim(budget=5, now_ms=NOW)
+    assert c.rows.tolist() == [late]
+    assert set(rows).isdisjoint(c.rows.tolist())
+    assert eng.verify() == []
+
+
+def test_floor_is_lowered_by_a_reschedule_below_it(eng):
+    a = eng.add(NOW - HOUR, HOME_INTERVAL)
+    b = eng.add(NOW - 30 * MINUTE, HOME_INTERVAL)
+    eng.compact()
+    c = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
+    assert c.rows.tolist() == [a]
+    eng.complete(a, int(c.tokens[0]), next_due_ms=NOW + DAY, now_ms=NOW)
+    c2 = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
+    assert c2.rows.tolist() == [b]
+    assert eng.floor_minute(1) >= _minute(NOW - 30 * MINUTE)
+    # b fails and retries far below the floor: the floor must come down to it
+    eng.fail(b, int(c2.tokens[0]), retry_at_ms=NOW - 10 * HOUR, now_ms=NOW)
+    assert eng.floor_minute(1) <= _minute(NOW - 10 * HOUR)
+    assert eng.claim(budget=1, now_ms=NOW).rows.tolist() == [b]
+    assert eng.verify() == []
+
+
+def test_floor_of_zero_stays_zero_when_lowered(eng):
+    for lane_interval in (HOME_INTERVAL, PRODUCT_INTERVAL):
+        eng.add(NOW - HOUR, lane_interval)
+        eng.add(NOW + HOUR, lane_interval)
+    assert eng.floor_minute(1) == 0
+    assert eng.floor_minute(4) == 0  # "lowering" 0 to a minute would raise it
+    eng.add(NOW + 2 * HOUR, HOME_INTERVAL)
+    eng.add(NOW - 2 * HOUR, PRODUCT_INTERVAL)
+    assert eng.floor_minute(1) == 0
+    assert all(eng.floor_minute(lane) == 0 for lane in range(10))
+    assert eng.verify() == []
+
+
+def test_floor_minute_of_a_bad_lane_is_rejected(eng):
+    with pytest.raises(EngineValueError):
+        eng.floor_minute(-1)
+    with pytest.raises(EngineValueError):
+        eng.floor_minute(10_000)
+
+
+# -- spill and stale entries --------------------------------------------------------------------
+
+
+def test_spill_into_the_next_lane_is_dropped_and_counted(eng):
+    fast = [eng.add(NOW - HOUR - i, HOME_INTERVAL) for i in range(2)]  # lane 1
+    slow = [eng.add(NOW - DAY - i, 7200) for i in range(3)]  # lane 2
+    eng.compact()
+    before = eng.stats(now_ms=NOW)["lanes"][1]["spilled"]
+    c = eng.claim(budget=10, now_ms=NOW, lease_ms=DAY)
+    assert sorted(c.rows.tolist()) == sorted(fast + slow)
+    by_row = dict(zip(c.rows.tolist(), c.lanes.tolist()))
+    assert all(by_row[r] == 1 for r in fast)
+    assert all(by_row[r] == 2 for r in slow)  # lane 1's seek read them but did not grant them
+    lanes = eng.stats(now_ms=NOW)["lanes"]
+    assert lanes[1]["spilled"] > before
+    assert lanes[1]["granted"] == 2
+    assert lanes[2]["granted"] == 3
+    assert eng.verify() == []
+
+
+def test_stale_index_entries_are_skipped_and_counted(eng):
+    rows = [eng.add(NOW - HOUR + i * MINUTE, HOME_INTERVAL) for i in range(5)]
+    eng.compact()
+    c = eng.claim(budget=5, now_ms=NOW, lease_ms=DAY)
+    assert sorted(c.rows.tolist()) == sorted(rows)
+    for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+        eng.complete(row, tok, now_ms=NOW)  # next due: now + 1 h, the old entries go stale
+    for row in rows:
+        assert eng.due_ms(row) == NOW + HOUR
+    before = eng.stats(now_ms=NOW)["lanes"][1]["stale_skipped"]
+    again = eng.claim(budget=5, now_ms=NOW)  # before any compaction
+    assert len(again) == 0
+    assert eng.stats(now_ms=NOW)["lanes"][1]["stale_skipped"] > before
+    later = eng.claim(budget=5, now_ms=NOW + HOUR)
+    assert sorted(later.rows.tolist()) == sorted(rows)
+    assert eng.verify() == []
+
+
+def test_granted_counters_add_up_to_the_rows_claimed(eng):
+    for i in range(12):
+        eng.add(NOW - i * MINUTE, (600, 7200, 43200)[i % 3], provenance="submitted")
+    total = 0
+    for budget in (1, 2, 3, 4):
+        total += len(eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY))
+    assert total == 10
+    lanes = eng.stats(now_ms=NOW)["lanes"]
+    assert sum(ln["granted"] for ln in lanes) == 10
+    assert sum(ln["leased"] for ln in lanes) == 10
+    assert eng.verify() == []

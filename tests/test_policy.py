@@ -1,0 +1,296 @@
+"""Lane layout and policy validation (DESIGN §4), and sanity of the reference allocator."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import EngineError, LanePolicy
+from engine.errors import EngineTypeError, EngineValueError
+from engine.policy import ONE, reference_pass
+
+DEFAULT_NAMES = [
+    "urgent",
+    "submitted/b0", "submitted/b1", "submitted/b2", "submitted/b3",
+    "discovered/b0", "discovered/b1", "discovered/b2", "discovered/b3",
+    "cold",
+]
+
+
+# -- bands ----------------------------------------------------------------------------------
+
+
+def test_default_policy_has_ten_lanes_with_the_documented_names():
+    p = LanePolicy()
+    assert p.ttl_bands == (3600, 21600, 86400)
+    assert p.lane_count == 10
+    assert p.cold_lane == 9
+    assert [p.lane_name(lane) for lane in range(10)] == DEFAULT_NAMES
+    assert p.cold_after == 3
+    assert p.urgent_max_share == pytest.approx(0.2)
+    assert dict(p.min_share) == {"discovered": 0.10, "cold": 0.02}
+    assert p.remainder == "lane-order"
+    assert p.lanes_enabled is True
+
+
+def test_unsorted_duplicated_band_list_is_normalised():
+    p = LanePolicy(ttl_bands=[86400, 3600, 21600, 3600, 86400.0])
+    assert p.ttl_bands == (3600, 21600, 86400)
+    assert p == LanePolicy()
+    assert hash(p) == hash(LanePolicy())
+
+
+def test_empty_band_list_means_one_band():
+    p = LanePolicy(ttl_bands=[])
+    assert p.ttl_bands == ()
+    assert p.lane_count == 4
+    assert [p.lane_name(lane) for lane in range(4)] == [
+        "urgent", "submitted/b0", "discovered/b0", "cold"]
+    assert p.lane_for("submitted", 10) == 1
+    assert p.lane_for("submitted", 10**7) == 1
+    assert p.lane_for("discovered", 10**7) == 2
+    assert p.lane_for("discovered", 5, failures=3) == 3
+
+
+@given(st.lists(st.integers(1, 10**7), max_size=40))
+def test_band_lists_normalise_to_sorted_unique_positive_seconds(bands):
+    unique = sorted(set(bands))
+    if len(unique) > 30:
+        with pytest.raises(EngineValueError):
+            LanePolicy(ttl_bands=bands)
+        return
+    p = LanePolicy(ttl_bands=bands)
+    assert p.ttl_bands == tuple(unique)
+    assert p.lane_count == 2 * (len(unique) + 1) + 2
+    assert LanePolicy(ttl_bands=list(reversed(bands)) + bands).ttl_bands == tuple(unique)
+
+
+@pytest.mark.parametrize("bands", [[0], [-3600], [3600, math.nan], [math.inf], [1.5]], ids=repr)
+def test_non_positive_or_fractional_bands_are_rejected(bands):
+    with pytest.raises(EngineValueError):
+        LanePolicy(ttl_bands=bands)
+
+
+@pytest.mark.parametrize("bands", ["3600", [None], ["3600"], [True], 3600], ids=repr)
+def test_non_numeric_bands_are_rejected(bands):
+    with pytest.raises(EngineTypeError):
+        LanePolicy(ttl_bands=bands)
+
+
+# -- validation -------------------------------------------------------------------------------
+
+
+BAD_VALUES = [
+    dict(urgent_max_share=-0.01),
+    dict(urgent_max_share=1.01),
+    dict(urgent_max_share=math.nan),
+    dict(urgent_max_share=math.inf),
+    dict(min_share={"discovered": -0.1}),
+    dict(min_share={"discovered": 1.5}),
+    dict(min_share={"cold": math.nan}),
+    dict(urgent_max_share=0.5, min_share={"discovered": 0.3, "cold": 0.3}),
+    dict(urgent_max_share=0.0, min_share={"submitted": 0.6, "discovered": 0.41}),
+    dict(min_share={"urgent": 0.1}),
+    dict(min_share={"vip": 0.1}),
+    dict(min_share={"Discovered": 0.1}),
+    dict(remainder="random"),
+    dict(remainder="EDF"),
+    dict(cold_after=0),
+    dict(cold_after=-1),
+    dict(cold_after=256),
+]
+
+
+@pytest.mark.parametrize("kwargs", BAD_VALUES, ids=repr)
+def test_bad_policy_values_are_rejected(kwargs):
+    with pytest.raises(EngineValueError):
+        LanePolicy(**kwargs)
+
+
+BAD_TYPES = [
+    dict(lanes_enabled=1),
+    dict(lanes_enabled="yes"),
+    dict(lanes_enabled=None),
+    dict(cold_after=True),
+    dict(cold_after=3.0),
+    dict(urgent_max_share="0.2"),
+    dict(urgent_max_share=True),
+    dict(min_share=[("discovered", 0.1)]),
+    dict(min_share={"discovered": "0.1"}),
+]
+
+
+@pytest.mark.parametrize("kwargs", BAD_TYPES, ids=repr)
+def test_bad_policy_types_are_rejected(kwargs):
+    with pytest.raises(EngineTypeError):
+        LanePolicy(**kwargs)
+
+
+def test_policy_errors_are_engine_errors():
+    with pytest.raises(EngineError):
+        LanePolicy(urgent_max_share=2)
+    with pytest.raises(ValueError):
+        LanePolicy(urgent_max_share=2)
+    with pytest.raises(TypeError):
+        LanePolicy(lanes_enabled=0)
+
+
+def test_shares_summing_to_exactly_one_are_accepted():
+    p = LanePolicy(urgent_max_share=0.5, min_share={"discovered": 0.3, "cold": 0.2})
+    assert p.urgent_max_share + sum(p.min_share.values()) == pytest.approx(1.0)
+    assert LanePolicy(urgent_max_share=1.0, min_share={}).urgent_max_share == 1.0
+
+
+# -- lane derivation --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "prov, interval, failures, lane",
+    [
+        ("submitted", 60, 0, 1),
+        ("submitted", 3600, 0, 1),  # a band boundary belongs to the shorter band
+        ("submitted", 3601, 0, 2),
+        ("submitted", 21600, 0, 2),
+        ("submitted", 86400, 0, 3),
+        ("submitted", 172800, 0, 4),
+        ("discovered", 60, 0, 5),
+        ("discovered", 7200, 0, 6),
+        ("discovered", 43200, 0, 7),
+        ("discovered", 172800, 0, 8),
+        ("submitted", 3600, 2, 1),
+        ("submitted", 3600, 3, 9),
+        ("discovered", 172800, 200, 9),
+    ],
+)
+def test_lane_for_default_layout(prov, interval, failures, lane):
+    p = LanePolicy()
+    assert p.lane_for(prov, interval, failures) == lane
+
+
+def test_lane_for_intent_and_suppression_and_disabled_lanes():
+    p = LanePolicy()
+    assert p.lane_for("discovered", 172800, 5, urgent=True) == 0
+    assert p.lane_for("submitted", 60, 0, suppressed=True) == 9
+    off = LanePolicy(lanes_enabled=False)
+    for prov in ("submitted", "discovered"):
+        for interval in (60, 7200, 10**6):
+            assert off.lane_for(prov, interval, 10) == 0
+    with pytest.raises(EngineValueError):
+        p.lane_for("crawled", 60)
+    with pytest.raises(EngineValueError):
+        off.lane_for("crawled", 60)
+
+
+def test_class_of_every_default_lane():
+    p = LanePolicy()
+    assert [p.class_of(lane) for lane in range(10)] == (
+        ["urgent"] + ["submitted"] * 4 + ["discovered"] * 4 + ["cold"])
+    assert p.class_of(40) == "cold"  # a lane left by a wider layout counts as cold
+
+
+@settings(max_examples=200)
+@given(
+    bands=st.lists(st.integers(1, 10**6), max_size=8),
+    prov=st.sampled_from(["submitted", "discovered"]),
+    interval=st.integers(1, 10**7),
+    failures=st.integers(0, 255),
+    cold_after=st.integers(1, 255),
+)
+def test_lane_for_stays_in_layout_and_matches_class(bands, prov, interval, failures, cold_after):
+    p = LanePolicy(ttl_bands=bands, cold_after=cold_after)
+    lane = p.lane_for(prov, interval, failures)
+    assert 1 <= lane < p.lane_count
+    if failures >= cold_after:
+        assert lane == p.cold_lane
+        assert p.class_of(lane) == "cold"
+    else:
+        assert p.class_of(lane) == prov
+        assert p.lane_name(lane).startswith(prov + "/b")
+        # longer intervals never land in a faster lane
+        assert p.lane_for(prov, interval + 1, failures) >= lane
+
+
+# -- the reference allocator -------------------------------------------------------------------
+
+
+def _run_reference(policy, budgets, due):
+    credits: dict[str, int] = {}
+    left = [sorted(d) for d in due]
+    total = [0] * len(due)
+    for budget in budgets:
+        grants, credits = reference_pass(policy, budget, left, credits)
+        for lane, g in enumerate(grants):
+            assert 0 <= g <= len(left[lane])
+            del left[lane][:g]
+            total[lane] += g
+        assert sum(grants) <= budget
+    return total, credits
+
+
+def test_reference_urgent_cap_holds_when_nothing_else_is_due():
+    due = [[i for i in range(200)]] + [[] for _ in range(9)]
+    total, _ = _run_reference(LanePolicy(), [1] * 100, due)
+    assert 18 <= total[0] <= 22
+    assert sum(total) == total[0]
+
+
+def test_reference_uncapped_urgent_takes_everything():
+    due = [[i for i in range(200)]] + [[] for _ in range(9)]
+    total, _ = _run_reference(LanePolicy(urgent_max_share=1.0, min_share={}), [1] * 100, due)
+    assert total[0] == 100
+
+
+def test_reference_floor_is_a_minimum_with_budget_one_and_sixty_four():
+    due = [[] for _ in range(10)]
+    due[1] = list(range(1000))
+    due[5] = list(range(1000))
+    one, _ = _run_reference(LanePolicy(), [1] * 320, due)
+    many, _ = _run_reference(LanePolicy(), [64] * 5, due)
+    assert sum(one) == sum(many) == 320
+    for total in (one, many):
+        assert 0.08 <= total[5] / 320 <= 0.12
+    assert abs(one[5] - many[5]) <= 4
+
+
+def test_reference_unused_floor_is_released_to_the_remainder():
+    due = [[] for _ in range(10)]
+    due[1] = list(range(100))
+    grants, credits = reference_pass(LanePolicy(), 10, due, {})
+    assert grants[1] == 10
+    assert credits["discovered"] == 0  # an idle class banks nothing
+    assert credits["cold"] == 0
+
+
+def test_reference_idle_class_banks_no_credit():
+    due = [[] for _ in range(10)]
+    due[1] = list(range(1000))
+    total, credits = _run_reference(LanePolicy(), [1] * 200, due)
+    assert total[1] == 200
+    due = [[] for _ in range(10)]
+    due[1] = list(range(1000))
+    due[5] = list(range(1000))
+    grants, _ = reference_pass(LanePolicy(), 10, due, credits)
+    assert 1 <= grants[5] <= 2
+
+
+def test_reference_lanes_disabled_is_one_queue_without_shares():
+    due = [list(range(50))] + [[] for _ in range(9)]
+    grants, _ = reference_pass(LanePolicy(lanes_enabled=False), 30, due, {})
+    assert grants[0] == 30
+
+
+@settings(max_examples=150)
+@given(
+    sizes=st.lists(st.integers(0, 30), min_size=10, max_size=10),
+    budget=st.integers(1, 100),
+    remainder=st.sampled_from(["lane-order", "edf"]),
+)
+def test_reference_grants_the_whole_budget_when_no_urgent_row_is_due(sizes, budget, remainder):
+    sizes[0] = 0
+    due = [list(range(n)) for n in sizes]
+    grants, credits = reference_pass(LanePolicy(remainder=remainder), budget, due, {})
+    assert sum(grants) == min(budget, sum(sizes))
+    assert all(0 <= c < 3 * budget * ONE + ONE for c in credits.values())

@@ -1,0 +1,214 @@
+"""Fairness between lanes (DESIGN §4): floors are minimums, the urgent cap holds, and the C pass
+grants exactly what the reference allocator ``engine.policy.reference_pass`` says."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import Engine, LanePolicy
+from engine.policy import reference_pass
+from lanes_testlib import BAND_INTERVALS, DAY, HOUR, NOW, fresh_engine, lane_counts
+
+
+def _fill(eng, submitted=0, discovered=0, cold=0, urgent=0):
+    """Rows all due before NOW: submitted in lane 1, discovered in lane 5, cold in lane 9."""
+    rows = defaultdict(list)
+    for i in range(submitted):
+        rows[1].append(eng.add(NOW - HOUR - i, 600, provenance="submitted"))
+    for i in range(discovered):
+        rows[5].append(eng.add(NOW - DAY - i, 600, provenance="discovered"))
+    for i in range(cold):
+        rows[9].append(eng.add(NOW - 2 * DAY - i, 600, provenance="submitted", failures=3))
+    for i in range(urgent):
+        row = eng.add(NOW + DAY + i, 600, provenance="submitted")
+        eng.prioritize(row, "rush", now_ms=NOW - 1000 - i)
+        rows[0].append(row)
+    for lane, rs in rows.items():
+        assert {eng.lane(r) for r in rs} == {lane}
+    return rows
+
+
+def _drain(eng, budget, calls, complete=True, handles=None):
+    """Claim ``calls`` times (completing every grant, like a worker) and count grants per lane."""
+    counts = [0] * 10
+    handles = handles or [eng]
+    for k in range(calls):
+        h = handles[k % len(handles)]
+        now = NOW + k
+        c = h.claim(budget=budget, now_ms=now, lease_ms=HOUR)
+        for lane, n in enumerate(lane_counts(c, 10)):
+            counts[lane] += n
+        if complete:
+            for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+                h.complete(row, tok, next_due_ms=NOW + 30 * DAY, now_ms=now)
+    return counts
+
+
+def _discovered_share(budget, calls):
+    with fresh_engine(capacity=1024) as eng:
+        _fill(eng, submitted=400, discovered=100)
+        eng.compact()
+        counts = _drain(eng, budget, calls)
+        assert sum(counts) == budget * calls  # no capacity left idle
+        assert eng.verify() == []
+        return counts[5] / sum(counts)
+
+
+def test_discovered_floor_is_a_minimum_with_budget_one_and_sixty_four():
+    one = _discovered_share(1, 320)
+    many = _discovered_share(64, 5)
+    assert 0.08 <= one <= 0.12, one
+    assert 0.08 <= many <= 0.12, many
+    assert abs(one - many) <= 0.02, (one, many)
+
+
+def test_floor_shares_are_accounted_across_processes_handles():
+    with fresh_engine(capacity=1024) as eng:
+        _fill(eng, submitted=400, discovered=100)
+        other = Engine.attach(eng.stats()["name"])
+        try:
+            counts = _drain(eng, 1, 300, handles=[eng, other])
+        finally:
+            other.close()
+        assert 0.08 <= counts[5] / 300 <= 0.12, counts
+        assert eng.verify() == []
+
+
+def test_cold_floor_gets_its_two_percent():
+    with fresh_engine(capacity=1024) as eng:
+        _fill(eng, submitted=400, cold=50)
+        counts = _drain(eng, 1, 300)
+        assert 4 <= counts[9] <= 8, counts
+        assert counts[1] + counts[9] == 300
+        assert eng.verify() == []
+
+
+def test_without_floors_strict_priority_starves_the_tail():
+    with fresh_engine(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=1024) as eng:
+        _fill(eng, submitted=200, discovered=50)
+        counts = _drain(eng, 4, 40)
+        assert counts[5] == 0
+        assert counts[1] == 160
+        assert eng.verify() == []
+
+
+def test_unused_floor_is_released_to_the_remainder_in_the_same_pass():
+    with fresh_engine(capacity=1024) as eng:
+        _fill(eng, submitted=200)
+        for _ in range(5):
+            c = eng.claim(budget=10, now_ms=NOW, lease_ms=HOUR)
+            assert len(c) == 10  # discovered and cold have nothing due: their floors are not held
+            assert set(c.lanes.tolist()) == {1}
+        assert eng.verify() == []
+
+
+def test_an_idle_class_banks_no_credit():
+    with fresh_engine(capacity=1024) as eng:
+        _fill(eng, submitted=300)
+        counts = _drain(eng, 1, 100)
+        assert counts[1] == 100
+        disc = [eng.add(NOW - DAY - i, 600, provenance="discovered") for i in range(50)]
+        c = eng.claim(budget=10, now_ms=NOW + 1000, lease_ms=HOUR)
+        got = lane_counts(c, 10)
+        assert len(c) == 10
+        assert 1 <= got[5] <= 2, got  # its floor, not an hour of banked credit
+        assert set(c.rows[c.lanes == 5].tolist()) <= set(disc)
+        assert eng.verify() == []
+
+
+def test_urgent_cap_holds_when_nothing_else_is_due():
+    with fresh_engine(capacity=1024) as eng:
+        rows = _fill(eng, urgent=40)
+        counts = _drain(eng, 1, 100, complete=False)
+        assert 18 <= counts[0] <= 22, counts
+        assert sum(counts) == counts[0]
+        leased = sum(eng.describe(r)["leased"] for r in rows[0])
+        assert leased == counts[0]
+        assert eng.verify() == []
+
+
+def test_urgent_cap_holds_with_other_lanes_due_and_capacity_goes_to_them():
+    with fresh_engine(capacity=1024) as eng:
+        _fill(eng, submitted=200, urgent=60)
+        counts = _drain(eng, 1, 100)
+        assert 18 <= counts[0] <= 22, counts
+        assert sum(counts) == 100
+        assert eng.verify() == []
+
+
+def test_uncapped_urgent_drains_first():
+    with fresh_engine(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=1024) as eng:
+        _fill(eng, submitted=50, urgent=30)
+        c = eng.claim(budget=40, now_ms=NOW, lease_ms=HOUR)
+        got = lane_counts(c, 10)
+        assert got[0] == 30 and got[1] == 10
+        assert eng.verify() == []
+
+
+# -- the C pass against the reference allocator -------------------------------------------------
+
+
+@st.composite
+def policies(draw):
+    shares = {}
+    for cls, choices in (("submitted", (0.0, 0.2)), ("discovered", (0.0, 0.1, 0.3)),
+                         ("cold", (0.0, 0.02, 0.1))):
+        v = draw(st.sampled_from(choices))
+        if v:
+            shares[cls] = v
+    room = 1.0 - sum(shares.values())
+    urgent = draw(st.sampled_from([u for u in (0.0, 0.1, 0.2, 0.5, 1.0) if u <= room + 1e-9]))
+    return LanePolicy(
+        urgent_max_share=urgent,
+        min_share=shares,
+        remainder=draw(st.sampled_from(["lane-order", "edf"])),
+        lanes_enabled=draw(st.sampled_from([True, True, True, False])),
+    )
+
+
+def _add_to_lane(eng, lane, due):
+    if lane == 0:
+        row = eng.add(NOW + DAY, 600)
+        eng.prioritize(row, "rush", now_ms=due)
+        return row
+    if lane == 9:
+        return eng.add(due, 600, provenance="submitted", failures=3)
+    prov = "submitted" if lane <= 4 else "discovered"
+    return eng.add(due, BAND_INTERVALS[(lane - 1) % 4], provenance=prov)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    policy=policies(),
+    rows=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 5 * DAY)), max_size=120),
+    budgets=st.lists(st.integers(1, 40), min_size=1, max_size=12),
+    compacted=st.booleans(),
+)
+def test_claim_pass_grants_what_the_reference_allocator_grants(policy, rows, budgets, compacted):
+    with fresh_engine(policy, capacity=256) as eng:
+        remaining: dict[int, dict[int, int]] = {lane: {} for lane in range(10)}  # lane -> row -> due
+        for target, age in rows:
+            due = NOW - age
+            row = _add_to_lane(eng, target, due)
+            lane = target if policy.lanes_enabled else 0
+            assert eng.lane(row) == lane
+            assert eng.due_ms(row) == due
+            remaining[lane][row] = due
+        if compacted:
+            eng.compact()
+        credits: dict[str, int] = {}
+        for budget in budgets:
+            due_lists = [sorted(remaining[lane].values()) for lane in range(10)]
+            expected, credits = reference_pass(policy, budget, due_lists, credits)
+            c = eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY)
+            assert lane_counts(c, 10) == expected, (budget, due_lists)
+            for lane in range(10):
+                got = sorted(d for d, ln in zip(c.due_ms.tolist(), c.lanes.tolist()) if ln == lane)
+                assert got == due_lists[lane][: expected[lane]]  # EDF inside the lane
+            for row, lane in zip(c.rows.tolist(), c.lanes.tolist()):
+                assert row in remaining[lane]
+                del remaining[lane][row]
+        assert eng.verify() == []
