@@ -24,6 +24,9 @@
 #include "layout.h"
 
 #define RING_CANDS 64
+/* Index entries are in key order, their rows in no order: each candidate is a cache miss in the
+ * row table. Prefetching the rows a few entries ahead overlaps those misses. */
+#define PREFETCH_AHEAD 8
 /* Rows leased to a live holder do not use up the window (a pool with more rows in flight than
  * `window` would otherwise stall the lane behind them), up to this many per lane and pass. */
 #define IN_FLIGHT_CAP 4096
@@ -42,6 +45,7 @@ typedef struct {
     uint64_t ring_min;
     uint64_t due_limit;   /* encode(lane, now) */
     uint32_t pos, end, in_flight;
+    uint32_t start, stale_run; /* entries [start, stale_run) were all stale */
     uint64_t first_live;  /* key of the first live entry seen, or RL_KEY_NONE */
     uint64_t last_key;    /* key of the last entry of this lane read */
     int have_idx;
@@ -106,8 +110,8 @@ static void ring_collect(Pass *P, Cursor *c) {
     uint64_t lo = rl_encode(c->lane, 0);
     for (uint64_t pos = head; pos < tail; pos++) {
         rl_ring_slot *slot = &s->ring[pos % cap];
-        uint64_t st = atomic_load_explicit(&slot->state, memory_order_acquire);
-        if (st != pos * 4 + 1) continue;
+        uint32_t st = atomic_load_explicit(&slot->state, memory_order_acquire);
+        if (st != RL_SLOT(pos, 1)) continue;
         uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
         uint32_t row = (uint32_t)atomic_load_explicit(&slot->row, memory_order_relaxed);
         if (atomic_load_explicit(&slot->state, memory_order_acquire) != st) continue; /* reused */
@@ -159,8 +163,15 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
         if (atomic_load_explicit(&P->ik[mid], memory_order_relaxed) < seek) lo = mid + 1;
         else hi = mid;
     }
-    c->pos = lo;
+    /* Skip hint: a run of stale entries another pass of this generation already walked. A row
+     * that takes such a key again was appended to the ring too, so skipping it misses nothing. */
+    uint64_t hint = atomic_load_explicit(&s->lanes[lane].skip, memory_order_relaxed);
+    if ((uint32_t)(hint >> 32) == (uint32_t)P->gen && (uint32_t)hint > lo && (uint32_t)hint <= P->count)
+        lo = (uint32_t)hint;
+    c->pos = c->start = c->stale_run = lo;
     c->end = (P->count - lo > P->window) ? lo + P->window : P->count;
+    for (uint32_t k = lo; k < lo + PREFETCH_AHEAD && k < c->end; k++)
+        __builtin_prefetch(&s->rows[atomic_load_explicit(&P->ir[k], memory_order_relaxed) % P->s->h->row_capacity]);
     c->ring_min = atomic_load(&s->lanes[lane].ring_min); /* (b) after W */
     if (c->ring_min <= c->due_limit) ring_collect(P, c);
     P->opened[P->nopened++] = c;
@@ -176,6 +187,9 @@ static void idx_advance(Pass *P, Cursor *c) {
         }
         uint64_t key = atomic_load_explicit(&P->ik[c->pos], memory_order_relaxed);
         uint32_t row = atomic_load_explicit(&P->ir[c->pos], memory_order_relaxed);
+        if (c->pos + PREFETCH_AHEAD < c->end)
+            __builtin_prefetch(&P->s->rows[atomic_load_explicit(&P->ir[c->pos + PREFETCH_AHEAD],
+                                                                memory_order_relaxed) % P->s->h->row_capacity]);
         c->pos++;
         if (rl_key_lane(key) != c->lane) {
             if (rl_key_lane(key) > c->lane) c->spilled++; /* the next lane's rows: dropped */
@@ -185,6 +199,7 @@ static void idx_advance(Pass *P, Cursor *c) {
         }
         c->last_key = key;
         int live = row_live(P, row, key);
+        if (!live && c->stale_run == c->pos - 1) c->stale_run = c->pos;
         if (live && c->first_live == RL_KEY_NONE) c->first_live = key;
         if (key > c->due_limit) { /* first entry not yet due: the lane ends here */
             c->idx_done = 1;
@@ -274,7 +289,7 @@ static int lane_take_one(Pass *P, Cursor *c) {
         P->out_rows[i] = c->peek.row;
         P->out_lanes[i] = rl_key_lane(key);
         P->out_due[i] = (int64_t)rl_key_due(key);
-        P->out_tokens[i] = (int64_t)nw;
+        P->out_tokens[i] = (int64_t)(nw ^ rl_token_mask(c->peek.row));
         c->granted++;
         P->cls_granted[rl_class_of(P->p, c->lane)]++;
         return 1;
@@ -366,6 +381,13 @@ static void floors_raise(Pass *P) {
         if (c->stale) atomic_fetch_add_explicit(&ln->stale_skipped, c->stale, memory_order_relaxed);
         if (c->refused) atomic_fetch_add_explicit(&ln->lease_refused, c->refused, memory_order_relaxed);
         if (gen_moved) continue;
+        if (c->stale_run > c->start) { /* move the skip hint forward, never back */
+            uint64_t cur = atomic_load_explicit(&ln->skip, memory_order_relaxed);
+            uint64_t want = ((uint64_t)(uint32_t)P->gen << 32) | c->stale_run;
+            while (((uint32_t)(cur >> 32) != (uint32_t)P->gen || (uint32_t)cur < c->stale_run) &&
+                   !atomic_compare_exchange_weak(&ln->skip, &cur, want))
+                ;
+        }
         uint64_t basis = c->first_live != RL_KEY_NONE ? c->first_live : c->last_key;
         if (basis == RL_KEY_NONE) continue;
         if (c->ring_min < basis) basis = c->ring_min;
@@ -374,8 +396,7 @@ static void floors_raise(Pass *P) {
 }
 
 int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t lease_ms,
-             uint32_t window, int64_t *out_rows, int64_t *out_lanes, int64_t *out_due,
-             int64_t *out_tokens, uint32_t *advice) {
+             uint32_t window, int64_t *out, uint32_t *advice) {
     if (budget == 0 || window == 0 || lease_ms <= 0 || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
         return RL_E_VALUE;
     if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE;
@@ -398,10 +419,10 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     P.lanes = RL_MAX_LANES;
     P.n = 0;
     P.budget = budget;
-    P.out_rows = out_rows;
-    P.out_lanes = out_lanes;
-    P.out_due = out_due;
-    P.out_tokens = out_tokens;
+    P.out_rows = out;
+    P.out_lanes = out + budget;
+    P.out_due = out + 2 * (size_t)budget;
+    P.out_tokens = out + 3 * (size_t)budget;
     P.advice = 0;
     P.nopened = 0;
     memset(P.cls_granted, 0, sizeof P.cls_granted);

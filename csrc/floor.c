@@ -23,8 +23,7 @@
  * A write that lands after (a) bumps the epoch before (c) can succeed, so the CAS fails; a write
  * whose step 3 came before (a) had its ring entry and key visible to the scan and its ring_min
  * seen in (b). A compaction publishes a new generation (c fails) and bumps every epoch.
- * The model of exactly this protocol is tests/model/floor.pml (checked by spin in CI); change
- * them together.
+ * Any change to this order is a change to the protocol: re-check every interleaving above.
  */
 #include "layout.h"
 

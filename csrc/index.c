@@ -10,7 +10,7 @@
  * floor epoch; claim passes never wait for it. A pass still reading the old generation can only
  * miss rows that moved, and cannot raise a floor because the generation moved under it.
  *
- * Ring slots carry a state word, position * 4 + {1 published, 2 abandoned}. A writer reserves
+ * Ring slots carry a state word, RL_SLOT(position, 1 published | 2 abandoned). A writer reserves
  * slots by CAS on ring_tail, fills them and publishes each by CAS from the state it found; the
  * merge abandons a slot that stays unpublished past a deadline (its writer was killed between
  * the two steps) by a CAS from the same state, and a writer that loses that race appends again.
@@ -65,12 +65,12 @@ int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
             uint64_t pos = tail + i;
             rl_ring_slot *slot = &s->ring[pos % cap];
             uint64_t key = keys[done + i];
-            uint64_t old = atomic_load(&slot->state);
+            uint32_t old = atomic_load(&slot->state);
             int ok = 0;
-            if ((old >> 2) != pos) { /* not abandoned under us (yet) */
+            if ((old >> 2) != RL_SLOT_POS(pos)) { /* not abandoned under us (yet) */
                 atomic_store_explicit(&slot->key, key, memory_order_relaxed);
                 atomic_store_explicit(&slot->row, rows[done + i], memory_order_relaxed);
-                ok = atomic_compare_exchange_strong(&slot->state, &old, pos * 4 + 1);
+                ok = atomic_compare_exchange_strong(&slot->state, &old, RL_SLOT(pos, 1));
             }
             if (ok) {
                 uint32_t l = rl_key_lane(key);
@@ -163,8 +163,8 @@ static uint64_t ring_settle(rl_seg *s, uint64_t head, uint64_t tail) {
     int64_t waited_from = 0;
     while (pos < tail) {
         rl_ring_slot *slot = &s->ring[pos % cap];
-        uint64_t st = atomic_load(&slot->state);
-        if ((st >> 2) == pos && (st & 3)) {
+        uint32_t st = atomic_load(&slot->state);
+        if ((st >> 2) == RL_SLOT_POS(pos) && (st & 3)) {
             pos++;
             waited_from = 0;
             continue;
@@ -172,7 +172,7 @@ static uint64_t ring_settle(rl_seg *s, uint64_t head, uint64_t tail) {
         int64_t now = mono_ns();
         if (!waited_from) waited_from = now;
         if (now - waited_from > ABANDON_AFTER_NS) {
-            atomic_compare_exchange_strong(&slot->state, &st, pos * 4 + 2);
+            atomic_compare_exchange_strong(&slot->state, &st, RL_SLOT(pos, 2));
             continue; /* either we abandoned it or its writer just published it */
         }
         sched_yield();
@@ -205,7 +205,7 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
         if (!fresh) return RL_E_SYS;
         for (uint64_t pos = head; pos < upto; pos++) {
             rl_ring_slot *slot = &s->ring[pos % rcap];
-            if (atomic_load(&slot->state) != pos * 4 + 1) continue; /* abandoned */
+            if (atomic_load(&slot->state) != RL_SLOT(pos, 1)) continue; /* abandoned */
             uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
             uint32_t row = (uint32_t)atomic_load_explicit(&slot->row, memory_order_relaxed);
             if (row_live(s, row, key, used)) fresh[nr++] = (Entry){key, row, 0};
@@ -220,6 +220,8 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
         uint32_t last_row = UINT32_MAX;
         while (i < nsrc || j < nr) {
             Entry e;
+            if (i + 16 < nsrc) /* the liveness check is a random row read: overlap the misses */
+                __builtin_prefetch(&s->rows[atomic_load_explicit(&sr[i + 16], memory_order_relaxed) % cap]);
             if (j >= nr || (i < nsrc && (atomic_load_explicit(&sk[i], memory_order_relaxed) < fresh[j].key ||
                                          (atomic_load_explicit(&sk[i], memory_order_relaxed) == fresh[j].key &&
                                           atomic_load_explicit(&sr[i], memory_order_relaxed) <= fresh[j].row)))) {
@@ -287,10 +289,10 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
     uint64_t tail_now = atomic_load(&h->ring_tail);
     for (uint64_t pos = upto; pos < tail_now; pos++) {
         rl_ring_slot *slot = &s->ring[pos % rcap];
-        uint64_t st = atomic_load(&slot->state);
-        if ((st >> 2) == pos && (st & 3) == 2) continue;
+        uint32_t st = atomic_load(&slot->state);
+        if ((st >> 2) == RL_SLOT_POS(pos) && (st & 3) == 2) continue;
         uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
-        if ((st >> 2) != pos) { /* still being written: keep its lane conservative */
+        if ((st >> 2) != RL_SLOT_POS(pos)) { /* still being written: keep its lane conservative */
             for (uint32_t l = 0; l < RL_MAX_LANES; l++) new_min[l] = old_min[l];
             break;
         }

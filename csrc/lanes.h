@@ -24,7 +24,7 @@
 
 /* Bump on any change to csrc/layout.h (a struct, the region order, the row/lease/floor word
  * packing): attachers refuse a segment of another version with RL_E_LAYOUT. */
-#define RL_LAYOUT_VERSION 2
+#define RL_LAYOUT_VERSION 4
 #define RL_MAX_LANES 64
 #define RL_MAX_BANDS 30
 #define RL_MAX_OWNERS 1024
@@ -140,9 +140,9 @@ int rl_policy_set(rl_seg *s, const rl_policy *p);
 int rl_credit_get(rl_seg *s, int64_t *credits);   /* RL_CLASSES values */
 
 /* ---- claim pass ---- */
+/* `out` holds 4 * budget values: rows, lanes, due_ms, tokens, each `budget` apart. */
 int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t lease_ms,
-             uint32_t window, int64_t *out_rows, int64_t *out_lanes, int64_t *out_due,
-             int64_t *out_tokens, uint32_t *advice);
+             uint32_t window, int64_t *out, uint32_t *advice);
 
 /* ---- writes ---- */
 int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due_ms,

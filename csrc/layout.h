@@ -47,6 +47,10 @@
      ((uint64_t)(tok) & ((1u << RL_TOK_BITS) - 1)))
 #define RL_LEASE_FREE(w) (RL_LEASE_MAKE(0, 0, RL_LEASE_TOK(w)))
 
+/* The token a caller holds is the lease word mixed with its row, so tokens of one batch differ
+ * from each other too (an opaque 64-bit value; any bit pattern, carried as int64). */
+static inline uint64_t rl_token_mask(uint32_t row) { return ((uint64_t)row + 1) * 0x9E3779B97F4A7C15ULL; }
+
 /* ---- row word: [urgent:1][prov:1][failures:8][key:49] ----
  * The key (lane:7, due_ms:42) and the inputs its lane is derived from change together in one
  * store, so a reader never sees a key with another write's failure count. RL_KEY_NONE in the
@@ -76,11 +80,16 @@ typedef struct {
 } rl_row;
 _Static_assert(sizeof(rl_row) == 16, "row is 16 bytes: four to a cache line");
 
+/* A ring slot's state names the position it was last written for, modulo 2^30, so a reader
+ * tells a slot published for position p from one reused for p + capacity. */
+#define RL_SLOT(pos, flag) ((uint32_t)((uint64_t)(pos) * 4u + (flag)))
+#define RL_SLOT_POS(pos) ((uint32_t)((uint64_t)(pos) & 0x3FFFFFFFu))
 typedef struct {
-    _Atomic uint64_t state; /* position * 4 + {1 published, 2 abandoned} */
+    _Atomic uint32_t state; /* RL_SLOT(position, 1 published | 2 abandoned) */
+    _Atomic uint32_t row;
     _Atomic uint64_t key;
-    _Atomic uint64_t row;
 } rl_ring_slot;
+_Static_assert(sizeof(rl_ring_slot) == 16, "ring slot is 16 bytes");
 
 typedef struct {
     _Alignas(RL_LINE) _Atomic uint64_t floor; /* [minute:32][epoch:32], see csrc/floor.c */
@@ -92,8 +101,13 @@ typedef struct {
     _Atomic uint64_t stale_skipped;
     _Atomic uint64_t lease_refused;
     char pad2[RL_LINE - 32];
+    /* [index generation:32][position:32]: in that generation, this lane's entries from its
+     * floor up to `position` are all stale, so a seek may start there (csrc/claim.c). */
+    _Alignas(RL_LINE) _Atomic uint64_t skip;
+    char pad3[RL_LINE - 8];
 } rl_lane;
-_Static_assert(sizeof(rl_lane) == 3 * RL_LINE, "lane is three cache lines");
+_Static_assert(sizeof(rl_lane) == 4 * RL_LINE, "lane is four cache lines");
+_Static_assert(offsetof(rl_lane, skip) % RL_LINE == 0, "skip hint on its own line");
 _Static_assert(offsetof(rl_lane, floor) % RL_LINE == 0, "floor word on its own line");
 _Static_assert(offsetof(rl_lane, ring_min) % RL_LINE == 0, "ring minimum on its own line");
 _Static_assert(offsetof(rl_lane, granted) % RL_LINE == 0, "counters on their own line");

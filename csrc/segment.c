@@ -190,6 +190,13 @@ int rl_attach(const char *name, double timeout_s, rl_seg **out) {
         uint64_t bytes = (uint64_t)st.st_size;
         int ready = 0, rc = RL_E_LAYOUT;
         uint8_t *base = NULL;
+        /* A creator goes from size 0 straight to its full size, then writes the magic, then
+         * the ready flag. So: size 0 or an all-zero magic may still be a creator at work (wait);
+         * any other size below a header, or a foreign magic, is not ours (refuse at once). */
+        if (bytes > 0 && bytes < sizeof(rl_header)) {
+            close(fd);
+            return RL_E_LAYOUT;
+        }
         if (bytes >= sizeof(rl_header)) {
             base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             if (base == MAP_FAILED) {
@@ -197,6 +204,12 @@ int rl_attach(const char *name, double timeout_s, rl_seg **out) {
                 return RL_E_SYS;
             }
             rl_header *h = (rl_header *)base;
+            uint64_t magic = h->magic;
+            if (magic != 0 && magic != RL_MAGIC) {
+                munmap(base, bytes);
+                close(fd);
+                return RL_E_LAYOUT;
+            }
             ready = atomic_load(&h->ready) == 1;
             if (ready) rc = rl_layout_check(base, bytes);
         }
@@ -221,7 +234,7 @@ int rl_attach(const char *name, double timeout_s, rl_seg **out) {
          * segment that never becomes ready is refused after the timeout, never read. */
         clock_gettime(CLOCK_MONOTONIC, &t);
         double waited = (double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9;
-        if (waited >= timeout_s) return bytes == 0 || bytes >= sizeof(rl_header) ? RL_E_TIMEOUT : RL_E_LAYOUT;
+        if (waited >= timeout_s) return RL_E_TIMEOUT;
         struct timespec nap = {0, 2000000};
         nanosleep(&nap, NULL);
     }

@@ -100,9 +100,9 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
     uint64_t head = atomic_load(&h->ring_head), tail = atomic_load(&h->ring_tail);
     for (uint64_t pos = head; pos < tail; pos++) {
         rl_ring_slot *slot = &s->ring[pos % h->ring_capacity];
-        if (atomic_load(&slot->state) != pos * 4 + 1) continue;
+        if (atomic_load(&slot->state) != RL_SLOT(pos, 1)) continue;
         uint64_t key = atomic_load(&slot->key);
-        uint64_t row = atomic_load(&slot->row);
+        uint32_t row = atomic_load(&slot->row);
         if (row < used && rl_row_key(s, (uint32_t)row) == key) {
             seen[row] = 1;
             uint32_t l = rl_key_lane(key);

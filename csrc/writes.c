@@ -93,6 +93,7 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
 
 /* Token -> "writing" word: same tok, this owner, never expires, so claimers pass it by. */
 static int lease_begin_write(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, uint64_t *writing) {
+    token ^= rl_token_mask(row);
     uint64_t expect = token;
     if (RL_LEASE_OWNER(token) == 0) return RL_E_LEASE;
     *writing = RL_LEASE_MAKE(RL_HORIZON, owner, RL_LEASE_TOK(token));
@@ -185,6 +186,7 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
 int rl_release(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token) {
     (void)owner;
     if (!row_ok(s, row)) return RL_E_RANGE;
+    token ^= rl_token_mask(row);
     uint64_t expect = token;
     if (RL_LEASE_OWNER(token) == 0) return RL_E_LEASE;
     if (!atomic_compare_exchange_strong(&s->rows[row].lease, &expect, RL_LEASE_FREE(token)))
@@ -197,6 +199,7 @@ int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t no
     (void)owner;
     if (!row_ok(s, row)) return RL_E_RANGE;
     if (lease_ms <= 0 || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE) return RL_E_VALUE;
+    token ^= rl_token_mask(row);
     if (RL_LEASE_OWNER(token) == 0) return RL_E_LEASE;
     int64_t exp = now_ms + lease_ms;
     if (exp > (int64_t)RL_HORIZON - 2) exp = (int64_t)RL_HORIZON - 2; /* below the writing word */
@@ -207,7 +210,7 @@ int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t no
         uint64_t expect = token;
         if (!atomic_compare_exchange_strong(&s->rows[row].lease, &expect, nw)) return RL_E_LEASE;
     }
-    *new_token = nw;
+    *new_token = nw ^ rl_token_mask(row);
     return RL_OK;
 }
 

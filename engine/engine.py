@@ -29,6 +29,7 @@ BoolArray = npt.NDArray[np.bool_]
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_WINDOW = 140
 MAX_BUDGET = 1 << 16
+_U64 = (1 << 64) - 1
 _PROVENANCE_CODE = {name: code for code, name in enumerate(PROVENANCES)}
 
 _PROBLEMS = {
@@ -67,37 +68,42 @@ class Claim(NamedTuple):
 
 
 class Claims:
-    """The rows one claim pass leased: four int64 arrays of the same length."""
+    """The rows one claim pass leased: four int64 arrays of the same length.
 
-    __slots__ = ("_buf", "_n")
+    They are views of one buffer the C pass filled (rows, lanes, due_ms, tokens, ``budget``
+    apart), made when asked for.
+    """
 
-    def __init__(self, buf: IntArray, n: int) -> None:
+    __slots__ = ("_buf", "_n", "_b")
+
+    def __init__(self, buf: IntArray, n: int, budget: int) -> None:
         self._buf = buf
         self._n = n
+        self._b = budget
 
     @property
     def rows(self) -> IntArray:
-        return self._buf[0, : self._n]
+        return self._buf[: self._n]
 
     @property
     def lanes(self) -> IntArray:
-        return self._buf[1, : self._n]
+        return self._buf[self._b: self._b + self._n]
 
     @property
     def due_ms(self) -> IntArray:
-        return self._buf[2, : self._n]
+        return self._buf[2 * self._b: 2 * self._b + self._n]
 
     @property
     def tokens(self) -> IntArray:
-        return self._buf[3, : self._n]
+        return self._buf[3 * self._b: 3 * self._b + self._n]
 
     def __len__(self) -> int:
         return self._n
 
     def __iter__(self) -> Iterator[Claim]:
-        b = self._buf
+        b, k = self._buf.tolist(), self._b
         for i in range(self._n):
-            yield Claim(int(b[0, i]), int(b[1, i]), int(b[2, i]), int(b[3, i]))
+            yield Claim(b[i], b[k + i], b[2 * k + i], b[3 * k + i])
 
     def __repr__(self) -> str:
         return f"Claims(n={self._n}, rows={self.rows.tolist()})"
@@ -128,7 +134,7 @@ class Engine:
             policy = LanePolicy()
         if not isinstance(policy, LanePolicy):
             raise EngineTypeError("policy must be a LanePolicy")
-        ring = min(65_536, max(64, capacity)) if ring_capacity is None else _int(
+        ring = min(1 << 18, max(64, capacity)) if ring_capacity is None else _int(
             ring_capacity, "ring_capacity", 1, 1 << 28)
         try:
             seg = Segment.create(name, capacity, ring, policy, wall_ms())
@@ -157,18 +163,11 @@ class Engine:
         return self._creator_pid == os.getpid()
 
     def close(self) -> None:
-        """Unmap this process's view; the owner also unlinks the segment."""
-        if self._seg._handle is None:
-            return
+        """Unmap this process's view (ending its leases). The segment stays: see ``unlink``."""
         self._seg.close()
-        if self.is_owner:
-            try:
-                Segment.unlink(self.name)
-            except EngineError:
-                pass
 
     def unlink(self) -> None:
-        """Remove the segment name now (mappings stay valid until closed)."""
+        """Remove the segment's name (open mappings stay valid until closed). Owner's job."""
         Segment.unlink(self.name)
         self._creator_pid = None
 
@@ -177,13 +176,19 @@ class Engine:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        """Close, and unlink if this process created the segment."""
+        owner = self.is_owner
         self.close()
+        if owner:
+            try:
+                self.unlink()
+            except EngineError:
+                pass  # already removed (lanes cleanup, or an explicit unlink)
 
     def __del__(self) -> None:
         seg = getattr(self, "_seg", None)
-        if seg is not None and seg._handle is not None and not self.is_owner:
-            # An attacher's view (or a forked child's copy) just goes away; it never unlinks.
-            seg.close() if seg._owner_pid == os.getpid() else seg.forget()
+        if seg is not None:
+            seg.close()  # unmaps; never unlinks
 
     # -- small helpers ---------------------------------------------------------------------------
 
@@ -202,11 +207,16 @@ class Engine:
 
     @staticmethod
     def _now(now_ms: object) -> int:
-        return wall_ms() if now_ms is None else check_due_ms(now_ms, "now_ms")
+        if now_ms is None:
+            return time.time_ns() // 1_000_000
+        if type(now_ms) is int and 0 <= now_ms < STRIDE:
+            return now_ms
+        return check_due_ms(now_ms, "now_ms")
 
     @staticmethod
     def _token(token: object) -> int:
-        return _int(token, "token", 1, (1 << 63) - 1)
+        """A token is an opaque 64-bit value carried as int64 (it may be negative)."""
+        return _int(token, "token", -(1 << 63), (1 << 63) - 1)
 
     def _after(self, advice: int) -> None:
         """Act on what the C core advised: merge the ring, or repair after a dead owner."""
@@ -275,15 +285,11 @@ class Engine:
     def complete_many(self, rows: Any, tokens: Any, next_due_ms: Any = None,
                       now_ms: int | None = None) -> BoolArray:
         """Complete a batch in one call; returns which leases were still held (and completed)."""
-        r = as_int64_array(rows, "rows")
-        t = as_int64_array(tokens, "tokens")
+        r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
         if len(r) != len(t):
             raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
-        used = self._rows_used()
-        if len(r) and (r.min() < 0 or r.max() >= used):
-            raise EngineValueError("rows holds a row id that does not exist")
-        if len(t) and t.min() < 1:
-            raise EngineValueError("tokens must be positive")
+        # Row ids and next due times are range-checked by the C core, all of them before it
+        # changes anything (RL_E_RANGE); a token that is not a live lease just reports False.
         nxt = ffi.NULL
         if next_due_ms is not None:
             nd = check_due_array(next_due_ms, "next_due_ms")
@@ -291,15 +297,19 @@ class Engine:
                 raise EngineValueError("next_due_ms and rows differ in length")
             nxt = _ptr(nd)
         now = self._now(now_ms)
-        ok = np.zeros(len(r), np.uint8)
+        ok = np.zeros(len(r), np.bool_)
         if len(r) == 0:
-            return ok.astype(bool)
+            return ok
         self._advice[0] = 0
-        check(lib.rl_complete_many(self._h, self._seg.owner, len(r), _ptr(r), _ptr(t), nxt, now,
-                                   ffi.from_buffer("uint8_t[]", ok), self._advice),
-              "complete_many")
-        self._after(self._advice[0])
-        return ok.astype(bool)
+        status = lib.rl_complete_many(self._h, self._seg.owner, len(r), _ptr(r), _ptr(t), nxt,
+                                      now, ffi.from_buffer("uint8_t[]", ok), self._advice)
+        if status < 0:
+            if status == lib.RL_E_RANGE:
+                raise EngineValueError("rows holds a row id that does not exist")
+            check(status, "complete_many")
+        if self._advice[0]:
+            self._after(self._advice[0])
+        return ok
 
     def fail(self, row: int, token: int, retry_at_ms: int | None = None,
              now_ms: int | None = None) -> None:
@@ -308,23 +318,23 @@ class Engine:
         retry = -1 if retry_at_ms is None else check_due_ms(retry_at_ms, "retry_at_ms")
         now = self._now(now_ms)
         self._advice[0] = 0
-        check(lib.rl_fail(self._h, self._seg.owner, r, t, retry, now, self._advice),
+        check(lib.rl_fail(self._h, self._seg.owner, r, t & _U64, retry, now, self._advice),
               f"fail row {r}")
         self._after(self._advice[0])
 
     def release(self, row: int, token: int) -> None:
         """Give the row back unrendered; its schedule is unchanged."""
         r, t = self._row(row), self._token(token)
-        check(lib.rl_release(self._h, self._seg.owner, r, t), f"release row {r}")
+        check(lib.rl_release(self._h, self._seg.owner, r, t & _U64), f"release row {r}")
 
     def renew(self, row: int, token: int, lease_ms: int = DEFAULT_LEASE_MS,
               now_ms: int | None = None) -> int:
         """Extend a lease (a long render); returns the new token, the old one is now stale."""
         r, t = self._row(row), self._token(token)
         lease = _int(lease_ms, "lease_ms", 1, STRIDE - 1)
-        out = ffi.new("uint64_t *")
-        check(lib.rl_renew(self._h, self._seg.owner, r, t, self._now(now_ms), lease, out),
-              f"renew row {r}")
+        out = ffi.new("int64_t *")
+        check(lib.rl_renew(self._h, self._seg.owner, r, t & _U64, self._now(now_ms), lease,
+                           ffi.cast("uint64_t *", out)), f"renew row {r}")
         return int(out[0])
 
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
@@ -347,17 +357,28 @@ class Engine:
     def claim(self, budget: int = 16, now_ms: int | None = None, lease_ms: int = DEFAULT_LEASE_MS,
               window: int = DEFAULT_WINDOW) -> Claims:
         """Lease up to ``budget`` due rows across lanes, as the policy shares them."""
-        b = _int(budget, "budget", 1, MAX_BUDGET)
-        lease = _int(lease_ms, "lease_ms", 1, STRIDE - 1)
-        win = _int(window, "window", 1, 1 << 30)
-        now = self._now(now_ms)
-        buf = np.empty((4, b), np.int64)
-        p = ffi.cast("int64_t *", ffi.from_buffer(buf))
-        n = check(lib.rl_claim(self._h, self._seg.owner, b, now, lease, win, p, p + b, p + 2 * b,
-                               p + 3 * b, self._advice), "claim")
+        # The hot path: plain ints in range pass by type checks alone; anything else takes the
+        # full validation (and its clear error).
+        b = budget if type(budget) is int and 0 < budget <= MAX_BUDGET else _int(
+            budget, "budget", 1, MAX_BUDGET)
+        lease = lease_ms if type(lease_ms) is int and 0 < lease_ms < STRIDE else _int(
+            lease_ms, "lease_ms", 1, STRIDE - 1)
+        win = window if type(window) is int and 0 < window <= 1 << 30 else _int(
+            window, "window", 1, 1 << 30)
+        if now_ms is None:
+            now = time.time_ns() // 1_000_000
+        elif type(now_ms) is int and 0 <= now_ms < STRIDE:
+            now = now_ms
+        else:
+            now = check_due_ms(now_ms, "now_ms")
+        buf = np.empty(4 * b, np.int64)
+        n = lib.rl_claim(self._h, self._seg.owner, b, now, lease, win,
+                         ffi.from_buffer("int64_t[]", buf), self._advice)
+        if n < 0:
+            check(n, "claim")
         if self._advice[0]:
             self._after(self._advice[0])
-        return Claims(buf, n)
+        return Claims(buf, n, b)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -522,9 +543,16 @@ def _name(name: object) -> str:
     return name
 
 
-def _ptr(arr: np.ndarray[Any, Any]) -> Any:
-    return ffi.cast("int64_t *", ffi.from_buffer(arr)) if arr.dtype == np.int64 else \
-        ffi.from_buffer(arr)
+def _ptr(arr: IntArray) -> Any:
+    return ffi.from_buffer("int64_t[]", arr)
+
+
+def _int64_vector(values: Any, what: str) -> IntArray:
+    """Pass a 1-d contiguous int64 array through untouched (a Claims field); copy the rest."""
+    if (type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1
+            and values.flags.c_contiguous):
+        return values
+    return as_int64_array(values, what)
 
 
 def _broadcast(values: Any, n: int, what: str) -> IntArray:

@@ -42,7 +42,7 @@ class AttachTimeout(EngineError, TimeoutError):
 
 
 class SegmentExists(EngineError, FileExistsError):
-    """``Engine.create`` found a segment of that name already (see ``exist_ok`` / ``lanes cleanup``)."""
+    """``Engine.create`` found a segment of that name (see ``exist_ok``, ``lanes cleanup``)."""
 
 
 class SegmentMissing(EngineError, FileNotFoundError):

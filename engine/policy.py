@@ -143,7 +143,7 @@ class LanePolicy:
         return base + self.band_of(interval_s)
 
     def class_of(self, lane: int) -> str:
-        """Class of a lane; a lane past this policy's layout (left by a wider one) counts as cold."""
+        """Class of a lane; a lane past this layout (left by a wider policy) counts as cold."""
         if lane == 0:
             return "urgent"
         if lane <= self.band_count:

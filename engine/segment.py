@@ -26,6 +26,17 @@ ffi = _core.ffi
 lib = _core.lib
 
 OWNER_FREE, OWNER_CLAIMING, OWNER_ALIVE, OWNER_DEAD = 0, 1, 2, 3
+
+# Bumped in every forked child, so a handle can tell "same process" without calling getpid()
+# on the claim path.
+_fork_generation = [0]
+
+
+def _after_fork_in_child() -> None:
+    _fork_generation[0] += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 CLASS_INDEX = {"urgent": 0, "submitted": 1, "discovered": 2, "cold": 3}
 
 
@@ -78,6 +89,7 @@ class Segment:
         self.name = name
         self._owner = 0
         self._owner_pid = -1
+        self._owner_gen = -1
         self._policy_version = -1
         self._policy: LanePolicy | None = None
 
@@ -104,12 +116,15 @@ class Segment:
     @property
     def owner(self) -> int:
         """This process's lease-owner id, registered on first use (again after a fork)."""
+        if self._owner_gen == _fork_generation[0]:
+            return self._owner
         pid = os.getpid()
         if self._owner_pid != pid:
             out = ffi.new("uint32_t *")
             check(lib.rl_owner_register(self.handle, pid, process_start_ms(pid), out),
                   "register lease owner")
             self._owner, self._owner_pid = int(out[0]), pid
+        self._owner_gen = _fork_generation[0]
         return self._owner
 
     def info(self) -> Any:

@@ -46,9 +46,12 @@ def eng(make_engine: Callable[..., Any]) -> Any:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_segment_left_behind() -> Iterator[None]:
-    before = set(leftover_segments())
+    """No ``rl-test-*`` segment of this session is left in /dev/shm.
+
+    Only this session's names are judged and removed: another run of the suite may be live on
+    the same machine, and its segments are not ours to delete."""
     yield
-    left = [p for p in leftover_segments() if p not in before]
+    left = leftover_segments()
     for path in left:  # clean up, then fail loudly
         try:
             os.unlink(path)

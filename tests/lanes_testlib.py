@@ -31,6 +31,8 @@ MINUTE = 60_000
 HOUR = 3_600_000
 DAY = 24 * HOUR
 PREFIX = "rl-test-"
+SESSION = uuid.uuid4().hex[:6]
+"""Per test session, so concurrent runs of the suite never judge or remove each other's segments."""
 SHM_DIR = "/dev/shm"
 
 # Intervals (s) that land in each band of the default ttl_bands (3600, 21600, 86400).
@@ -38,15 +40,17 @@ BAND_INTERVALS = (600, 7200, 43200, 172800)
 
 
 def unique_name() -> str:
-    return f"{PREFIX}{uuid.uuid4().hex[:12]}"
+    return f"{PREFIX}{SESSION}-{uuid.uuid4().hex[:12]}"
 
 
 def shm_path(name: str) -> str:
     return os.path.join(SHM_DIR, name)
 
 
-def leftover_segments() -> list[str]:
-    return sorted(glob.glob(os.path.join(SHM_DIR, PREFIX + "*")))
+def leftover_segments(session: str | None = SESSION) -> list[str]:
+    """Test segments in /dev/shm: this session's, or with ``session=None`` every run's."""
+    pattern = PREFIX + (f"{session}-*" if session else "*")
+    return sorted(glob.glob(os.path.join(SHM_DIR, pattern)))
 
 
 def dispose(eng: Any, name: str) -> None:
@@ -151,3 +155,48 @@ def get_result(q: Any, timeout: float = 60.0) -> Any:
     status, value = q.get(timeout=timeout)
     assert status == "ok", f"child failed:\n{value}"
     return value
+
+
+def child_claim_loop(name: str, now_ms: int, budget: int, idle_rounds: int, q: Any) -> None:
+    """Claim and complete (far into the future) until ``idle_rounds`` claims come back empty."""
+
+    def body() -> list[int]:
+        from engine import Engine
+
+        eng = Engine.attach(name)
+        got: list[int] = []
+        idle = 0
+        while idle < idle_rounds:
+            c = eng.claim(budget=budget, now_ms=now_ms, lease_ms=3_600_000)
+            if len(c) == 0:
+                idle += 1
+                time.sleep(0.001)
+                continue
+            idle = 0
+            got += c.rows.tolist()
+            for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):  # render, then reschedule
+                eng.complete(row, tok, next_due_ms=now_ms + 30 * DAY, now_ms=now_ms)
+        eng.close()
+        return got
+
+    _report(q, body)
+
+
+def child_add_batches(name: str, now_ms: int, batches: int, size: int, q: Any) -> None:
+    def body() -> list[int]:
+        import numpy as np
+
+        from engine import Engine
+
+        eng = Engine.attach(name)
+        rows: list[int] = []
+        for b in range(batches):
+            due = np.array([now_ms - 1000 - (b * size + i) * MINUTE for i in range(size)],
+                           dtype=np.int64)
+            interval = np.full(size, (600, 7200, 172800)[b % 3], dtype=np.int64)
+            prov = np.full(size, b % 2, dtype=np.int64)
+            rows += eng.add_many(due, interval, prov).tolist()
+        eng.close()
+        return rows
+
+    _report(q, body)

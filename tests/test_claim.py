@@ -362,6 +362,25 @@ def test_stale_index_entries_are_skipped_and_counted(eng):
     assert eng.verify() == []
 
 
+def test_stale_entries_sharing_the_floor_minute_do_not_stall_a_lane(eng):
+    """300 rows due within one minute, drained one at a time like a worker pool does: the
+    completed rows' index entries all sit in the floor's minute, so the floor cannot step past
+    them; the lane must still serve every due row (compacting, or reading on), not go quiet
+    after one window (140) of stale entries. Invariant 8: a due row is eventually claimed."""
+    base = NOW - HOUR  # minute-aligned
+    rows = [eng.add(base + i, HOME_INTERVAL) for i in range(300)]
+    assert len({_minute(eng.due_ms(r)) for r in rows}) == 1
+    eng.compact()
+    served = []
+    for k in range(300):
+        c = eng.claim(budget=1, now_ms=NOW + k, lease_ms=HOUR)
+        assert len(c) == 1, f"lane 1 went quiet after {k} grants with {300 - k} rows due"
+        served.append(int(c.rows[0]))
+        eng.complete(int(c.rows[0]), int(c.tokens[0]), next_due_ms=NOW + DAY, now_ms=NOW + k)
+    assert sorted(served) == sorted(rows)
+    assert eng.verify() == []
+
+
 def test_granted_counters_add_up_to_the_rows_claimed(eng):
     for i in range(12):
         eng.add(NOW - i * MINUTE, (600, 7200, 43200)[i % 3], provenance="submitted")

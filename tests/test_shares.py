@@ -10,18 +10,22 @@ from hypothesis import strategies as st
 
 from engine import Engine, LanePolicy
 from engine.policy import reference_pass
-from lanes_testlib import BAND_INTERVALS, DAY, HOUR, NOW, fresh_engine, lane_counts
+from lanes_testlib import BAND_INTERVALS, DAY, HOUR, MINUTE, NOW, fresh_engine, lane_counts
 
 
 def _fill(eng, submitted=0, discovered=0, cold=0, urgent=0):
-    """Rows all due before NOW: submitted in lane 1, discovered in lane 5, cold in lane 9."""
+    """Rows all due before NOW: submitted in lane 1, discovered in lane 5, cold in lane 9.
+
+    Due times are a minute apart so that a lane's floor can follow the drain (the stall of a
+    lane on stale entries sharing one minute has its own test in test_claim.py)."""
     rows = defaultdict(list)
     for i in range(submitted):
-        rows[1].append(eng.add(NOW - HOUR - i, 600, provenance="submitted"))
+        rows[1].append(eng.add(NOW - HOUR - i * MINUTE, 600, provenance="submitted"))
     for i in range(discovered):
-        rows[5].append(eng.add(NOW - DAY - i, 600, provenance="discovered"))
+        rows[5].append(eng.add(NOW - DAY - i * MINUTE, 600, provenance="discovered"))
     for i in range(cold):
-        rows[9].append(eng.add(NOW - 2 * DAY - i, 600, provenance="submitted", failures=3))
+        rows[9].append(eng.add(NOW - 2 * DAY - i * MINUTE, 600, provenance="submitted",
+                               failures=3))
     for i in range(urgent):
         row = eng.add(NOW + DAY + i, 600, provenance="submitted")
         eng.prioritize(row, "rush", now_ms=NOW - 1000 - i)
@@ -110,7 +114,7 @@ def test_an_idle_class_banks_no_credit():
         _fill(eng, submitted=300)
         counts = _drain(eng, 1, 100)
         assert counts[1] == 100
-        disc = [eng.add(NOW - DAY - i, 600, provenance="discovered") for i in range(50)]
+        disc = [eng.add(NOW - DAY - i * MINUTE, 600, provenance="discovered") for i in range(50)]
         c = eng.claim(budget=10, now_ms=NOW + 1000, lease_ms=HOUR)
         got = lane_counts(c, 10)
         assert len(c) == 10
