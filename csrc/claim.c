@@ -157,17 +157,22 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
         return NULL;
     }
     c->floor_word = atomic_load(&s->lanes[lane].floor); /* (a) before the scan */
-    uint64_t seek = rl_encode(lane, (uint64_t)RL_FLOOR_MINUTE(c->floor_word) * 60000u);
-    while (lo < hi) { /* lower bound of `seek`; reading on past `hi` is the one-sided part */
-        uint32_t mid = lo + (hi - lo) / 2;
-        if (atomic_load_explicit(&P->ik[mid], memory_order_relaxed) < seek) lo = mid + 1;
-        else hi = mid;
-    }
-    /* Skip hint: a run of stale entries another pass of this generation already walked. A row
-     * that takes such a key again was appended to the ring too, so skipping it misses nothing. */
+    /* Skip hint: where an earlier pass of this index generation found the lane's stale prefix
+     * to end. Entries before it are stale or below the floor, and a row that takes such a key
+     * again was appended to the ring too, so starting there misses nothing and saves the seek.
+     * Without one, seek: the lower bound of encode(lane, floor), reading on past `hi` (into the
+     * next lane) being the one-sided part. */
     uint64_t hint = atomic_load_explicit(&s->lanes[lane].skip, memory_order_relaxed);
-    if ((uint32_t)(hint >> 32) == (uint32_t)P->gen && (uint32_t)hint > lo && (uint32_t)hint <= P->count)
+    if ((uint32_t)(hint >> 32) == (uint32_t)P->gen && (uint32_t)hint >= lo && (uint32_t)hint <= P->count) {
         lo = (uint32_t)hint;
+    } else {
+        uint64_t seek = rl_encode(lane, (uint64_t)RL_FLOOR_MINUTE(c->floor_word) * 60000u);
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (atomic_load_explicit(&P->ik[mid], memory_order_relaxed) < seek) lo = mid + 1;
+            else hi = mid;
+        }
+    }
     c->pos = c->start = c->stale_run = lo;
     c->end = (P->count - lo > P->window) ? lo + P->window : P->count;
     for (uint32_t k = lo; k < lo + PREFETCH_AHEAD && k < c->end; k++)
@@ -381,7 +386,7 @@ static void floors_raise(Pass *P) {
         if (c->stale) atomic_fetch_add_explicit(&ln->stale_skipped, c->stale, memory_order_relaxed);
         if (c->refused) atomic_fetch_add_explicit(&ln->lease_refused, c->refused, memory_order_relaxed);
         if (gen_moved) continue;
-        if (c->stale_run > c->start) { /* move the skip hint forward, never back */
+        { /* record where the stale prefix ends; within a generation only forward */
             uint64_t cur = atomic_load_explicit(&ln->skip, memory_order_relaxed);
             uint64_t want = ((uint64_t)(uint32_t)P->gen << 32) | c->stale_run;
             while (((uint32_t)(cur >> 32) != (uint32_t)P->gen || (uint32_t)cur < c->stale_run) &&
@@ -416,7 +421,8 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     P.ir = s->irows[buf];
     P.lane_start = s->h->lane_start[buf];
     P.p = policy_cached(s);
-    P.lanes = RL_MAX_LANES;
+    P.lanes = atomic_load_explicit(&s->h->lanes_high, memory_order_relaxed) + 1;
+    if (P.lanes > RL_MAX_LANES) P.lanes = RL_MAX_LANES;
     P.n = 0;
     P.budget = budget;
     P.out_rows = out;

@@ -101,8 +101,8 @@ typedef struct {
     _Atomic uint64_t stale_skipped;
     _Atomic uint64_t lease_refused;
     char pad2[RL_LINE - 32];
-    /* [index generation:32][position:32]: in that generation, this lane's entries from its
-     * floor up to `position` are all stale, so a seek may start there (csrc/claim.c). */
+    /* [index generation:32][position:32]: in that generation, every entry of this lane before
+     * `position` is stale or below the floor, so a seek may start there (csrc/claim.c). */
     _Alignas(RL_LINE) _Atomic uint64_t skip;
     char pad3[RL_LINE - 8];
 } rl_lane;
@@ -153,6 +153,7 @@ typedef struct {
     _Alignas(RL_LINE) _Atomic uint64_t compactor; /* owner id holding the merge, 0 = none */
     _Alignas(RL_LINE) _Atomic uint64_t policy_version; /* active slot = version & 1 */
     _Alignas(RL_LINE) _Atomic uint32_t repair_needed;
+    _Alignas(RL_LINE) _Atomic uint32_t lanes_high; /* highest lane ever written: passes stop there */
     _Alignas(RL_LINE) rl_class_credit credit[RL_CLASSES];
 
     /* --- per index generation: entry count and lane starts, written before the gen flips --- */

@@ -35,11 +35,16 @@ static int publish_keys(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *k
     }
     if (rc != RL_OK) return rc;
     for (uint32_t l = 0; l < RL_MAX_LANES; l++) lane_min[l] = UINT32_MAX;
+    uint32_t high = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (keys[i] == RL_KEY_NONE) continue;
         uint32_t l = rl_key_lane(keys[i]), m = rl_minute(rl_key_due(keys[i]));
         if (m < lane_min[l]) lane_min[l] = m;
+        if (l > high) high = l;
     }
+    uint32_t cur = atomic_load(&s->h->lanes_high);
+    while (cur < high && !atomic_compare_exchange_weak(&s->h->lanes_high, &cur, high))
+        ;
     for (uint32_t l = 0; l < RL_MAX_LANES; l++)
         if (lane_min[l] != UINT32_MAX) rl_floor_lower(s, l, lane_min[l]);
     return RL_OK;

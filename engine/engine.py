@@ -21,7 +21,7 @@ import numpy.typing as npt
 from .errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
 from .keys import STRIDE, as_int64_array, check_due_array, check_due_ms
 from .policy import PROVENANCES, LanePolicy
-from .segment import OWNER_ALIVE, Segment, check, ffi, lib, process_start_ms
+from .segment import OWNER_ALIVE, Segment, _fork_generation, check, ffi, lib, process_start_ms
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -371,9 +371,15 @@ class Engine:
             now = now_ms
         else:
             now = check_due_ms(now_ms, "now_ms")
+        seg = self._seg
+        h = seg._handle
+        if h is None or seg._owner_gen != _fork_generation[0]:
+            h, owner = seg.handle, seg.owner  # raises EngineClosed / registers after a fork
+        else:
+            owner = seg._owner
         buf = np.empty(4 * b, np.int64)
-        n = lib.rl_claim(self._h, self._seg.owner, b, now, lease, win,
-                         ffi.from_buffer("int64_t[]", buf), self._advice)
+        n = lib.rl_claim(h, owner, b, now, lease, win, ffi.from_buffer("int64_t[]", buf),
+                         self._advice)
         if n < 0:
             check(n, "claim")
         if self._advice[0]:
