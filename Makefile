@@ -6,7 +6,16 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py engine/_build.py $(wildcard csrc/*.c csrc/*.h)
 
-.PHONY: test demo bench lint test-sanitize clean
+.PHONY: test demo bench lint test-sanitize spin clean
+
+# A second venv whose C core is built with AddressSanitizer and UndefinedBehaviorSanitizer. The
+# interpreter is not instrumented, so the ASan runtime is preloaded and leak checking (which
+# would report CPython's own arenas) is off; UBSan stops at the first report.
+SAN_VENV := .venv-san
+SAN_PY := $(SAN_VENV)/bin/python
+SAN_STAMP := $(SAN_VENV)/.installed
+SAN_ENV := LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,7 +27,13 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check engine
 	$(VENV)/bin/mypy engine
 
-test: lint
+# spin (Debian's package) model-checks the floor protocol in tests/test_model.py.
+spin:
+	@command -v spin >/dev/null || apt-get install -y -q spin >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q spin >/dev/null 2>&1) || \
+		echo "warning: could not install spin; tests/test_model.py will fail"
+
+test: lint spin
 	$(VENV)/bin/pytest -q
 
 demo: $(STAMP)
@@ -27,5 +42,22 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/bench_claim.py
 
+$(SAN_STAMP): $(SOURCES)
+	test -x $(SAN_PY) || $(PYTHON) -m venv $(SAN_VENV)
+	$(SAN_PY) -m pip install -q --upgrade pip setuptools wheel cffi
+	rm -rf $(SAN_VENV)/src $(SAN_VENV)/core && mkdir -p $(SAN_VENV)/src
+	cp -r pyproject.toml setup.py README.md engine csrc $(SAN_VENV)/src/
+	rm -rf $(SAN_VENV)/src/engine/_core*.so $(SAN_VENV)/src/engine/_core.c
+	cd $(SAN_VENV)/src && RL_SANITIZE=address,undefined ../bin/python -m pip install -q \
+		--no-build-isolation --target ../core --no-deps .
+	$(SAN_PY) -m pip install -q numpy psutil pytest hypothesis
+	touch $@
+
+# The unit and property tests against the sanitized core (installed apart, put first on the path).
+test-sanitize: $(SAN_STAMP)
+	nm -D $(SAN_VENV)/core/engine/_core*.so | grep -q __ubsan_handle  # really instrumented
+	$(SAN_ENV) PYTHONPATH=$(SAN_VENV)/core $(SAN_VENV)/bin/pytest -q -p no:cacheprovider \
+		-m "not slow"
+
 clean:
-	rm -rf $(VENV) build *.egg-info engine/_core*.so engine/_core.c
+	rm -rf $(VENV) $(SAN_VENV) build *.egg-info engine/_core*.so engine/_core.c

@@ -27,9 +27,11 @@
 /* Index entries are in key order, their rows in no order: each candidate is a cache miss in the
  * row table. Prefetching the rows a few entries ahead overlaps those misses. */
 #define PREFETCH_AHEAD 8
-/* Rows leased to a live holder do not use up the window (a pool with more rows in flight than
- * `window` would otherwise stall the lane behind them), up to this many per lane and pass. */
-#define IN_FLIGHT_CAP 4096
+/* Stale entries and rows leased to a live holder do not use up the window, up to this many per
+ * lane and pass: otherwise the completions since the last merge, or a pool with more rows in
+ * flight than `window`, would stall a lane behind them until the next merge. A pass that reads
+ * more stale entries than `window` asks for a merge, which drops them. */
+#define EXTRA_CAP 4096
 #define RING_SCAN_ADVISE 1024
 
 typedef struct {
@@ -44,7 +46,7 @@ typedef struct {
     uint64_t floor_word;  /* W: read before the index and the ring */
     uint64_t ring_min;
     uint64_t due_limit;   /* encode(lane, now) */
-    uint32_t pos, end, in_flight;
+    uint32_t pos, end, extra;
     uint32_t start, stale_run; /* entries [start, stale_run) were all stale */
     uint64_t first_live;  /* key of the first live entry seen, or RL_KEY_NONE */
     uint64_t last_key;    /* key of the last entry of this lane read */
@@ -140,7 +142,7 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     c->stamp = P->stamp;
     c->lane = lane;
     c->idx_done = c->ring_overflow = c->done = c->have_idx = c->have_peek = 0;
-    c->rn = c->ri = c->in_flight = 0;
+    c->rn = c->ri = c->extra = 0;
     c->granted = c->spilled = c->stale = c->refused = 0;
     c->first_live = c->last_key = RL_KEY_NONE;
     c->due_limit = rl_encode(lane, (uint64_t)P->now);
@@ -212,6 +214,10 @@ static void idx_advance(Pass *P, Cursor *c) {
         }
         if (!live) {
             c->stale++;
+            if (c->extra < EXTRA_CAP && c->end < P->count) {
+                c->extra++;
+                c->end++;
+            }
             continue;
         }
         c->idx = (Cand){key, row};
@@ -255,8 +261,8 @@ static int lane_peek(Pass *P, Cursor *c) {
         uint64_t w = atomic_load_explicit(&P->s->rows[cand.row].lease, memory_order_acquire);
         if (!rl_lease_claimable(P->s, w, P->now, tls_memo)) {
             c->refused++;
-            if (from_idx && c->in_flight < IN_FLIGHT_CAP && c->end < P->count) {
-                c->in_flight++;
+            if (from_idx && c->extra < EXTRA_CAP && c->end < P->count) {
+                c->extra++;
                 c->end++;
             }
             continue;
@@ -384,6 +390,7 @@ static void floors_raise(Pass *P) {
         if (c->granted) atomic_fetch_add_explicit(&ln->granted, c->granted, memory_order_relaxed);
         if (c->spilled) atomic_fetch_add_explicit(&ln->spilled, c->spilled, memory_order_relaxed);
         if (c->stale) atomic_fetch_add_explicit(&ln->stale_skipped, c->stale, memory_order_relaxed);
+        if (c->stale > P->window) P->advice |= RL_ADVISE_COMPACT;
         if (c->refused) atomic_fetch_add_explicit(&ln->lease_refused, c->refused, memory_order_relaxed);
         if (gen_moved) continue;
         { /* record where the stale prefix ends; within a generation only forward */

@@ -182,21 +182,99 @@ def child_claim_loop(name: str, now_ms: int, budget: int, idle_rounds: int, q: A
     _report(q, body)
 
 
-def child_add_batches(name: str, now_ms: int, batches: int, size: int, q: Any) -> None:
+def child_add_batches(name: str, now_ms: int, batches: int, size: int, seed: int | None,
+                      q: Any) -> None:
+    """Add ``batches`` x ``size`` rows, due ever earlier (``seed`` None: every write lowers the
+    floor) or at random minutes of the last 2000 (some just above a claimer's floor)."""
+
     def body() -> list[int]:
+        import random
+
         import numpy as np
 
         from engine import Engine
 
+        rng = random.Random(seed)
         eng = Engine.attach(name)
         rows: list[int] = []
         for b in range(batches):
-            due = np.array([now_ms - 1000 - (b * size + i) * MINUTE for i in range(size)],
-                           dtype=np.int64)
+            if seed is None:
+                offsets = [1000 + (b * size + i) * MINUTE for i in range(size)]
+            else:
+                offsets = [rng.randint(0, 2000) * MINUTE + rng.randint(0, 999)
+                           for _ in range(size)]
+            due = np.array([now_ms - off for off in offsets], dtype=np.int64)
             interval = np.full(size, (600, 7200, 172800)[b % 3], dtype=np.int64)
             prov = np.full(size, b % 2, dtype=np.int64)
             rows += eng.add_many(due, interval, prov).tolist()
         eng.close()
         return rows
+
+    _report(q, body)
+
+
+def child_churn(name: str, seed: int, q: Any) -> None:
+    """Claim, complete, fail, release, rush, add and compact as fast as possible, forever: the
+    parent kills this process at a random instant (fault injection)."""
+    import random
+
+    from engine import Engine
+    from engine.errors import LeaseLost
+
+    rng = random.Random(seed)
+    try:
+        eng = Engine.attach(name)
+        eng.claim(budget=1, now_ms=NOW - 30 * DAY)  # register as an owner before reporting
+        q.put(("ok", os.getpid()))
+    except BaseException:
+        q.put(("error", traceback.format_exc()))
+        return
+    k = 0
+    while True:
+        k += 1
+        now = NOW + k
+        c = eng.claim(budget=rng.randint(1, 8), now_ms=now,
+                      lease_ms=rng.choice([1, 50, 600_000]))
+        for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+            r = rng.random()
+            try:
+                if r < 0.4:
+                    eng.complete(row, tok, next_due_ms=NOW - rng.randint(0, 3 * DAY), now_ms=now)
+                elif r < 0.55:
+                    eng.fail(row, tok, retry_at_ms=NOW - rng.randint(0, DAY), now_ms=now)
+                elif r < 0.7:
+                    eng.release(row, tok)
+                elif r < 0.75:
+                    eng.renew(row, tok, lease_ms=600_000, now_ms=now)
+                # else: keep the lease (it may expire, or die with this process)
+            except LeaseLost:
+                pass  # a 1 ms lease was taken over: that is the point
+        r = rng.random()
+        if r < 0.05:
+            eng.add(NOW - rng.randint(0, 3 * DAY), rng.choice([60, 7200, 172800]),
+                    provenance=rng.choice(["submitted", "discovered"]))
+        elif r < 0.07:
+            used = eng.stats()["rows"]
+            eng.prioritize(rng.randrange(used), "rush", now_ms=NOW - rng.randint(0, HOUR))
+        elif r < 0.08:
+            eng.compact()
+
+
+def child_worker_lanes(name: str, now_ms: int, calls: int, budget: int, q: Any) -> None:
+    """A worker: ``calls`` claims of ``budget``, each grant completed far in the future; reports
+    the lane of every grant."""
+
+    def body() -> list[int]:
+        from engine import Engine
+
+        eng = Engine.attach(name)
+        lanes: list[int] = []
+        for k in range(calls):
+            c = eng.claim(budget=budget, now_ms=now_ms + k, lease_ms=3_600_000)
+            lanes += c.lanes.tolist()
+            for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+                eng.complete(row, tok, next_due_ms=now_ms + 30 * DAY, now_ms=now_ms + k)
+        eng.close()
+        return lanes
 
     _report(q, body)

@@ -104,6 +104,19 @@ def test_a_row_is_not_claimed_before_it_is_due(eng):
     assert eng.verify() == []
 
 
+def test_claim_without_now_uses_the_wall_clock(eng):
+    import time
+
+    wall = time.time_ns() // 1_000_000
+    past = eng.add(wall - HOUR, 600)
+    eng.add(wall + DAY, 600)
+    c = eng.claim(budget=5)
+    assert c.rows.tolist() == [past]
+    d = eng.describe(past)
+    assert wall + 30_000 - 5_000 <= d["lease_expiry_ms"] <= wall + 30_000 + 60_000
+    assert eng.verify() == []
+
+
 def test_a_claimed_row_is_not_claimed_again_while_leased(eng):
     rows = [eng.add(NOW - MINUTE, 600) for _ in range(3)]
     first = eng.claim(budget=10, now_ms=NOW, lease_ms=60_000)

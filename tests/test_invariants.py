@@ -202,6 +202,14 @@ class EngineModel(RuleBasedStateMachine):
             assert d["lane"] == m["lane"], (row, d, m)
             assert self.eng.due_ms(row) == m["due"]
             assert d["lease_expiry_ms"] == m["expiry"], (row, d, m)
+        stats = self.eng.stats(now_ms=self.now)
+        assert stats["rows"] == len(self.rows)
+        queued = [0] * LANES
+        for m in self.rows.values():
+            if m["queued"]:
+                queued[m["lane"]] += 1
+        assert [ln["queued"] for ln in stats["lanes"][:LANES]] == queued
+        assert sum(ln["queued"] for ln in stats["lanes"]) == sum(queued)
 
 
 TestEngineModel = EngineModel.TestCase

@@ -243,7 +243,21 @@ def test_remove_takes_the_row_out_of_the_queue(eng):
     assert eng.verify() == []
 
 
-@pytest.mark.parametrize("bad_row", [-1, 10**9, 1.5, None])
+def test_remove_wins_over_the_lease_holder(eng):
+    row = eng.add(NOW - HOUR, 3600)
+    _, tok = _claim_one(eng, lease_ms=HOUR)
+    eng.remove(row)
+    assert eng.describe(row)["queued"] is False
+    try:
+        eng.complete(row, tok, now_ms=NOW)
+    except LeaseLost:
+        pass
+    assert eng.describe(row)["queued"] is False  # the holder's write does not resurrect it
+    assert len(eng.claim(budget=10, now_ms=NOW + 10 * DAY)) == 0
+    assert eng.verify() == []
+
+
+@pytest.mark.parametrize("bad_row", [-1, 10**9, 1.5, None, 100, True])
 def test_row_ids_out_of_range_are_rejected(eng, bad_row):
     eng.add(NOW, 3600)
     with pytest.raises(EngineError) as info:
@@ -329,6 +343,18 @@ def test_renew_extends_the_lease_and_retires_the_old_token(eng):
     eng.complete(row, new, now_ms=NOW + 30_001)
     assert eng.describe(row)["leased"] is False
     assert eng.verify() == []
+
+
+@pytest.mark.parametrize("lease_ms", [0, -1, 1.5, None])
+def test_renew_rejects_a_bad_lease_length_and_keeps_the_lease(eng, lease_ms):
+    row = eng.add(NOW - HOUR, 3600)
+    _, tok = _claim_one(eng, lease_ms=30_000)
+    before = eng.describe(row)
+    with pytest.raises(EngineError) as info:
+        eng.renew(row, tok, lease_ms=lease_ms, now_ms=NOW)
+    assert isinstance(info.value, (ValueError, TypeError))
+    assert eng.describe(row) == before
+    eng.release(row, tok)
 
 
 def test_renew_after_the_lease_was_taken_over_is_refused(eng):

@@ -295,6 +295,22 @@ def test_closing_an_attached_handle_leaves_the_owner_working(make_engine):
     assert eng.verify() == []
 
 
+def test_short_lived_attachers_never_exhaust_the_owner_slots(make_engine):
+    """More attach / write / close cycles than there are owner slots (1024)."""
+    eng = make_engine(capacity=2048)
+    name = eng.stats()["name"]
+    for i in range(1100):
+        h = Engine.attach(name)
+        h.add(NOW - HOUR - i, 3600)
+        h.close()
+    for _ in range(50):
+        h = Engine.attach(name)
+        assert len(h.claim(budget=1, now_ms=NOW, lease_ms=HOUR)) == 1
+        h.close()
+    assert eng.stats()["rows"] == 1100
+    assert eng.verify() == []
+
+
 def test_owner_unlink_removes_the_segment_name(make_engine):
     eng = make_engine(capacity=64)
     name = eng.stats()["name"]
@@ -303,6 +319,60 @@ def test_owner_unlink_removes_the_segment_name(make_engine):
     with pytest.raises(SegmentMissing):
         Engine.attach(name, timeout=0.2)
     dispose(eng, name)
+
+
+def test_create_exist_ok_takes_over_a_segment_left_by_a_crashed_owner():
+    name = unique_name()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the crashing owner
+        code = 1
+        try:
+            os.close(r)
+            eng = Engine.create(name, 64)
+            eng.add(NOW - HOUR, 3600)
+            c = eng.claim(budget=1, now_ms=NOW, lease_ms=10 * 60_000)
+            os.write(w, str(int(c.rows[0])).encode())
+            code = 0
+        finally:
+            os.kill(os.getpid(), 9) if code == 0 else os._exit(code)
+    os.close(w)
+    try:
+        with os.fdopen(r) as f:
+            leased_row = int(f.read())
+        os.waitpid(pid, 0)
+        assert os.path.exists(shm_path(name))  # a crash leaves the segment behind
+        with pytest.raises(SegmentExists):
+            Engine.create(name, 64)
+        eng = Engine.create(name, 64, exist_ok=True)
+        try:
+            assert eng.due_ms(leased_row) == NOW - HOUR
+            assert eng.describe(leased_row)["leased"] is False  # the dead owner's lease ended
+            assert eng.claim(budget=1, now_ms=NOW).rows.tolist() == [leased_row]
+            assert eng.verify() == []
+        finally:
+            eng.unlink()  # the owner's job, now this process's
+            eng.close()
+        assert not os.path.exists(shm_path(name))
+    finally:
+        try:
+            os.unlink(shm_path(name))
+        except FileNotFoundError:
+            pass
+
+
+def test_cli_cleanup_removes_a_left_segment():
+    name = unique_name()
+    eng = Engine.create(name, 64)
+    try:
+        env = dict(os.environ,
+                   PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        out = subprocess.run([sys.executable, "-m", "engine", "cleanup", name],
+                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert not os.path.exists(shm_path(name))
+    finally:
+        dispose(eng, name)
 
 
 # -- stats ----------------------------------------------------------------------------------------

@@ -81,6 +81,32 @@ def test_floor_shares_are_accounted_across_processes_handles():
         assert eng.verify() == []
 
 
+def test_floor_shares_hold_across_concurrent_worker_processes():
+    import multiprocessing as mp
+
+    from lanes_testlib import child_worker_lanes, get_result
+
+    with fresh_engine(capacity=2048) as eng:
+        _fill(eng, submitted=900, discovered=300)
+        name = eng.stats()["name"]
+        ctx = mp.get_context("fork")
+        queues = [ctx.Queue() for _ in range(3)]
+        procs = [ctx.Process(target=child_worker_lanes, args=(name, NOW, 200, 1, q))
+                 for q in queues]
+        for p in procs:
+            p.start()
+        try:
+            lanes = [lane for q in queues for lane in get_result(q, timeout=120)]
+        finally:
+            for p in procs:
+                p.join(60)
+        assert all(p.exitcode == 0 for p in procs)
+        assert len(lanes) == 600  # one grant per call: no call came back empty
+        share = lanes.count(5) / len(lanes)
+        assert 0.07 <= share <= 0.13, share
+        assert eng.verify() == []
+
+
 def test_cold_floor_gets_its_two_percent():
     with fresh_engine(capacity=1024) as eng:
         _fill(eng, submitted=400, cold=50)

@@ -279,6 +279,29 @@ def test_changed_bands_apply_to_a_row_on_its_next_write_only(eng):
     assert eng.verify() == []
 
 
+def test_narrowing_the_bands_leaves_no_row_behind(eng):
+    spec = [("submitted", 60, 0), ("submitted", 172800, 0), ("discovered", 60, 0),
+            ("discovered", 172800, 0), ("submitted", 60, 5)]
+    rows = [eng.add(NOW - HOUR - i * MINUTE, iv, provenance=prov, failures=f)
+            for i, (prov, iv, f) in enumerate(spec)]
+    assert [eng.lane(r) for r in rows] == [1, 4, 5, 8, 9]
+    narrow = LanePolicy(ttl_bands=[])  # 4 lanes: rows now sit in lanes past the layout
+    eng.set_policy(narrow)
+    assert [eng.lane(r) for r in rows] == [1, 4, 5, 8, 9]  # no sweep
+    s = eng.stats(now_ms=NOW)
+    assert sum(ln["queued"] for ln in s["lanes"]) == len(rows)  # none hidden from stats
+    c = eng.claim(budget=10, now_ms=NOW)
+    assert sorted(c.rows.tolist()) == sorted(rows)  # none stranded
+    assert eng.verify() == []
+    for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+        eng.complete(row, tok, now_ms=NOW)
+    for row in rows:  # each row took its lane under the new layout on its write
+        d = eng.describe(row)
+        assert d["lane"] == narrow.lane_for(d["provenance"], d["interval_s"], d["failures"])
+        assert d["lane"] < narrow.lane_count
+    assert eng.verify() == []
+
+
 # -- restamp ------------------------------------------------------------------------------------
 
 
@@ -323,6 +346,18 @@ def test_restamp_preserves_every_due_time_and_reports_done_only_at_the_end(spec,
         eng.set_policy(enabled)
         assert [eng.due_ms(r) for r in rows] == dues
         assert eng.verify() == []
+
+
+def test_restamp_keeps_an_operator_rush_urgent(make_engine):
+    eng = make_engine(LanePolicy(lanes_enabled=False))
+    rows = [eng.add(NOW - i * MINUTE, 172800) for i in range(5)]
+    eng.prioritize(rows[2], "rush", now_ms=NOW - 5)
+    while not eng.restamp(limit=2)["done"]:
+        pass
+    assert [eng.lane(r) for r in rows] == [4, 4, 0, 4, 4]
+    assert eng.describe(rows[2])["urgent"] is True
+    assert eng.due_ms(rows[2]) == NOW - 5
+    assert eng.verify() == []
 
 
 def test_restamp_refuses_while_lanes_are_enabled(eng):
