@@ -37,6 +37,7 @@
 typedef struct {
     uint64_t key;
     uint32_t row;
+    uint32_t pos; /* index position, or UINT32_MAX for a ring entry */
 } Cand;
 
 typedef struct {
@@ -57,7 +58,7 @@ typedef struct {
     int have_peek;
     Cand peek;
     uint64_t peek_word;
-    uint32_t granted, spilled, stale, refused;
+    uint32_t granted, spilled, stale, refused, tombs;
 } Cursor;
 
 typedef struct {
@@ -131,7 +132,7 @@ static void ring_collect(Pass *P, Cursor *c) {
             c->ring[i] = c->ring[i - 1];
             i--;
         }
-        c->ring[i] = (Cand){key, row};
+        c->ring[i] = (Cand){key, row, UINT32_MAX};
     }
 }
 
@@ -143,7 +144,7 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     c->lane = lane;
     c->idx_done = c->ring_overflow = c->done = c->have_idx = c->have_peek = 0;
     c->rn = c->ri = c->extra = 0;
-    c->granted = c->spilled = c->stale = c->refused = 0;
+    c->granted = c->spilled = c->stale = c->refused = c->tombs = 0;
     c->first_live = c->last_key = RL_KEY_NONE;
     c->due_limit = rl_encode(lane, (uint64_t)P->now);
     uint32_t lo = atomic_load_explicit(&P->lane_start[lane], memory_order_relaxed);
@@ -151,7 +152,7 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     if (hi > P->count) hi = P->count;
     if (lo > hi) lo = hi;
     /* Nothing due in this lane, neither indexed nor recent: leave it unopened (no seek). */
-    int idx_due = lo < hi && atomic_load_explicit(&P->ik[lo], memory_order_relaxed) <= c->due_limit;
+    int idx_due = lo < hi && (atomic_load_explicit(&P->ik[lo], memory_order_relaxed) & ~RL_TOMB) <= c->due_limit;
     uint64_t rmin = atomic_load(&s->lanes[lane].ring_min);
     if (!idx_due && rmin > c->due_limit) {
         c->done = 1;
@@ -171,7 +172,7 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
         uint64_t seek = rl_encode(lane, (uint64_t)RL_FLOOR_MINUTE(c->floor_word) * 60000u);
         while (lo < hi) {
             uint32_t mid = lo + (hi - lo) / 2;
-            if (atomic_load_explicit(&P->ik[mid], memory_order_relaxed) < seek) lo = mid + 1;
+            if ((atomic_load_explicit(&P->ik[mid], memory_order_relaxed) & ~RL_TOMB) < seek) lo = mid + 1;
             else hi = mid;
         }
     }
@@ -185,6 +186,34 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     return c;
 }
 
+/* Cross the run of tombstones starting at `at` (following jumps), lengthen the jump stored in
+ * its first entry, and return the position after the run. The jump is written under this
+ * owner's hazard, so it never lands in a buffer a merge is rewriting (csrc/index.c). */
+#define JUMP_WALK_MAX 4096
+static uint32_t tomb_run(Pass *P, Cursor *c, uint32_t at, uint32_t first_row) {
+    uint32_t next = at + ((first_row & RL_JUMP) ? (first_row & ~RL_JUMP) : 1);
+    while (next < P->count && next - at < JUMP_WALK_MAX) {
+        uint64_t raw = atomic_load_explicit(&P->ik[next], memory_order_relaxed);
+        if (!(raw & RL_TOMB) || rl_key_lane(raw & ~RL_TOMB) != c->lane) break;
+        uint32_t j = atomic_load_explicit(&P->ir[next], memory_order_relaxed);
+        next += (j & RL_JUMP) ? (j & ~RL_JUMP) : 1;
+    }
+    if (next > P->count) next = P->count;
+    uint32_t span = next - at;
+    uint32_t had = (first_row & RL_JUMP) ? (first_row & ~RL_JUMP) : 1;
+    if (span > had && span >= 4) {
+        rl_seg *s = P->s;
+        _Atomic uint64_t *hz = &s->owners[P->owner].hazard;
+        atomic_store(hz, P->gen + 1);
+        if (atomic_load(&s->h->index_gen) == P->gen) {
+            uint32_t expect = first_row;
+            atomic_compare_exchange_strong(&s->irows[P->gen & 1][at], &expect, RL_JUMP | span);
+        }
+        atomic_store(hz, 0);
+    }
+    return next;
+}
+
 /* The next index entry of the lane that is live and due, or none. */
 static void idx_advance(Pass *P, Cursor *c) {
     while (!c->have_idx && !c->idx_done) {
@@ -192,7 +221,8 @@ static void idx_advance(Pass *P, Cursor *c) {
             c->idx_done = 1;
             break;
         }
-        uint64_t key = atomic_load_explicit(&P->ik[c->pos], memory_order_relaxed);
+        uint64_t raw = atomic_load_explicit(&P->ik[c->pos], memory_order_relaxed);
+        uint64_t key = raw & ~RL_TOMB;
         uint32_t row = atomic_load_explicit(&P->ir[c->pos], memory_order_relaxed);
         if (c->pos + PREFETCH_AHEAD < c->end)
             __builtin_prefetch(&P->s->rows[atomic_load_explicit(&P->ir[c->pos + PREFETCH_AHEAD],
@@ -205,6 +235,17 @@ static void idx_advance(Pass *P, Cursor *c) {
             break;
         }
         c->last_key = key;
+        if (raw & RL_TOMB) { /* a tombstone run costs one step, and no window */
+            uint32_t at = c->pos - 1, next = tomb_run(P, c, at, row);
+            c->stale += next - at;
+            c->tombs += next - at;
+            if (c->stale_run == at) c->stale_run = next;
+            c->last_key = atomic_load_explicit(&P->ik[next - 1], memory_order_relaxed) & ~RL_TOMB;
+            c->end = (P->count - c->end > next - c->pos) ? c->end + (next - c->pos) : P->count;
+            c->pos = next;
+            if (c->last_key > c->due_limit) c->idx_done = 1;
+            continue;
+        }
         int live = row_live(P, row, key);
         if (!live && c->stale_run == c->pos - 1) c->stale_run = c->pos;
         if (live && c->first_live == RL_KEY_NONE) c->first_live = key;
@@ -220,7 +261,7 @@ static void idx_advance(Pass *P, Cursor *c) {
             }
             continue;
         }
-        c->idx = (Cand){key, row};
+        c->idx = (Cand){key, row, c->pos - 1};
         c->have_idx = 1;
     }
 }
@@ -302,6 +343,7 @@ static int lane_take_one(Pass *P, Cursor *c) {
         P->out_due[i] = (int64_t)rl_key_due(key);
         P->out_tokens[i] = (int64_t)(nw ^ rl_token_mask(c->peek.row));
         c->granted++;
+        if (c->peek.pos != UINT32_MAX) rl_index_note(s, c->peek.row, key, P->gen, c->peek.pos);
         P->cls_granted[rl_class_of(P->p, c->lane)]++;
         return 1;
     }
@@ -390,7 +432,7 @@ static void floors_raise(Pass *P) {
         if (c->granted) atomic_fetch_add_explicit(&ln->granted, c->granted, memory_order_relaxed);
         if (c->spilled) atomic_fetch_add_explicit(&ln->spilled, c->spilled, memory_order_relaxed);
         if (c->stale) atomic_fetch_add_explicit(&ln->stale_skipped, c->stale, memory_order_relaxed);
-        if (c->stale > P->window) P->advice |= RL_ADVISE_COMPACT;
+        if (c->stale - c->tombs > P->window) P->advice |= RL_ADVISE_COMPACT;
         if (c->refused) atomic_fetch_add_explicit(&ln->lease_refused, c->refused, memory_order_relaxed);
         if (gen_moved) continue;
         { /* record where the stale prefix ends; within a generation only forward */

@@ -90,6 +90,67 @@ int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
     return RL_OK;
 }
 
+/* ================================================================ tombstones ===== */
+
+/* Where this process last claimed each row from (a small direct-mapped memo): when it rewrites
+ * the row, the old index entry is known stale and is marked a tombstone in place, so passes skip
+ * it with no row-table read and the merge drops it. Without this, the completions made since the
+ * last merge pile up as stale entries that every pass re-reads behind rows still in flight. */
+#define POS_MEMO 4096
+static __thread struct {
+    rl_seg *s;
+    uint32_t row, pos;
+    uint64_t gen, key;
+} tls_pos[POS_MEMO];
+
+void rl_index_note(rl_seg *s, uint32_t row, uint64_t key, uint64_t gen, uint32_t pos) {
+    uint32_t i = row % POS_MEMO;
+    tls_pos[i].s = s;
+    tls_pos[i].row = row;
+    tls_pos[i].pos = pos;
+    tls_pos[i].gen = gen;
+    tls_pos[i].key = key;
+}
+
+/* The buffer of generation g is rewritten for g + 2; a tombstone CAS must not land in it then.
+ * So the writer publishes a hazard (g + 1) in its owner slot and re-checks the generation before
+ * any CAS, and the merge waits for live owners' hazards on the buffer it is about to rewrite. */
+void rl_index_forget(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
+                     const uint64_t *old_keys) {
+    uint64_t gen = atomic_load(&s->h->index_gen);
+    _Atomic uint64_t *hz = &s->owners[owner].hazard;
+    int armed = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t row = rows[i], slot = row % POS_MEMO;
+        if (tls_pos[slot].s != s || tls_pos[slot].row != row || tls_pos[slot].key != old_keys[i] ||
+            tls_pos[slot].gen != gen)
+            continue;
+        if (!armed) {
+            atomic_store(hz, gen + 1);
+            if (atomic_load(&s->h->index_gen) != gen) break; /* a merge moved on: leave it */
+            armed = 1;
+        }
+        if (rl_row_key(s, row) == old_keys[i]) continue; /* back at that key: still live */
+        uint32_t pos = tls_pos[slot].pos, b = gen & 1;
+        if (pos < atomic_load(&s->h->index_count[b]) &&
+            atomic_load_explicit(&s->irows[b][pos], memory_order_relaxed) == row) {
+            uint64_t expect = old_keys[i];
+            atomic_compare_exchange_strong(&s->ikeys[b][pos], &expect, old_keys[i] | RL_TOMB);
+        }
+        tls_pos[slot].row = UINT32_MAX;
+    }
+    atomic_store(hz, 0);
+}
+
+static void hazards_wait(rl_seg *s, uint64_t gen_of_buffer) {
+    for (uint32_t o = 1; o < RL_MAX_OWNERS; o++) {
+        while (atomic_load(&s->owners[o].hazard) == gen_of_buffer + 1) {
+            if (!rl_owner_alive(s, o, NULL)) break;
+            sched_yield();
+        }
+    }
+}
+
 /* ================================================================ compactor word ===== */
 
 int rl_compactor_acquire(rl_seg *s, uint32_t owner) {
@@ -195,6 +256,7 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
     _Atomic uint64_t *dk = s->ikeys[dst];
     _Atomic uint32_t *dr = s->irows[dst];
     uint32_t m = 0;
+    if (gen > 0) hazards_wait(s, gen - 1); /* dst last held generation gen - 1 */
 
     if (lane_min)
         for (uint32_t l = 0; l < RL_MAX_LANES; l++) lane_min[l] = UINT32_MAX;
@@ -222,11 +284,15 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
             Entry e;
             if (i + 16 < nsrc) /* the liveness check is a random row read: overlap the misses */
                 __builtin_prefetch(&s->rows[atomic_load_explicit(&sr[i + 16], memory_order_relaxed) % cap]);
-            if (j >= nr || (i < nsrc && (atomic_load_explicit(&sk[i], memory_order_relaxed) < fresh[j].key ||
-                                         (atomic_load_explicit(&sk[i], memory_order_relaxed) == fresh[j].key &&
-                                          atomic_load_explicit(&sr[i], memory_order_relaxed) <= fresh[j].row)))) {
-                e.key = atomic_load_explicit(&sk[i], memory_order_relaxed);
-                e.row = atomic_load_explicit(&sr[i], memory_order_relaxed);
+            uint64_t skey = i < nsrc ? atomic_load_explicit(&sk[i], memory_order_relaxed) : 0;
+            uint32_t srow = i < nsrc ? atomic_load_explicit(&sr[i], memory_order_relaxed) : 0;
+            if (i < nsrc && (skey & RL_TOMB)) { /* tombstone: dropped here */
+                i++;
+                continue;
+            }
+            if (j >= nr || (i < nsrc && (skey < fresh[j].key || (skey == fresh[j].key && srow <= fresh[j].row)))) {
+                e.key = skey;
+                e.row = srow;
                 i++;
                 if (!row_live(s, e.row, e.key, used)) continue; /* stale: dropped here */
             } else {

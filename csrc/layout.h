@@ -31,6 +31,14 @@
 #define RL_KEY_MASK ((1ULL << RL_KEY_BITS) - 1)
 #define RL_KEY_NONE RL_KEY_MASK /* lane 127: above every real key, and "not queued" in a row */
 #define RL_STRIDE (1ULL << 42)
+/* An index key with this bit set is a tombstone: its row was rewritten by the process that
+ * claimed it from there (csrc/index.c, rl_index_forget). Readers skip it without touching the
+ * row; comparisons mask it off, so the array stays sorted. */
+#define RL_TOMB (1ULL << 63)
+/* A tombstone's row field is free: a pass that walked a run of tombstones stores the run's length
+ * there (RL_JUMP | length), so later passes cross the run in one step. Tombstones stay
+ * tombstones for the life of their generation, so a jump never skips a live entry. */
+#define RL_JUMP (1u << 31)
 #define RL_HORIZON (RL_STRIDE - 1)
 
 /* ---- lease word: [expiry_ms:42][owner:10][tok:12]; owner 0 = free ----
@@ -116,6 +124,7 @@ typedef struct {
     _Atomic uint32_t state;      /* RL_OWNER_* */
     _Atomic uint32_t pid;
     _Atomic uint64_t start_time; /* process start time (ms since epoch, from psutil) */
+    _Atomic uint64_t hazard;     /* index generation + 1 this owner is tombstoning in, or 0 */
 } rl_owner;
 
 typedef struct {
@@ -210,6 +219,9 @@ void rl_floor_bump_all(rl_seg *s);                                 /* floor.c */
 int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
                    const uint32_t *rows, uint32_t *advice);         /* index.c */
 void rl_ring_min_note(rl_seg *s, uint64_t key);                    /* index.c */
+void rl_index_note(rl_seg *s, uint32_t row, uint64_t key, uint64_t gen, uint32_t pos); /* index.c */
+void rl_index_forget(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
+                     const uint64_t *old_keys);                    /* index.c */
 int64_t rl_now_ms(void);                                           /* segment.c */
 
 #endif

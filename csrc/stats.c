@@ -80,21 +80,22 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
     }
     uint64_t prev = 0;
     for (uint32_t i = 0; i < count; i++) {
-        uint64_t key = atomic_load(&s->ikeys[b][i]);
+        uint64_t raw = atomic_load(&s->ikeys[b][i]), key = raw & ~RL_TOMB;
         uint32_t row = atomic_load(&s->irows[b][i]);
         if (i && key < prev) note(out, max, found, RL_V_INDEX_ORDER, row, rl_key_lane(key), i);
         prev = key;
+        if (raw & RL_TOMB) continue; /* its row field may hold a jump */
         if (row >= used) {
             note(out, max, found, RL_V_INDEX_ROW, row, rl_key_lane(key), i);
             continue;
         }
-        if (rl_row_key(s, row) == key) seen[row] = 1;
+        if (!(raw & RL_TOMB) && rl_row_key(s, row) == key) seen[row] = 1;
     }
     for (uint32_t l = 0; l < RL_MAX_LANES; l++) {
         uint32_t st = atomic_load(&h->lane_start[b][l]);
         uint32_t en = atomic_load(&h->lane_start[b][l + 1]);
-        if (st > en || en > count || (st < count && rl_key_lane(atomic_load(&s->ikeys[b][st])) < l) ||
-            (st > 0 && st <= count && rl_key_lane(atomic_load(&s->ikeys[b][st - 1])) >= l))
+        if (st > en || en > count || (st < count && rl_key_lane(atomic_load(&s->ikeys[b][st]) & ~RL_TOMB) < l) ||
+            (st > 0 && st <= count && rl_key_lane(atomic_load(&s->ikeys[b][st - 1]) & ~RL_TOMB) >= l))
             note(out, max, found, RL_V_LANE_START, 0, l, st);
     }
     uint64_t head = atomic_load(&h->ring_head), tail = atomic_load(&h->ring_tail);

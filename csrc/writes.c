@@ -129,11 +129,13 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
     if (n == 0) return RL_OK;
     rl_policy_read(s, &p);
     uint64_t *keys = malloc((size_t)n * 8), *writing = malloc((size_t)n * 8);
+    uint64_t *old = malloc((size_t)n * 8);
     uint32_t *rws = malloc((size_t)n * 4);
-    if (!keys || !rws || !writing) {
+    if (!keys || !rws || !writing || !old) {
         free(keys);
         free(rws);
         free(writing);
+        free(old);
         return RL_E_SYS;
     }
     uint32_t m = 0, done = 0;
@@ -143,6 +145,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
         if (!ok[i]) continue;
         uint64_t word = atomic_load(&s->rows[r].word);
         uint32_t interval = atomic_load(&s->intervals[r]), prov = RL_WORD_PROV(word);
+        old[m] = RL_WORD_KEY(word);
         int64_t due = next_due && next_due[i] >= 0 ? next_due[i]
                                                     : clamp_due(now_ms + (int64_t)interval * 1000);
         keys[m] = rl_encode(rl_lane_for(&p, prov, interval, 0, 0), (uint64_t)due);
@@ -151,6 +154,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
         m++;
     }
     int rc = publish_keys(s, owner, m, keys, rws, advice);
+    rl_index_forget(s, owner, m, rws, old);
     for (uint32_t i = 0; i < n; i++)
         if (ok[i]) {
             lease_end_write(s, (uint32_t)rows[i], writing[i]);
@@ -159,6 +163,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
     free(keys);
     free(rws);
     free(writing);
+    free(old);
     return rc == RL_OK ? (int)done : rc;
 }
 
@@ -182,8 +187,10 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
     if (backoff > (int64_t)interval * 1000) backoff = (int64_t)interval * 1000;
     int64_t due = retry_at >= 0 ? retry_at : clamp_due(now_ms + backoff);
     uint64_t key = rl_encode(rl_lane_for(&p, prov, interval, f, 0), (uint64_t)due);
+    uint64_t old = RL_WORD_KEY(word);
     atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, 0));
     rc = publish_keys(s, owner, 1, &key, &row, advice);
+    rl_index_forget(s, owner, 1, &row, &old);
     lease_end_write(s, row, writing);
     return rc;
 }

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
-
 from lanes_testlib import dispose, leftover_segments, unique_name
 
 settings.register_profile(

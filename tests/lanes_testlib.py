@@ -174,7 +174,8 @@ def child_claim_loop(name: str, now_ms: int, budget: int, idle_rounds: int, q: A
                 continue
             idle = 0
             got += c.rows.tolist()
-            for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):  # render, then reschedule
+            # render, then reschedule
+            for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
                 eng.complete(row, tok, next_due_ms=now_ms + 30 * DAY, now_ms=now_ms)
         eng.close()
         return got
@@ -235,7 +236,7 @@ def child_churn(name: str, seed: int, q: Any) -> None:
         now = NOW + k
         c = eng.claim(budget=rng.randint(1, 8), now_ms=now,
                       lease_ms=rng.choice([1, 50, 600_000]))
-        for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+        for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
             r = rng.random()
             try:
                 if r < 0.4:
@@ -272,7 +273,7 @@ def child_worker_lanes(name: str, now_ms: int, calls: int, budget: int, q: Any) 
         for k in range(calls):
             c = eng.claim(budget=budget, now_ms=now_ms + k, lease_ms=3_600_000)
             lanes += c.lanes.tolist()
-            for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+            for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
                 eng.complete(row, tok, next_due_ms=now_ms + 30 * DAY, now_ms=now_ms + k)
         eng.close()
         return lanes

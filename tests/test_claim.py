@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine
 
 from engine import STRIDE, LanePolicy, encode
 from engine.errors import EngineError, EngineValueError
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine
 
 PRODUCT_INTERVAL = 48 * 3600
 HOME_INTERVAL = 3600
@@ -241,7 +241,7 @@ def test_wedged_lane_does_not_strand_another_lane(make_engine):
         now = NOW + i * 1000
         c = eng.claim(budget=2, now_ms=now, lease_ms=HOUR)
         assert wedged in c.rows.tolist()  # lane order: the fast lane first, every time
-        for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+        for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
             if row == wedged:
                 eng.fail(row, tok, retry_at_ms=wedged_due, now_ms=now)
             else:
@@ -285,7 +285,7 @@ def test_floor_is_lowered_by_a_write_below_it(eng):
     rows = [eng.add(NOW - HOUR + i * MINUTE, HOME_INTERVAL) for i in range(5)]
     eng.compact()
     c = eng.claim(budget=5, now_ms=NOW, lease_ms=DAY)
-    for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+    for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
         eng.complete(row, tok, next_due_ms=NOW + DAY, now_ms=NOW)
     eng.claim(budget=5, now_ms=NOW, lease_ms=DAY)
     raised = eng.floor_minute(1)
@@ -347,7 +347,7 @@ def test_spill_into_the_next_lane_is_dropped_and_counted(eng):
     before = eng.stats(now_ms=NOW)["lanes"][1]["spilled"]
     c = eng.claim(budget=10, now_ms=NOW, lease_ms=DAY)
     assert sorted(c.rows.tolist()) == sorted(fast + slow)
-    by_row = dict(zip(c.rows.tolist(), c.lanes.tolist()))
+    by_row = dict(zip(c.rows.tolist(), c.lanes.tolist(), strict=True))
     assert all(by_row[r] == 1 for r in fast)
     assert all(by_row[r] == 2 for r in slow)  # lane 1's seek read them but did not grant them
     lanes = eng.stats(now_ms=NOW)["lanes"]
@@ -362,7 +362,7 @@ def test_stale_index_entries_are_skipped_and_counted(eng):
     eng.compact()
     c = eng.claim(budget=5, now_ms=NOW, lease_ms=DAY)
     assert sorted(c.rows.tolist()) == sorted(rows)
-    for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+    for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
         eng.complete(row, tok, now_ms=NOW)  # next due: now + 1 h, the old entries go stale
     for row in rows:
         assert eng.due_ms(row) == NOW + HOUR

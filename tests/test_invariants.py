@@ -7,23 +7,26 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from lanes_testlib import DAY, HOUR, NOW, dispose, unique_name
 
 from engine import LanePolicy, LeaseLost
 from engine.policy import reference_pass
-from lanes_testlib import DAY, HOUR, NOW, dispose, unique_name
 
-POLICY = LanePolicy(urgent_max_share=1.0, min_share={}, cold_after=3)
-LANES = POLICY.lane_count
+LANES = LanePolicy().lane_count
 MAX_ROWS = 40
 
 
 class EngineModel(RuleBasedStateMachine):
-    @initialize(remainder=st.sampled_from(["lane-order", "edf"]))
-    def start(self, remainder):
+    @initialize(remainder=st.sampled_from(["lane-order", "edf"]), shares=st.booleans())
+    def start(self, remainder, shares):
         from engine import Engine
 
-        self.policy = LanePolicy(urgent_max_share=1.0, min_share={}, cold_after=3,
-                                 remainder=remainder)
+        if shares:  # the product's default fairness: urgent cap and floors
+            self.policy = LanePolicy(cold_after=3, remainder=remainder)
+        else:
+            self.policy = LanePolicy(urgent_max_share=1.0, min_share={}, cold_after=3,
+                                     remainder=remainder)
+        self.credits: dict[str, int] = {}
         self.name = unique_name()
         self.eng = Engine.create(self.name, 64, self.policy)
         self.now = NOW
@@ -85,11 +88,11 @@ class EngineModel(RuleBasedStateMachine):
             if self._claimable(m):
                 due_lists[m["lane"]].append(m["due"])
         due_lists = [sorted(d) for d in due_lists]
-        expected, _ = reference_pass(self.policy, budget, due_lists, {})
+        expected, self.credits = reference_pass(self.policy, budget, due_lists, self.credits)
         c = self.eng.claim(budget=budget, now_ms=self.now, lease_ms=lease_ms)
         got = [0] * LANES
         for row, lane, due, tok in zip(c.rows.tolist(), c.lanes.tolist(), c.due_ms.tolist(),
-                                       c.tokens.tolist()):
+                                       c.tokens.tolist(), strict=True):
             m = self.rows[row]
             assert self._claimable(m), (row, m)
             assert lane == m["lane"] and due == m["due"]
@@ -98,7 +101,8 @@ class EngineModel(RuleBasedStateMachine):
             m["token"], m["expiry"] = tok, self.now + lease_ms
         assert got == expected, (got, expected, due_lists)
         for lane in range(LANES):
-            dues = sorted(d for d, ln in zip(c.due_ms.tolist(), c.lanes.tolist()) if ln == lane)
+            pairs = zip(c.due_ms.tolist(), c.lanes.tolist(), strict=True)
+            dues = sorted(d for d, ln in pairs if ln == lane)
             assert dues == due_lists[lane][: expected[lane]]
 
     @rule(i=st.integers(0, 10**6), next_off=st.one_of(st.none(), st.integers(-HOUR, 2 * HOUR)))

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes_testlib import NOW
 
 from engine import STRIDE, EngineError, due_ms_of, encode, lane_of
 from engine.errors import EngineTypeError, EngineValueError
 from engine.keys import MAX_LANES, check_due_array, check_due_ms, minute_of
-from lanes_testlib import NOW
 
 LANES = st.integers(0, MAX_LANES - 1)
 DUES = st.integers(0, STRIDE - 1)

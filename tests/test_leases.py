@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine
 
 from engine import LanePolicy, LeaseLost
 from engine.errors import EngineError, EngineValueError
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine
 
 DESCRIBE_KEYS = {"row", "due_ms", "lane", "interval_s", "failures", "provenance", "queued",
                  "leased", "lease_expiry_ms", "urgent"}

@@ -11,11 +11,17 @@ from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
 import pytest
+from lanes_testlib import DAY, HOUR, NOW, ROOT, dispose, shm_path, unique_name
 
 from engine import Engine, EngineError, LanePolicy, LayoutMismatch
-from engine.errors import (AttachTimeout, EngineClosed, EngineTypeError, EngineValueError,
-                           SegmentExists, SegmentMissing)
-from lanes_testlib import HOUR, NOW, ROOT, dispose, shm_path, unique_name
+from engine.errors import (
+    AttachTimeout,
+    EngineClosed,
+    EngineTypeError,
+    EngineValueError,
+    SegmentExists,
+    SegmentMissing,
+)
 
 RL_MAGIC = 0x314E414C5F4C5252
 LANE_KEYS = {"lane", "name", "floor_minute", "queued", "due", "leased", "granted", "spilled",
@@ -412,6 +418,53 @@ def test_stats_shape_matches_the_api(make_engine):
     assert s["lanes"][1]["granted"] == 2
     assert len(c) == 2
     assert eng.verify() == []
+
+
+def _find_floor_word(eng, shm, lane: int) -> int:
+    """Offset of ``lane``'s floor word, found by observation rather than from the private
+    layout: the 8-byte word whose high half is the floor minute and whose change
+    ``floor_minute`` reports."""
+    minute = eng.floor_minute(lane)
+    assert minute > 0
+    data = bytes(shm.buf[: min(len(shm.buf), 1 << 20)])
+    for at in range(0, len(data) - 7, 8):
+        (word,) = struct.unpack_from("<Q", data, at)
+        if word >> 32 != minute:
+            continue
+        struct.pack_into("<Q", shm.buf, at, ((minute + 1) << 32) | (word & 0xFFFFFFFF))
+        moved = eng.floor_minute(lane) == minute + 1
+        struct.pack_into("<Q", shm.buf, at, word)
+        if moved:
+            return at
+    raise AssertionError("no floor word found")
+
+
+def test_verify_reports_a_live_row_stranded_below_its_lane_floor(make_engine):
+    """verify() is not a rubber stamp: forge a floor above a live row and it must say so."""
+    eng = make_engine(capacity=64)
+    name = eng.stats()["name"]
+    held = eng.add(NOW - 7 * HOUR, 3600)  # lane 1
+    waiting = eng.add(NOW - 6 * HOUR, 3600)
+    eng.compact()
+    c = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
+    assert c.rows.tolist() == [held]
+    assert eng.floor_minute(1) == (NOW - 7 * HOUR) // 60_000  # held by the in-flight row
+    assert eng.verify() == []
+    shm = _attach_raw(name)
+    try:
+        at = _find_floor_word(eng, shm, 1)
+        (word,) = struct.unpack_from("<Q", shm.buf, at)
+        forged = (NOW + DAY) // 60_000
+        struct.pack_into("<Q", shm.buf, at, (forged << 32) | (word & 0xFFFFFFFF))
+        assert eng.floor_minute(1) == forged
+        problems = eng.verify()
+        assert problems, "live rows below their floor went unreported"
+        assert any(str(waiting) in p for p in problems), problems
+        struct.pack_into("<Q", shm.buf, at, word)  # put the true floor back
+    finally:
+        shm.close()
+    assert eng.verify() == []
+    assert eng.claim(budget=1, now_ms=NOW).rows.tolist() == [waiting]
 
 
 def test_verify_is_clean_on_a_fresh_engine(eng):

@@ -7,10 +7,10 @@ from collections import defaultdict
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes_testlib import BAND_INTERVALS, DAY, HOUR, MINUTE, NOW, fresh_engine, lane_counts
 
 from engine import Engine, LanePolicy
 from engine.policy import reference_pass
-from lanes_testlib import BAND_INTERVALS, DAY, HOUR, MINUTE, NOW, fresh_engine, lane_counts
 
 
 def _fill(eng, submitted=0, discovered=0, cold=0, urgent=0):
@@ -46,7 +46,7 @@ def _drain(eng, budget, calls, complete=True, handles=None):
         for lane, n in enumerate(lane_counts(c, 10)):
             counts[lane] += n
         if complete:
-            for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+            for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
                 h.complete(row, tok, next_due_ms=NOW + 30 * DAY, now_ms=now)
     return counts
 
@@ -219,7 +219,8 @@ def _add_to_lane(eng, lane, due):
 )
 def test_claim_pass_grants_what_the_reference_allocator_grants(policy, rows, budgets, compacted):
     with fresh_engine(policy, capacity=256) as eng:
-        remaining: dict[int, dict[int, int]] = {lane: {} for lane in range(10)}  # lane -> row -> due
+        # lane -> row -> due
+        remaining: dict[int, dict[int, int]] = {lane: {} for lane in range(10)}
         for target, age in rows:
             due = NOW - age
             row = _add_to_lane(eng, target, due)
@@ -236,9 +237,10 @@ def test_claim_pass_grants_what_the_reference_allocator_grants(policy, rows, bud
             c = eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY)
             assert lane_counts(c, 10) == expected, (budget, due_lists)
             for lane in range(10):
-                got = sorted(d for d, ln in zip(c.due_ms.tolist(), c.lanes.tolist()) if ln == lane)
+                pairs = zip(c.due_ms.tolist(), c.lanes.tolist(), strict=True)
+                got = sorted(d for d, ln in pairs if ln == lane)
                 assert got == due_lists[lane][: expected[lane]]  # EDF inside the lane
-            for row, lane in zip(c.rows.tolist(), c.lanes.tolist()):
+            for row, lane in zip(c.rows.tolist(), c.lanes.tolist(), strict=True):
                 assert row in remaining[lane]
                 del remaining[lane][row]
         assert eng.verify() == []

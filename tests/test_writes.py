@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine, snapshot
 
 from engine import STRIDE, CapacityError, Engine, LanePolicy, encode
 from engine.errors import EngineError, EngineTypeError, EngineValueError, NotAllowed
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine, snapshot
 
 N = 8
 
@@ -293,7 +293,7 @@ def test_narrowing_the_bands_leaves_no_row_behind(eng):
     c = eng.claim(budget=10, now_ms=NOW)
     assert sorted(c.rows.tolist()) == sorted(rows)  # none stranded
     assert eng.verify() == []
-    for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+    for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
         eng.complete(row, tok, now_ms=NOW)
     for row in rows:  # each row took its lane under the new layout on its write
         d = eng.describe(row)
@@ -340,7 +340,7 @@ def test_restamp_preserves_every_due_time_and_reports_done_only_at_the_end(spec,
         again = eng.restamp(limit=limit)
         assert again["restamped"] == 0 and again["done"] is True
         enabled = LanePolicy()
-        for r, (_, iv, prov, f) in zip(rows, spec):
+        for r, (_, iv, prov, f) in zip(rows, spec, strict=True):
             assert eng.lane(r) == enabled.lane_for(prov, iv, f)
         assert eng.verify() == []
         eng.set_policy(enabled)
@@ -390,7 +390,7 @@ def test_compact_keeps_everything_claimable(eng):
                     provenance=("submitted", "discovered")[i % 2]) for i in range(40)]
     c = eng.claim(budget=10, now_ms=NOW, lease_ms=10 * DAY)
     done = c.rows.tolist()
-    for row, tok in zip(c.rows.tolist()[:5], c.tokens.tolist()[:5]):
+    for row, tok in zip(c.rows.tolist()[:5], c.tokens.tolist()[:5], strict=True):
         eng.complete(row, tok, next_due_ms=NOW + DAY, now_ms=NOW)
     removed = [r for r in rows if r not in done][:3]
     for r in removed:
@@ -417,7 +417,7 @@ def test_many_writes_overflow_the_recent_write_area_safely(make_engine):
     for k in range(20):
         c = eng.claim(budget=50, now_ms=NOW + k, lease_ms=DAY)
         seen.update(c.rows.tolist())
-        for row, tok in zip(c.rows.tolist(), c.tokens.tolist()):
+        for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
             eng.complete(row, tok, next_due_ms=NOW + 2 * DAY + row, now_ms=NOW + k)
         assert eng.verify() == []
     assert seen == set(rows.tolist())
