@@ -85,15 +85,15 @@ typedef struct {
 static __thread Cursor tls_cursors[RL_MAX_LANES];
 static __thread uint64_t tls_stamp;
 static __thread uint8_t tls_memo[RL_MAX_OWNERS];
-static __thread rl_seg *tls_policy_seg;
+static __thread uint64_t tls_policy_seg;
 static __thread uint64_t tls_policy_version = UINT64_MAX;
 static __thread rl_policy tls_policy;
 
 static rl_policy *policy_cached(rl_seg *s) {
     uint64_t v = atomic_load(&s->h->policy_version);
-    if (tls_policy_seg != s || tls_policy_version != v) {
+    if (tls_policy_seg != s->serial || tls_policy_version != v) {
         rl_policy_read(s, &tls_policy);
-        tls_policy_seg = s;
+        tls_policy_seg = s->serial;
         tls_policy_version = atomic_load(&s->h->policy_version) == v ? v : UINT64_MAX;
     }
     return &tls_policy;

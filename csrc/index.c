@@ -98,14 +98,14 @@ int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
  * last merge pile up as stale entries that every pass re-reads behind rows still in flight. */
 #define POS_MEMO 4096
 static __thread struct {
-    rl_seg *s;
+    uint64_t seg; /* rl_seg serial */
     uint32_t row, pos;
     uint64_t gen, key;
 } tls_pos[POS_MEMO];
 
 void rl_index_note(rl_seg *s, uint32_t row, uint64_t key, uint64_t gen, uint32_t pos) {
     uint32_t i = row % POS_MEMO;
-    tls_pos[i].s = s;
+    tls_pos[i].seg = s->serial;
     tls_pos[i].row = row;
     tls_pos[i].pos = pos;
     tls_pos[i].gen = gen;
@@ -122,7 +122,7 @@ void rl_index_forget(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows
     int armed = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t row = rows[i], slot = row % POS_MEMO;
-        if (tls_pos[slot].s != s || tls_pos[slot].row != row || tls_pos[slot].key != old_keys[i] ||
+        if (tls_pos[slot].seg != s->serial || tls_pos[slot].row != row || tls_pos[slot].key != old_keys[i] ||
             tls_pos[slot].gen != gen)
             continue;
         if (!armed) {

@@ -190,8 +190,11 @@ struct rl_seg {
     _Atomic uint64_t *ikeys[2];
     _Atomic uint32_t *irows[2];
     rl_ring_slot *ring;
+    uint64_t serial; /* unique per handle in this process: keys the per-thread caches, which a
+                      * reused rl_seg address must not inherit */
     char name[256];
 };
+uint64_t rl_next_serial(void); /* segment.c */
 
 /* ---- helpers shared between the C files ---- */
 static inline uint64_t rl_row_key(rl_seg *s, uint32_t row) {

@@ -65,8 +65,14 @@ int rl_segment_size(uint32_t rows, uint32_t ring, uint64_t *bytes) {
     return rc;
 }
 
+uint64_t rl_next_serial(void) {
+    static _Atomic uint64_t serial;
+    return atomic_fetch_add(&serial, 1) + 1;
+}
+
 static void Seg_Bind(rl_seg *s, uint8_t *base, uint64_t bytes) {
     rl_header *h = (rl_header *)base;
+    s->serial = rl_next_serial();
     s->base = base;
     s->bytes = bytes;
     s->h = h;

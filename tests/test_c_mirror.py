@@ -1,0 +1,62 @@
+"""The C core mirrors two pieces of Python: the key packing and the lane a row's inputs derive.
+These hold the mirrors equal, and the typed stub of the core in step with its header."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine import STRIDE, LanePolicy, encode
+from engine.policy import PROVENANCES
+from engine.segment import ffi, lib, policy_to_c
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@given(lane=st.integers(0, 63), due=st.integers(0, STRIDE - 1))
+def test_c_encode_mirrors_python_encode(lane: int, due: int) -> None:
+    assert lib.rl_encode(lane, due) == encode(lane, due)
+
+
+policies = st.builds(
+    LanePolicy,
+    ttl_bands=st.lists(st.integers(1, 10 * 86400), max_size=8),
+    cold_after=st.integers(1, 255),
+    urgent_max_share=st.just(0.2),
+    min_share=st.just({}),
+    lanes_enabled=st.booleans(),
+)
+
+
+@settings(max_examples=300)
+@given(policy=policies, provenance=st.sampled_from(PROVENANCES),
+       interval=st.integers(1, 2**32 - 1), failures=st.integers(0, 255), urgent=st.booleans())
+def test_c_lane_for_mirrors_the_policy(policy: LanePolicy, provenance: str, interval: int,
+                                       failures: int, urgent: bool) -> None:
+    c_policy = policy_to_c(policy)
+    expected = policy.lane_for(provenance, interval, failures, urgent=urgent)
+    got = lib.rl_lane_for(c_policy, PROVENANCES.index(provenance), interval, failures, urgent)
+    assert got == expected
+
+
+def test_band_edges_fall_in_the_shorter_band() -> None:
+    policy = LanePolicy(ttl_bands=(3600, 21600))
+    c_policy = policy_to_c(policy)
+    for interval, band in ((3600, 0), (3601, 1), (21600, 1), (21601, 2)):
+        assert policy.lane_for("submitted", interval) == 1 + band
+        assert lib.rl_lane_for(c_policy, 0, interval, 0, 0) == 1 + band
+
+
+def test_typed_stub_declares_every_function_of_the_header() -> None:
+    header = (ROOT / "csrc" / "lanes.h").read_text()
+    stub = (ROOT / "engine" / "_core.pyi").read_text()
+    functions = set(re.findall(r"^\w+ \*?(rl_\w+)\(", header, re.M))
+    assert functions, "no functions found in csrc/lanes.h"
+    missing = sorted(f for f in functions if f"def {f}(" not in stub)
+    assert not missing, f"engine/_core.pyi lacks {missing}"
+    constants = set(re.findall(r"^#define (RL_\w+) -?\d+", header, re.M))
+    assert not sorted(c for c in constants if f"{c}: int" not in stub)
+    assert isinstance(ffi.sizeof("rl_policy"), int)
