@@ -381,13 +381,22 @@ static void credit_accrue(rl_seg *s, uint32_t cls, int64_t add, int64_t cap) {
     } while (!atomic_compare_exchange_weak(w, &cur, next));
 }
 
-static uint32_t credit_whole(rl_seg *s, uint32_t cls) {
-    int64_t c = atomic_load(&s->h->credit[cls].credit);
-    return c > 0 ? (uint32_t)(c / RL_ONE) : 0;
+/* Reserve the whole grants a class's credit allows (at most `most`) with one CAS, so workers
+ * claiming at the same moment cannot all spend the same credit; unused ones go back after. */
+static uint32_t credit_reserve(rl_seg *s, uint32_t cls, uint32_t most) {
+    _Atomic int64_t *w = &s->h->credit[cls].credit;
+    int64_t cur = atomic_load(w);
+    uint32_t want;
+    do {
+        want = cur > 0 ? (uint32_t)(cur / RL_ONE) : 0;
+        if (want > most) want = most;
+        if (want == 0) return 0;
+    } while (!atomic_compare_exchange_weak(w, &cur, cur - (int64_t)want * RL_ONE));
+    return want;
 }
 
-static void credit_spend(rl_seg *s, uint32_t cls, uint32_t got) {
-    if (got) atomic_fetch_sub(&s->h->credit[cls].credit, (int64_t)got * RL_ONE);
+static void credit_refund(rl_seg *s, uint32_t cls, uint32_t unused) {
+    if (unused) atomic_fetch_add(&s->h->credit[cls].credit, (int64_t)unused * RL_ONE);
 }
 
 /* Grants a floor class got from the remainder count against its credit, down to zero. */
@@ -496,10 +505,16 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
                 credit_accrue(s, cls, fp * budget, fp * budget + RL_ONE);
         }
         /* 2. urgent, capped */
-        if (capped) credit_spend(s, 0, lane_take(&P, 0, credit_whole(s, 0)));
+        if (capped) {
+            uint32_t held = credit_reserve(s, 0, budget);
+            credit_refund(s, 0, held - lane_take(&P, 0, held));
+        }
         /* 3. floors, in lane order of their classes */
         for (uint32_t cls = 1; cls < RL_CLASSES; cls++)
-            if (p->min_share[cls] > 0) credit_spend(s, cls, class_take(&P, cls, credit_whole(s, cls)));
+            if (p->min_share[cls] > 0) {
+                uint32_t held = credit_reserve(s, cls, budget - P.n);
+                credit_refund(s, cls, held - class_take(&P, cls, held));
+            }
         /* 4. remainder */
         uint32_t before[RL_CLASSES];
         memcpy(before, P.cls_granted, sizeof before);

@@ -213,6 +213,9 @@ def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
               cfg.p_add + cfg.p_prioritize + cfg.p_remove,
               cfg.p_add + cfg.p_prioritize + cfg.p_remove + cfg.p_compact)
     idle = cfg.idle_sleep_ms / 1000
+    # workers differ: some render nothing (pure claim/complete churn), some hold batches longer
+    pace = rng.choice((0.0, 0.5, 1.0, 2.0))
+    p_overrun, p_hold = cfg.p_overrun * pace, cfg.p_hold * pace
     try:
         while not stop[0]:
             u = rnd()
@@ -268,9 +271,9 @@ def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
             log(f"C {t0} {t1} {lease} " + " ".join([f"{r}:{k}" for r, k in zip(rows, toks)]))
 
             u = rnd()
-            if u < cfg.p_overrun:
+            if u < p_overrun:
                 time.sleep(lease * (1.0 + 0.5 * rnd()) / 1000)
-            elif u < cfg.p_overrun + cfg.p_hold:
+            elif u < p_overrun + p_hold:
                 time.sleep(cfg.hold_ms * rnd() / 1000)
             if rnd() < cfg.p_renew:
                 i = rng.randrange(n)
@@ -662,7 +665,9 @@ def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int) -> Ch
         sr, ss, se, key = sr[order], ss[order], se[order], key[order]
         end_key = sr * shift + (se - base)
         run_max = np.maximum.accumulate(end_key)
-        over = np.nonzero(key[1:] < run_max[:-1] - TOL_MS)[0] + 1
+        # sorted by start, interval i overlaps the earlier ones by min(its end, their
+        # latest end) - its start (a row's previous rows' ends sort below its starts)
+        over = np.nonzero(np.minimum(end_key[1:], run_max[:-1]) - key[1:] > TOL_MS)[0] + 1
         res.overlaps = int(len(over))
         for i in over[:5].tolist():
             j = int(np.nonzero(end_key[: i] == run_max[i - 1])[0][-1])

@@ -21,7 +21,7 @@ SECONDS = float(os.environ.get("RL_CHAOS_SECONDS", "20"))
 def test_chaos_kill_workers_no_overlap_no_loss(tmp_path):
     name = unique_name()
     cfg = ChaosConfig(seconds=SECONDS, workers=4, kill_every=1.0, lease_ms=(200, 500),
-                      rows=3000, capacity=1 << 16, seed=int.from_bytes(os.urandom(4), "little"))
+                      rows=20_000, capacity=1 << 17, seed=int.from_bytes(os.urandom(4), "little"))
     res = run_chaos(cfg, str(tmp_path), name)
     print()
     print(f"seed {cfg.seed}")

@@ -1,0 +1,80 @@
+"""The long form of the multi-process chaos test (tests/test_chaos.py): run until the engine has
+granted at least ``--claims`` leases, SIGKILLing a random worker about once a second, then run the
+same oracle and print the counts.
+
+    .venv/bin/python bench/chaos_long.py                      # 10,000,000 claims
+    .venv/bin/python bench/chaos_long.py --claims 200000      # a quick check
+
+The worker, supervisor and oracle code lives in tests/chaos_lib.py (imported from there, not
+copied). Exit status 0 when every count that must be zero is zero. The workers' lease logs take
+about 50 bytes per claim; they go to a temporary directory removed at the end (``--keep-logs``
+keeps it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tests"))
+
+from chaos_lib import ChaosConfig, children_alive, run_chaos  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--claims", type=int, default=10_000_000, help="leases to grant in all")
+    ap.add_argument("--max-seconds", type=float, default=3 * 3600.0, help="hard time limit")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--rows", type=int, default=400_000, help="rows queued at the start")
+    ap.add_argument("--kill-every", type=float, default=1.0, help="mean s between SIGKILLs")
+    ap.add_argument("--lease-ms", type=int, nargs=2, default=(200, 500), metavar=("LO", "HI"))
+    ap.add_argument("--budgets", type=int, nargs="+", default=[16, 32, 64])
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--log-dir", default=None, help="where the lease logs go (default: a tmp dir)")
+    ap.add_argument("--keep-logs", action="store_true")
+    a = ap.parse_args(argv)
+
+    seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
+    cfg = ChaosConfig(
+        seconds=None, claims=a.claims, max_seconds=a.max_seconds, workers=a.workers,
+        rows=a.rows, capacity=max(1 << 16, 2 * a.rows), kill_every=a.kill_every,
+        lease_ms=(a.lease_ms[0], a.lease_ms[1]), budgets=tuple(a.budgets), seed=seed,
+        # throughput first: short holds, few overruns; the other mix as in the CI form
+        p_hold=0.05, hold_ms=20, p_overrun=0.002, p_add=0.01)
+    log_dir = a.log_dir or tempfile.mkdtemp(prefix="rl-chaos-logs-")
+    name = f"rl-chaos-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    print(f"chaos_long: seed {seed}, target {a.claims:,} claims, {a.workers} workers, "
+          f"{a.rows:,} rows, segment {name}, logs {log_dir}", flush=True)
+    t0 = time.monotonic()
+    try:
+        res = run_chaos(cfg, log_dir, name, progress=lambda m: print(m, flush=True))
+    finally:
+        if not a.keep_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    print(res.summary())
+    left = children_alive()
+    shm_left = os.path.exists(os.path.join("/dev/shm", name))
+    print(f"\nclaims made {res.claims:,} (engine counted {res.engine_granted:,}) in "
+          f"{res.seconds:.0f} s of chaos, {time.monotonic() - t0:.0f} s in all; "
+          f"workers killed {res.workers_killed}; overlaps {res.overlaps}, lost {res.lost}, "
+          f"stranded {res.stranded}; processes left {len(left)}, segment left {shm_left}")
+    problems = res.problems() + (["processes left"] if left else []) + (
+        ["segment left in /dev/shm"] if shm_left else [])
+    for line in res.crash_logs:
+        print(line)
+    if problems:
+        print("FAILED: " + "; ".join(problems))
+        return 1
+    print("OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
