@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if not a.keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
     print(res.summary())
-    left = children_alive()
+    left = children_alive(res.pids)
     shm_left = os.path.exists(os.path.join("/dev/shm", name))
     print(f"\nclaims made {res.claims:,} (engine counted {res.engine_granted:,}) in "
           f"{res.seconds:.0f} s of chaos, {time.monotonic() - t0:.0f} s in all; "

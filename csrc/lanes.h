@@ -24,7 +24,7 @@
 
 /* Bump on any change to csrc/layout.h (a struct, the region order, the row/lease/floor word
  * packing): attachers refuse a segment of another version with RL_E_LAYOUT. */
-#define RL_LAYOUT_VERSION 6
+#define RL_LAYOUT_VERSION 7
 #define RL_MAX_LANES 64
 #define RL_MAX_BANDS 30
 #define RL_MAX_OWNERS 1024
@@ -130,8 +130,10 @@ int rl_layout_check(const void *base, uint64_t bytes);   /* 0 when `base` holds 
 /* ---- owners ---- */
 int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *owner);
 int rl_owner_release(rl_seg *s, uint32_t owner);
-int rl_owner_get(rl_seg *s, uint32_t owner, uint32_t *pid, uint64_t *start_time, uint32_t *state);
-int rl_owner_mark_dead(rl_seg *s, uint32_t owner);
+/* `state` is the owner state word ([registration:32][state:32]); mark_dead takes the word that
+ * was read, so only that registration is marked. */
+int rl_owner_get(rl_seg *s, uint32_t owner, uint32_t *pid, uint64_t *start_time, uint64_t *state);
+int rl_owner_mark_dead(rl_seg *s, uint32_t owner, uint64_t state);
 int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed);
 
 /* ---- policy ---- */

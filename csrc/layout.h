@@ -120,9 +120,16 @@ _Static_assert(offsetof(rl_lane, floor) % RL_LINE == 0, "floor word on its own l
 _Static_assert(offsetof(rl_lane, ring_min) % RL_LINE == 0, "ring minimum on its own line");
 _Static_assert(offsetof(rl_lane, granted) % RL_LINE == 0, "counters on their own line");
 
+/* Owner state word: [registration:32][RL_OWNER_*:32]. Every registration bumps the first
+ * half, so marking an owner dead is a CAS against the exact registration that was found dead:
+ * a slot freed and taken by a new process meanwhile is never marked dead by mistake. */
+#define RL_OWNER_STATE(w) ((uint32_t)(w))
+#define RL_OWNER_REG(w) ((uint32_t)((w) >> 32))
+#define RL_OWNER_WORD(reg, st) (((uint64_t)(reg) << 32) | (uint32_t)(st))
 typedef struct {
-    _Atomic uint32_t state;      /* RL_OWNER_* */
+    _Atomic uint64_t state;      /* see the owner state word above */
     _Atomic uint32_t pid;
+    uint32_t pad;
     _Atomic uint64_t start_time; /* process start time (ms since epoch, from psutil) */
     _Atomic uint64_t hazard;     /* index generation + 1 this owner is tombstoning in, or 0 */
 } rl_owner;

@@ -18,12 +18,20 @@
 int rl_owner_alive(rl_seg *s, uint32_t o, uint8_t *memo) {
     if (o == 0 || o >= RL_MAX_OWNERS) return 0;
     if (memo && memo[o]) return memo[o] == 1;
-    uint32_t st = atomic_load(&s->owners[o].state);
+    uint64_t w = atomic_load(&s->owners[o].state);
+    uint32_t st = RL_OWNER_STATE(w);
     int alive;
-    if (st == RL_OWNER_ALIVE || st == RL_OWNER_CLAIMING) {
+    if (st == RL_OWNER_CLAIMING) {
+        alive = 1; /* registering right now: its pid is not written yet */
+    } else if (st == RL_OWNER_ALIVE) {
         pid_t pid = (pid_t)atomic_load(&s->owners[o].pid);
         alive = !(pid > 0 && kill(pid, 0) != 0 && errno == ESRCH);
-        if (!alive) rl_owner_mark_dead(s, o);
+        /* Marked against the registration whose pid we read (the word is re-read: a slot that
+         * changed hands meanwhile is left alone). */
+        if (!alive) {
+            if (atomic_load(&s->owners[o].state) == w) rl_owner_mark_dead(s, o, w);
+            else alive = 1;
+        }
     } else {
         alive = 0; /* DEAD, or FREE: a lease naming a free slot has no holder */
     }
@@ -50,8 +58,9 @@ int rl_owner_release(rl_seg *s, uint32_t o) {
     }
     uint64_t held = o;
     atomic_compare_exchange_strong(&s->h->compactor, &held, 0);
-    uint32_t st = RL_OWNER_ALIVE;
-    atomic_compare_exchange_strong(&s->owners[o].state, &st, RL_OWNER_FREE);
+    uint64_t w = atomic_load(&s->owners[o].state);
+    if (RL_OWNER_STATE(w) == RL_OWNER_ALIVE)
+        atomic_compare_exchange_strong(&s->owners[o].state, &w, RL_OWNER_WORD(RL_OWNER_REG(w), RL_OWNER_FREE));
     return RL_OK;
 }
 
@@ -65,13 +74,16 @@ void rl_compactor_release(rl_seg *s, uint32_t owner);                           
 int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed) {
     uint32_t n = atomic_load(&s->h->rows_used), count = 0;
     uint8_t dead[RL_MAX_OWNERS];
+    uint64_t words[RL_MAX_OWNERS];
     uint32_t lane_min[RL_MAX_LANES];
     if (n > s->h->row_capacity) n = s->h->row_capacity;
     int rc = rl_compactor_acquire(s, owner);
     if (rc != RL_OK) return rc;
     atomic_store(&s->h->repair_needed, 0);
-    for (uint32_t o = 0; o < RL_MAX_OWNERS; o++)
-        dead[o] = atomic_load(&s->owners[o].state) == RL_OWNER_DEAD;
+    for (uint32_t o = 0; o < RL_MAX_OWNERS; o++) {
+        words[o] = atomic_load(&s->owners[o].state);
+        dead[o] = RL_OWNER_STATE(words[o]) == RL_OWNER_DEAD;
+    }
     for (uint32_t r = 0; r < n; r++) {
         uint64_t w = atomic_load(&s->rows[r].lease);
         uint32_t o = RL_LEASE_OWNER(w);
@@ -82,10 +94,10 @@ int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed) {
     rl_compactor_release(s, owner);
     for (uint32_t l = 0; l < RL_MAX_LANES; l++)
         if (lane_min[l] != UINT32_MAX) rl_floor_lower(s, l, lane_min[l]);
-    for (uint32_t o = 1; o < RL_MAX_OWNERS; o++) {
-        uint32_t st = RL_OWNER_DEAD;
-        if (dead[o]) atomic_compare_exchange_strong(&s->owners[o].state, &st, RL_OWNER_FREE);
-    }
+    for (uint32_t o = 1; o < RL_MAX_OWNERS; o++)
+        if (dead[o])
+            atomic_compare_exchange_strong(&s->owners[o].state, &words[o],
+                                           RL_OWNER_WORD(RL_OWNER_REG(words[o]), RL_OWNER_FREE));
     if (reclaimed) *reclaimed = count;
     return rc;
 }

@@ -338,11 +338,14 @@ int rl_credit_get(rl_seg *s, int64_t *credits) {
 
 int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *owner) {
     for (uint32_t o = 1; o < RL_MAX_OWNERS; o++) {
-        uint32_t st = RL_OWNER_FREE;
-        if (atomic_compare_exchange_strong(&s->owners[o].state, &st, RL_OWNER_CLAIMING)) {
+        uint64_t w = atomic_load(&s->owners[o].state);
+        if (RL_OWNER_STATE(w) != RL_OWNER_FREE) continue;
+        uint32_t reg = RL_OWNER_REG(w) + 1;
+        if (atomic_compare_exchange_strong(&s->owners[o].state, &w, RL_OWNER_WORD(reg, RL_OWNER_CLAIMING))) {
             atomic_store(&s->owners[o].pid, pid);
             atomic_store(&s->owners[o].start_time, start_time);
-            atomic_store(&s->owners[o].state, RL_OWNER_ALIVE);
+            atomic_store(&s->owners[o].hazard, 0);
+            atomic_store(&s->owners[o].state, RL_OWNER_WORD(reg, RL_OWNER_ALIVE));
             *owner = o;
             return RL_OK;
         }
@@ -350,7 +353,7 @@ int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *ow
     return RL_E_CAPACITY;
 }
 
-int rl_owner_get(rl_seg *s, uint32_t o, uint32_t *pid, uint64_t *start, uint32_t *state) {
+int rl_owner_get(rl_seg *s, uint32_t o, uint32_t *pid, uint64_t *start, uint64_t *state) {
     if (o == 0 || o >= RL_MAX_OWNERS) return RL_E_RANGE;
     *state = atomic_load(&s->owners[o].state);
     *pid = atomic_load(&s->owners[o].pid);
@@ -358,10 +361,11 @@ int rl_owner_get(rl_seg *s, uint32_t o, uint32_t *pid, uint64_t *start, uint32_t
     return RL_OK;
 }
 
-int rl_owner_mark_dead(rl_seg *s, uint32_t o) {
+int rl_owner_mark_dead(rl_seg *s, uint32_t o, uint64_t seen) {
     if (o == 0 || o >= RL_MAX_OWNERS) return RL_E_RANGE;
-    uint32_t st = RL_OWNER_ALIVE;
-    if (atomic_compare_exchange_strong(&s->owners[o].state, &st, RL_OWNER_DEAD))
+    if (RL_OWNER_STATE(seen) != RL_OWNER_ALIVE && RL_OWNER_STATE(seen) != RL_OWNER_CLAIMING) return RL_OK;
+    if (atomic_compare_exchange_strong(&s->owners[o].state, &seen,
+                                       RL_OWNER_WORD(RL_OWNER_REG(seen), RL_OWNER_DEAD)))
         atomic_store(&s->h->repair_needed, 1);
     return RL_OK;
 }

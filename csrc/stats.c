@@ -116,7 +116,7 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
         uint64_t w = atomic_load(&s->rows[r].lease);
         uint32_t o = RL_LEASE_OWNER(w);
         if (o) {
-            uint32_t st = atomic_load(&s->owners[o].state);
+            uint32_t st = RL_OWNER_STATE(atomic_load(&s->owners[o].state));
             if (st == RL_OWNER_FREE) note(out, max, found, RL_V_UNKNOWN_OWNER, r, 0, o);
         }
         if (key == RL_KEY_NONE) continue;

@@ -21,7 +21,17 @@ import numpy.typing as npt
 from .errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
 from .keys import STRIDE, as_int64_array, check_due_array, check_due_ms
 from .policy import PROVENANCES, LanePolicy
-from .segment import OWNER_ALIVE, Segment, _fork_generation, check, ffi, lib, process_start_ms
+from .segment import (
+    OWNER_ALIVE,
+    OWNER_DEAD,
+    Segment,
+    _fork_generation,
+    check,
+    ffi,
+    lib,
+    owner_state,
+    process_start_ms,
+)
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -52,7 +62,8 @@ def _int(value: object, what: str, lo: int, hi: int) -> int:
     """One integer in [lo, hi]; bools, floats and None are refused, not coerced."""
     if value is None:
         raise EngineValueError(f"{what} is absent (None)")
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if isinstance(value, (bool, np.bool_, np.timedelta64, np.datetime64)) or not isinstance(
+            value, numbers.Integral):
         raise EngineTypeError(f"{what} must be an integer, got {type(value).__name__}")
     v = int(value)
     if not lo <= v <= hi:
@@ -518,16 +529,17 @@ class Engine:
         themselves; this also catches processes that died holding no lease mid-write.
         """
         dead = 0
-        for owner, pid, start, state in self._seg.owners():
+        for owner, pid, start, word in self._seg.owners():
+            state = owner_state(word)
             if state != OWNER_ALIVE:
-                dead += state == 3
+                dead += state == OWNER_DEAD
                 continue
             try:
                 alive = abs(process_start_ms(pid) - start) < 2000
             except Exception:  # psutil.NoSuchProcess, AccessDenied on a foreign pid
                 alive = False
             if not alive:
-                check(lib.rl_owner_mark_dead(self._h, owner))
+                check(lib.rl_owner_mark_dead(self._h, owner, word))
                 dead += 1
         if dead:
             self._repair()
@@ -563,9 +575,7 @@ def _int64_vector(values: Any, what: str) -> IntArray:
 
 def _broadcast(values: Any, n: int, what: str) -> IntArray:
     if np.ndim(values) == 0:
-        if isinstance(values, bool) or not isinstance(values, (numbers.Integral, np.integer)):
-            raise EngineTypeError(f"{what} must be an integer or an integer array")
-        return np.full(n, int(values), np.int64)
+        return np.full(n, _int(values, what, -(1 << 63), (1 << 63) - 1), np.int64)
     arr = as_int64_array(values, what)
     if len(arr) != n:
         raise EngineValueError(f"{what} has {len(arr)} elements, due_ms has {n}")

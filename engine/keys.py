@@ -40,8 +40,8 @@ def _as_int(value: object, what: str) -> int:
     """One scalar integer, refusing absent and fractional values instead of coercing them."""
     if value is None:
         raise EngineValueError(f"{what} is absent (None); it is never taken as 0")
-    if isinstance(value, bool):
-        raise EngineTypeError(f"{what} must be an integer, not bool")
+    if isinstance(value, (bool, np.bool_, np.timedelta64, np.datetime64)):
+        raise EngineTypeError(f"{what} must be an integer, not {type(value).__name__}")
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
@@ -80,6 +80,8 @@ def as_int64_array(values: Any, what: str) -> IntArray:
     if arr.ndim != 1:
         raise EngineValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
     kind = arr.dtype.kind
+    if kind in "mM":
+        raise EngineTypeError(f"{what} must be integers, not {arr.dtype}")
     if kind in "iu":
         if kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
             raise EngineValueError(f"{what} has values beyond int64")

@@ -27,6 +27,11 @@ lib = _core.lib
 
 OWNER_FREE, OWNER_CLAIMING, OWNER_ALIVE, OWNER_DEAD = 0, 1, 2, 3
 
+def owner_state(word: int) -> int:
+    """The RL_OWNER_* state in an owner state word ([registration:32][state:32])."""
+    return word & 0xFFFFFFFF
+
+
 # Bumped in every forked child, so a handle can tell "same process" without calling getpid()
 # on the claim path.
 _fork_generation = [0]
@@ -145,12 +150,16 @@ class Segment:
         check(lib.rl_policy_set(self.handle, policy_to_c(policy)), "set_policy")
 
     def owners(self) -> list[tuple[int, int, int, int]]:
-        """(owner id, pid, start time ms, state) of every slot that is not free."""
-        pid, start, state = ffi.new("uint32_t *"), ffi.new("uint64_t *"), ffi.new("uint32_t *")
+        """(owner id, pid, start time ms, state word) of every slot that is not free.
+
+        The state word names the registration; pass it back to ``rl_owner_mark_dead`` so only
+        that registration is marked, never a process that took the slot over since.
+        """
+        pid, start, state = ffi.new("uint32_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
         found = []
         for o in range(1, lib.RL_MAX_OWNERS):
             check(lib.rl_owner_get(self.handle, o, pid, start, state))
-            if state[0] != OWNER_FREE:
+            if owner_state(int(state[0])) != OWNER_FREE:
                 found.append((o, int(pid[0]), int(start[0]), int(state[0])))
         return found
 

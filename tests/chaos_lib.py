@@ -39,13 +39,16 @@ Log format (times are ``time.time_ns() // 10**6``, the clock the engine itself r
 A lease is *successful* when its end (K/F/R) reports ok. Its interval is [t1 of the claim, t0 of
 the end]: inside the interval during which the engine really held it for this worker (the
 grant happens before t1, the end's CAS after t0), so two successful intervals of one row can
-only overlap if the engine granted the row twice at once.
+only overlap if the engine granted the row twice at once. Beyond the overlap of two successful
+leases the oracle also counts *intrusions* (any grant of a row, even to a worker killed later,
+inside a successful lease of it) and *early losses* (LeaseLost on a lease that could not yet have
+expired, of a row nobody tried to remove: fencing then saved the row, but the engine handed out
+a live lease). Both must be zero, like overlaps, lost and stranded rows.
 """
 
 from __future__ import annotations
 
 import array
-import errno
 import mmap
 import os
 import random
@@ -56,6 +59,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 try:
     import engine  # noqa: F401
@@ -64,10 +69,8 @@ except ImportError:  # the package may be built in place rather than installed
 
     sys.path.insert(0, ROOT)
 
-import numpy as np
-
-from engine import CapacityError, Engine, LanePolicy, LeaseLost
-from engine.errors import EngineValueError
+from engine import CapacityError, Engine, LanePolicy, LeaseLost  # noqa: E402
+from engine.errors import EngineValueError  # noqa: E402
 
 YEAR_MS = 365 * 86_400_000
 TOL_MS = 2  # clock granularity tolerated by the oracle (ms)
@@ -100,7 +103,7 @@ class ChaosConfig:
     capacity: int = 1 << 16
     kill_every: float = 1.0            # mean seconds between SIGKILLs (0: never)
     reap_share: float = 0.5            # after a kill, call eng.reap() this often
-    policy_share: float = 0.2          # after a kill, change the policy live this often
+    policy_every: int = 4              # every n-th kill also changes the policy live (0: never)
     seed: int = 0
     # worker behaviour
     lease_ms: tuple[int, int] = (200, 500)
@@ -133,6 +136,7 @@ class ChaosResult:
     early_lost: int = 0                # LeaseLost before the lease could have expired
     open_at_end: int = 0               # leases never ended (killed / abandoned)
     workers_started: int = 0
+    pids: list[int] = field(default_factory=list)  # every worker forked
     workers_killed: int = 0
     stragglers: int = 0                # SIGKILLed at the end because they did not stop
     crashed: int = 0                   # workers that exited on an unexpected exception
@@ -161,6 +165,7 @@ class ChaosResult:
     def summary(self) -> str:
         d = asdict(self)
         d.pop("crash_logs")
+        d.pop("pids")
         ex = d.pop("examples")
         lines = [f"chaos {self.name}: {self.seconds:.1f} s"]
         lines += [f"  {k:<20} {v}" for k, v in d.items() if k not in ("name", "seconds")]
@@ -172,8 +177,8 @@ class ChaosResult:
     def problems(self) -> list[str]:
         """Everything that must be zero/empty for the run to pass."""
         out = []
-        for k in ("overlaps", "intrusions", "batch_dups", "lost", "duplicated", "stranded",
-                  "drain_dups", "drain_phantoms", "crashed", "log_errors"):
+        for k in ("overlaps", "intrusions", "early_lost", "batch_dups", "lost", "duplicated",
+                  "stranded", "drain_dups", "drain_phantoms", "crashed", "log_errors"):
             if getattr(self, k):
                 out.append(f"{k} = {getattr(self, k)}")
         if self.verify:
@@ -268,7 +273,8 @@ def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
                 time.sleep(idle)
                 continue
             rows, toks = c.rows.tolist(), c.tokens.tolist()
-            log(f"C {t0} {t1} {lease} " + " ".join([f"{r}:{k}" for r, k in zip(rows, toks)]))
+            log(f"C {t0} {t1} {lease} "
+                + " ".join([f"{r}:{k}" for r, k in zip(rows, toks, strict=True)]))
 
             u = rnd()
             if u < p_overrun:
@@ -292,7 +298,7 @@ def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
 
             done_r: list[int] = []
             done_t: list[int] = []
-            for r, k in zip(rows, toks):
+            for r, k in zip(rows, toks, strict=True):
                 v = rnd()
                 if v < p_end[0]:
                     continue  # abandoned: the lease expires
@@ -318,7 +324,7 @@ def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
             if not done_r:
                 continue
             if rnd() < cfg.p_single:
-                for r, k in zip(done_r, done_t):
+                for r, k in zip(done_r, done_t, strict=True):
                     e0 = now_ms()
                     try:
                         eng.complete(r, k)
@@ -333,7 +339,8 @@ def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
                 e0 = now_ms()
                 oks = eng.complete_many(done_r, done_t, next_due_ms=nxt).tolist()
                 e1 = now_ms()
-                log(f"K {e0} {e1} " + " ".join([f"{r}:{int(o)}" for r, o in zip(done_r, oks)]))
+                log(f"K {e0} {e1} "
+                    + " ".join([f"{r}:{int(o)}" for r, o in zip(done_r, oks, strict=True)]))
         log(f"Q {now_ms()}")
         if attach:
             eng.close()  # ends this owner's leases and frees its slot
@@ -413,6 +420,7 @@ def run_chaos(cfg: ChaosConfig, log_dir: str, name: str,
             w = _fork_worker(eng, name, next_index, log_dir, cfg, stop, cfg.rows)
             next_index += 1
             workers[w.pid] = w
+            res.pids.append(w.pid)
             res.workers_started += 1
 
         def exited(w: _Worker, status: int) -> None:
@@ -450,14 +458,14 @@ def run_chaos(cfg: ChaosConfig, log_dir: str, name: str,
                     os.kill(victim.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                status = _wait(victim.pid, 10.0)
-                assert status is not None, f"SIGKILLed worker {victim.pid} did not die"
-                exited(victim, status)
+                gone = _wait(victim.pid, 10.0)
+                assert gone is not None, f"SIGKILLed worker {victim.pid} did not die"
+                exited(victim, gone)
                 res.workers_killed += 1
                 if rng.random() < cfg.reap_share:
                     res.reaped_during += eng.reap()
-                if rng.random() < cfg.policy_share:
-                    eng.set_policy(rng.choice(POLICIES))
+                if cfg.policy_every and res.workers_killed % cfg.policy_every == 0:
+                    eng.set_policy(POLICIES[(res.policy_changes + 1) % len(POLICIES)])
                     res.policy_changes += 1
                 spawn()
                 next_kill = now + cfg.kill_every * rng.uniform(0.5, 1.5)
@@ -468,13 +476,13 @@ def run_chaos(cfg: ChaosConfig, log_dir: str, name: str,
         res.seconds = time.monotonic() - start
         stop[0] = 1
         for w in list(workers.values()):
-            status = _wait(w.pid, 10.0)
-            if status is None:
+            gone = _wait(w.pid, 10.0)
+            if gone is None:
                 res.stragglers += 1
                 os.kill(w.pid, signal.SIGKILL)
-                status = _wait(w.pid, 10.0)
-                assert status is not None, f"worker {w.pid} survived SIGKILL"
-            exited(w, status)
+                gone = _wait(w.pid, 10.0)
+                assert gone is not None, f"worker {w.pid} survived SIGKILL"
+            exited(w, gone)
         if progress:
             progress(f"stopped after {res.seconds:.1f} s; running the oracle")
         oracle(eng, log_dir, res, cfg.rows)
@@ -500,17 +508,10 @@ def _tail(path: str, lines: int = 5) -> str:
         return f"{path}: {e}"
 
 
-def children_alive() -> list[int]:
-    """Child processes of this process that still exist (zombies included)."""
-    out = []
-    for pid in _child_pids():
-        try:
-            os.kill(pid, 0)
-            out.append(pid)
-        except OSError as e:
-            if e.errno != errno.ESRCH:
-                out.append(pid)
-    return out
+def children_alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` that are still children of this process (zombies included)."""
+    wanted = set(pids)
+    return [pid for pid in _child_pids() if pid in wanted]
 
 
 def _child_pids() -> list[int]:
@@ -535,8 +536,9 @@ def _child_pids() -> list[int]:
 def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int) -> ChaosResult:
     """Check the logs and the engine once every worker is gone.
 
-    1. No two successful leases of a row overlap; no grant of a row (to anyone, even a worker
-       killed later) falls inside a successful lease of that row.
+    1. No two successful leases of a row overlap (beyond ``TOL_MS``); no grant of a row (to
+       anyone, even a worker killed later) falls inside a successful lease of that row; no
+       lease is lost before it could have expired (unless its row was being removed).
     2. No row is lost or duplicated: row ids are handed out once, every row is queued unless
        removed.
     3. ``eng.reap()`` then ``eng.verify() == []``.
@@ -583,13 +585,13 @@ def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int) -> Ch
             if tag == b"C":
                 t0, t1, lease = int(p[1]), int(p[2]), int(p[3])
                 res.claim_calls += 1
-                seen: set[int] = set()
+                in_batch: set[int] = set()
                 for item in p[4:]:
                     r_s, k_s = item.split(b":")
                     r = int(r_s)
-                    if r in seen:
+                    if r in in_batch:
                         res.batch_dups += 1
-                    seen.add(r)
+                    in_batch.add(r)
                     g_row.append(r)
                     g_t0.append(t0)
                     g_t1.append(t1)
@@ -670,8 +672,8 @@ def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int) -> Ch
         over = np.nonzero(np.minimum(end_key[1:], run_max[:-1]) - key[1:] > TOL_MS)[0] + 1
         res.overlaps = int(len(over))
         for i in over[:5].tolist():
-            j = int(np.nonzero(end_key[: i] == run_max[i - 1])[0][-1])
-            ex["overlap"].append({"row": int(sr[i]), "a": (int(ss[j]), int(se[j])),
+            a = int(np.nonzero(end_key[: i] == run_max[i - 1])[0][-1])
+            ex["overlap"].append({"row": int(sr[i]), "a": (int(ss[a]), int(se[a])),
                                   "b": (int(ss[i]), int(se[i]))})
         # a grant of the row strictly inside a successful lease of it
         j = np.searchsorted(key, gr * shift + (g0 - base) - TOL_MS, side="left") - 1
@@ -735,10 +737,10 @@ def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int) -> Ch
             continue
         empty = 0
         np.add.at(seen, c.rows, 1)
-        ok = eng.complete_many(c.rows, c.tokens, next_due_ms=np.full(len(c), beyond_due),
-                               now_ms=far)
-        if not ok.all():
-            bad(f"drain: complete_many refused {int((~ok).sum())} of its own leases")
+        done = eng.complete_many(c.rows, c.tokens, next_due_ms=np.full(len(c), beyond_due),
+                                 now_ms=far)
+        if not done.all():
+            bad(f"drain: complete_many refused {int((~done).sum())} of its own leases")
     res.drained = int(seen.sum())
     res.drain_dups = int((seen > 1).sum())
     res.drain_phantoms = int(((seen > 0) & ~queued).sum())
