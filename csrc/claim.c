@@ -500,8 +500,10 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
         int capped = p->urgent_share < RL_ONE;
         /* 1. accrue */
         for (uint32_t cls = 0; cls < RL_CLASSES; cls++) {
-            int64_t fp = cls == 0 ? (capped ? p->urgent_share : 0) : p->min_share[cls];
-            if (fp > 0 && class_has_due(&P, cls))
+            /* urgent is always accounted while capped, even at share 0: the cap then also
+             * sheds credit banked under an earlier, larger share */
+            int64_t fp = cls == 0 ? (capped ? p->urgent_share : -1) : p->min_share[cls];
+            if ((fp > 0 || (cls == 0 && fp == 0)) && class_has_due(&P, cls))
                 credit_accrue(s, cls, fp * budget, fp * budget + RL_ONE);
         }
         /* 2. urgent, capped */

@@ -67,7 +67,7 @@ int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
             uint64_t key = keys[done + i];
             uint32_t old = atomic_load(&slot->state);
             int ok = 0;
-            if ((old >> 2) != RL_SLOT_POS(pos)) { /* not abandoned under us (yet) */
+            if (old != RL_SLOT(pos, 2)) { /* not abandoned under us (yet) */
                 atomic_store_explicit(&slot->key, key, memory_order_relaxed);
                 atomic_store_explicit(&slot->row, rows[done + i], memory_order_relaxed);
                 ok = atomic_compare_exchange_strong(&slot->state, &old, RL_SLOT(pos, 1));
@@ -225,7 +225,7 @@ static uint64_t ring_settle(rl_seg *s, uint64_t head, uint64_t tail) {
     while (pos < tail) {
         rl_ring_slot *slot = &s->ring[pos % cap];
         uint32_t st = atomic_load(&slot->state);
-        if ((st >> 2) == RL_SLOT_POS(pos) && (st & 3)) {
+        if (st == RL_SLOT(pos, 1) || st == RL_SLOT(pos, 2)) {
             pos++;
             waited_from = 0;
             continue;
@@ -356,9 +356,9 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
     for (uint64_t pos = upto; pos < tail_now; pos++) {
         rl_ring_slot *slot = &s->ring[pos % rcap];
         uint32_t st = atomic_load(&slot->state);
-        if ((st >> 2) == RL_SLOT_POS(pos) && (st & 3) == 2) continue;
+        if (st == RL_SLOT(pos, 2)) continue;
         uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
-        if ((st >> 2) != RL_SLOT_POS(pos)) { /* still being written: keep its lane conservative */
+        if (st != RL_SLOT(pos, 1)) { /* still being written: keep every lane conservative */
             for (uint32_t l = 0; l < RL_MAX_LANES; l++) new_min[l] = old_min[l];
             break;
         }

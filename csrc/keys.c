@@ -8,10 +8,11 @@ uint64_t rl_encode(uint32_t lane, uint64_t due_ms) {
 
 uint32_t rl_lane_for(const rl_policy *p, uint32_t provenance, uint32_t interval_s,
                      uint32_t failures, int urgent) {
-    uint32_t bands = p->band_count + 1;
+    uint32_t n = p->band_count > RL_MAX_BANDS ? RL_MAX_BANDS : p->band_count;
+    uint32_t bands = n + 1;
     if (!p->lanes_enabled || urgent) return 0;
     if (failures >= p->cold_after) return 2 * bands + 1;
     uint32_t band = 0; /* bisect_left: boundaries strictly below the interval */
-    while (band < p->band_count && p->bands[band] < interval_s) band++;
+    while (band < n && p->bands[band] < interval_s) band++;
     return (provenance == RL_PROV_SUBMITTED ? 1 : 1 + bands) + band;
 }

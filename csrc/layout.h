@@ -91,7 +91,6 @@ _Static_assert(sizeof(rl_row) == 16, "row is 16 bytes: four to a cache line");
 /* A ring slot's state names the position it was last written for, modulo 2^30, so a reader
  * tells a slot published for position p from one reused for p + capacity. */
 #define RL_SLOT(pos, flag) ((uint32_t)((uint64_t)(pos) * 4u + (flag)))
-#define RL_SLOT_POS(pos) ((uint32_t)((uint64_t)(pos) & 0x3FFFFFFFu))
 typedef struct {
     _Atomic uint32_t state; /* RL_SLOT(position, 1 published | 2 abandoned) */
     _Atomic uint32_t row;
@@ -158,6 +157,7 @@ typedef struct {
     uint32_t ring_capacity;
     uint64_t off_lanes, off_owners, off_rows, off_intervals, off_index_keys[2], off_index_rows[2], off_ring;
     uint64_t created_ms;
+    uint64_t identity_sum;  /* FNV-1a of every field above: a changed size cannot pass */
     _Atomic uint32_t ready; /* published last */
     uint32_t pad0;
 

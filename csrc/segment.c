@@ -70,6 +70,15 @@ uint64_t rl_next_serial(void) {
     return atomic_fetch_add(&serial, 1) + 1;
 }
 
+static uint64_t identity_sum(const rl_header *h) {
+    const uint8_t *p = (const uint8_t *)h;
+    uint64_t sum = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < offsetof(rl_header, identity_sum); i++) sum = (sum ^ p[i]) * 0x100000001b3ULL;
+    return sum;
+}
+
+static int policy_valid(const rl_policy *p);
+
 static void Seg_Bind(rl_seg *s, uint8_t *base, uint64_t bytes) {
     rl_header *h = (rl_header *)base;
     s->serial = rl_next_serial();
@@ -106,7 +115,7 @@ int rl_create(const char *name, uint32_t rows, uint32_t ring, const rl_policy *p
     char path[256];
     int rc = Layout_Compute(rows, ring, &l);
     if (rc != RL_OK) return rc;
-    if (!name_ok(name)) return RL_E_VALUE;
+    if (!name_ok(name) || !policy_valid(policy)) return RL_E_VALUE;
     shm_path(name, path);
     int fd = shm_open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) return errno == EEXIST ? RL_E_EXISTS : RL_E_SYS;
@@ -149,6 +158,7 @@ int rl_create(const char *name, uint32_t rows, uint32_t ring, const rl_policy *p
     }
     h->off_ring = l.ring;
     h->created_ms = (uint64_t)now_ms;
+    h->identity_sum = identity_sum(h);
     h->policy[0].p = *policy;
     Seg_Bind(s, base, l.total);
     for (uint32_t i = 0; i < RL_MAX_LANES; i++) atomic_store(&s->lanes[i].ring_min, RL_KEY_NONE);
@@ -176,6 +186,20 @@ int rl_layout_check(const void *base_, uint64_t bytes) {
     for (int g = 0; g < 2; g++)
         if (h->off_index_keys[g] != l.ikeys[g] || h->off_index_rows[g] != l.irows[g])
             return RL_E_LAYOUT;
+    if (h->identity_sum != identity_sum(h)) return RL_E_LAYOUT;
+    /* The shared state must be one this code could have written: positions within capacity,
+     * a policy it would accept. Anything else would be read as offsets and lengths. */
+    uint64_t head = atomic_load(&h->ring_head), tail = atomic_load(&h->ring_tail);
+    if (tail < head || tail - head > h->ring_capacity) return RL_E_LAYOUT;
+    if (atomic_load(&h->rows_used) > h->row_capacity) return RL_E_LAYOUT;
+    for (int g = 0; g < 2; g++) {
+        uint32_t count = atomic_load(&h->index_count[g]);
+        if (count > h->row_capacity) return RL_E_LAYOUT;
+        for (uint32_t l2 = 0; l2 <= RL_MAX_LANES; l2++)
+            if (atomic_load(&h->lane_start[g][l2]) > count) return RL_E_LAYOUT;
+    }
+    if (atomic_load(&h->lanes_high) >= RL_MAX_LANES) return RL_E_LAYOUT;
+    if (!policy_valid(&h->policy[atomic_load(&h->policy_version) & 1].p)) return RL_E_LAYOUT;
     return RL_OK;
 }
 

@@ -54,6 +54,11 @@ static int row_ok(rl_seg *s, uint32_t row) {
     return row < atomic_load(&s->h->rows_used) && row < s->h->row_capacity;
 }
 
+/* A row id as a caller passed it (int64): range-checked before it is ever narrowed. */
+static int row_ok64(rl_seg *s, int64_t row) {
+    return row >= 0 && row < (int64_t)atomic_load(&s->h->rows_used) && row < (int64_t)s->h->row_capacity;
+}
+
 /* ================================================================ add ===== */
 
 int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const int64_t *interval,
@@ -123,7 +128,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
     if (owner == 0 || owner >= RL_MAX_OWNERS || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
         return RL_E_VALUE;
     for (uint32_t i = 0; i < n; i++) {
-        if (rows[i] < 0 || !row_ok(s, (uint32_t)rows[i])) return RL_E_RANGE;
+        if (!row_ok64(s, rows[i])) return RL_E_RANGE;
         if (next_due && (next_due[i] < -1 || next_due[i] >= (int64_t)RL_STRIDE)) return RL_E_RANGE;
     }
     if (n == 0) return RL_OK;

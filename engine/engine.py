@@ -19,8 +19,8 @@ import numpy as np
 import numpy.typing as npt
 
 from .errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
-from .keys import STRIDE, as_int64_array, check_due_array, check_due_ms
-from .policy import PROVENANCES, LanePolicy
+from .keys import STRIDE, as_int64_array, check_due_array, check_due_ms, ndim_of
+from .policy import MAX_INTERVAL_S, PROVENANCES, LanePolicy
 from .segment import (
     OWNER_ALIVE,
     OWNER_DEAD,
@@ -252,7 +252,7 @@ class Engine:
             failures: int = 0) -> int:
         """Queue one row; returns its row id."""
         due = check_due_ms(due_ms)
-        interval = _int(interval_s, "interval_s", 1, 0xFFFFFFFF)
+        interval = _int(interval_s, "interval_s", 1, MAX_INTERVAL_S)
         prov = _provenance_code(provenance)
         fails = _int(failures, "failures", 0, 255)
         d, i, p, f = (ffi.new("int64_t[1]", [v]) for v in (due, interval, prov, fails))
@@ -267,13 +267,10 @@ class Engine:
         """Queue many rows at once; every element is checked before any row is written."""
         due = check_due_array(due_ms)
         n = len(due)
-        interval = _broadcast(interval_s, n, "interval_s")
-        if ((interval < 1) | (interval > 0xFFFFFFFF)).any():
-            raise EngineValueError("interval_s must be whole seconds in [1, 2**32)")
+        interval = _broadcast(interval_s, n, "interval_s", 1, MAX_INTERVAL_S)
         prov = _provenance_array(provenance, n)
-        fails = np.zeros(n, np.int64) if failures is None else _broadcast(failures, n, "failures")
-        if ((fails < 0) | (fails > 255)).any():
-            raise EngineValueError("failures must be in [0, 255]")
+        fails = np.zeros(n, np.int64) if failures is None else _broadcast(
+            failures, n, "failures", 0, 255)
         out = np.empty(n, np.int64)
         if n == 0:
             return out
@@ -351,7 +348,7 @@ class Engine:
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
         """``"rush"``: urgent lane, due now. ``"wait"``: own lane, due now."""
         r = self._row(row)
-        if mode not in ("rush", "wait"):
+        if not isinstance(mode, str) or mode not in ("rush", "wait"):
             raise EngineValueError(f"mode must be 'rush' or 'wait', got {mode!r}")
         now = self._now(now_ms)
         self._advice[0] = 0
@@ -509,6 +506,8 @@ class Engine:
 
     def compact(self, full: bool = False) -> None:
         """Merge recent writes into the sorted index now (``full``: rebuild from the row table)."""
+        if not isinstance(full, bool):
+            raise EngineTypeError(f"full must be a bool, got {full!r}")
         owner = self._seg.owner
         while (status := lib.rl_compact(self._h, owner, 1 if full else 0)) == lib.RL_E_BUSY:
             time.sleep(0.001)
@@ -573,12 +572,16 @@ def _int64_vector(values: Any, what: str) -> IntArray:
     return as_int64_array(values, what)
 
 
-def _broadcast(values: Any, n: int, what: str) -> IntArray:
-    if np.ndim(values) == 0:
-        return np.full(n, _int(values, what, -(1 << 63), (1 << 63) - 1), np.int64)
+def _broadcast(values: Any, n: int, what: str, lo: int, hi: int) -> IntArray:
+    """A scalar or an n-array of integers in [lo, hi], as an int64 n-array (checked even when
+    n is 0, so an empty batch cannot smuggle a bad scalar through)."""
+    if ndim_of(values, what) == 0:
+        return np.full(n, _int(values, what, lo, hi), np.int64)
     arr = as_int64_array(values, what)
     if len(arr) != n:
         raise EngineValueError(f"{what} has {len(arr)} elements, due_ms has {n}")
+    if len(arr) and (arr.min() < lo or arr.max() > hi):
+        raise EngineValueError(f"{what} must lie in [{lo}, {hi}]")
     return np.ascontiguousarray(arr)
 
 
@@ -587,7 +590,8 @@ def _provenance_code(value: object) -> int:
         if value not in _PROVENANCE_CODE:
             raise EngineValueError(f"unknown provenance {value!r} (known: {PROVENANCES})")
         return _PROVENANCE_CODE[value]
-    if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool):
+    if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
+            value, (bool, np.bool_, np.timedelta64)):
         if int(value) not in (0, 1):
             raise EngineValueError(f"provenance code must be 0 or 1, got {value}")
         return int(value)
@@ -595,9 +599,12 @@ def _provenance_code(value: object) -> int:
 
 
 def _provenance_array(values: Any, n: int) -> IntArray:
-    if isinstance(values, str) or np.ndim(values) == 0:
+    if isinstance(values, str) or ndim_of(values, "provenance") == 0:
         return np.full(n, _provenance_code(values), np.int64)
-    arr = np.asarray(values)
+    try:
+        arr = np.asarray(values)
+    except (ValueError, OverflowError, TypeError):
+        raise EngineValueError("provenance must be a flat array") from None
     if arr.ndim != 1 or len(arr) != n:
         raise EngineValueError(f"provenance must have {n} elements")
     if arr.dtype.kind in "UO":

@@ -45,7 +45,10 @@ def _as_int(value: object, what: str) -> int:
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real):
-        f = float(value)
+        try:
+            f = float(value)
+        except OverflowError:
+            raise EngineValueError(f"{what}={value!r} is far outside any range") from None
         if not math.isfinite(f):
             raise EngineValueError(f"{what} is {f!r}; an absent due time is never taken as 0")
         if f != int(f):
@@ -76,7 +79,7 @@ def check_lane(value: object, lane_count: int = MAX_LANES) -> int:
 
 def as_int64_array(values: Any, what: str) -> IntArray:
     """A 1-d int64 copy of ``values``, refusing NaN/inf/fractions instead of truncating them."""
-    arr = np.asarray(values)
+    arr = _asarray(values, what)
     if arr.ndim != 1:
         raise EngineValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
     kind = arr.dtype.kind
@@ -99,9 +102,29 @@ def as_int64_array(values: Any, what: str) -> IntArray:
             raise EngineValueError(f"{what} has values beyond int64")
         return arr.astype(np.int64)
     if kind == "O":
-        return np.fromiter((_as_int(v, f"{what}[{i}]") for i, v in enumerate(arr)),
-                           dtype=np.int64, count=arr.size)
+        ints = [_as_int(v, f"{what}[{i}]") for i, v in enumerate(arr)]
+        if any(not -(1 << 63) <= v < (1 << 63) for v in ints):
+            raise EngineValueError(f"{what} has values beyond int64")
+        return np.array(ints, dtype=np.int64)
     raise EngineTypeError(f"{what} must be an integer array, got dtype {arr.dtype}")
+
+
+def _asarray(values: Any, what: str) -> np.ndarray[Any, Any]:
+    """``np.asarray`` with its failures (ragged lists, ints past every dtype) made ours."""
+    try:
+        return np.asarray(values)
+    except (ValueError, OverflowError) as exc:
+        raise EngineValueError(f"{what} is not a flat array of integers: {exc}") from None
+    except TypeError as exc:
+        raise EngineTypeError(f"{what} is not an array of integers: {exc}") from None
+
+
+def ndim_of(values: Any, what: str) -> int:
+    """``np.ndim`` that refuses ragged input with our error instead of numpy's."""
+    try:
+        return int(np.ndim(values))
+    except (ValueError, OverflowError, TypeError) as exc:
+        raise EngineValueError(f"{what} is not a flat array: {exc}") from None
 
 
 def check_due_array(values: Any, what: str = "due_ms") -> IntArray:
@@ -119,18 +142,22 @@ def encode(lane: int, due_ms: int) -> int: ...
 def encode(lane: Any, due_ms: Any) -> IntArray: ...
 def encode(lane: Any, due_ms: Any) -> Any:
     """``lane * STRIDE + due_ms``; scalars give an int, arrays an int64 array."""
-    if np.ndim(lane) == 0 and np.ndim(due_ms) == 0:
+    if ndim_of(lane, "lane") == 0 and ndim_of(due_ms, "due_ms") == 0:
         return check_lane(lane) * STRIDE + check_due_ms(due_ms)
-    lanes = as_int64_array(np.atleast_1d(lane), "lane")
+    lanes = as_int64_array(np.atleast_1d(_asarray(lane, "lane")), "lane")
     if ((lanes < 0) | (lanes >= MAX_LANES)).any():
         raise EngineValueError(f"lane must be in [0, {MAX_LANES})")
-    dues = check_due_array(np.atleast_1d(due_ms))
-    lanes, dues = np.broadcast_arrays(lanes, dues)
+    dues = check_due_array(np.atleast_1d(_asarray(due_ms, "due_ms")))
+    try:
+        lanes, dues = np.broadcast_arrays(lanes, dues)
+    except ValueError:
+        raise EngineValueError(
+            f"lane ({len(lanes)}) and due_ms ({len(dues)}) cannot be paired") from None
     return lanes * np.int64(STRIDE) + dues
 
 
 def _key_array(key: Any) -> IntArray:
-    arr = np.asarray(key)
+    arr = _asarray(key, "key")
     if arr.dtype.kind == "f":
         if not np.isfinite(arr).all():
             raise EngineValueError("key must be finite")
@@ -155,7 +182,7 @@ def lane_of(key: int) -> int: ...
 @overload
 def lane_of(key: Any) -> Any: ...
 def lane_of(key: Any) -> Any:
-    if np.ndim(key) == 0:
+    if ndim_of(key, "key") == 0:
         return _check_key(key) // STRIDE
     return _key_array(key) // np.int64(STRIDE)
 
@@ -165,7 +192,7 @@ def due_ms_of(key: int) -> int: ...
 @overload
 def due_ms_of(key: Any) -> Any: ...
 def due_ms_of(key: Any) -> Any:
-    if np.ndim(key) == 0:
+    if ndim_of(key, "key") == 0:
         return _check_key(key) % STRIDE
     return _key_array(key) % np.int64(STRIDE)
 

@@ -32,6 +32,9 @@ REMAINDERS: tuple[str, ...] = ("lane-order", "edf")
 MAX_BANDS = 30
 """Band boundaries a segment can hold: 2 * 30 + 4 = 64 lanes (csrc/lanes.h RL_MAX_LANES)."""
 
+MAX_INTERVAL_S = (1 << 32) - 1
+"""Intervals and band boundaries are stored as uint32 seconds."""
+
 ONE = 1 << 16
 """Fixed-point unit of share credit (one grant), shared with the C accounting."""
 
@@ -44,8 +47,11 @@ def normalize_bands(bands: Any) -> tuple[int, ...]:
     for b in bands:
         if isinstance(b, bool) or not isinstance(b, (int, float)):
             raise EngineTypeError(f"ttl_bands holds {b!r}, not a number of seconds")
-        if not math.isfinite(b) or b <= 0 or b != int(b):
+        if isinstance(b, float) and not math.isfinite(b):
             raise EngineValueError(f"ttl_bands must hold positive whole seconds, got {b!r}")
+        if not 0 < b <= MAX_INTERVAL_S or b != int(b):
+            raise EngineValueError(
+                f"ttl_bands must hold whole seconds in [1, {MAX_INTERVAL_S}], got {b!r}")
         out.add(int(b))
     if len(out) > MAX_BANDS:
         raise EngineValueError(f"at most {MAX_BANDS} ttl_bands, got {len(out)}")
@@ -55,7 +61,10 @@ def normalize_bands(bands: Any) -> tuple[int, ...]:
 def _share(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise EngineTypeError(f"{what} must be a number, got {value!r}")
-    v = float(value)
+    try:
+        v = float(value)
+    except OverflowError:
+        v = math.inf
     if not math.isfinite(v) or not 0.0 <= v <= 1.0:
         raise EngineValueError(f"{what} must lie in [0, 1], got {value!r}")
     return v
@@ -102,7 +111,7 @@ class LanePolicy:
         if total > 1.0 + 1e-9:
             raise EngineValueError(f"urgent_max_share + sum(min_share) = {total:.4g} exceeds 1")
         object.__setattr__(self, "min_share", shares)
-        if self.remainder not in REMAINDERS:
+        if not isinstance(self.remainder, str) or self.remainder not in REMAINDERS:
             raise EngineValueError(f"remainder must be one of {REMAINDERS}, got {self.remainder!r}")
         if not isinstance(self.lanes_enabled, bool):
             raise EngineTypeError("lanes_enabled must be a bool")
