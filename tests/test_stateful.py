@@ -407,6 +407,7 @@ class LanesMachine(RuleBasedStateMachine):
         policy = dataclasses.replace(self.policy, lanes_enabled=lanes_enabled)
         self.e.set_policy(policy)
         self.policy = policy
+        assert self.e.policy == policy
 
     @rule(limit=st.integers(1, 12))
     def restamp(self, limit):
@@ -573,10 +574,36 @@ class LanesMachine(RuleBasedStateMachine):
         assert {c: round(v * ONE) for c, v in s["credits"].items()} == self.credits
 
 
+# ~100 x ~45 steps: 10-15 s here, well under a minute on the loaded 2-core machine.
 LanesMachine.TestCase.settings = settings(
-    max_examples=60,
-    stateful_step_count=40,
+    max_examples=100,
+    stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestLanesStateful = LanesMachine.TestCase
+
+
+def test_zero_urgent_share_sheds_banked_credit():
+    """The minimal case the machine found (an engine bug, now fixed): urgent credit banked at
+    share 0.5 (one urgent row due, budget 20 -> 10 grants of credit, 1 spent), then
+    urgent_max_share = 0 and three urgent rows due. The cap still applies at share 0, so the
+    banked credit is cut to one grant, as reference_pass says."""
+    from lanes_testlib import fresh_engine
+
+    before = LanePolicy(urgent_max_share=0.5, min_share={})
+    after = LanePolicy(urgent_max_share=0.0, min_share={})
+    with fresh_engine(before, capacity=64) as eng:
+        eng.prioritize(eng.add(NOW + DAY, 600), "rush", now_ms=NOW)
+        lanes = [[NOW]] + [[]] * (before.lane_count - 1)
+        want, credits = reference_pass(before, 20, lanes, {})
+        got = eng.claim(budget=20, now_ms=NOW, lease_ms=DAY, window=BIG_WINDOW)
+        assert got.lanes.tolist() == [0] and want[0] == 1
+        for _ in range(3):
+            eng.prioritize(eng.add(NOW + DAY, 600), "rush", now_ms=NOW)
+        eng.set_policy(after)
+        lanes = [[NOW] * 3] + [[]] * (after.lane_count - 1)
+        want, credits = reference_pass(after, 20, lanes, credits)
+        got = eng.claim(budget=20, now_ms=NOW, lease_ms=DAY, window=BIG_WINDOW)
+        assert got.lanes.tolist().count(0) == want[0]  # engine 3, reference 1
+        assert eng.stats(now_ms=NOW)["credits"]["urgent"] * ONE == credits["urgent"]
