@@ -909,8 +909,9 @@ by element (unlike encode, which wants 1-d)."""
 def bad_keys() -> st.SearchStrategy[Any]:
     top = KEY_LANES * STRIDE - 1
     return st.one_of(
-        st.sampled_from(EXTREMES).filter(lambda v: not isinstance(v, (list, tuple, range, np.ndarray))
-                                         and not is_valid("key", v)),
+        st.sampled_from(EXTREMES).filter(
+            lambda v: not isinstance(v, (list, tuple, range, np.ndarray))
+            and not is_valid("key", v)),
         st.integers().filter(lambda v: not 0 <= v <= top),
         st.floats().filter(lambda v: not is_valid("key", v)),
         bad_ints(3, 0, top, scalar_ok=False, cases=KEY_ARRAY_CASES),
