@@ -502,7 +502,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
         for (uint32_t cls = 0; cls < RL_CLASSES; cls++) {
             /* urgent is always accounted while capped, even at share 0: the cap then also
              * sheds credit banked under an earlier, larger share */
-            int64_t fp = cls == 0 ? (capped ? p->urgent_share : -1) : p->min_share[cls];
+            int64_t fp = cls == 0 ? (capped ? (int64_t)p->urgent_share : -1) : (int64_t)p->min_share[cls];
             if ((fp > 0 || (cls == 0 && fp == 0)) && class_has_due(&P, cls))
                 credit_accrue(s, cls, fp * budget, fp * budget + RL_ONE);
         }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lanes_testlib import BAND_INTERVALS, DAY, HOUR, MINUTE, NOW, fresh_engine, lane_counts
@@ -243,4 +244,18 @@ def test_claim_pass_grants_what_the_reference_allocator_grants(policy, rows, bud
             for row, lane in zip(c.rows.tolist(), c.lanes.tolist(), strict=True):
                 assert row in remaining[lane]
                 del remaining[lane][row]
+        assert eng.verify() == []
+
+
+def test_uncapped_urgent_lane_accrues_no_credit():
+    """urgent_max_share=1.0 means no cap: urgent is served first and no credit is kept for it
+    (a sign slip once accrued 2**32 - 1 grants of credit per call)."""
+    with fresh_engine(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=256) as eng:
+        rows = eng.add_many(np.full(20, NOW - HOUR), 3600)
+        for r in rows[:10]:
+            eng.prioritize(int(r), "rush", now_ms=NOW)
+        granted = [len(eng.claim(budget=1, now_ms=NOW, lease_ms=HOUR)) for _ in range(5)]
+        assert granted == [1] * 5
+        assert eng.stats(NOW)["credits"] == {"urgent": 0.0, "submitted": 0.0,
+                                              "discovered": 0.0, "cold": 0.0}
         assert eng.verify() == []
