@@ -39,6 +39,7 @@ BoolArray = npt.NDArray[np.bool_]
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_WINDOW = 140
 MAX_BUDGET = 1 << 16
+ARENA = 1 << 13  # int64 values per claim-result arena
 _U64 = (1 << 64) - 1
 _PROVENANCE_CODE = {name: code for code, name in enumerate(PROVENANCES)}
 
@@ -81,40 +82,45 @@ class Claim(NamedTuple):
 class Claims:
     """The rows one claim pass leased: four int64 arrays of the same length.
 
-    They are views of one buffer the C pass filled (rows, lanes, due_ms, tokens, ``budget``
-    apart), made when asked for.
+    They are views of the part of an arena the C pass filled (rows, lanes, due_ms, tokens,
+    ``budget`` apart from ``offset``), made when asked for. No later claim writes there.
     """
 
-    __slots__ = ("_buf", "_n", "_b")
+    __slots__ = ("_buf", "_o", "_n", "_b")
 
-    def __init__(self, buf: IntArray, n: int, budget: int) -> None:
+    def __init__(self, buf: IntArray, offset: int, n: int, budget: int) -> None:
         self._buf = buf
+        self._o = offset
         self._n = n
         self._b = budget
 
+    def _field(self, k: int) -> IntArray:
+        start = self._o + k * self._b
+        return self._buf[start: start + self._n]
+
     @property
     def rows(self) -> IntArray:
-        return self._buf[: self._n]
+        return self._field(0)
 
     @property
     def lanes(self) -> IntArray:
-        return self._buf[self._b: self._b + self._n]
+        return self._field(1)
 
     @property
     def due_ms(self) -> IntArray:
-        return self._buf[2 * self._b: 2 * self._b + self._n]
+        return self._field(2)
 
     @property
     def tokens(self) -> IntArray:
-        return self._buf[3 * self._b: 3 * self._b + self._n]
+        return self._field(3)
 
     def __len__(self) -> int:
         return self._n
 
     def __iter__(self) -> Iterator[Claim]:
-        b, k = self._buf.tolist(), self._b
+        fields = [self._field(k).tolist() for k in range(4)]
         for i in range(self._n):
-            yield Claim(b[i], b[k + i], b[2 * k + i], b[3 * k + i])
+            yield Claim(fields[0][i], fields[1][i], fields[2][i], fields[3][i])
 
     def __repr__(self) -> str:
         return f"Claims(n={self._n}, rows={self.rows.tolist()})"
@@ -128,6 +134,11 @@ class Engine:
         self._creator_pid = creator_pid
         self._out_row = ffi.new("int64_t[1]")
         self._advice = ffi.new("uint32_t *")
+        # Claim results are carved from an arena, so a claim allocates no numpy array of its own:
+        # each Claims keeps its arena alive, and a full arena is replaced, never reused.
+        self._arena: IntArray = np.empty(0, np.int64)
+        self._arena_ptr: Any = ffi.NULL
+        self._arena_off = 0
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -229,6 +240,13 @@ class Engine:
         """A token is an opaque 64-bit value carried as int64 (it may be negative)."""
         return _int(token, "token", -(1 << 63), (1 << 63) - 1)
 
+    def _hot(self) -> tuple[Any, int]:
+        """The C handle and this process's owner id, by attribute reads on the hot path."""
+        seg = self._seg
+        if seg._handle is None or seg._owner_gen != _fork_generation[0]:
+            return seg.handle, seg.owner  # raises EngineClosed / registers after a fork
+        return seg._handle, seg._owner
+
     def _after(self, advice: int) -> None:
         """Act on what the C core advised: merge the ring, or repair after a dead owner."""
         if advice & lib.RL_ADVISE_REAP:
@@ -309,8 +327,9 @@ class Engine:
         if len(r) == 0:
             return ok
         self._advice[0] = 0
-        status = lib.rl_complete_many(self._h, self._seg.owner, len(r), _ptr(r), _ptr(t), nxt,
-                                      now, ffi.from_buffer("uint8_t[]", ok), self._advice)
+        h, owner = self._hot()
+        status = lib.rl_complete_many(h, owner, len(r), _ptr(r), _ptr(t), nxt, now,
+                                      ffi.from_buffer("uint8_t[]", ok), self._advice)
         if status < 0:
             if status == lib.RL_E_RANGE:
                 raise EngineValueError("rows holds a row id that does not exist")
@@ -379,20 +398,20 @@ class Engine:
             now = now_ms
         else:
             now = check_due_ms(now_ms, "now_ms")
-        seg = self._seg
-        h = seg._handle
-        if h is None or seg._owner_gen != _fork_generation[0]:
-            h, owner = seg.handle, seg.owner  # raises EngineClosed / registers after a fork
-        else:
-            owner = seg._owner
-        buf = np.empty(4 * b, np.int64)
-        n = lib.rl_claim(h, owner, b, now, lease, win, ffi.from_buffer("int64_t[]", buf),
-                         self._advice)
+        h, owner = self._hot()
+        off = self._arena_off
+        if off + 4 * b > len(self._arena):
+            self._arena = np.empty(max(ARENA, 4 * b), np.int64)
+            self._arena_ptr = ffi.from_buffer("int64_t[]", self._arena)
+            off = 0
+        self._arena_off = off + 4 * b
+        n = lib.rl_claim(h, owner, b, now, lease, win, self._arena_ptr + off, self._advice)
         if n < 0:
+            self._arena_off = off
             check(n, "claim")
         if self._advice[0]:
             self._after(self._advice[0])
-        return Claims(buf, n, b)
+        return Claims(self._arena, off, n, b)
 
     # -- reading ---------------------------------------------------------------------------------
 
