@@ -279,3 +279,31 @@ def child_worker_lanes(name: str, now_ms: int, calls: int, budget: int, q: Any) 
         return lanes
 
     _report(q, body)
+
+
+def share_policies(**fixed: Any) -> Any:
+    """A hypothesis strategy of share policies: floors and an urgent cap that together fit in 1,
+    either remainder, lanes mostly on. ``fixed`` holds strategies for other LanePolicy fields."""
+    from hypothesis import strategies as st
+
+    from engine import LanePolicy
+
+    @st.composite
+    def build(draw: Any) -> Any:
+        shares = {}
+        for cls, choices in (("submitted", (0.0, 0.2)), ("discovered", (0.0, 0.1, 0.3)),
+                             ("cold", (0.0, 0.02, 0.1))):
+            v = draw(st.sampled_from(choices))
+            if v:
+                shares[cls] = v
+        room = 1.0 - sum(shares.values())
+        urgent = draw(st.sampled_from([u for u in (0.0, 0.1, 0.2, 0.5, 1.0) if u <= room + 1e-9]))
+        return LanePolicy(
+            urgent_max_share=urgent,
+            min_share=shares,
+            remainder=draw(st.sampled_from(["lane-order", "edf"])),
+            lanes_enabled=draw(st.sampled_from([True, True, True, False])),
+            **{name: draw(strategy) for name, strategy in fixed.items()},
+        )
+
+    return build()

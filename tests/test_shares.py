@@ -8,7 +8,16 @@ from collections import defaultdict
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lanes_testlib import BAND_INTERVALS, DAY, HOUR, MINUTE, NOW, fresh_engine, lane_counts
+from lanes_testlib import (
+    BAND_INTERVALS,
+    DAY,
+    HOUR,
+    MINUTE,
+    NOW,
+    fresh_engine,
+    lane_counts,
+    share_policies,
+)
 
 from engine import Engine, LanePolicy
 from engine.policy import reference_pass
@@ -182,22 +191,7 @@ def test_uncapped_urgent_drains_first():
 # -- the C pass against the reference allocator -------------------------------------------------
 
 
-@st.composite
-def policies(draw):
-    shares = {}
-    for cls, choices in (("submitted", (0.0, 0.2)), ("discovered", (0.0, 0.1, 0.3)),
-                         ("cold", (0.0, 0.02, 0.1))):
-        v = draw(st.sampled_from(choices))
-        if v:
-            shares[cls] = v
-    room = 1.0 - sum(shares.values())
-    urgent = draw(st.sampled_from([u for u in (0.0, 0.1, 0.2, 0.5, 1.0) if u <= room + 1e-9]))
-    return LanePolicy(
-        urgent_max_share=urgent,
-        min_share=shares,
-        remainder=draw(st.sampled_from(["lane-order", "edf"])),
-        lanes_enabled=draw(st.sampled_from([True, True, True, False])),
-    )
+
 
 
 def _add_to_lane(eng, lane, due):
@@ -213,7 +207,7 @@ def _add_to_lane(eng, lane, due):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    policy=policies(),
+    policy=share_policies(),
     rows=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 5 * DAY)), max_size=120),
     budgets=st.lists(st.integers(1, 40), min_size=1, max_size=12),
     compacted=st.booleans(),

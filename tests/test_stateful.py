@@ -36,7 +36,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, dispose, unique_name
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, dispose, share_policies, unique_name
 
 from engine import (
     STRIDE,
@@ -83,24 +83,8 @@ STEPS = st.one_of(
 )
 
 
-@st.composite
-def policies(draw: st.DrawFn) -> LanePolicy:
-    shares = {}
-    for cls, choices in (("submitted", (0.0, 0.2)), ("discovered", (0.0, 0.1, 0.3)),
-                         ("cold", (0.0, 0.02, 0.1))):
-        v = draw(st.sampled_from(choices))
-        if v:
-            shares[cls] = v
-    room = 1.0 - sum(shares.values())
-    urgent = draw(st.sampled_from([u for u in (0.0, 0.1, 0.2, 0.5, 1.0) if u <= room + 1e-9]))
-    return LanePolicy(
-        ttl_bands=draw(BANDS),
-        cold_after=draw(st.integers(1, 4)),
-        urgent_max_share=urgent,
-        min_share=shares,
-        remainder=draw(st.sampled_from(["lane-order", "edf"])),
-        lanes_enabled=draw(st.sampled_from([True, True, True, False])),
-    )
+def policies() -> st.SearchStrategy[LanePolicy]:
+    return share_policies(ttl_bands=BANDS, cold_after=st.integers(1, 4))  # type: ignore[no-any-return]
 
 
 # -- the model ----------------------------------------------------------------------------------
