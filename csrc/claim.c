@@ -153,7 +153,7 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     if (lo > hi) lo = hi;
     /* Nothing due in this lane, neither indexed nor recent: leave it unopened (no seek). */
     int idx_due = lo < hi && (atomic_load_explicit(&P->ik[lo], memory_order_relaxed) & ~RL_TOMB) <= c->due_limit;
-    uint64_t rmin = atomic_load(&s->lanes[lane].ring_min);
+    uint64_t rmin = RL_RMIN_KEY(atomic_load(&s->lanes[lane].ring_min));
     if (!idx_due && rmin > c->due_limit) {
         c->done = 1;
         c->stamp = P->stamp - 1; /* not opened: no floor work */
@@ -180,7 +180,7 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     c->end = (P->count - lo > P->window) ? lo + P->window : P->count;
     for (uint32_t k = lo; k < lo + PREFETCH_AHEAD && k < c->end; k++)
         __builtin_prefetch(&s->rows[atomic_load_explicit(&P->ir[k], memory_order_relaxed) % P->s->h->row_capacity]);
-    c->ring_min = atomic_load(&s->lanes[lane].ring_min); /* (b) after W */
+    c->ring_min = RL_RMIN_KEY(atomic_load(&s->lanes[lane].ring_min)); /* (b) after W */
     if (c->ring_min <= c->due_limit) ring_collect(P, c);
     P->opened[P->nopened++] = c;
     return c;

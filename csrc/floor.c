@@ -24,6 +24,8 @@
  * whose step 3 came before (a) had its ring entry and key visible to the scan and its ring_min
  * seen in (b). A compaction publishes a new generation (c fails) and bumps every epoch.
  * Any change to this order is a change to the protocol: re-check every interleaving above.
+ * The model of this protocol is tests/model/floor.pml (checked by spin in `make test`); change
+ * them together.
  */
 #include "layout.h"
 

@@ -36,7 +36,7 @@ static int64_t mono_ns(void) {
 void rl_ring_min_note(rl_seg *s, uint64_t key) {
     _Atomic uint64_t *m = &s->lanes[rl_key_lane(key)].ring_min;
     uint64_t cur = atomic_load(m);
-    while (key < cur && !atomic_compare_exchange_weak(m, &cur, key))
+    while (!atomic_compare_exchange_weak(m, &cur, RL_RMIN_NEXT(cur, key < RL_RMIN_KEY(cur) ? key : RL_RMIN_KEY(cur))))
         ;
 }
 
@@ -348,9 +348,9 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
     for (uint32_t l = 0; l < RL_MAX_LANES; l++) old_min[l] = atomic_load(&s->lanes[l].ring_min);
     atomic_store(&h->index_gen, gen + 1); /* publish */
     atomic_store(&h->ring_head, upto);
-    /* ring_min now covers only what is left in the ring. Read the old values before the tail:
-     * a writer that lowered one after that read makes our CAS fail, which leaves the (lower,
-     * still conservative) value in place. */
+    /* ring_min now covers only what is left in the ring. The old words were read before the
+     * tail: a writer that noted anything after that read moved the version, so our CAS fails and
+     * leaves its (lower or equal, still conservative) value in place. */
     for (uint32_t l = 0; l < RL_MAX_LANES; l++) new_min[l] = RL_KEY_NONE;
     uint64_t tail_now = atomic_load(&h->ring_tail);
     for (uint64_t pos = upto; pos < tail_now; pos++) {
@@ -359,7 +359,7 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
         if (st == RL_SLOT(pos, 2)) continue;
         uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
         if (st != RL_SLOT(pos, 1)) { /* still being written: keep every lane conservative */
-            for (uint32_t l = 0; l < RL_MAX_LANES; l++) new_min[l] = old_min[l];
+            for (uint32_t l = 0; l < RL_MAX_LANES; l++) new_min[l] = RL_RMIN_KEY(old_min[l]);
             break;
         }
         uint32_t l = rl_key_lane(key);
@@ -367,8 +367,9 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
     }
     for (uint32_t l = 0; l < RL_MAX_LANES; l++) {
         uint64_t expect = old_min[l];
-        if (new_min[l] != old_min[l])
-            atomic_compare_exchange_strong(&s->lanes[l].ring_min, &expect, new_min[l]);
+        if (new_min[l] != RL_RMIN_KEY(old_min[l]))
+            atomic_compare_exchange_strong(&s->lanes[l].ring_min, &expect,
+                                           RL_RMIN_NEXT(old_min[l], new_min[l]));
     }
     rl_floor_bump_all(s);
     return RL_OK;

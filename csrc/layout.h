@@ -71,6 +71,16 @@ static inline uint64_t rl_token_mask(uint32_t row) { return ((uint64_t)row + 1) 
     ((uint64_t)(key) | ((uint64_t)((failures) > 255 ? 255 : (failures)) << 49) |        \
      ((uint64_t)(prov) << 57) | ((uint64_t)(urgent) << 58))
 
+/* ---- ring_min word: [version:15][key:49] ----
+ * The lowest key a lane appended to the ring since the last merge (RL_KEY_NONE: none). Every
+ * note moves the version, lowered or not, so the merge's reset (a CAS on the whole word read
+ * before it looked at the ring) fails if any write noted in between: without the version, a
+ * write that did not lower the key slipped past the reset and its row could be stranded below a
+ * raised floor (found by the spin model, tests/model/floor.pml). */
+#define RL_RMIN_KEY(w) ((w) & RL_KEY_MASK)
+#define RL_RMIN_MAKE(ver, key) ((((uint64_t)(ver) & 0x7FFFu) << RL_KEY_BITS) | (key))
+#define RL_RMIN_NEXT(w, key) RL_RMIN_MAKE(((w) >> RL_KEY_BITS) + 1u, (key))
+
 /* ---- floor word: [minute:32][epoch:32] ---- */
 #define RL_FLOOR_MINUTE(w) ((uint32_t)((w) >> 32))
 #define RL_FLOOR_EPOCH(w) ((uint32_t)(w))
@@ -101,7 +111,7 @@ _Static_assert(sizeof(rl_ring_slot) == 16, "ring slot is 16 bytes");
 typedef struct {
     _Alignas(RL_LINE) _Atomic uint64_t floor; /* [minute:32][epoch:32], see csrc/floor.c */
     char pad0[RL_LINE - 8];
-    _Alignas(RL_LINE) _Atomic uint64_t ring_min; /* lowest key this lane appended since a merge */
+    _Alignas(RL_LINE) _Atomic uint64_t ring_min; /* [version:15][key:49], see below */
     char pad1[RL_LINE - 8];
     _Alignas(RL_LINE) _Atomic uint64_t granted;
     _Atomic uint64_t spilled;

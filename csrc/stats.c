@@ -30,7 +30,7 @@ int rl_stats(rl_seg *s, int64_t now_ms, rl_lane_stats *out) {
         rl_lane *ln = &s->lanes[l];
         memset(&out[l], 0, sizeof out[l]);
         out[l].floor_word = atomic_load(&ln->floor);
-        out[l].ring_min = atomic_load(&ln->ring_min);
+        out[l].ring_min = RL_RMIN_KEY(atomic_load(&ln->ring_min));
         out[l].granted = atomic_load(&ln->granted);
         out[l].spilled = atomic_load(&ln->spilled);
         out[l].stale_skipped = atomic_load(&ln->stale_skipped);
@@ -107,7 +107,7 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
         if (row < used && rl_row_key(s, (uint32_t)row) == key) {
             seen[row] = 1;
             uint32_t l = rl_key_lane(key);
-            if (l < RL_MAX_LANES && key < atomic_load(&s->lanes[l].ring_min))
+            if (l < RL_MAX_LANES && key < RL_RMIN_KEY(atomic_load(&s->lanes[l].ring_min)))
                 note(out, max, found, RL_V_BELOW_FLOOR, (uint32_t)row, l, key); /* ring_min too high */
         }
     }

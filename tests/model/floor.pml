@@ -1,88 +1,128 @@
-/* A model of ONE lane's claim-floor protocol (csrc/floor.c, csrc/claim.c, csrc/writes.c,
- * csrc/index.c), checked by spin through tests/model/check.sh (run by tests/test_model.py).
+/* A model of ONE lane's claim-floor protocol, checked by spin: tests/model/check.sh, run by
+ * tests/test_model.py in `make test`. The protocol is stated at the top of csrc/floor.c; the
+ * code modelled is rl_floor_lower / rl_floor_raise / rl_floor_bump_all (csrc/floor.c),
+ * rl_claim's P.gen, lane_open, idx_advance and floors_raise (csrc/claim.c), publish_keys
+ * (csrc/writes.c), rl_ring_append, rl_ring_min_note and rl_compact_locked (csrc/index.c).
+ * Change them together.
  *
- * Processes: one writer (NW writes, each a move of a row to a minute, or a remove), NCL
- * claimers (NPASS passes each), and a compactor (NC merges). Every shared word of the C is a
- * variable here and every atomic operation of the C on it is one atomic step, in the C's order:
+ * Processes: one writer (NW writes, each moving a row to a minute, or removing it), NCL
+ * claimers (NPASS passes each) and a compactor (NC merges). Each shared word of the C is a
+ * variable here, and each atomic operation of the C on it is one atomic step (a d_step), in the
+ * C's order:
  *
- *   writer     1. key[r] = m                      (publish_keys' caller stores the row word)
- *              2. reserve a ring slot (CAS on ring_tail), fill + publish it (CAS on its state;
- *                 an abandoned slot is appended again), then CAS-min ring_min
- *              3. rl_floor_lower: load W, then CAS loop W -> [min(minute, m) or 0 : epoch + 1]
- *   claimer    gen = index_gen, count; (a) W = floor; seek (skip hint of this generation, or
- *              lower bound of W's minute); (b) ring_min; scan the index forward; (c) gen moved?
- *              skip-hint CAS forward; CAS W -> [proposal : epoch(W)] only upward
- *   compactor  settle the ring (wait for, or abandon, unpublished slots), merge live index
- *              entries and published ring entries into the other buffer, read ring_min,
- *              publish index_gen, advance ring_head, recompute ring_min from the slots left and
- *              CAS it from the value read, bump the epoch
+ *   writer     1. the row's key: key[r] = m
+ *              2. rl_ring_append: reserve a slot (CAS on ring_tail); fill and publish it (CAS
+ *                 on its state; a slot the merge abandoned meanwhile is appended again); then
+ *                 rl_ring_min_note, a CAS-min on ring_min
+ *              3. rl_floor_lower: W -> [min(W's minute, m), or 0 if it was 0 : epoch + 1]
+ *   claimer    P.gen; (a) W; the start: this generation's skip hint, else the lower bound of
+ *              W's minute; (b) ring_min; idx_advance: entries forward, each a load of its row's
+ *              key; (c) if index_gen moved, nothing more; else the skip hint CAS (forward
+ *              only), then rl_floor_raise: if the proposal, min(first live key, else the last
+ *              key read; ring_min), is above W's minute, CAS the whole word W -> [proposal :
+ *              epoch(W)]
+ *   compactor  ring_settle: wait for each slot of [head, tail) to be published, or abandon it;
+ *              the merge of this generation's live entries and the live published ring entries
+ *              into the other buffer; load ring_min; publish index_gen and ring_head; load
+ *              ring_tail; the new ring_min from the slots left (the old one if one of them is
+ *              still being written); CAS ring_min from the value loaded; rl_floor_bump_all
  *
- * Abstractions (see the report in tests/model/check.sh's header for the reasoning):
- *   - a key is its minute (0..NM-1); keys of one minute are ordered by row. The floor's minute
- *     0 means "no floor" as in the C.
+ * Abstractions (each keeps every behaviour of the C that can matter to the floor):
+ *   - a key is its minute, 0..NM-1; keys of one minute are ordered by row. Minute 0 of the
+ *     floor is "no floor", as in the C.
  *   - leases are left out: a leased row keeps its key, so it is live to the scan, which is all
- *     the floor rule looks at; grants never change a key.
- *   - where a pass stops reading the lane (first entry not yet due, window, budget, spill) is a
- *     free choice after any entry: a superset of what the C does.
- *   - ring_collect's candidates only feed grants, never the proposal (which uses ring_min), so
- *     the claimer does not read ring slots.
- *   - the merge reads the row table in one atomic step (the C reads it entry by entry).
- *   - tombstones (rl_index_forget) and full rebuilds are not modelled.
+ *     that the floor rule looks at, and no grant changes a key.
+ *   - where a pass stops reading (the first entry not yet due, the window, the budget, the next
+ *     lane) is a free choice after any entry: a superset of what the C does. A pass stops at
+ *     the first live entry: after it, first_live and stale_run are settled and last_key is not
+ *     used, so the rest of the scan cannot change what the pass writes.
+ *   - ring_collect's candidates feed grants only, never the proposal (ring_min does), so the
+ *     claimer does not read ring slots.
+ *   - the claimer reads its buffer's count and entries where it uses them, not with P.gen: a
+ *     buffer is rewritten only for generation gen + 2, after gen has moved, and a pass that
+ *     sees gen move at (c) writes nothing.
+ *   - CAS loops whose new value is a function of the value the CAS finds (rl_floor_lower,
+ *     rl_ring_min_note, rl_floor_bump_all, the skip hint) are one atomic read-modify-write at
+ *     their successful CAS: a failed CAS changes nothing. -DLITERAL_CAS_LOOPS models
+ *     rl_floor_lower's loop step by step instead.
+ *   - the merge reads the row table in one step (the C reads it entry by entry); index_gen and
+ *     ring_head are written by the compactor only, so its own loads of them are not steps.
+ *   - not modelled: tombstones (rl_index_forget), full rebuilds, batches of several rows, a
+ *     ring that wraps.
  *
- * The property (DESIGN §8.3, "no stranding"), checked in every reachable state: every live row
- * is at or above its lane's floor, or floor 0, or its write is still between step 1 and the end
- * of step 3 (which will lower the floor to it). At the end no write is pending, so it holds
- * without exception.
+ * The property, DESIGN §8.3 "no live row is ever below its lane's floor", in every reachable
+ * state: every live row is at or above the floor's minute, or the floor is 0, or the row's
+ * write is between its step 1 and the end of its step 3 (the ghost pending[r]: step 3 will
+ * lower the floor to it). Only a step that changes key[], pending[] or the floor can falsify
+ * it, and each of those asserts it (CHECK). When every process has ended no write is pending.
  *
- * Deliberately broken variants, each must be caught:
- *   -DBROKEN_RAISE  the claimer's CAS compares only the minute, not the epoch
- *   -DBROKEN_LOWER  the writer lowers the floor without bumping the epoch
- *   -DBROKEN_GEN    the claimer does not re-check the index generation
+ * Bounds: the defaults (one write, two claimers, a compactor, rows starting at minutes 1 and
+ * 2) verify in seconds; check.sh also runs -DNC=0 -DNW=2 -DANY_START (no compactor, two
+ * writes, any start) and -DNCL=1 -DNW=2 (one claimer, two writes, a compactor). All of it at
+ * once (-DNW=2) is past 300 s and 8 GB.
+ *
+ * Switches:
+ *   -DBROKEN_RAISE  broken: the claimer's CAS compares the floor's minute only, not the epoch
+ *   -DBROKEN_LOWER  broken: the writer lowers the floor without bumping the epoch
+ *   -DBROKEN_GEN    broken: the claimer does not re-check the index generation at (c)
+ *   -DREACH_TOP     sanity: asserts that the floor never reaches minute NM - 1 (raises happen)
+ *   -DBROKEN_RING_MIN  broken (the C before the fix this model found): ring_min carries no
+ *                   version, so a note that does not lower it leaves the merge's reset CAS
+ *                   to succeed and the slot behind it uncovered
  */
 
 #ifndef NR
-#define NR 2            /* rows */
+#define NR 2            /* rows (1..3) */
 #endif
 #ifndef NM
-#define NM 4            /* minutes 0..NM-1 */
+#define NM 3            /* minutes 0..NM-1 */
 #endif
 #ifndef NW
-#define NW 2            /* writes by the writer */
+#define NW 1            /* writes by the writer */
 #endif
 #ifndef NC
-#define NC 1            /* merges by the compactor */
+#define NC 1            /* merges by the compactor (0: no compactor) */
+#endif
+#ifndef NCL
+#define NCL 2           /* claimers (1..2) */
 #endif
 #ifndef NPASS
 #define NPASS 1         /* claim passes per claimer */
 #endif
 
 #define NONE 15         /* RL_KEY_NONE: not queued / nothing seen; above every minute */
-#define NI NR           /* index capacity per buffer (row_capacity) */
-#define NRING (NW + NC) /* ring slots: every write, plus one re-append per abandonment */
+#define NI NR           /* index capacity of a buffer: row_capacity */
+#if NC > 0
+#define NRING (NW + NC) /* ring slots: one per write, one more per abandoned slot */
+#else
+#define NRING NW
+#endif
 
 /* ring slot states */
-#define UNPUB 0         /* reserved (or never used): its writer has not published it */
+#define UNPUB 0         /* unused, or reserved and not yet published by its writer */
 #define PUB 1
 #define ABANDONED 2
 
 /* ---- shared words ---- */
-byte key[NR];                   /* the row table: row words (the truth) */
-byte fmin;                      /* floor word, minute half */
-byte fep;                       /* floor word, epoch half */
-byte ring_min = NONE;           /* lowest key this lane appended since the last merge */
+byte key[NR];                   /* the row table: each row's key (the truth) */
+byte fmin;                      /* the floor word: [minute ... */
+byte fep;                       /*                  ... : epoch] */
+byte ring_min = NONE;           /* the lane's lowest key appended since the last merge */
+#ifndef BROKEN_RING_MIN
+byte ring_ver;                  /* a version in ring_min's word, moved by every note */
+#endif
 byte ring_head;
 byte ring_tail;
-byte rs_state[NRING];
+byte rs_state[NRING];           /* ring slots */
 byte rs_key[NRING];
 byte rs_row[NRING];
-byte gen;                       /* index_gen: buffer = gen % 2 */
-byte icnt[2];                   /* index_count[2] */
-byte ikey[2 * NI];              /* ikeys[buf][i] at [buf * NI + i] */
+byte gen;                       /* index_gen; its buffer is gen % 2 */
+byte icnt[2];                   /* index_count[buffer] */
+byte ikey[2 * NI];              /* buffer b, position i at b * NI + i */
 byte irow[2 * NI];
-byte skip_gen;                  /* skip hint [generation : position] */
+byte skip_gen;                  /* the lane's skip hint: [generation : position] */
 byte skip_pos;
-bool pending[NR];               /* ghost: a write of this row is between step 1 and the end of step 3 */
-bool started;                   /* ghost: init done */
+bit pending[NR];                /* ghost: a write of this row is between step 1 and step 3's end */
 
 #define row_ok(r) (key[r] == NONE || pending[r] || fmin == 0 || key[r] >= fmin)
 #if NR == 1
@@ -94,10 +134,18 @@ bool started;                   /* ghost: init done */
 #else
 #error "NR must be 1..3"
 #endif
+#ifndef REACH_TOP
+#define CHECK assert(INV)
+#else
+/* A sanity run, expected to fail: the floor never reaches the top minute. Its counterexample
+ * shows that raises happen, so the property above is not true for want of any. */
+#define CHECK assert(INV && fmin < NM - 1)
+#endif
 
-ltl no_stranding { [] INV }
+/* for the trails: element i of a row-sized array, or 15 past its end */
+#define SHOWN(a, i) (i < NR -> a[(i < NR -> i : 0)] : 15)
 
-/* temporaries of the merge's d_step: not part of the state */
+/* temporaries of the merge's d_step only: not part of the state */
 hidden byte tk[NR];
 hidden byte tr[NR];
 hidden byte ti;
@@ -107,154 +155,189 @@ hidden byte tx;
 
 /* ------------------------------------------------------------------ writer ------------- */
 proctype writer() {
-    byte n, r, m, p, lw_min, lw_ep, next;
+    byte n, r, m, p;
+#ifdef LITERAL_CAS_LOOPS
+    byte lw_min, lw_ep, next;
+#endif
     for (n : 1 .. NW) {
         select (r : 0 .. NR - 1);
-        select (m : 0 .. NM);           /* NM = remove */
+        select (m : 0 .. NM);           /* m == NM: remove */
         if
         :: m == NM ->
-            /* rl_remove: the key goes, nothing is published, the floor is left alone */
-            d_step { key[r] = NONE; r = 0; m = 0 }
+            /* rl_remove: the key goes; nothing is published and the floor is left alone */
+            d_step { key[r] = NONE; CHECK; printf("MSC: writer: remove row %d\n", r); r = 0; m = 0 }
         :: else ->
-            /* 1. store the row's key */
-            d_step { pending[r] = 1; key[r] = m };
-            /* 2. rl_ring_append: reserve, fill + publish (again if the merge abandoned it) */
+            /* 1. the row's key */
+            d_step { pending[r] = 1; key[r] = m; CHECK; printf("MSC: writer: 1. key[%d] = %d\n", r, m) };
+            /* 2. rl_ring_append */
             do
             :: skip;
-               d_step { p = ring_tail; ring_tail++ };
+               d_step { p = ring_tail; ring_tail++; printf("MSC: writer: 2. reserve slot %d\n", p) };
                if
-               :: d_step { rs_state[p] == UNPUB -> rs_key[p] = m; rs_row[p] = r; rs_state[p] = PUB; p = 0 };
+               :: d_step { rs_state[p] == UNPUB ->               /* fill, publish */
+                               rs_key[p] = m; rs_row[p] = r; rs_state[p] = PUB;
+                               printf("MSC: writer: 2. publish slot %d = (%d, row %d)\n", p, m, r); p = 0 };
                   break
-               :: d_step { rs_state[p] == ABANDONED -> p = 0 }   /* append it again */
+               :: d_step { rs_state[p] == ABANDONED -> printf("MSC: writer: slot %d abandoned\n", p); p = 0 }
                fi
             od;
             skip;
             /*    rl_ring_min_note: a CAS-min loop, one linearization point */
-            d_step { if :: m < ring_min -> ring_min = m :: else fi };
+            d_step {
+#ifndef BROKEN_RING_MIN
+                ring_ver++;                                   /* the CAS always succeeds once */
+#endif
+                if :: m < ring_min -> ring_min = m :: else fi; printf("MSC: writer: 2. ring_min note %d: ring_min = %d\n", m, ring_min) };
             /* 3. rl_floor_lower */
-            d_step { lw_min = fmin; lw_ep = fep };
-            next = ((lw_min == 0 || lw_min <= m) -> lw_min : m);
+#ifdef LITERAL_CAS_LOOPS
+            d_step {
+                lw_min = fmin; lw_ep = fep;
+                next = ((lw_min == 0 || lw_min <= m) -> lw_min : m) };
             do
             :: d_step {
-                 fmin == lw_min && fep == lw_ep ->
-                    fmin = next;
+                   fmin == lw_min && fep == lw_ep ->
+                       fmin = next;
 #ifndef BROKEN_LOWER
-                    fep = lw_ep + 1;
+                       fep = lw_ep + 1;
 #endif
-                    pending[r] = 0;
-                    lw_min = 0; lw_ep = 0; next = 0; r = 0; m = 0 };
+                       pending[r] = 0;
+                       CHECK;
+                       printf("MSC: writer: 3. floor lowered to [%d:%d]\n", fmin, fep);
+                       lw_min = 0; lw_ep = 0; next = 0; r = 0; m = 0 };
                break
             :: d_step {
-                 !(fmin == lw_min && fep == lw_ep) ->    /* failed CAS: w = the current word */
-                    lw_min = fmin; lw_ep = fep;
-                    next = ((lw_min == 0 || lw_min <= m) -> lw_min : m) }
+                   !(fmin == lw_min && fep == lw_ep) ->      /* failed: w = the word now */
+                       lw_min = fmin; lw_ep = fep;
+                       next = ((lw_min == 0 || lw_min <= m) -> lw_min : m) }
             od
+#else
+            /* The CAS loop computes the new word from the one its CAS finds, and a failed CAS
+             * changes nothing: the loop is one atomic read-modify-write at its successful CAS
+             * (build with -DLITERAL_CAS_LOOPS for the loop step by step). */
+            d_step {
+                fmin = ((fmin == 0 || fmin <= m) -> fmin : m);
+#ifndef BROKEN_LOWER
+                fep++;
+#endif
+                pending[r] = 0;
+                CHECK;
+                printf("MSC: writer: 3. floor lowered to [%d:%d]\n", fmin, fep);
+                r = 0; m = 0 }
+#endif
         fi
     }
 }
 
 /* ------------------------------------------------------------------ claimer ------------ */
 proctype claimer() {
-    byte n, g, b, cnt, w_min, w_ep, lo, pos, first_live, last_key, rmin, stale_run, k, basis;
-    bool live;
+    /* The pass keeps what the C's cursor keeps, in less: it stops reading at the first live
+     * entry (after it, first_live and stale_run are settled and last_key is not used), so
+     * last_key is the key at pos - 1 when any entry was read, and stale_run is pos, or pos - 1
+     * when the last entry read was live. */
+    byte n, g, w_min, w_ep, pos, rmin, prop;
+    bit any, found;
     for (n : 1 .. NPASS) {
-        skip;   /* (a loop may not jump into a d_step) */
-        /* rl_claim: P.gen, P.count of its buffer */
-        d_step { g = gen; b = g % 2 };
-        d_step { cnt = icnt[b] };
-        /* (a) W before the index and the ring */
-        d_step { w_min = fmin; w_ep = fep };
-        /* the start: this generation's skip hint, else the lower bound of W's minute (the
-         * binary search reads immutable entries of a published buffer) */
+        skip;
+        /* rl_claim: P.gen (the buffer's count and entries are read where they are used: they
+         * cannot change while gen is still g, and if gen moved the pass does nothing) */
+        d_step { g = gen; printf("MSC: claimer %d: P.gen = %d\n", _pid, g) };
+        /* lane_open: (a) W, before the index and the ring */
+        d_step { w_min = fmin; w_ep = fep; printf("MSC: claimer %d: (a) W = [%d:%d]\n", _pid, w_min, w_ep) };
+        /* the start: this generation's skip hint, else the lower bound of W's minute */
         d_step {
             if
-            :: skip_gen == g && skip_pos <= cnt -> lo = skip_pos
+            :: skip_gen == g && skip_pos <= icnt[g % 2] -> pos = skip_pos
             :: else ->
-                lo = 0;
+                pos = 0;
                 do
-                :: lo < cnt && ikey[b * NI + lo] < w_min -> lo++
+                :: pos < icnt[g % 2] && ikey[(g % 2) * NI + pos] < w_min -> pos++
                 :: else -> break
                 od
             fi;
-            pos = lo; stale_run = lo; first_live = NONE; last_key = NONE
+            printf("MSC: claimer %d: start at entry %d (skip hint [%d:%d])\n", _pid, pos, skip_gen, skip_pos)
         };
-        /* (b) ring_min after W */
-        d_step { rmin = ring_min };
-        /* idx_advance: read forward; the pass may stop after any entry */
+        /* (b) ring_min, after W */
+        d_step { rmin = ring_min; printf("MSC: claimer %d: (b) ring_min = %d\n", _pid, rmin) };
+        /* idx_advance: entries forward, each a load of its row's key; the pass may stop after
+         * any of them (not due, window, budget) */
         do
-        :: pos < cnt ->
-            d_step {
-                k = ikey[b * NI + pos];
-                live = (key[irow[b * NI + pos]] == k);
+        :: d_step {
+                pos < icnt[g % 2] && !found ->
+                found = (key[irow[(g % 2) * NI + pos]] == ikey[(g % 2) * NI + pos]);
+                printf("MSC: claimer %d: read entry (%d, row %d): %d\n", _pid,
+                       ikey[(g % 2) * NI + pos], irow[(g % 2) * NI + pos], found);
                 pos++;
-                last_key = k;
-                if :: live && first_live == NONE -> first_live = k :: else fi;
-                if :: !live && stale_run == pos - 1 -> stale_run = pos :: else fi;
-                k = 0; live = 0
-            }
+                any = 1 }
         :: break
         od;
-        /* floors_raise: (c) re-check the generation */
+        /* floors_raise (each step also forgets what the rest of the pass no longer needs) */
 #ifndef BROKEN_GEN
         if
-        :: d_step { gen != g -> skip }
-        :: d_step { gen == g -> skip };
+        :: d_step { gen != g ->                                 /* (c) moved: nothing */
+                        printf("MSC: claimer %d: (c) generation moved: no raise\n", _pid);
+                        g = 0; w_min = 0; w_ep = 0; pos = 0; rmin = 0; any = 0; found = 0 }
+        :: d_step { gen == g ->
 #else
         if
-        :: true ->
+        :: d_step { true ->                                     /* no (c) */
 #endif
-            /* the skip hint moves forward within a generation (a CAS loop, one linearization) */
+                        /* the proposal: first live key, else the last key read; then the
+                         * minimum with ring_min */
+                        prop = (any -> ikey[(g % 2) * NI + pos - 1] : NONE);
+                        prop = (prop != NONE && rmin < prop -> rmin : prop);
+                        rmin = 0; any = 0 };
+            /* the skip hint, forward only within a generation (a CAS loop) */
             d_step {
                 if
-                :: skip_gen != g || skip_pos < stale_run -> skip_gen = g; skip_pos = stale_run
+                :: skip_gen != g || skip_pos < pos - found -> skip_gen = g; skip_pos = pos - found
                 :: else
-                fi };
-            basis = (first_live != NONE -> first_live : last_key);
-            if
-            :: basis != NONE ->
-                basis = (rmin < basis -> rmin : basis);
-                /* rl_floor_raise: only upward, CAS on the whole word seen in (a) */
+                fi;
                 if
-                :: basis > w_min ->
-                    d_step {
-#ifndef BROKEN_RAISE
-                        if :: fmin == w_min && fep == w_ep -> fmin = basis :: else fi
-#else
-                        if :: fmin == w_min -> fmin = basis :: else fi
-#endif
-                    }
+                :: prop == NONE || prop <= w_min -> prop = 0; w_min = 0; w_ep = 0   /* no raise */
                 :: else
-                fi
+                fi;
+                g = 0; pos = 0; found = 0 };
+            if
+            :: prop != 0 ->
+                /* rl_floor_raise: only upward, CAS on the whole word seen at (a) */
+                d_step {
+#ifndef BROKEN_RAISE
+                    if :: fmin == w_min && fep == w_ep -> fmin = prop :: else fi;
+#else
+                    if :: fmin == w_min -> fmin = prop :: else fi;      /* the epoch is ignored */
+#endif
+                    printf("MSC: claimer %d: raise CAS [%d:%d] -> [%d:%d]: floor now [%d:%d]\n",
+                           _pid, w_min, w_ep, prop, w_ep, fmin, fep);
+                    CHECK;
+                    prop = 0; w_min = 0; w_ep = 0 }
             :: else
             fi
-        fi;
-        d_step { g = 0; b = 0; cnt = 0; w_min = 0; w_ep = 0; lo = 0; pos = 0; first_live = 0;
-                 last_key = 0; rmin = 0; stale_run = 0; basis = 0 }
+        fi
     }
 }
 
+#if NC > 0
 /* ------------------------------------------------------------------ compactor ---------- */
 proctype compactor() {
-    byte n, g, head, tail, upto, old_min, new_min, tail_now, p;
+    byte n, g, head, tail, upto, old_min, new_min, p;
+#ifndef BROKEN_RING_MIN
+    byte old_ver;
+#endif
     for (n : 1 .. NC) {
-        skip;   /* (a loop may not jump into a d_step) */
-        d_step { g = gen };
-        d_step { head = ring_head };
-        d_step { tail = ring_tail };
-        /* ring_settle: wait for each slot to be published, or abandon it (its writer appends
-         * it again) */
-        upto = head;
+        skip;
+        d_step { g = gen; head = ring_head; tail = ring_tail; upto = head; printf("MSC: compactor: gen %d, ring [%d, %d)\n", g, head, tail) };
+        /* ring_settle */
         do
         :: upto < tail ->
             if
             :: d_step { rs_state[upto] != UNPUB -> upto++ }
-            :: d_step { rs_state[upto] == UNPUB -> rs_state[upto] = ABANDONED }
+            :: d_step { rs_state[upto] == UNPUB -> rs_state[upto] = ABANDONED; printf("MSC: compactor: abandon slot %d\n", upto) }
             fi
         :: else -> break
         od;
         skip;
-        /* the merge into the other buffer: live entries of this generation and the published
-         * ring entries [head, upto) whose row still has that key, sorted by (key, row) */
+        /* the merge: the live entries of generation g and the live published ring entries of
+         * [head, upto), without duplicates, sorted by (key, row), into buffer (g + 1) % 2 */
         d_step {
             tm = 0;
             ti = 0;
@@ -285,7 +368,6 @@ proctype compactor() {
                 ti++
             :: else -> break
             od;
-            /* insertion sort by (key, row), then write the destination buffer */
             ti = 1;
             do
             :: ti < tm ->
@@ -311,44 +393,77 @@ proctype compactor() {
             :: else -> break
             od;
             icnt[(g + 1) % 2] = tm;
+            printf("MSC: compactor: merged into buffer %d: %d entries, keys %d %d %d, rows %d %d %d\n",
+                   (g + 1) % 2, tm, SHOWN(tk, 0), SHOWN(tk, 1), SHOWN(tk, 2),
+                   SHOWN(tr, 0), SHOWN(tr, 1), SHOWN(tr, 2));
             ti = 0; tj = 0; tm = 0; tx = 0
         };
-        d_step { old_min = ring_min };
-        d_step { gen = g + 1 };                 /* publish */
-        d_step { ring_head = upto };
-        /* ring_min now covers only what is left in the ring */
-        new_min = NONE;
-        d_step { tail_now = ring_tail };
-        p = upto;
+        d_step {
+            old_min = ring_min;
+#ifndef BROKEN_RING_MIN
+            old_ver = ring_ver;
+#endif
+            printf("MSC: compactor: old ring_min = %d\n", old_min) };
+        d_step { gen = g + 1; ring_head = upto; printf("MSC: compactor: publish gen %d, ring_head = %d\n", gen, upto) };
+        /* ring_min now covers only the slots left: [upto, ring_tail) */
+        d_step { tail = ring_tail; new_min = NONE; p = upto; printf("MSC: compactor: ring_tail = %d\n", tail) };
         do
-        :: p < tail_now ->
+        :: p < tail ->
             if
             :: d_step { rs_state[p] == ABANDONED -> p++ }
-            :: d_step { rs_state[p] == UNPUB -> new_min = old_min; p = tail_now }  /* still being written */
-            :: d_step { rs_state[p] == PUB -> if :: rs_key[p] < new_min -> new_min = rs_key[p] :: else fi; p++ }
+            :: d_step { rs_state[p] == PUB ->
+                            if :: rs_key[p] < new_min -> new_min = rs_key[p] :: else fi; p++ }
+            :: d_step { rs_state[p] == UNPUB -> new_min = old_min; p = tail }   /* being written */
             fi
         :: else -> break
         od;
+        /* The CAS from the word loaded before the tail. Every rl_ring_min_note moves the word's
+         * version, so after any note since that load the CAS fails and ring_min keeps a value
+         * at or below the new slot's key. Without the version (-DBROKEN_RING_MIN, as the C was
+         * until this model found it) a note that found ring_min already at or below its key
+         * changed nothing, the CAS succeeded, and ring_min no longer covered that slot. */
         if
-        :: new_min != old_min -> d_step { if :: ring_min == old_min -> ring_min = new_min :: else fi }
+        :: new_min != old_min ->
+#ifndef BROKEN_RING_MIN
+            d_step { if :: ring_min == old_min && ring_ver == old_ver -> ring_min = new_min :: else fi;
+#else
+            d_step { if :: ring_min == old_min -> ring_min = new_min :: else fi;
+#endif
+                     printf("MSC: compactor: ring_min CAS %d -> %d: ring_min now %d\n", old_min, new_min, ring_min) }
         :: else
         fi;
-        /* rl_floor_bump_all: a CAS loop, one linearization point */
-        d_step { fep++ };
-        d_step { g = 0; head = 0; tail = 0; upto = 0; old_min = 0; new_min = 0; tail_now = 0; p = 0 }
+        d_step {
+            fep++;
+            printf("MSC: compactor: epoch bumped: floor [%d:%d]\n", fmin, fep);
+            g = 0; head = 0; tail = 0; upto = 0; old_min = 0; new_min = 0; p = 0;
+#ifndef BROKEN_RING_MIN
+            old_ver = 0
+#endif
+        }
     }
 }
 
+#endif
+
 /* ------------------------------------------------------------------ start -------------- */
-/* Any initial row table (each row at a minute, or not queued), indexed in generation 0, an
- * empty ring, no floor. */
+/* The rows at minutes 1 and 2 (-DANY_START: any row table, each row at a minute or not
+ * queued), indexed as generation 0; an empty ring; no floor. */
 init {
     byte r, m;
+#ifndef ANY_START
+    for (r : 0 .. NR - 1) { key[r] = (r + 1) % NM };
+#else
+    /* rows are alike but for their order among equal keys: start them in key order */
     for (r : 0 .. NR - 1) {
-        select (m : 0 .. NM);
-        key[r] = (m == NM -> NONE : m)
+        if
+        :: r > 0 && key[r - 1] == NONE -> key[r] = NONE
+        :: else ->
+            select (m : (r == 0 -> 0 : key[r - 1]) .. NM);     /* NM: not queued */
+            key[r] = (m == NM -> NONE : m)
+        fi
     };
-    skip;   /* (the loop's exit may not jump into a d_step) */
+#endif
+    skip;
     d_step {
         tm = 0;
         for (ti : 0 .. NR - 1) {
@@ -368,12 +483,18 @@ init {
         };
         icnt[0] = tm;
         ti = 0; tj = 0; tm = 0; r = 0; m = 0;
-        started = 1
+        CHECK;
+        printf("MSC: start: row keys %d %d %d (15: not queued, or no such row), floor [0:0]\n",
+               SHOWN(key, 0), SHOWN(key, 1), SHOWN(key, 2))
     };
     atomic {
         run writer();
         run claimer();
+#if NCL > 1
         run claimer();
+#endif
+#if NC > 0
         run compactor()
+#endif
     }
 }
