@@ -65,6 +65,8 @@
  *   -DBROKEN_RAISE  broken: the claimer's CAS compares the floor's minute only, not the epoch
  *   -DBROKEN_LOWER  broken: the writer lowers the floor without bumping the epoch
  *   -DBROKEN_GEN    broken: the claimer does not re-check the index generation at (c)
+ *   -DBROKEN_PROPOSAL  broken: the proposal ignores ring_min (recent writes below the first
+ *                   live index entry); the one-line change the stateful test also catches
  *   -DREACH_TOP     sanity: asserts that the floor never reaches minute NM - 1 (raises happen)
  *   -DBROKEN_RING_MIN  broken (the C before the fix this model found): ring_min carries no
  *                   version, so a note that does not lower it leaves the merge's reset CAS
@@ -284,7 +286,9 @@ proctype claimer() {
                         /* the proposal: first live key, else the last key read; then the
                          * minimum with ring_min */
                         prop = (any -> ikey[(g % 2) * NI + pos - 1] : NONE);
+#ifndef BROKEN_PROPOSAL
                         prop = (prop != NONE && rmin < prop -> rmin : prop);
+#endif
                         rmin = 0; any = 0 };
             /* the skip hint, forward only within a generation (a CAS loop) */
             d_step {
