@@ -182,6 +182,7 @@ def main() -> None:
         print("verify:", "clean" if not problems else problems[:3])
     finally:
         eng.close()
+        eng.unlink()
 
 
 if __name__ == "__main__":
