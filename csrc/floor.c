@@ -10,8 +10,9 @@
  *
  * Writers (csrc/writes.c), in this order:
  *   1. store the row's key;
- *   2. append (key, row) to the recent-write ring and publish it, then CAS-min the lane's
- *      ring_min (csrc/index.c);
+ *   2. append (key, row) to the recent-write ring and publish it, then note it in the lane's
+ *      ring_min (a CAS that lowers the key if needed and always moves its version,
+ *      csrc/layout.h, csrc/index.c);
  *   3. rl_floor_lower: CAS the whole word to [min(minute, x) or 0 if it was 0 : epoch + 1].
  *      The epoch moves on every write, lowered or not.
  * Claimers (csrc/claim.c), per lane:
@@ -22,7 +23,11 @@
  *      epoch(W)], only upward.
  * A write that lands after (a) bumps the epoch before (c) can succeed, so the CAS fails; a write
  * whose step 3 came before (a) had its ring entry and key visible to the scan and its ring_min
- * seen in (b). A compaction publishes a new generation (c fails) and bumps every epoch.
+ * seen in (b). A compaction publishes a new generation (c fails) and bumps every epoch; its
+ * reset of ring_min is a CAS on the versioned word, so it cannot uncover a write noted during it.
+ * Starting a scan at the lane's skip hint instead of the floor changes nothing here: entries
+ * before the hint are stale or below the floor, and a row that takes such a key again is in the
+ * ring too.
  * Any change to this order is a change to the protocol: re-check every interleaving above.
  * The model of this protocol is tests/model/floor.pml (checked by spin in `make test`); change
  * them together.
