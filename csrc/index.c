@@ -40,7 +40,6 @@ void rl_ring_min_note(rl_seg *s, uint64_t key) {
         ;
 }
 
-int rl_compact(rl_seg *s, uint32_t owner, int full_rebuild);
 
 int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
                    const uint32_t *rows, uint32_t *advice) {

@@ -96,6 +96,7 @@ typedef struct {
 #define RL_V_BAD_KEY 6
 #define RL_V_LANE_START 7
 #define RL_V_HEADER 8
+#define RL_V_RING_MIN 9
 
 typedef struct {
     uint32_t row;

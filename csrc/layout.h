@@ -243,5 +243,8 @@ void rl_index_note(rl_seg *s, uint32_t row, uint64_t key, uint64_t gen, uint32_t
 void rl_index_forget(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
                      const uint64_t *old_keys);                    /* index.c */
 int64_t rl_now_ms(void);                                           /* segment.c */
+int rl_compact_locked(rl_seg *s, uint32_t owner, int full_rebuild, uint32_t *lane_min); /* index.c */
+int rl_compactor_acquire(rl_seg *s, uint32_t owner);               /* index.c */
+void rl_compactor_release(rl_seg *s, uint32_t owner);              /* index.c */
 
 #endif

@@ -64,9 +64,6 @@ int rl_owner_release(rl_seg *s, uint32_t o) {
     return RL_OK;
 }
 
-int rl_compact_locked(rl_seg *s, uint32_t owner, int full_rebuild, uint32_t *lane_min); /* index.c */
-int rl_compactor_acquire(rl_seg *s, uint32_t owner);                                  /* index.c */
-void rl_compactor_release(rl_seg *s, uint32_t owner);                                 /* index.c */
 
 /* After a process died: end its leases, rebuild the index from the row table (a writer killed
  * between storing a row's key and appending it to the ring left that row findable only there),

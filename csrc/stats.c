@@ -108,7 +108,7 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
             seen[row] = 1;
             uint32_t l = rl_key_lane(key);
             if (l < RL_MAX_LANES && key < RL_RMIN_KEY(atomic_load(&s->lanes[l].ring_min)))
-                note(out, max, found, RL_V_BELOW_FLOOR, (uint32_t)row, l, key); /* ring_min too high */
+                note(out, max, found, RL_V_RING_MIN, (uint32_t)row, l, key);
         }
     }
     for (uint32_t r = 0; r < used; r++) {

@@ -14,7 +14,6 @@
 
 #include "layout.h"
 
-int rl_compact(rl_seg *s, uint32_t owner, int full_rebuild);
 
 static int64_t clamp_due(int64_t v) {
     if (v < 0) return 0;

@@ -52,6 +52,7 @@ _PROBLEMS = {
     lib.RL_V_BAD_KEY: "row key names a lane past the layout",
     lib.RL_V_LANE_START: "lane start table disagrees with the index",
     lib.RL_V_HEADER: "header sizes disagree",
+    lib.RL_V_RING_MIN: "recent write below its lane's ring minimum",
 }
 
 
