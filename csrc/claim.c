@@ -34,6 +34,20 @@
 #define EXTRA_CAP 4096
 #define RING_SCAN_ADVISE 1024
 
+/* Bench-only variants of the seek, for bench/bench_constraints.py, which builds its own module
+ * from these sources with -DRL_BENCH and picks a variant at run time through rl_bench_flags.
+ * The product build never defines RL_BENCH, so there every BENCH(...) is the constant 0. */
+#ifdef RL_BENCH
+extern int rl_bench_flags;
+#define RL_BENCH_UNFLOORED 1 /* seek from the lane's base instead of its floor */
+#define RL_BENCH_NO_SKIP 2   /* ignore the skip hint */
+#define RL_BENCH_TWO_SIDED 4 /* also binary-search the upper bound, encode(lane, now) */
+#define RL_BENCH_NO_TOMB 8   /* remember no claim positions, so completions leave no tombstones */
+#define BENCH(flag) (rl_bench_flags & (flag))
+#else
+#define BENCH(flag) 0
+#endif
+
 typedef struct {
     uint64_t key;
     uint32_t row;
@@ -166,10 +180,14 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
      * Without one, seek: the lower bound of encode(lane, floor), reading on past `hi` (into the
      * next lane) being the one-sided part. */
     uint64_t hint = atomic_load_explicit(&s->lanes[lane].skip, memory_order_relaxed);
-    if ((uint32_t)(hint >> 32) == (uint32_t)P->gen && (uint32_t)hint >= lo && (uint32_t)hint <= P->count) {
+#ifdef RL_BENCH
+    uint32_t lane_hi = hi;
+#endif
+    if (!BENCH(RL_BENCH_NO_SKIP) && (uint32_t)(hint >> 32) == (uint32_t)P->gen &&
+        (uint32_t)hint >= lo && (uint32_t)hint <= P->count) {
         lo = (uint32_t)hint;
     } else {
-        uint64_t seek = rl_encode(lane, (uint64_t)RL_FLOOR_MINUTE(c->floor_word) * 60000u);
+        uint64_t seek = rl_encode(lane, BENCH(RL_BENCH_UNFLOORED) ? 0 : (uint64_t)RL_FLOOR_MINUTE(c->floor_word) * 60000u);
         while (lo < hi) {
             uint32_t mid = lo + (hi - lo) / 2;
             if ((atomic_load_explicit(&P->ik[mid], memory_order_relaxed) & ~RL_TOMB) < seek) lo = mid + 1;
@@ -178,6 +196,17 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     }
     c->pos = c->start = c->stale_run = lo;
     c->end = (P->count - lo > P->window) ? lo + P->window : P->count;
+#ifdef RL_BENCH
+    if (BENCH(RL_BENCH_TWO_SIDED)) { /* the range's other end: the last due entry of the lane */
+        uint32_t a = lo, b = lane_hi > lo ? lane_hi : lo;
+        while (a < b) {
+            uint32_t mid = a + (b - a) / 2;
+            if ((atomic_load_explicit(&P->ik[mid], memory_order_relaxed) & ~RL_TOMB) <= c->due_limit) a = mid + 1;
+            else b = mid;
+        }
+        if (a < c->end) c->end = a;
+    }
+#endif
     for (uint32_t k = lo; k < lo + PREFETCH_AHEAD && k < c->end; k++)
         __builtin_prefetch(&s->rows[atomic_load_explicit(&P->ir[k], memory_order_relaxed) % P->s->h->row_capacity]);
     c->ring_min = RL_RMIN_KEY(atomic_load(&s->lanes[lane].ring_min)); /* (b) after W */
@@ -343,7 +372,7 @@ static int lane_take_one(Pass *P, Cursor *c) {
         P->out_due[i] = (int64_t)rl_key_due(key);
         P->out_tokens[i] = (int64_t)(nw ^ rl_token_mask(c->peek.row));
         c->granted++;
-        if (c->peek.pos != UINT32_MAX) rl_index_note(s, c->peek.row, key, P->gen, c->peek.pos);
+        if (c->peek.pos != UINT32_MAX && !BENCH(RL_BENCH_NO_TOMB)) rl_index_note(s, c->peek.row, key, P->gen, c->peek.pos);
         P->cls_granted[rl_class_of(P->p, c->lane)]++;
         return 1;
     }

@@ -142,3 +142,19 @@ int rl_rows_dump(rl_seg *s, uint32_t start, uint32_t n, uint64_t *words, uint64_
     }
     return RL_OK;
 }
+
+int rl_rows_export(rl_seg *s, uint32_t start, uint32_t n, int64_t *due_ms, int64_t *interval_s,
+                   int64_t *failures, int64_t *provenance, int64_t *urgent) {
+    uint32_t used = atomic_load(&s->h->rows_used);
+    if (start > used || n > used - start) return RL_E_RANGE;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t word = atomic_load_explicit(&s->rows[start + i].word, memory_order_relaxed);
+        uint64_t key = RL_WORD_KEY(word);
+        due_ms[i] = key == RL_KEY_NONE ? -1 : (int64_t)rl_key_due(key);
+        interval_s[i] = atomic_load_explicit(&s->intervals[start + i], memory_order_relaxed);
+        failures[i] = RL_WORD_FAILURES(word);
+        provenance[i] = RL_WORD_PROV(word);
+        urgent[i] = RL_WORD_URGENT(word);
+    }
+    return RL_OK;
+}

@@ -9,6 +9,7 @@ from .engine import Claim, Claims, Engine
 from .errors import (
     AttachTimeout,
     CapacityError,
+    CorpusError,
     EngineClosed,
     EngineError,
     EngineTypeError,
@@ -23,7 +24,8 @@ from .keys import STRIDE, due_ms_of, encode, lane_of
 from .policy import LanePolicy
 
 __all__ = [
-    "STRIDE", "AttachTimeout", "CapacityError", "Claim", "Claims", "Engine", "EngineClosed",
+    "STRIDE", "AttachTimeout", "CapacityError", "Claim", "Claims", "CorpusError", "Engine",
+    "EngineClosed",
     "EngineError", "EngineTypeError", "EngineValueError", "LanePolicy", "LayoutMismatch",
     "LeaseLost", "NotAllowed", "SegmentExists", "SegmentMissing", "due_ms_of", "encode",
     "lane_of",

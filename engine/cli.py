@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
+from types import FrameType
 from typing import Any
 
 from .engine import Engine
-from .errors import EngineError
+from .errors import EngineError, EngineValueError, SegmentMissing
+from .policy import LanePolicy
 from .segment import Segment
 
 
 def _stats(args: argparse.Namespace) -> int:
     eng = Engine.attach(args.name)
     try:
+        if args.prometheus:
+            from .metrics import exposition
+
+            sys.stdout.write(exposition(eng))
+            return 0
         stats = eng.stats()
     finally:
         eng.close()
@@ -44,9 +53,92 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    Segment.unlink(args.name)
-    print(f"removed /dev/shm/{args.name}")
+    from .board import Board
+    from .urls import UrlTable
+
+    removed = [f"/dev/shm/{args.name}.{suffix}" for suffix, unlink in
+               (("urls", UrlTable.unlink), ("pool", Board.unlink)) if unlink(args.name)]
+    try:
+        Segment.unlink(args.name)
+        removed.insert(0, f"/dev/shm/{args.name}")
+    except SegmentMissing:
+        if not removed:
+            raise
+    print("removed " + ", ".join(removed))
     return 0
+
+
+def _prioritize(args: argparse.Namespace) -> int:
+    from .urls import UrlTable
+
+    if (args.url is None) == (args.row is None):
+        raise EngineValueError("give the page as --url U or as --row N")
+    eng = Engine.attach(args.name)
+    try:
+        if args.url is not None:
+            table = UrlTable.attach(args.name)
+            try:
+                row = table.find(args.url)
+            finally:
+                table.close()
+        else:
+            row = args.row
+        eng.prioritize(row, args.mode)
+        info = eng.describe(row)
+        lane = eng.lane_name(info["lane"])
+    finally:
+        eng.close()
+    print(f"row {row}: {args.mode}, now in lane {info['lane']} ({lane}), due {info['due_ms']}")
+    return 0
+
+
+def _serve_metrics(args: argparse.Namespace) -> int:
+    from .metrics import serve
+
+    serve(args.name, args.port, args.host, args.seconds)
+    return 0
+
+
+def _pool(args: argparse.Namespace) -> int:
+    from .pool import Pool, PoolOptions
+    from .render import RenderSpec
+    from .view import LiveView, print_summary
+
+    render = RenderSpec(callable=args.render, command=args.command, timeout_s=args.timeout)
+    options = PoolOptions(workers=args.workers, batch=args.batch, lease_s=args.lease,
+                          start_method=args.start_method, checkpoint=args.checkpoint,
+                          checkpoint_every_s=args.checkpoint_every, grace_s=args.grace)
+    policy = None if args.lanes else LanePolicy(lanes_enabled=False)
+    if args.resume:
+        if args.corpus or args.checkpoint is None:
+            raise EngineValueError("--resume reads the --checkpoint file; give no --corpus")
+        pool = Pool.resume(args.name, args.checkpoint, render, options, policy=policy,
+                           capacity=args.capacity)
+    else:
+        if not args.corpus:
+            raise EngineValueError("give the pages as --corpus FILE (CSV, JSONL, sitemap)"
+                                   " or --resume from a checkpoint")
+        from .ingest import read_corpora
+
+        c = read_corpora(args.corpus)
+        pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
+                           options, policy=policy, capacity=args.capacity)
+    server = None
+    if args.metrics_port is not None:
+        from .metrics import start_server
+
+        server = start_server(pool.engine, args.metrics_port, args.metrics_host)
+    view = LiveView(force_plain=args.plain)
+    print(f"pool {args.name!r}: {len(pool.urls)} pages, {args.workers} workers"
+          f" ({args.start_method}); SIGINT/SIGTERM stop it", flush=True)
+    try:
+        summary = pool.run(seconds=args.seconds, on_tick=view.update)
+    finally:
+        view.close()
+        if server is not None:
+            server.shutdown()
+    print_summary(summary)
+    return 0 if not summary["problems"] else 1
 
 
 def _restamp(args: argparse.Namespace) -> int:
@@ -61,18 +153,58 @@ def _restamp(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import run
 
-    return run(args.seconds)
+    return run(args.seconds, workers=args.workers, plain=args.plain)
+
+
+def _sim(args: argparse.Namespace) -> int:
+    from .sim import run_cli
+
+    return run_cli(args)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lanes", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="show lanes at work")
-    p.add_argument("--seconds", type=float, default=None)
+    p = sub.add_parser("demo", help="a forked pool over a synthetic corpus, with a live view")
+    p.add_argument("--seconds", type=float, default=None, help="how long the pool runs (45)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     p.set_defaults(fn=_demo)
+    p = sub.add_parser("sim", help="the lane simulator: policies x capacities -> age / TTL")
+    from .sim import add_arguments as _sim_arguments
+
+    _sim_arguments(p)
+    p.set_defaults(fn=_sim)
+    p = sub.add_parser("pool", help="run a forked render pool over a corpus or a checkpoint")
+    p.add_argument("name", help="the engine's segment name (created; removed at the end)")
+    p.add_argument("--corpus", action="append", default=[], metavar="FILE",
+                   help="CSV, JSONL or sitemap (index) XML, optionally .gz; repeatable")
+    how = p.add_mutually_exclusive_group(required=True)
+    how.add_argument("--render", metavar="MODULE:FUNCTION", help="called with (url, claim)")
+    how.add_argument("--command", metavar="TEMPLATE",
+                     help="e.g. 'curl -fsS {url} -o /dev/null' ({url}, {row}, {lane}; no shell)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per command render")
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)))
+    p.add_argument("--batch", type=int, default=16, help="rows per claim")
+    p.add_argument("--lease", type=float, default=30.0, help="lease seconds (renewed)")
+    p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default="fork")
+    p.add_argument("--checkpoint", metavar="PATH", help="checkpoint file (written atomically)")
+    p.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--resume", action="store_true", help="start from --checkpoint")
+    p.add_argument("--grace", type=float, default=10.0, help="seconds to finish at a stop")
+    p.add_argument("--seconds", type=float, default=None, help="stop after this long")
+    p.add_argument("--capacity", type=int, default=None, help="rows the segment can hold")
+    p.add_argument("--no-lanes", dest="lanes", action="store_false",
+                   help="one EDF queue (lanes disabled)")
+    p.add_argument("--metrics-port", type=int, default=None, help="also serve /metrics")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+    p.set_defaults(fn=_pool)
     p = sub.add_parser("stats", help="per-lane statistics of an engine")
     p.add_argument("name")
-    p.add_argument("--json", action="store_true")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true")
+    fmt.add_argument("--prometheus", action="store_true", help="Prometheus text exposition")
     p.set_defaults(fn=_stats)
     p = sub.add_parser("check", help="verify every invariant of an engine")
     p.add_argument("name")
@@ -84,13 +216,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("name")
     p.add_argument("--limit", type=int, default=5000)
     p.set_defaults(fn=_restamp)
+    p = sub.add_parser("prioritize", help="rush a page to the urgent lane, or make it due now")
+    p.add_argument("name")
+    p.add_argument("--url", help="the page's URL (needs a pool's URL table)")
+    p.add_argument("--row", type=int, help="the page's row id")
+    p.add_argument("--mode", choices=("rush", "wait"), default="rush")
+    p.set_defaults(fn=_prioritize)
+    p = sub.add_parser("serve-metrics", help="serve Prometheus metrics of an engine over HTTP")
+    p.add_argument("name")
+    p.add_argument("--port", type=int, default=9464)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+    p.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
+    p.set_defaults(fn=_serve_metrics)
     args: Any = parser.parse_args(argv)
+    # SIGTERM before a command installs its own handling (a pool that is still starting) unwinds
+    # like Ctrl-C, so whatever was created is removed on the way out.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         status: int = args.fn(args)
     except EngineError as exc:
         print(f"lanes {args.command}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"lanes {args.command}: interrupted", file=sys.stderr)
+        return 130
     return status
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -213,6 +213,33 @@ class Engine:
         if seg is not None:
             seg.close()  # unmaps; never unlinks
 
+    # -- checkpoints (engine/checkpoint.py) ------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str], urls: Any = None) -> int:
+        """Write the whole schedule to ``path`` atomically (temp file + rename); returns the rows
+        saved. ``urls`` (row id -> URL), if given, is saved with it. Leases are not saved."""
+        from . import checkpoint
+
+        return checkpoint.save(self, path, urls)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], name: str, capacity: int | None = None,
+             policy: LanePolicy | None = None) -> Engine:
+        """Create engine ``name`` holding a saved schedule (row ids renumbered from 0 in saved
+        order); the saved capacity and policy unless given."""
+        from . import checkpoint
+
+        ck = checkpoint.read(path)
+        cap = max(ck.capacity, len(ck), 1) if capacity is None else capacity
+        eng = cls.create(name, cap, ck.policy if policy is None else policy)
+        try:
+            checkpoint.restore(ck, eng)
+        except BaseException:
+            eng.close()
+            eng.unlink()
+            raise
+        return eng
+
     # -- small helpers ---------------------------------------------------------------------------
 
     @property

@@ -17,6 +17,13 @@ class EngineValueError(EngineError, ValueError):
     """A bad value: absent or out-of-range due time, unknown provenance, bad share, ..."""
 
 
+class CorpusError(EngineValueError):
+    """A corpus file (CSV, JSONL, sitemap) is unreadable, malformed, unsafe or holds a bad row.
+
+    The message names the file and, where there is one, the 1-based line: ``path:line: what``.
+    """
+
+
 class EngineTypeError(EngineError, TypeError):
     """A value of the wrong type (a float row id, a string array where integers belong, ...)."""
 

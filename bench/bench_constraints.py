@@ -1,0 +1,219 @@
+"""The background's constraints, reproduced on this engine.
+
+    .venv/bin/python bench/bench_constraints.py [--smoke] [--out FILE]
+
+(a) Floors under reschedules. The background measured an unfloored seek degrade 0.073 -> 5.60 ms
+    over 40,000 reschedules while a floored one stayed flat. Here: claim(16) passes, each row
+    completed to now + interval at once, 40,000 reschedules with no merge in between (the ring
+    holds them all; the merge advice is ignored on purpose), so every reschedule leaves a stale
+    index entry at the front of its lane. Ratio = median µs per pass over the last 2,000
+    reschedules / over the first 2,000. The engine has three defences against that pile-up:
+    the floor, the per-lane skip hint, and tombstones (a completion marks the old entry, and a
+    pass crosses a run of them in one step). The seek variants (bench/seek_variants.py) switch
+    them off one at a time, so what each buys is measured, not assumed.
+(b) Lanes interleaved in one index vs one index per lane: the same rows, 16 per pass drawn from
+    every lane — one ten-lane engine with global-EDF remainder (the pass opens every lane) vs
+    nine one-lane engines (lanes disabled) claimed in turn for 16 in all.
+(c) One-sided seek with the upper bound checked in code (the product) vs a two-sided range
+    (a second binary search for the lane's last due entry), with and without the skip hint.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+from common import BUDGET, NOW, corpus, corpus_lanes, drop, figure, finish, new_engine, parse_args
+from seek_variants import NO_SKIP, NO_TOMB, TWO_SIDED, UNFLOORED, Handle
+
+from engine import LanePolicy
+from engine.segment import ffi, lib
+
+FULL = {"rows": 1_600_000, "reschedules": 40_000, "bucket": 2_000, "runs": 3,
+        "b_rounds": 5, "b_passes": 2000, "c_rounds": 5, "c_passes": 2000}
+SMOKE = {"rows": 20_000, "reschedules": 2_000, "bucket": 400, "runs": 1,
+         "b_rounds": 2, "b_passes": 50, "c_rounds": 2, "c_passes": 50}
+
+SEEKS = [  # (id, label, flags)
+    ("product", "floor + skip hint + tombstones (the product)", 0),
+    ("floor_only", "floor alone (no skip hint, no tombstones)", NO_SKIP | NO_TOMB),
+    ("unfloored", "unfloored (no floor, no skip hint, no tombstones)",
+     UNFLOORED | NO_SKIP | NO_TOMB),
+    ("hint_only", "skip hint alone (no floor, no tombstones)", UNFLOORED | NO_TOMB),
+    ("tombs_only", "tombstones alone (no floor, no skip hint)", UNFLOORED | NO_SKIP),
+]
+
+
+def reschedule_run(n: int, flags: int, reschedules: int, bucket: int) -> dict[str, float]:
+    eng = new_engine("floor", n)
+    h = Handle(eng.name)
+    try:
+        h.flags(flags)
+        times: list[int] = []
+        grants: list[int] = []
+        done = stalled = 0
+        clock = time.perf_counter_ns
+        while done < reschedules and stalled < 50:
+            t0 = clock()
+            got = h.claim(BUDGET, NOW)
+            times.append(clock() - t0)
+            grants.append(got)
+            h.complete(got, NOW)
+            done += got
+            stalled = stalled + 1 if got == 0 else 0
+        cum = np.cumsum(grants)
+        # the first bucket leaves out 10 warm-up passes (cold caches, the first floor raises)
+        first = [t for i, (t, c) in enumerate(zip(times, cum)) if c <= bucket and i >= 10]
+        if stalled:  # every lane stranded behind stale entries: time the passes that grant 0
+            last, lastg = times[-stalled:], grants[-stalled:]
+        else:
+            last = [t for t, c in zip(times, cum) if c > reschedules - bucket]
+            lastg = [g for g, c in zip(grants, cum) if c > reschedules - bucket]
+        st = eng.stats(NOW)
+        return {"first_us": statistics.median(first) / 1000,
+                "last_us": statistics.median(last) / 1000,
+                "last_grants": statistics.mean(lastg),
+                "done": float(done),
+                "pending": st["ring"]["pending"],
+                "gen": st["index"]["generation"]}
+    finally:
+        h.close()
+        drop(eng)
+
+
+def floors(c: dict[str, Any]) -> list[dict[str, Any]]:
+    figs = []
+    res: dict[str, list[dict[str, float]]] = {sid: [] for sid, _, _ in SEEKS}
+    for _ in range(c["runs"]):  # alternate variants within a run
+        for sid, _, flags in SEEKS:
+            res[sid].append(reschedule_run(c["rows"], flags, c["reschedules"], c["bucket"]))
+    gens = {r["gen"] for rs in res.values() for r in rs}
+    note = (f"no merge during the run (index generations seen: {sorted(gens)}); "
+            f"{max(r['pending'] for rs in res.values() for r in rs):,} writes left in the ring")
+    k = f"{c['reschedules'] // 1000}k"
+    for sid, label, _ in SEEKS:
+        rs = res[sid]
+        figs.append(figure(f"constraints.floor.{sid}.first_us", f"(a) {label}: µs per pass, "
+                           "first reschedules", "µs", [r["first_us"] for r in rs]))
+        figs.append(figure(f"constraints.floor.{sid}.last_us", f"(a) {label}: µs per pass, "
+                           f"after {k} reschedules", "µs", [r["last_us"] for r in rs]))
+        figs.append(figure(f"constraints.floor.{sid}.ratio", f"(a) {label}: after {k} / first",
+                           "x", [r["last_us"] / r["first_us"] for r in rs], note=note))
+        figs.append(figure(f"constraints.floor.{sid}.grants", f"(a) {label}: rows granted per "
+                           f"pass at the end", "rows", [r["last_grants"] for r in rs],
+                           better="higher"))
+        figs.append(figure(f"constraints.floor.{sid}.reschedules", f"(a) {label}: reschedules "
+                           "done (fewer: every lane stalled)", "rows",
+                           [r["done"] for r in rs], better="higher"))
+    return figs
+
+
+def _bare_cycle(engines: list[Any], budgets: list[int], passes: int) -> float:
+    """µs per 16 rows: `passes` times, claim budgets[i] from engines[i] for every i (bare cffi
+    calls), then complete them (untimed)."""
+    hs = [(e._seg.handle, e._seg.owner) for e in engines]
+    outs = [ffi.new("int64_t[]", 4 * b) for b in budgets]
+    ok = ffi.new("uint8_t[]", max(budgets))
+    advice = ffi.new("uint32_t *")
+    clock = time.perf_counter_ns
+    t = 0
+    for _ in range(passes):
+        got = []
+        t0 = clock()
+        for (h, o), b, out in zip(hs, budgets, outs):
+            got.append(lib.rl_claim(h, o, b, NOW, 600_000, 140, out, advice))
+        t += clock() - t0
+        for (h, o), b, out, g, e in zip(hs, budgets, outs, got, engines):
+            lib.rl_complete_many(h, o, g, out, out + 3 * b, ffi.NULL, NOW, ok, advice)
+            if advice[0]:
+                e.compact()
+    return t / passes / 1000
+
+
+def interleaving(c: dict[str, Any]) -> list[dict[str, Any]]:
+    n = c["rows"]
+    due, interval, prov, failures = corpus(n)
+    lanes = corpus_lanes(interval, prov, failures)
+    present = sorted(set(lanes.tolist()))
+    split = [BUDGET // len(present) + (1 if i < BUDGET % len(present) else 0)
+             for i in range(len(present))]
+    one_vals, sep_vals = [], []
+    bytes_one = bytes_sep = 0
+    for _ in range(c["b_rounds"]):
+        one = new_engine("one", n, LanePolicy(remainder="edf"),
+                         rows=(due, interval, prov, failures))
+        sep = []
+        try:
+            for lane in present:
+                m = lanes == lane
+                sep.append(new_engine("sep", int(m.sum()), LanePolicy(lanes_enabled=False),
+                                      rows=(due[m], interval[m], prov[m], failures[m])))
+            bytes_one = one.stats(NOW)["bytes"]
+            bytes_sep = sum(e.stats(NOW)["bytes"] for e in sep)
+            one_vals.append(_bare_cycle([one], [BUDGET], c["b_passes"]))
+            sep_vals.append(_bare_cycle(sep, split, c["b_passes"]))
+        finally:
+            drop(one)
+            for e in sep:
+                drop(e)
+    return [
+        figure("constraints.lanes.interleaved_us", f"(b) one {len(present)}-lane index, claim(16) "
+               "opening every lane: µs per 16 rows (bare)", "µs", one_vals),
+        figure("constraints.lanes.separate_us", f"(b) {len(present)} one-lane indexes claimed in "
+               "turn: µs per 16 rows (bare)", "µs", sep_vals),
+        figure("constraints.lanes.separate_over_interleaved",
+               "(b) separate / interleaved, time per 16 rows", "x",
+               [s / o for s, o in zip(sep_vals, one_vals)]),
+        figure("constraints.lanes.bytes_ratio", "(b) shared memory, separate / interleaved", "x",
+               [bytes_sep / bytes_one]),
+    ]
+
+
+def sidedness(c: dict[str, Any]) -> list[dict[str, Any]]:
+    variants = [("one_sided", "one-sided seek (the product)", 0),
+                ("two_sided", "two-sided range", TWO_SIDED),
+                ("one_sided_seek", "one-sided, binary seek every pass (no skip hint)", NO_SKIP),
+                ("two_sided_seek", "two-sided, binary seek every pass (no skip hint)",
+                 NO_SKIP | TWO_SIDED)]
+    vals: dict[str, list[float]] = {v: [] for v, _, _ in variants}
+    eng = new_engine("sided", c["rows"])
+    h = Handle(eng.name)
+    clock = time.perf_counter_ns
+    try:
+        for _ in range(c["c_rounds"]):
+            for vid, _, flags in variants:
+                h.flags(flags)
+                t = 0
+                for _ in range(c["c_passes"]):
+                    t0 = clock()
+                    got = h.claim(BUDGET, NOW)
+                    t += clock() - t0
+                    h.complete(got, NOW)
+                    if h.advice[0]:
+                        h.compact()
+                vals[vid].append(t / c["c_passes"] / 1000)
+    finally:
+        h.close()
+        drop(eng)
+    figs = [figure(f"constraints.sided.{vid}_us", f"(c) {label}: µs per claim(16)", "µs",
+                   vals[vid]) for vid, label, _ in variants]
+    figs.append(figure("constraints.sided.two_over_one", "(c) two-sided / one-sided", "x",
+                       [t / o for t, o in zip(vals["two_sided"], vals["one_sided"])]))
+    figs.append(figure("constraints.sided.two_over_one_seek",
+                       "(c) two-sided / one-sided, seeking every pass", "x",
+                       [t / o for t, o in zip(vals["two_sided_seek"], vals["one_sided_seek"])]))
+    return figs
+
+
+def main() -> None:
+    args = parse_args(__doc__)
+    started = time.perf_counter()
+    c = SMOKE if args.smoke else FULL
+    figs = floors(c) + interleaving(c) + sidedness(c)
+    finish("bench_constraints", args, figs, started)
+
+
+if __name__ == "__main__":
+    main()

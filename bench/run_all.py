@@ -1,0 +1,158 @@
+"""Run every benchmark, print one table, write bench/results/latest.json (``make bench``).
+
+    .venv/bin/python bench/run_all.py [--smoke] [--results DIR] [--only NAME ...]
+
+Each benchmark runs as its own process (a crash or a leak in one cannot colour the next) and
+writes its figures to DIR/<name>.json; this script joins them, judges each figure that has a
+target (issue 6) and writes DIR/latest.json: every figure with median, min, max and runs, its
+target and whether it is met, and the machine it ran on. A peer that could not be started is
+listed as skipped with its reason. ``--smoke`` is the tiny form CI runs; its sizes differ from
+the targets' so nothing is judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import describe, fmt, machine
+
+HERE = Path(__file__).resolve().parent
+SCRIPTS = ["bench_engine", "bench_constraints", "bench_python_peers", "bench_servers"]
+
+# figure id -> (comparison, value, how the README states the target)
+TARGETS: dict[str, tuple[str, float, str]] = {
+    "engine.claim_us.b16.n1600000": ("<=", 1.7, "≤ 1.7 µs"),
+    "engine.cycle_rows_s.p1.per_proc": (">=", 2e6, "≥ 2 M rows/s per process"),
+    "engine.cycle_rows_s.p2.per_proc": (">=", 2e6, "≥ 2 M rows/s per process"),
+    "engine.cycle_rows_s.p8.per_proc": (">=", 2e6, "≥ 2 M rows/s per process"),
+    "servers.ratio_redis_lua.p1": (">=", 100, "≥ 100×"),
+    "servers.ratio_redis_lua.p2": (">=", 100, "≥ 100×"),
+    "servers.ratio_postgres.p1": (">=", 300, "≥ 300×"),
+    "servers.ratio_postgres.p2": (">=", 300, "≥ 300×"),
+    "constraints.floor.product.ratio": ("<=", 1.2, "≤ 1.2× (floored)"),
+    "constraints.floor.floor_only.ratio": ("<=", 1.2, "≤ 1.2× (floored)"),
+    "constraints.floor.unfloored.ratio": (">=", 10, "≥ 10× (unfloored)"),
+    "engine.bytes_per_row.n1600000": ("<=", 48, "≤ 48 bytes"),
+    "engine.bytes_per_row.n16000000": ("<=", 48, "≤ 48 bytes"),
+    "engine.merge_ms.n1600000": ("<=", 20, "≤ 20 ms"),
+}
+
+
+def judge(f: dict[str, Any]) -> None:
+    t = TARGETS.get(f["id"])
+    if not t:
+        return
+    op, value, text = t
+    f["target"] = text
+    if "skipped" in f:
+        f["met"] = None
+        return
+    f["met"] = f["median"] <= value if op == "<=" else f["median"] >= value
+
+
+def table(figs: list[dict[str, Any]]) -> str:
+    rows = [("figure", "median", "range (runs)", "unit", "target", "met")]
+    for f in figs:
+        if "skipped" in f:
+            rows.append((f["label"], "skipped", f["skipped"][:60], f.get("unit", ""),
+                         f.get("target", ""), "—" if "target" in f else ""))
+            continue
+        u = f["unit"]
+        rng = (f"{fmt(f['min'], u)} – {fmt(f['max'], u)} ({f['runs']})" if f["runs"] > 1
+               else "(1)")
+        met = "" if "met" not in f else ("yes" if f["met"] else "MISSED")
+        rows.append((f["label"], fmt(f["median"], u), rng, u, f.get("target", ""), met))
+    widths = [min(90, max(len(r[i]) for r in rows)) for i in range(6)]
+    out = []
+    for k, r in enumerate(rows):
+        out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) if i in (1, 2) else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        if k == 0:
+            out.append("-" * len(out[0]))
+    return "\n".join(out)
+
+
+def markdown(figs: list[dict[str, Any]]) -> str:
+    """The table as Markdown, for the README's Figures section."""
+    out = ["| figure | median | range (runs) | target | met |", "|---|---:|---:|---|---|"]
+    for f in figs:
+        if "skipped" in f:
+            out.append(f"| {f['label']} | skipped | {f['skipped']} | {f.get('target', '')} | — |")
+            continue
+        u = f["unit"]
+        unit = "×" if u == "x" else u
+        rng = f"{fmt(f['min'], u)} – {fmt(f['max'], u)} ({f['runs']})" if f["runs"] > 1 else "(1)"
+        met = "" if "met" not in f else ("met" if f["met"] else "**missed**")
+        out.append(f"| {f['label']} | {fmt(f['median'], u)} {unit} | {rng} | "
+                   f"{f.get('target', '')} | {met} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--results", type=Path, default=HERE / "results")
+    ap.add_argument("--only", nargs="*", choices=SCRIPTS)
+    args = ap.parse_args()
+    args.results.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    docs: dict[str, Any] = {}
+    failed = []
+    for name in args.only or SCRIPTS:
+        out = args.results / f"{name}.json"
+        out.unlink(missing_ok=True)
+        cmd = [sys.executable, str(HERE / f"{name}.py"), "--out", str(out)]
+        if args.smoke:
+            cmd.append("--smoke")
+        print(f"== {name}", flush=True)
+        t0 = time.time()
+        rc = subprocess.run(cmd, cwd=HERE.parent).returncode
+        if rc != 0 or not out.exists():
+            failed.append(f"{name} (exit {rc})")
+            continue
+        docs[name] = json.loads(out.read_text())
+        print(f"   ({time.time() - t0:.0f} s)", flush=True)
+    figs = [f for d in docs.values() for f in d["figures"]]
+    if not args.smoke:  # smoke sizes are not the targets' sizes
+        for f in figs:
+            judge(f)
+    result = {
+        "command": "make bench" + (" (smoke)" if args.smoke else ""),
+        "smoke": args.smoke,
+        "date": time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
+        "seconds": round(time.time() - started),
+        "machine": machine(),
+        "load_avg_before": load_before,
+        "scripts": {k: {"seconds": d["seconds"]} for k, d in docs.items()},
+        "failed": failed,
+        "figures": figs,
+    }
+    (args.results / "latest.json").write_text(json.dumps(result, indent=1))
+    (args.results / "latest.md").write_text(markdown(figs))
+    m = result["machine"]
+    print()
+    print(f"render-lanes benchmark, {result['date']}, {m['cpu']}, {m['cores']} cores, "
+          f"{m['memory_gib']} GiB, {m['os']}, Python {m['python']}; load before "
+          f"{load_before}, after {m['load_avg']}; {result['seconds']} s")
+    print(table(figs))
+    missed = [f for f in figs if f.get("met") is False]
+    if missed:
+        print("\nmissed targets:")
+        for f in missed:
+            print(f"  {describe(f)} — target {f['target']}")
+    print(f"\nwritten: {args.results / 'latest.json'}")
+    if failed:
+        print(f"FAILED: {', '.join(failed)}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The pool board: per-worker render counters, the pool's clock and its stop flag, shared by name.
+
+The engine counts claims per lane; only the workers know how renders went (how long they took,
+which failed, how stale each page was when it was rendered). Each worker owns one slot of this
+board and is its only writer, so no atomics are needed: an aligned 8-byte store is never torn,
+and readers (the supervisor's live view, ``lanes stats --prometheus``, ``lanes serve-metrics``)
+sum the slots. The supervisor writes the header: its pid, the clock, the stop flag.
+
+It lives in ``/dev/shm/<engine>.pool`` (see ``shmfile``), so it is reachable under every start
+method and from unrelated processes, and is removed with the engine's segment.
+"""
+
+from __future__ import annotations
+
+import mmap
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from . import shmfile
+from .errors import EngineValueError, LayoutMismatch
+
+SUFFIX = "pool"
+LANES = 64
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0, 60.0)
+"""Upper bounds (seconds) of the render-duration histogram; one more bucket holds the rest."""
+
+# Header words (int64).
+_MAGIC = 0x314452414F424C52  # "RLBOARD1"
+H_MAGIC, H_VERSION, H_SLOTS, H_FIELDS, H_PID, H_START_MS, H_STOP, H_RESTARTS = range(8)
+H_ORIGIN_MS, H_WALL_ORIGIN_MS, H_SCALE_MICRO, H_CHECKPOINTS, H_CHECKPOINT_MS = range(8, 13)
+HEADER = 16
+
+# Slot fields (int64), one row per worker slot.
+F_PID, F_RENDERS, F_FAILURES, F_RELEASED, F_LEASE_LOST, F_DURATION_US, F_RENEWED = range(7)
+F_BUCKETS = 7
+F_LANE_RENDERS = F_BUCKETS + len(DURATION_BUCKETS) + 1
+F_LANE_AGE_MILLI = F_LANE_RENDERS + LANES  # sum of age / TTL, in thousandths
+FIELDS = F_LANE_AGE_MILLI + LANES
+
+Int64Array = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Clock:
+    """The pool's time: wall time, or wall time sped up ``scale`` times from ``origin_ms``.
+
+    ``lanes demo`` runs at several hundred times real speed, so that a 60 s run covers hours
+    of a corpus whose TTLs are hours; a production pool runs at scale 1 on the wall clock.
+    """
+
+    origin_ms: int
+    wall_origin_ms: int
+    scale: float = 1.0
+
+    @classmethod
+    def wall(cls, scale: float = 1.0, origin_ms: int | None = None) -> Clock:
+        now = time.time_ns() // 1_000_000
+        return cls(now if origin_ms is None else origin_ms, now, scale)
+
+    def now_ms(self) -> int:
+        wall = time.time_ns() // 1_000_000
+        return self.origin_ms + int((wall - self.wall_origin_ms) * self.scale)
+
+    def virtual_ms(self, real_ms: float) -> int:
+        """A real duration (a lease, a timeout) in the pool's time."""
+        return max(1, int(real_ms * self.scale))
+
+
+class Board:
+    """A view of ``/dev/shm/<engine>.pool``."""
+
+    def __init__(self, buf: mmap.mmap, name: str) -> None:
+        words = np.frombuffer(buf, np.int64)
+        if len(words) < HEADER or words[H_MAGIC] != _MAGIC or words[H_VERSION] != 1:
+            raise LayoutMismatch(f"{name}.{SUFFIX} is not a render-lanes pool board")
+        slots, fields = int(words[H_SLOTS]), int(words[H_FIELDS])
+        if fields != FIELDS or len(words) != HEADER + slots * fields:
+            raise LayoutMismatch(f"{name}.{SUFFIX} has another layout")
+        self.name = name
+        self._buf = buf
+        self._header = words[:HEADER]
+        self._slots = words[HEADER:].reshape(slots, fields)
+
+    @classmethod
+    def create(cls, name: str, slots: int, clock: Clock, pid: int, start_ms: int) -> Board:
+        if not 1 <= slots <= 4096:
+            raise EngineValueError(f"slots must lie in [1, 4096], got {slots}")
+        header = np.zeros(HEADER, np.int64)
+        header[[H_MAGIC, H_VERSION, H_SLOTS, H_FIELDS, H_PID, H_START_MS]] = (
+            _MAGIC, 1, slots, FIELDS, pid, start_ms)
+        header[[H_ORIGIN_MS, H_WALL_ORIGIN_MS, H_SCALE_MICRO]] = (
+            clock.origin_ms, clock.wall_origin_ms, round(clock.scale * 1e6))
+        shmfile.create(name, SUFFIX, header.tobytes(), (HEADER + slots * FIELDS) * 8)
+        return cls.attach(name)
+
+    @classmethod
+    def attach(cls, name: str) -> Board:
+        return cls(shmfile.attach(name, SUFFIX, writable=True, min_size=HEADER * 8), name)
+
+    @staticmethod
+    def unlink(name: str) -> bool:
+        return shmfile.unlink(name, SUFFIX)
+
+    def close(self) -> None:
+        del self._header, self._slots
+        self._buf.close()
+
+    # -- the supervisor's words ------------------------------------------------------------------
+
+    @property
+    def clock(self) -> Clock:
+        h = self._header
+        return Clock(int(h[H_ORIGIN_MS]), int(h[H_WALL_ORIGIN_MS]), int(h[H_SCALE_MICRO]) / 1e6)
+
+    @property
+    def supervisor(self) -> tuple[int, int]:
+        """(pid, process start time in ms) of the supervisor that created the board."""
+        return int(self._header[H_PID]), int(self._header[H_START_MS])
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self._header[H_STOP])
+
+    def request_stop(self) -> None:
+        self._header[H_STOP] = 1
+
+    def note_restart(self) -> None:
+        self._header[H_RESTARTS] += 1
+
+    def note_checkpoint(self, at_ms: int) -> None:
+        self._header[H_CHECKPOINTS] += 1
+        self._header[H_CHECKPOINT_MS] = at_ms
+
+    # -- a worker's slot -------------------------------------------------------------------------
+
+    @property
+    def slots(self) -> int:
+        return len(self._slots)
+
+    def slot(self, i: int) -> Int64Array:
+        """Worker ``i``'s row of counters (its only writer is that worker)."""
+        row: Int64Array = self._slots[i]
+        return row
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def totals(self) -> dict[str, Any]:
+        """Counters summed over every slot (a consistent-enough snapshot: each word is whole)."""
+        s = self._slots.sum(axis=0)
+        h = self._header
+        return {
+            "renders": int(s[F_RENDERS]),
+            "failures": int(s[F_FAILURES]),
+            "released": int(s[F_RELEASED]),
+            "lease_lost": int(s[F_LEASE_LOST]),
+            "renewed": int(s[F_RENEWED]),
+            "duration_s": int(s[F_DURATION_US]) / 1e6,
+            "duration_buckets": [int(v) for v in s[F_BUCKETS:F_LANE_RENDERS]],
+            "lane_renders": s[F_LANE_RENDERS:F_LANE_AGE_MILLI].copy(),
+            "lane_age_sum": s[F_LANE_AGE_MILLI:FIELDS] / 1000.0,
+            "restarts": int(h[H_RESTARTS]),
+            "checkpoints": int(h[H_CHECKPOINTS]),
+            "checkpoint_ms": int(h[H_CHECKPOINT_MS]),
+        }
+
+
+def record_render(slot: Int64Array, lane: int, seconds: float, age_over_ttl: float,
+                  ok: bool) -> None:
+    """Count one finished render in a worker's slot."""
+    slot[F_RENDERS if ok else F_FAILURES] += 1
+    slot[F_DURATION_US] += int(seconds * 1e6)
+    slot[F_BUCKETS + int(np.searchsorted(DURATION_BUCKETS, seconds))] += 1
+    if ok and 0 <= lane < LANES:
+        slot[F_LANE_RENDERS + lane] += 1
+        slot[F_LANE_AGE_MILLI + lane] += int(age_over_ttl * 1000)

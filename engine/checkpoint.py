@@ -1,0 +1,153 @@
+"""Checkpoints: the whole schedule of an engine in one file, written atomically.
+
+The segment lives in memory; a pool that is stopped, or whose machine reboots, must not lose
+its schedule. A checkpoint holds every queued row's due time, interval, provenance, failure
+count and urgent flag, the policy in force and, when the pool gives them, the rows' URLs. Leases
+are not kept: a lease belongs to a process that will not exist after a restore, so a leased row
+comes back due at its scheduled time and is claimed again.
+
+Written to a temporary file in the same directory, flushed to disk, then renamed over the old
+checkpoint, so a crash at any moment leaves either the old checkpoint or the new one. A restore
+adds the rows in their saved order; removed rows are not kept, so row ids are renumbered
+densely from 0 (the saved URLs are renumbered with them).
+
+Format: an uncompressed numpy ``.npz`` (no pickles; ``allow_pickle=False`` on read).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zipfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from .errors import EngineError, EngineValueError
+from .keys import STRIDE
+from .policy import MAX_INTERVAL_S, LanePolicy
+from .segment import check, ffi, lib
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+FORMAT = "render-lanes-checkpoint"
+VERSION = 1
+IntArray = npt.NDArray[np.int64]
+_COLUMNS = ("due_ms", "interval_s", "failures", "provenance", "urgent")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A saved schedule: parallel columns over the queued rows, in row order."""
+
+    name: str
+    saved_at_ms: int
+    capacity: int
+    policy: LanePolicy
+    due_ms: IntArray
+    interval_s: IntArray
+    failures: IntArray
+    provenance: IntArray
+    urgent: IntArray
+    urls: list[str] | None
+
+    def __len__(self) -> int:
+        return len(self.due_ms)
+
+
+def snapshot(eng: Engine) -> tuple[IntArray, dict[str, IntArray]]:
+    """(row ids, columns) of every queued row of ``eng``, read from the row table in one pass."""
+    n = int(eng._seg.info().rows_used)
+    cols = {c: np.empty(n, np.int64) for c in _COLUMNS}
+    if n:
+        check(lib.rl_rows_export(eng._h, 0, n, *(ffi.from_buffer("int64_t[]", cols[c])
+                                                 for c in _COLUMNS)), "export rows")
+    rows = np.flatnonzero(cols["due_ms"] >= 0)
+    return rows, {c: v[rows] for c, v in cols.items()}
+
+
+def save(eng: Engine, path: str | os.PathLike[str], urls: Sequence[str] | None = None) -> int:
+    """Write ``eng``'s schedule to ``path`` atomically; returns the number of rows saved.
+
+    ``urls``, if given, maps row id to URL (``urls[row]``) and is saved beside the rows.
+    """
+    path = os.fspath(path)
+    rows, cols = snapshot(eng)
+    arrays: dict[str, Any] = dict(cols)
+    if urls is not None:
+        if len(rows) and int(rows[-1]) >= len(urls):
+            raise EngineValueError(f"urls holds {len(urls)} entries, row {int(rows[-1])} is queued")
+        blob = "\n".join(urls[int(r)] for r in rows).encode()
+        arrays["urls"] = np.frombuffer(blob, np.uint8)
+    meta = {"format": FORMAT, "version": VERSION, "name": eng.name,
+            "saved_at_ms": time.time_ns() // 1_000_000, "rows": len(rows),
+            "capacity": int(eng._seg.info().row_capacity), "policy": asdict(eng.policy),
+            "has_urls": urls is not None}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)  # the rename itself survives a crash
+    finally:
+        os.close(dfd)
+    return len(rows)
+
+
+def read(path: str | os.PathLike[str]) -> Checkpoint:
+    """Read and check a checkpoint; ``EngineValueError`` naming what is wrong."""
+    path = os.fspath(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except FileNotFoundError:
+        raise EngineValueError(f"no checkpoint at {path}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise EngineValueError(f"{path} is not a readable checkpoint: {e}") from None
+    try:
+        meta = json.loads(bytes(data["meta"]).decode())
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise EngineValueError(f"{path}: not a version-{VERSION} render-lanes checkpoint")
+        n = int(meta["rows"])
+        cols = {c: np.ascontiguousarray(data[c], np.int64) for c in _COLUMNS}
+        policy = LanePolicy(**{**meta["policy"], "ttl_bands": tuple(meta["policy"]["ttl_bands"])})
+        urls = bytes(data["urls"]).decode().split("\n") if meta["has_urls"] and n else (
+            [] if meta["has_urls"] else None)
+    except EngineError:
+        raise
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
+        raise EngineValueError(f"{path}: damaged checkpoint ({e!r})") from None
+    if any(len(v) != n for v in cols.values()) or (urls is not None and len(urls) != n):
+        raise EngineValueError(f"{path}: damaged checkpoint (columns disagree with {n} rows)")
+    bad = ((cols["due_ms"] < 0) | (cols["due_ms"] >= STRIDE) | (cols["interval_s"] < 1)
+           | (cols["interval_s"] > MAX_INTERVAL_S) | (cols["failures"] < 0)
+           | (cols["failures"] > 255) | ((cols["provenance"] | cols["urgent"]) & ~1 != 0))
+    if bad.any():
+        raise EngineValueError(f"{path}: damaged checkpoint (row {int(np.argmax(bad))} out of"
+                               " range)")
+    return Checkpoint(name=str(meta["name"]), saved_at_ms=int(meta["saved_at_ms"]),
+                      capacity=int(meta["capacity"]), policy=policy, urls=urls, **cols)
+
+
+def restore(ck: Checkpoint, eng: Engine) -> IntArray:
+    """Add a checkpoint's rows to ``eng`` (in saved order); returns their new row ids."""
+    rows = eng.add_many(ck.due_ms, ck.interval_s, ck.provenance, ck.failures)
+    for i in np.flatnonzero(ck.urgent):
+        # A rush puts the row in the urgent lane due at `now_ms`: at its saved due time.
+        eng.prioritize(int(rows[i]), "rush", now_ms=int(ck.due_ms[i]))
+    return rows

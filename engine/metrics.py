@@ -1,0 +1,148 @@
+"""Prometheus metrics of an engine and, when a pool runs over it, of the pool.
+
+Nothing is counted twice: on every scrape a collector reads the engine's own per-lane counters
+(``Engine.stats``) and the pool board's per-worker counters (``engine.board``) and turns them
+into metric families, so a scrape from ``lanes serve-metrics`` in another process sees exactly
+what the pool's processes counted. The lane is a label (its name, e.g. ``submitted/b0``).
+prometheus_client (the ``metrics`` extra) does the exposition format and the HTTP server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .board import DURATION_BUCKETS, Board
+from .engine import Engine
+from .errors import EngineError, EngineValueError, SegmentMissing
+
+_LANE_GAUGES = (("queued", "rows queued in the lane"),
+                ("due", "backlog: rows due now in the lane"),
+                ("leased", "rows of the lane under a live lease"))
+_LANE_COUNTERS = (("granted", "lane_granted", "rows granted by claim passes"),
+                  ("spilled", "lane_spilled", "due entries past the claim window, dropped"),
+                  ("stale_skipped", "lane_stale_skipped", "stale index entries skipped"),
+                  ("lease_refused", "lane_lease_refused", "leases lost to a concurrent claimer"))
+
+
+def _client() -> Any:
+    try:
+        import prometheus_client
+        import prometheus_client.core
+    except ImportError:
+        raise EngineValueError("metrics need prometheus_client: pip install"
+                               " 'render-lanes[metrics]'") from None
+    return prometheus_client
+
+
+class LanesCollector:
+    """A prometheus_client collector over one engine (and its pool board, if any)."""
+
+    def __init__(self, eng: Engine) -> None:
+        self.engine = eng
+
+    def _board(self) -> Board | None:
+        try:
+            return Board.attach(self.engine.name)
+        except SegmentMissing:
+            return None
+
+    def collect(self) -> Iterator[Any]:
+        core = _client().core
+        board = self._board()
+        try:
+            now = board.clock.now_ms() if board is not None else None
+            stats = self.engine.stats(now_ms=now)
+            for key, help_ in _LANE_GAUGES:
+                g = core.GaugeMetricFamily(f"lanes_lane_{key}", help_, labels=["lane"])
+                for lane in stats["lanes"]:
+                    g.add_metric([lane["name"]], lane[key])
+                yield g
+            for key, metric, help_ in _LANE_COUNTERS:
+                c = core.CounterMetricFamily(f"lanes_{metric}", help_, labels=["lane"])
+                for lane in stats["lanes"]:
+                    c.add_metric([lane["name"]], lane[key])
+                yield c
+            g = core.GaugeMetricFamily("lanes_lane_floor_minute",
+                                       "the lane's claim floor, minutes since the epoch (0: none)",
+                                       labels=["lane"])
+            for lane in stats["lanes"]:
+                g.add_metric([lane["name"]], lane["floor_minute"])
+            yield g
+            yield core.GaugeMetricFamily("lanes_rows", "rows ever added", value=stats["rows"])
+            if board is not None:
+                yield from self._pool(core, board, stats)
+        finally:
+            if board is not None:
+                board.close()
+
+    def _pool(self, core: Any, board: Board, stats: dict[str, Any]) -> Iterator[Any]:
+        t = board.totals()
+        for key, help_ in (("renders", "renders that succeeded"),
+                           ("failures", "renders that failed"),
+                           ("released", "claimed rows given back unrendered at a stop"),
+                           ("lease_lost", "renders whose lease was lost before completion"),
+                           ("restarts", "workers restarted by the supervisor"),
+                           ("checkpoints", "checkpoints written")):
+            yield core.CounterMetricFamily(f"lanes_pool_{key}", help_, value=t[key])
+        buckets, acc = [], 0
+        for bound, n in zip((*DURATION_BUCKETS, float("inf")), t["duration_buckets"], strict=True):
+            acc += n
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+        yield core.HistogramMetricFamily("lanes_pool_render_duration_seconds",
+                                         "wall time of one render", buckets=buckets,
+                                         sum_value=t["duration_s"])
+        c = core.CounterMetricFamily("lanes_pool_lane_renders", "renders per lane",
+                                     labels=["lane"])
+        a = core.CounterMetricFamily("lanes_pool_lane_age_over_ttl_sum",
+                                     "sum over renders of the page's age / TTL when rendered",
+                                     labels=["lane"])
+        for lane in stats["lanes"]:
+            i = lane["lane"]
+            c.add_metric([lane["name"]], int(t["lane_renders"][i]))
+            a.add_metric([lane["name"]], float(t["lane_age_sum"][i]))
+        yield c
+        yield a
+
+
+def registry(eng: Engine) -> Any:
+    reg = _client().CollectorRegistry()
+    reg.register(LanesCollector(eng))
+    return reg
+
+
+def exposition(eng: Engine) -> str:
+    """The Prometheus text exposition of ``eng`` (and its pool) right now."""
+    text: bytes = _client().generate_latest(registry(eng))
+    return text.decode()
+
+
+def start_server(eng: Engine, port: int, host: str = "127.0.0.1") -> Any:
+    """Serve ``/metrics`` of ``eng`` from a daemon thread; returns the server (``shutdown()``)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise EngineValueError(f"port must lie in [0, 65535], got {port!r}")
+    try:
+        server, _thread = _client().start_http_server(port, addr=host, registry=registry(eng))
+    except OSError as e:
+        raise EngineError(f"cannot serve metrics on {host}:{port}: {e}") from None
+    print(f"serving metrics of {eng.name!r} on http://{host}:{server.server_port}/metrics",
+          flush=True)
+    return server
+
+
+def serve(name: str, port: int, host: str = "127.0.0.1", seconds: float | None = None) -> None:
+    """Serve ``/metrics`` for engine ``name`` until interrupted (or for ``seconds``)."""
+    eng = Engine.attach(name)
+    try:
+        server = start_server(eng, port, host)
+        try:
+            deadline = None if seconds is None else time.monotonic() + seconds
+            while deadline is None or time.monotonic() < deadline:
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.shutdown()
+    finally:
+        eng.close()

@@ -1,0 +1,501 @@
+"""The forked render pool: a supervisor and N workers over one engine.
+
+Each worker loops: claim a batch, render each row, fail the rows that failed one by one and
+complete the rest in one ``complete_many``. A thread in the worker renews the leases of the rows
+it holds, so a render longer than its lease keeps its row; a row whose lease was lost anyway
+(the worker stalled past its lease) is not completed, since someone else holds it now.
+
+The supervisor owns the engine's segment, the URL table and the pool board. It restarts a worker
+that dies and reclaims the dead worker's leases at once (``Engine.reap``), checkpoints the
+schedule periodically, and on SIGINT/SIGTERM raises the board's stop flag: workers finish the
+render in hand, complete what they rendered, release what they did not and exit; after the
+grace period the rest are killed and their leases reclaimed. Then the last checkpoint is
+written and every shared file is removed. Workers watch the supervisor and exit if it dies, so
+a killed supervisor leaves no worker behind (its files stay for ``lanes pool --resume``).
+
+Workers get only names and a picklable ``WorkerSpec``, and attach to the segment, the URL
+table and the board by name, so the pool runs the same under fork, spawn and forkserver.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+import numpy as np
+
+from . import checkpoint
+from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, Board, Clock, record_render
+from .engine import Claim, Claims, Engine, wall_ms
+from .errors import EngineValueError, LeaseLost, SegmentExists, SegmentMissing
+from .policy import LanePolicy
+from .render import RenderSpec
+from .segment import Segment, process_start_ms
+from .urls import UrlTable
+
+START_METHODS = ("fork", "spawn", "forkserver")
+
+
+@dataclass(frozen=True)
+class PoolOptions:
+    """How a pool runs. Durations are real seconds; the clock's scale maps them to pool time."""
+
+    workers: int = 2
+    batch: int = 16
+    lease_s: float = 30.0
+    start_method: str = "fork"
+    checkpoint: str | None = None
+    checkpoint_every_s: float = 60.0
+    grace_s: float = 10.0
+    idle_s: float = 0.05
+    time_scale: float = 1.0
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Environment variables set in every worker before its render is built (a forkserver's
+    workers inherit the server's environment, not the supervisor's)."""
+
+    def __post_init__(self) -> None:
+        for what, v, lo, hi in (("workers", self.workers, 1, 1000), ("batch", self.batch, 1, 4096)):
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise EngineValueError(f"{what} must be an int in [{lo}, {hi}], got {v!r}")
+        for what, x in (("lease_s", self.lease_s), ("checkpoint_every_s", self.checkpoint_every_s),
+                        ("idle_s", self.idle_s), ("time_scale", self.time_scale)):
+            if not isinstance(x, (int, float)) or not 0 < x < 1e9:
+                raise EngineValueError(f"{what} must be a positive number, got {x!r}")
+        if not isinstance(self.grace_s, (int, float)) or not 0 <= self.grace_s < 1e6:
+            raise EngineValueError(f"grace_s must be a number >= 0, got {self.grace_s!r}")
+        if self.start_method not in START_METHODS:
+            raise EngineValueError(f"start_method must be one of {START_METHODS}")
+        if not isinstance(self.env, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) and k and "=" not in k
+                for k, v in self.env.items()):
+            raise EngineValueError("env must map variable names to strings")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs, by name (picklable for spawn and forkserver)."""
+
+    name: str
+    render: RenderSpec
+    batch: int
+    lease_s: float
+    idle_s: float
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# -- the worker --------------------------------------------------------------------------------
+
+
+class _Held:
+    """The tokens of the rows a worker holds, renewed by a thread while renders run long."""
+
+    def __init__(self, eng: Engine, clock: Clock, lease_ms: int, slot: Any) -> None:
+        self._eng, self._clock, self._lease_ms, self._slot = eng, clock, lease_ms, slot
+        self._lock = threading.Lock()
+        self._tokens: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew_loop, name="lease-renewer", daemon=True)
+
+    def start(self, period_s: float) -> None:
+        self._period = period_s
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def hold(self, batch: Claims) -> None:
+        with self._lock:
+            self._tokens.update(zip(batch.rows.tolist(), batch.tokens.tolist(), strict=True))
+
+    def take(self, rows: list[int]) -> tuple[list[int], list[int]]:
+        """Stop renewing ``rows``; returns those still held and their current tokens."""
+        with self._lock:
+            held = [(r, self._tokens.pop(r)) for r in rows if r in self._tokens]
+        return [r for r, _ in held], [t for _, t in held]
+
+    def rest(self) -> tuple[list[int], list[int]]:
+        with self._lock:
+            rows = list(self._tokens)
+        return self.take(rows)
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self._period):
+            with self._lock:
+                for row, token in list(self._tokens.items()):
+                    try:
+                        self._tokens[row] = self._eng.renew(row, token, self._lease_ms,
+                                                            now_ms=self._clock.now_ms())
+                        self._slot[F_RENEWED] += 1
+                    except LeaseLost:
+                        del self._tokens[row]  # someone else holds it now; do not complete it
+                        self._slot[F_LEASE_LOST] += 1
+
+
+def worker_main(spec: WorkerSpec, slot_index: int) -> None:
+    """A worker process: claim, render, complete, until the board says stop."""
+    stop = [False]
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stop[0] = True  # finish the render in hand, then leave like a graceful stop
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when the pool stops
+    signal.signal(signal.SIGTERM, on_term)
+    os.environ.update(spec.env)
+    eng, urls, board = Engine.attach(spec.name), UrlTable.attach(spec.name), Board.attach(spec.name)
+    slot = board.slot(slot_index)
+    slot[F_PID] = os.getpid()
+    clock = board.clock
+    lease_ms = clock.virtual_ms(spec.lease_s * 1000)
+    render = spec.render.build()
+    held = _Held(eng, clock, lease_ms, slot)
+    held.start(max(0.01, spec.lease_s / 3))
+    # The supervisor is our parent (or, under forkserver, the server's, which exits with it).
+    # A dead parent that is not reaped yet still answers kill(pid, 0); being re-parented is
+    # the reliable sign.
+    parent = os.getppid()
+    supervisor, _ = board.supervisor
+    next_watch = 0.0
+    try:
+        while not (stop[0] or board.stopping):
+            if time.monotonic() >= next_watch:
+                next_watch = time.monotonic() + 0.5
+                if os.getppid() != parent or not _alive(supervisor):
+                    break  # the supervisor was killed: leave, our leases die with us
+            batch = eng.claim(spec.batch, now_ms=clock.now_ms(), lease_ms=lease_ms)
+            if not len(batch):
+                time.sleep(spec.idle_s)
+                continue
+            held.hold(batch)
+            done: list[int] = []
+            for c in batch:
+                if stop[0] or board.stopping:
+                    break
+                _render_one(eng, urls, render, c, clock, held, slot, done)
+            rows, tokens = held.take(done)
+            if rows:
+                ok = eng.complete_many(rows, tokens, now_ms=clock.now_ms())
+                slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
+            rows, tokens = held.rest()  # not rendered: stopping
+            for r, t in zip(rows, tokens, strict=True):
+                try:
+                    eng.release(r, t)
+                    slot[F_RELEASED] += 1
+                except LeaseLost:
+                    slot[F_LEASE_LOST] += 1
+    finally:
+        held.stop()
+        eng.close()
+
+
+def _render_one(eng: Engine, urls: UrlTable, render: Callable[[str, Claim], object], c: Claim,
+                clock: Clock, held: _Held, slot: Any, done: list[int]) -> None:
+    now = clock.now_ms()
+    interval_ms = 1000 * int(eng.describe(c.row, now_ms=now)["interval_s"])
+    age_over_ttl = 1.0 + max(0, now - c.due_ms) / interval_ms
+    t0 = time.perf_counter()
+    try:
+        render(urls[c.row], c)
+        ok = True
+    except Exception:
+        ok = False
+    record_render(slot, c.lane, time.perf_counter() - t0, age_over_ttl, ok)
+    if ok:
+        done.append(c.row)
+        return
+    rows, tokens = held.take([c.row])
+    if rows:
+        try:
+            eng.fail(c.row, tokens[0], now_ms=clock.now_ms())
+            return
+        except LeaseLost:
+            pass
+    slot[F_LEASE_LOST] += 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- the supervisor ----------------------------------------------------------------------------
+
+
+@dataclass
+class PoolStatistics:
+    name: str
+    workers: int
+    restarts: int = 0
+    checkpoints: int = 0
+    started_ms: int = 0
+    stopped_ms: int = 0
+    board: dict[str, Any] = field(default_factory=dict)
+
+
+class Pool:
+    """A supervisor: owns the engine, its URL table and its board; runs the workers."""
+
+    def __init__(self, eng: Engine, urls: UrlTable, board: Board, render: RenderSpec,
+                 options: PoolOptions) -> None:
+        self.engine, self.urls, self.board = eng, urls, board
+        self.render, self.options = render, options
+        self.clock = board.clock
+        self._ctx: Any = mp.get_context(options.start_method)
+        self._procs: list[Any] = [None] * options.workers
+        self._started = [0.0] * options.workers
+        self._backoff = [0.0] * options.workers
+        self._restart_at = [0.0] * options.workers
+        self._stop_signal: int | None = None
+        self._summary: dict[str, Any] = {}
+        self._last_checkpoint = time.monotonic()
+        self._closed = False
+
+    # -- setting up ------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, name: str, urls: list[str], due_ms: Any, interval_s: Any, provenance: Any,
+               render: RenderSpec, options: PoolOptions | None = None, *,
+               policy: LanePolicy | None = None, capacity: int | None = None,
+               failures: Any = None, clock: Clock | None = None) -> Pool:
+        """A new engine filled with a corpus (row ``r`` renders ``urls[r]``)."""
+        options = options or PoolOptions()
+        n = len(urls)
+        if n == 0:
+            raise EngineValueError("the corpus is empty: nothing to render")
+        eng = Engine.create(name, capacity or n, policy)
+        try:
+            rows = eng.add_many(due_ms, interval_s, provenance, failures)
+            if not np.array_equal(rows, np.arange(n)):
+                raise SegmentExists(f"engine {name!r} was not empty")  # pragma: no cover
+            return cls._around(eng, urls, render, options, clock)
+        except BaseException:
+            _remove(name, eng)
+            raise
+
+    @classmethod
+    def resume(cls, name: str, path: str, render: RenderSpec,
+               options: PoolOptions | None = None, *, policy: LanePolicy | None = None,
+               capacity: int | None = None, clock: Clock | None = None) -> Pool:
+        """A new engine holding the schedule and URLs of checkpoint ``path``.
+
+        Files left under ``name`` by a supervisor that was killed are removed first; a pool
+        whose supervisor is still running is refused.
+        """
+        options = options or PoolOptions()
+        ck = checkpoint.read(path)
+        if ck.urls is None:
+            raise EngineValueError(f"{path} holds no URLs: not a pool checkpoint")
+        clear_stale(name)
+        eng = Engine.create(name, max(capacity or ck.capacity, len(ck), 1),
+                            ck.policy if policy is None else policy)
+        try:
+            checkpoint.restore(ck, eng)
+            return cls._around(eng, ck.urls, render, options, clock)
+        except BaseException:
+            _remove(name, eng)
+            raise
+
+    @classmethod
+    def _around(cls, eng: Engine, urls: list[str], render: RenderSpec, options: PoolOptions,
+                clock: Clock | None) -> Pool:
+        clock = clock or Clock.wall(options.time_scale)
+        table = UrlTable.create(eng.name, urls)
+        try:
+            board = Board.create(eng.name, options.workers, clock, os.getpid(),
+                                 process_start_ms())
+        except BaseException:
+            table.close()
+            UrlTable.unlink(eng.name)
+            raise
+        return cls(eng, table, board, render, options)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        spec = WorkerSpec(self.engine.name, self.render, self.options.batch, self.options.lease_s,
+                          self.options.idle_s, dict(self.options.env))
+        self._spec = spec
+        for i in range(self.options.workers):
+            self._start_worker(i)
+
+    def _start_worker(self, i: int) -> None:
+        p = self._ctx.Process(target=worker_main, args=(self._spec, i), name=f"lanes-worker-{i}",
+                              daemon=True)
+        p.start()
+        self._procs[i] = p
+        self._started[i] = time.monotonic()
+
+    def run(self, seconds: float | None = None, until: Callable[[], bool] | None = None,
+            on_tick: Callable[[Pool], None] | None = None, tick_s: float = 0.25) -> dict[str, Any]:
+        """Run until SIGINT/SIGTERM, ``seconds`` elapsed or ``until()`` holds; then shut down.
+
+        Returns the summary (see ``summary``). Signal handlers are installed only while it runs,
+        and only when called from the main thread.
+        """
+        old: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old[int(sig)] = signal.signal(sig, self._on_signal)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        try:
+            self.start()
+            while self._stop_signal is None:
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                if until is not None and until():
+                    break
+                self.supervise()
+                if on_tick is not None:
+                    on_tick(self)
+                time.sleep(tick_s)
+            return self.shutdown()
+        finally:
+            for signum, handler in old.items():
+                signal.signal(signum, handler)
+            if not self._closed:
+                self.shutdown()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop_signal = signum
+
+    def supervise(self) -> None:
+        """Restart dead workers (reclaiming their leases at once); checkpoint when due."""
+        now = time.monotonic()
+        dead = [i for i, p in enumerate(self._procs) if p is not None and not p.is_alive()]
+        if dead and not self.board.stopping:
+            self.engine.reap()  # the dead workers' leases are claimable from here on
+            for i in dead:
+                self._procs[i].join()
+                self._procs[i] = None
+                # A worker that dies young (a render module that fails to import...) is
+                # restarted after a growing pause instead of in a tight loop.
+                young = now - self._started[i] < 1.0
+                self._backoff[i] = min(5.0, 2 * self._backoff[i] or 0.1) if young else 0.0
+                self._restart_at[i] = now + self._backoff[i]
+        for i, p in enumerate(self._procs):
+            if p is None and not self.board.stopping and now >= self._restart_at[i]:
+                self.board.note_restart()
+                self._start_worker(i)
+        if (self.options.checkpoint is not None and time.monotonic() - self._last_checkpoint
+                >= self.options.checkpoint_every_s):
+            self.checkpoint()
+
+    def checkpoint(self) -> int:
+        """Save the schedule and URLs now (atomically); returns the rows saved."""
+        if self.options.checkpoint is None:
+            raise EngineValueError("this pool has no checkpoint path")
+        n = self.engine.save(self.options.checkpoint, self.urls.urls())
+        self._last_checkpoint = time.monotonic()
+        self.board.note_checkpoint(wall_ms())
+        return n
+
+    def shutdown(self) -> dict[str, Any]:
+        """Stop claiming, give workers the grace period, reclaim, checkpoint, remove the files."""
+        if self._closed:
+            return self._summary
+        self.board.request_stop()
+        deadline = time.monotonic() + self.options.grace_s
+        for p in self._procs:
+            if p is not None:
+                p.join(max(0.0, deadline - time.monotonic()))
+        killed = 0
+        for p in self._procs:
+            if p is not None and p.is_alive():
+                p.kill()
+                p.join()
+                killed += 1
+        self.engine.reap()  # leases of killed workers, and of any that died holding one
+        if self.options.checkpoint is not None:
+            self.checkpoint()
+        self._summary = self.summary()
+        self._summary["killed_at_shutdown"] = killed
+        self._summary["stop_signal"] = (signal.Signals(self._stop_signal).name
+                                        if self._stop_signal is not None else None)
+        self.close()
+        return self._summary
+
+    def summary(self) -> dict[str, Any]:
+        """Pool counters (board), per-lane engine statistics and the pool's clock."""
+        stats = self.engine.stats(now_ms=self.clock.now_ms())
+        totals = self.board.totals()
+        lanes = []
+        for lane in stats["lanes"]:
+            i = lane["lane"]
+            n = int(totals["lane_renders"][i]) if i < len(totals["lane_renders"]) else 0
+            lanes.append({**lane, "renders": n,
+                          "mean_age_over_ttl": float(totals["lane_age_sum"][i]) / n if n else None})
+        board = {k: v for k, v in totals.items() if k not in ("lane_renders", "lane_age_sum")}
+        return {"name": self.engine.name, "workers": self.options.workers,
+                "virtual_now_ms": self.clock.now_ms(), "time_scale": self.clock.scale,
+                "rows": stats["rows"], "queued": stats["queued"], **board, "lanes": lanes,
+                "problems": self.engine.verify()}
+
+    def close(self) -> None:
+        """Remove the engine's segment, URL table and board (the supervisor's job)."""
+        if self._closed:
+            return
+        self._closed = True
+        for p in self._procs:
+            if p is not None and p.is_alive():
+                p.kill()
+                p.join()
+        self.urls.close()
+        self.board.close()
+        _remove(self.engine.name, self.engine)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._closed:
+            self.shutdown()
+
+
+def _remove(name: str, eng: Engine | None = None) -> None:
+    """Unlink an engine's segment and its pool files; missing ones are fine."""
+    if eng is not None:
+        eng.close()
+    UrlTable.unlink(name)
+    Board.unlink(name)
+    try:
+        Segment.unlink(name)
+    except SegmentMissing:
+        pass
+
+
+def clear_stale(name: str) -> bool:
+    """Remove what a killed supervisor left under ``name``; refuse if it is still running.
+
+    Returns True when something was removed.
+    """
+    try:
+        board = Board.attach(name)
+    except SegmentMissing:
+        if os.path.exists(f"/dev/shm/{name}"):
+            raise SegmentExists(f"engine {name!r} exists and is not a pool's (lanes cleanup"
+                                f" {name} removes it)") from None
+        return UrlTable.unlink(name)  # an orphan from a supervisor killed while starting
+    pid, start = board.supervisor
+    board.close()
+    if _alive(pid):
+        try:
+            same = abs(process_start_ms(pid) - start) < 2000
+        except Exception:  # psutil: the pid vanished meanwhile, or is not ours to read
+            same = False
+        if same:
+            raise SegmentExists(f"a pool over {name!r} is running (supervisor pid {pid})")
+    _remove(name)
+    return True

@@ -1,0 +1,43 @@
+"""Render callables for the pool tests, importable by module name under every start method.
+
+Each appends ``<pid> <url>`` to the file named by ``RL_TEST_RENDER_LOG`` (inherited by workers
+through the environment), one ``write`` per line, so lines from several workers never mix.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+
+def _log(url: str) -> None:
+    fd = os.open(os.environ["RL_TEST_RENDER_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{os.getpid()} {url}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def record(url: str, claim: Any) -> None:
+    time.sleep(0.001)
+    _log(url)
+
+
+def slow_first(url: str, claim: Any) -> None:
+    """The first render of a URL ending in ``/slow`` hangs (until SIGKILLed); later ones pass."""
+    marker = os.environ["RL_TEST_RENDER_LOG"] + ".slow"
+    if url.endswith("/slow") and not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(3600)
+    _log(url)
+
+
+def always_fails(url: str, claim: Any) -> None:
+    raise RuntimeError(f"cannot render {url}")
+
+
+def slow(url: str, claim: Any) -> None:
+    time.sleep(0.05)
+    _log(url)

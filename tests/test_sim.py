@@ -1,0 +1,210 @@
+"""The lane simulator (issue 5): what the real engine does to age / TTL per route class.
+
+The grid runs once per module on the default corpus at a quarter of its rows (same proportions,
+same virtual durations), every policy at 100 %, 75 % and 50 % of demand.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from engine import EngineError, LanePolicy
+from engine.cli import main as lanes
+from engine.errors import EngineValueError
+from engine.sim import (
+    POLICIES,
+    PolicySpec,
+    RouteClass,
+    SimConfig,
+    SimResult,
+    format_table,
+    load_config,
+    policy_spec,
+    run_one,
+    simulate,
+    sweep,
+    to_json,
+)
+
+REDUCED = SimConfig(scale=0.25)
+TINY = SimConfig(scale=0.05, warmup_h=4, measure_h=8)
+"""For the plumbing tests (CLI, files, sweep ranking): seconds, not a scheduling result."""
+
+
+def _sim_segments() -> set[str]:
+    return set(glob.glob("/dev/shm/lanes-sim-*"))
+
+
+@pytest.fixture(scope="module")
+def grid() -> dict[tuple[str, float], SimResult]:
+    before = _sim_segments()
+    results = simulate(REDUCED, POLICIES, (1.0, 0.75, 0.5), jobs=2)
+    assert _sim_segments() - before == set(), "a simulated engine was left in /dev/shm"
+    return {(r.policy, r.capacity): r for r in results}
+
+
+def _home(grid: dict[tuple[str, float], SimResult], policy: str, cap: float) -> float:
+    value = grid[policy, cap].classes["home"].mean_age_over_ttl
+    assert value is not None, f"{policy} at {cap:.0%} rendered no homepage"
+    return value
+
+
+# -- what the simulation must show ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cap", [1.0, 0.75, 0.5])
+def test_lanes_only_redistribute_work(grid, cap):
+    renders = {p: grid[p, cap].renders for p in POLICIES}
+    lo, hi = min(renders.values()), max(renders.values())
+    assert lo > 0
+    assert hi <= lo * 1.01, renders
+
+
+def test_the_backlog_stands_at_full_capacity_without_lanes(grid):
+    today = grid["today", 1.0]
+    assert 2.5 <= today.lag_hours <= 4.0, today.lag_hours  # production: 3.05 h at 98 %
+    late_window = today.lag_by_hour[-48:]
+    assert max(late_window) - min(late_window) < 1.5, "the lag drifts instead of standing"
+    overdue = today.overdue_at_start
+    share = overdue["discovery"] / sum(overdue.values())
+    assert 0.40 <= share <= 0.52, share  # production: 46 % of the overdue queue
+
+
+def test_at_full_capacity_floors_keep_homepages_fresh_and_today_does_not(grid):
+    floors = _home(grid, "floors", 1.0)
+    assert floors <= 1.1
+    assert _home(grid, "today", 1.0) >= 3 * floors
+
+
+def test_at_half_capacity_strict_starves_discovered_and_floors_starve_nobody(grid):
+    strict = grid["strict", 0.5].classes["discovery"]
+    assert strict.starved and strict.demand_fraction < 0.10
+    floors = grid["floors", 0.5]
+    assert [n for n, c in floors.classes.items() if c.starved] == []
+    assert _home(grid, "floors", 0.5) <= 1.1
+
+
+@pytest.mark.parametrize("cap", [0.75, 0.5])
+def test_rerank_does_not_rescue_homepages_under_a_deep_backlog(grid, cap):
+    assert grid["rerank", cap].lag_hours > 12  # the backlog is deep: the window is all ancient
+    assert _home(grid, "rerank", cap) >= 2 * _home(grid, "floors", cap)
+
+
+@pytest.mark.parametrize("cap", [0.75, 0.5])
+def test_floors_trade_the_discovered_tail_for_submitted_freshness(grid, cap):
+    """The engine's floors serve the remainder in lane order, so discovered pages get their
+    10 % floor and little else; fixed shares give them their demand share. The README's
+    comparison with the background (71 h vs 133 h) rests on this direction."""
+    floors, fixed = grid["floors", cap], grid["fixed", cap]
+    assert floors.classes["discovery"].max_age_hours > fixed.classes["discovery"].max_age_hours
+    assert floors.classes["product"].mean_age_over_ttl <= fixed.classes["product"].mean_age_over_ttl
+    table = format_table([floors, fixed], REDUCED)
+    for r in (floors, fixed):
+        assert f"max {r.classes['discovery'].max_age_hours:.0f}h" in table
+
+
+def test_json_is_exactly_the_api_shape(grid):
+    doc = json.loads(json.dumps(to_json([grid["floors", 0.5]])))
+    (entry,) = doc["results"]
+    assert set(entry) == {"policy", "capacity", "renders", "classes"}
+    assert entry["policy"] == "floors" and entry["capacity"] == 0.5
+    assert set(entry["classes"]) == {"home", "catalog", "product", "discovery"}
+    for c in entry["classes"].values():
+        assert set(c) == {"mean_age_over_ttl", "p99_age_over_ttl", "max_age_hours", "renders",
+                          "starved"}
+    assert sum(c["renders"] for c in entry["classes"].values()) == entry["renders"]
+
+
+# -- the sweep -----------------------------------------------------------------------------------
+
+
+def test_sweep_ranks_a_starving_setting_last():
+    specs = [PolicySpec("strict", LanePolicy(urgent_max_share=1.0, min_share={})),
+             PolicySpec("floors", LanePolicy())]
+    ranked = sweep(TINY, 0.5, specs, jobs=1)
+    assert [r.policy for _, r in ranked] == ["floors", "strict"]
+    assert math.isfinite(ranked[0][0]) and math.isinf(ranked[1][0])
+
+
+# -- input, files and the command line -----------------------------------------------------------
+
+
+def test_bad_input_is_a_clear_engine_error(tmp_path):
+    with pytest.raises(EngineValueError, match="unknown policy"):
+        policy_spec("fifo", REDUCED)
+    with pytest.raises(EngineValueError, match="capacity"):
+        run_one(TINY, policy_spec("floors", TINY), 0.0)
+    with pytest.raises(EngineValueError, match="provenance"):
+        RouteClass("x", 10, (1, 2), "crawled")
+    with pytest.raises(EngineValueError, match="interval_h"):
+        RouteClass("x", 10, (2, 1))
+    bad_toml = tmp_path / "bad.toml"
+    bad_toml.write_text("[[classes]\nname = 'home'\n")
+    with pytest.raises(EngineValueError, match="malformed"):
+        load_config(str(bad_toml))
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text('{"classes": [{"name": "home", "rows": "many", "interval_h": 1}]}')
+    with pytest.raises(EngineValueError, match="rows"):
+        load_config(str(bad_json))
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("speed = 3\n")
+    with pytest.raises(EngineValueError, match="unknown setting"):
+        load_config(str(unknown))
+    with pytest.raises(EngineValueError, match="cannot read"):
+        load_config(str(tmp_path / "missing.toml"))
+
+
+def test_a_corpus_file_overrides_the_defaults(tmp_path):
+    path = tmp_path / "corpus.toml"
+    path.write_text('seed = 7\nclaimers = [2, 8]\n[[classes]]\nname = "news"\nrows = 40\n'
+                    'interval_h = [0.5, 2]\n[[classes]]\nname = "archive"\nrows = 200\n'
+                    'interval_h = 168\nprovenance = "discovered"\n')
+    config = load_config(str(path))
+    assert config.seed == 7 and config.claimers == (2, 8)
+    assert [(c.name, c.interval_h, c.provenance) for c in config.classes] == [
+        ("news", (0.5, 2.0), "submitted"), ("archive", (168.0, 168.0), "discovered")]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--policies", "today,fifo"], "unknown policy 'fifo'"),
+    (["--capacities", "1,0"], "capacity must be > 0"),
+    (["--capacities=-50%"], "capacity must be > 0"),
+    (["--corpus", "/nonexistent/corpus.toml"], "cannot read corpus file"),
+])
+def test_cli_bad_input_is_one_line_and_status_2(argv, message, capsys):
+    assert lanes(["sim", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lanes sim: ") and message in err and err.count("\n") == 1
+
+
+def test_cli_prints_json_and_writes_the_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "sim.png"
+    before = _sim_segments()
+    argv = ["sim", "--json", "--plot", str(png), "--policies", "today,floors",
+            "--capacities", "100%,0.5", "--scale", "0.05", "--warmup-h", "4", "--measure-h", "8",
+            "--jobs", "1"]
+    assert lanes(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(r["policy"], r["capacity"]) for r in doc["results"]] == [
+        ("today", 1.0), ("floors", 1.0), ("today", 0.5), ("floors", 0.5)]
+    assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert _sim_segments() - before == set()
+
+
+def test_cli_prints_the_table(capsys):
+    argv = ["sim", "--policies", "floors", "--capacities", "0.5", "--scale", "0.05",
+            "--warmup-h", "2", "--measure-h", "4", "--jobs", "1"]
+    assert lanes(argv) == 0
+    out = capsys.readouterr().out
+    assert "home (1 h)" in out and "discovery (48 h)" in out and "50%" in out
+
+
+def test_an_engine_error_inside_a_run_is_not_swallowed():
+    with pytest.raises(EngineError):
+        run_one(TINY, PolicySpec("bad", LanePolicy()), float("nan"))
