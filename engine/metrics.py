@@ -95,7 +95,7 @@ class LanesCollector:
                                          sum_value=t["duration_s"])
         c = core.CounterMetricFamily("lanes_pool_lane_renders", "renders per lane",
                                      labels=["lane"])
-        a = core.CounterMetricFamily("lanes_pool_lane_age_over_ttl_sum",
+        a = core.CounterMetricFamily("lanes_pool_lane_age_over_ttl",
                                      "sum over renders of the page's age / TTL when rendered",
                                      labels=["lane"])
         for lane in stats["lanes"]:
