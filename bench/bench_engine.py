@@ -1,7 +1,7 @@
 """The engine's own figures: claim latency by budget and size, claim + complete throughput by
 process count, merge, add_many, bytes per row, worker memory.
 
-    .venv/bin/python bench/bench_engine.py [--smoke] [--out FILE]
+    .venv/bin/python bench/bench_engine.py [--smoke] [--out FILE] [--only PARTS] [--sizes N,...]
 
 Corpus: rows over the 10 lanes of the default policy, due 3 to 30 days ago (so everything is
 due), window 140. A claim's rows are completed at once (untimed) as a worker would, rescheduled
@@ -149,10 +149,31 @@ def add_rate(n: int, rounds: int) -> list[float]:
     return vals
 
 
+PARTS = ("latency", "throughput", "merge", "add")
+
+
+def options(ap: Any) -> None:
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help=f"comma-separated parts to run (default all): {', '.join(PARTS)}")
+    ap.add_argument("--sizes", help="comma-separated row counts for the latency part "
+                    "(default: the configured sizes)")
+
+
 def main() -> None:
-    args = parse_args(__doc__)
+    args = parse_args(__doc__, options)
     started = time.perf_counter()
-    c = SMOKE if args.smoke else FULL
+    c = dict(SMOKE if args.smoke else FULL)
+    only = {p.strip() for p in args.only.split(",") if p.strip()}
+    if only - set(PARTS):
+        raise SystemExit(f"--only: unknown part(s) {sorted(only - set(PARTS))}; known: {PARTS}")
+    if args.sizes:
+        c["sizes"] = tuple(int(x) for x in args.sizes.split(","))
+    if "latency" not in only:
+        c["sizes"] = ()
+    if "throughput" not in only:
+        c["tp_runs"] = 0
+    if "merge" not in only:
+        c["merge_sizes"] = ()
     figs: list[dict[str, Any]] = []
     for n in c["sizes"]:
         for b in c["budgets"]:
@@ -160,17 +181,18 @@ def main() -> None:
             figs.append(figure(f"engine.claim_us.b{b}.n{n}",
                                f"claim({b}) at {size_label(n)} rows, API", "µs", vals))
             print(figs[-1]["label"], f"{figs[-1]['median']:.2f} µs", flush=True)
-    n_ref = 1_600_000 if 1_600_000 in c["sizes"] else c["sizes"][-1]
-    vals = claim_latency(n_ref, BUDGET, c["rounds"], c["per_round"], bare=True)
-    figs.append(figure(f"engine.claim_bare_us.b16.n{n_ref}",
-                       f"claim(16) at {size_label(n_ref)} rows, bare cffi call", "µs", vals))
+    if c["sizes"]:
+        n_ref = 1_600_000 if 1_600_000 in c["sizes"] else c["sizes"][-1]
+        vals = claim_latency(n_ref, BUDGET, c["rounds"], c["per_round"], bare=True)
+        figs.append(figure(f"engine.claim_bare_us.b16.n{n_ref}",
+                           f"claim(16) at {size_label(n_ref)} rows, bare cffi call", "µs", vals))
 
     runs: dict[int, list[dict[str, Any]]] = {p: [] for p in c["procs"]}
     for _ in range(c["tp_runs"]):  # alternate process counts, so drift hits all alike
         for p in c["procs"]:
             runs[p].append(throughput(c["tp_rows"], p, c["tp_seconds"]))
     one = [r["total"] for r in runs[c["procs"][0]]]
-    for p in c["procs"]:
+    for p in c["procs"] if c["tp_runs"] else ():
         figs.append(figure(f"engine.cycle_rows_s.p{p}.per_proc",
                            f"claim(16) + complete_many, {p} proc, per process", "rows/s",
                            [r["per_proc"] for r in runs[p]], better="higher"))
@@ -198,9 +220,10 @@ def main() -> None:
                            f"full index rebuild at {size_label(n)} rows", "ms", rebuilds))
         figs.append(figure(f"engine.bytes_per_row.n{n}",
                            f"shared memory per row at {size_label(n)}", "bytes", [bpr]))
-    figs.append(figure(f"engine.add_many_rows_s.n{c['add_rows']}",
-                       f"add_many of {size_label(c['add_rows'])} rows", "rows/s",
-                       add_rate(c["add_rows"], c["merge_rounds"]), better="higher"))
+    if "add" in only:
+        figs.append(figure(f"engine.add_many_rows_s.n{c['add_rows']}",
+                           f"add_many of {size_label(c['add_rows'])} rows", "rows/s",
+                           add_rate(c["add_rows"], c["merge_rounds"]), better="higher"))
     finish("bench_engine", args, figs, started)
 
 

@@ -280,10 +280,13 @@ def machine() -> dict[str, Any]:
 # --------------------------------------------------------------------------------- scripts ----
 
 
-def parse_args(doc: str | None) -> argparse.Namespace:
+def parse_args(doc: str | None,
+               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds (CI)")
     ap.add_argument("--out", type=Path, help="write the figures here as JSON")
+    if extra:
+        extra(ap)  # a script's own options
     return ap.parse_args()
 
 

@@ -127,6 +127,7 @@ void rl_close(rl_seg *s);
 int rl_unlink(const char *name);
 int rl_info_get(rl_seg *s, rl_info *out);
 int rl_layout_check(const void *base, uint64_t bytes);   /* 0 when `base` holds our layout */
+int rl_prefault(rl_seg *s);   /* map every page now (attach, create, first use after a fork) */
 
 /* ---- owners ---- */
 int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *owner);
@@ -146,6 +147,29 @@ int rl_credit_get(rl_seg *s, int64_t *credits);   /* RL_CLASSES values */
 /* `out` holds 4 * budget values: rows, lanes, due_ms, tokens, each `budget` apart. */
 int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t lease_ms,
              uint32_t window, int64_t *out, uint32_t *advice);
+
+/* The hot calls of one process's engine, with what stays the same between calls kept in a
+ * request block (one per Engine): the binding passes three or six arguments instead of eight or
+ * nine, and reads the advice from the result's high half instead of an out-parameter. Both
+ * return a count | advice << 32, or a negative status; they check exactly what rl_claim and
+ * rl_complete_many check. */
+typedef struct {
+    rl_seg *s;
+    uint32_t owner;
+    uint32_t budget;
+    int64_t lease_ms;
+    uint32_t window;
+    uint32_t pad;
+    int64_t *arena;           /* claim results: arena + offset, laid out as rl_claim's `out` */
+} rl_req;
+int64_t rl_claim_req(const rl_req *r, int64_t now_ms, uint32_t offset);
+int64_t rl_complete_req(const rl_req *r, uint32_t n, const int64_t *rows, const int64_t *tokens,
+                        int64_t now_ms, uint8_t *ok);
+/* complete_req, then (when it succeeded) claim_req at the same now_ms: one call per worker cycle.
+ * Returns the claim's count | (both calls' advice) << 32, or the first negative status (a failed
+ * completion changes nothing and claims nothing). */
+int64_t rl_complete_claim_req(const rl_req *r, uint32_t n, const int64_t *rows,
+                              const int64_t *tokens, int64_t now_ms, uint8_t *ok, uint32_t offset);
 
 /* ---- writes ---- */
 int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due_ms,

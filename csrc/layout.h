@@ -239,7 +239,8 @@ void rl_floor_bump_all(rl_seg *s);                                 /* floor.c */
 int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
                    const uint32_t *rows, uint32_t *advice);         /* index.c */
 void rl_ring_min_note(rl_seg *s, uint64_t key);                    /* index.c */
-void rl_index_note(rl_seg *s, uint32_t row, uint64_t key, uint64_t gen, uint32_t pos); /* index.c */
+void rl_index_note(rl_seg *s, uint64_t gen, uint32_t n, const uint32_t *rows, const uint64_t *keys,
+                   const uint32_t *poss);                            /* index.c */
 void rl_index_forget(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
                      const uint64_t *old_keys);                    /* index.c */
 int64_t rl_now_ms(void);                                           /* segment.c */

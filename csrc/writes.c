@@ -120,6 +120,9 @@ static void lease_end_write(rl_seg *s, uint32_t row, uint64_t writing) {
     atomic_compare_exchange_strong(&s->rows[row].lease, &expect, RL_LEASE_FREE(writing));
 }
 
+/* A batch up to this size keeps its scratch arrays on the stack (a worker's usual batch). */
+#define SMALL_BATCH 256
+
 int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
                      const int64_t *tokens, const int64_t *next_due, int64_t now_ms, uint8_t *ok,
                      uint32_t *advice) {
@@ -129,20 +132,23 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
     for (uint32_t i = 0; i < n; i++) {
         if (!row_ok64(s, rows[i])) return RL_E_RANGE;
         if (next_due && (next_due[i] < -1 || next_due[i] >= (int64_t)RL_STRIDE)) return RL_E_RANGE;
+        /* The lease CAS below is a full barrier that the next row's reads cannot pass: start
+         * every row's (and interval's) cache miss now, so they overlap instead of queueing. */
+        __builtin_prefetch(&s->rows[rows[i]]);
+        __builtin_prefetch((const void *)&s->intervals[rows[i]]);
     }
     if (n == 0) return RL_OK;
     rl_policy_read(s, &p);
-    uint64_t *keys = malloc((size_t)n * 8), *writing = malloc((size_t)n * 8);
-    uint64_t *old = malloc((size_t)n * 8);
-    uint32_t *rws = malloc((size_t)n * 4);
-    if (!keys || !rws || !writing || !old) {
-        free(keys);
-        free(rws);
-        free(writing);
-        free(old);
-        return RL_E_SYS;
-    }
+    uint64_t small_keys[SMALL_BATCH], small_writing[SMALL_BATCH], small_old[SMALL_BATCH];
+    uint32_t small_rws[SMALL_BATCH];
+    int heap = n > SMALL_BATCH;
+    uint64_t *keys = heap ? malloc((size_t)n * 8) : small_keys;
+    uint64_t *writing = heap ? malloc((size_t)n * 8) : small_writing;
+    uint64_t *old = heap ? malloc((size_t)n * 8) : small_old;
+    uint32_t *rws = heap ? malloc((size_t)n * 4) : small_rws;
+    int rc = RL_E_SYS;
     uint32_t m = 0, done = 0;
+    if (!keys || !rws || !writing || !old) goto out;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t r = (uint32_t)rows[i];
         ok[i] = lease_begin_write(s, owner, r, (uint64_t)tokens[i], &writing[i]) == RL_OK;
@@ -157,18 +163,28 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
         atomic_store(&s->rows[r].word, RL_WORD_MAKE(keys[m], 0, prov, 0));
         m++;
     }
-    int rc = publish_keys(s, owner, m, keys, rws, advice);
+    rc = publish_keys(s, owner, m, keys, rws, advice);
     rl_index_forget(s, owner, m, rws, old);
     for (uint32_t i = 0; i < n; i++)
         if (ok[i]) {
             lease_end_write(s, (uint32_t)rows[i], writing[i]);
             done++;
         }
-    free(keys);
-    free(rws);
-    free(writing);
-    free(old);
+out:
+    if (heap) {
+        free(keys);
+        free(rws);
+        free(writing);
+        free(old);
+    }
     return rc == RL_OK ? (int)done : rc;
+}
+
+int64_t rl_complete_req(const rl_req *r, uint32_t n, const int64_t *rows, const int64_t *tokens,
+                        int64_t now_ms, uint8_t *ok) {
+    uint32_t advice = 0;
+    int done = rl_complete_many(r->s, r->owner, n, rows, tokens, NULL, now_ms, ok, &advice);
+    return done < 0 ? done : (int64_t)done | (int64_t)advice << 32;
 }
 
 int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t retry_at,

@@ -84,16 +84,21 @@ class Claims:
     """The rows one claim pass leased: four int64 arrays of the same length.
 
     They are views of the part of an arena the C pass filled (rows, lanes, due_ms, tokens,
-    ``budget`` apart from ``offset``), made when asked for. No later claim writes there.
+    ``budget`` apart from ``offset``), made when asked for. ``rows`` and ``tokens`` are kept
+    once made (until the batch is completed), so ``Engine.complete_many(batch.rows,
+    batch.tokens)`` of the latest batch can recognise them and hand the C core their arena
+    address instead of converting them. No later claim writes there.
     """
 
-    __slots__ = ("_buf", "_o", "_n", "_b")
+    __slots__ = ("_buf", "_o", "_n", "_b", "_rows", "_tokens")
 
     def __init__(self, buf: IntArray, offset: int, n: int, budget: int) -> None:
         self._buf = buf
         self._o = offset
         self._n = n
         self._b = budget
+        self._rows: IntArray | None = None
+        self._tokens: IntArray | None = None
 
     def _field(self, k: int) -> IntArray:
         start = self._o + k * self._b
@@ -101,7 +106,10 @@ class Claims:
 
     @property
     def rows(self) -> IntArray:
-        return self._field(0)
+        v = self._rows
+        if v is None:
+            v = self._rows = self._buf[self._o: self._o + self._n]
+        return v
 
     @property
     def lanes(self) -> IntArray:
@@ -113,7 +121,10 @@ class Claims:
 
     @property
     def tokens(self) -> IntArray:
-        return self._field(3)
+        v = self._tokens
+        if v is None:
+            v = self._tokens = self._field(3)
+        return v
 
     def __len__(self) -> int:
         return self._n
@@ -135,11 +146,23 @@ class Engine:
         self._creator_pid = creator_pid
         self._out_row = ffi.new("int64_t[1]")
         self._advice = ffi.new("uint32_t *")
-        # Claim results are carved from an arena, so a claim allocates no numpy array of its own:
-        # each Claims keeps its arena alive, and a full arena is replaced, never reused.
+        # Claim results (and complete_many's ok flags) are carved from arenas, so the hot calls
+        # allocate no numpy array of their own: each result keeps its arena alive, and a full
+        # arena is replaced, never reused.
         self._arena: IntArray = np.empty(0, np.int64)
         self._arena_ptr: Any = ffi.NULL
         self._arena_off = 0
+        self._arena_len = 0
+        self._ok_arena: BoolArray = np.empty(0, np.bool_)
+        self._ok_ptr: Any = ffi.NULL
+        self._ok_off = 0
+        # The request block of the hot calls (csrc/lanes.h rl_req): handle and owner, bound for
+        # this process (`_bound` = the fork generation it was bound in), and the last budget,
+        # lease and window, rewritten only when a call asks for others.
+        self._req: Any = ffi.new("rl_req *")
+        self._bound = -1
+        self._rb = self._rl = self._rw = 0
+        self._last: Claims | None = None  # the latest claim, for complete_many's fast path
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -275,6 +298,13 @@ class Engine:
             return seg.handle, seg.owner  # raises EngineClosed / registers after a fork
         return seg._handle, seg._owner
 
+    def _bind(self) -> None:
+        """Point the request block at this process's handle and owner (raises if closed)."""
+        h, owner = self._hot()
+        self._req.s = h
+        self._req.owner = owner
+        self._bound = _fork_generation[0]
+
     def _after(self, advice: int) -> None:
         """Act on what the C core advised: merge the ring, or repair after a dead owner."""
         if advice & lib.RL_ADVISE_REAP:
@@ -339,6 +369,33 @@ class Engine:
     def complete_many(self, rows: Any, tokens: Any, next_due_ms: Any = None,
                       now_ms: int | None = None) -> BoolArray:
         """Complete a batch in one call; returns which leases were still held (and completed)."""
+        last = self._last
+        if (last is not None and rows is last._rows and tokens is last._tokens
+                and rows is not None and next_due_ms is None):
+            # The arrays of the latest claim, unchanged objects: their arena address is known,
+            # so they go to the C core without conversion (it checks every row id as before).
+            if type(now_ms) is int and 0 <= now_ms < STRIDE:
+                now = now_ms
+            else:
+                now = self._now(now_ms)
+            n = last._n
+            if n == 0:
+                return np.zeros(0, np.bool_)
+            if self._bound != _fork_generation[0] or self._seg._handle is None:
+                self._bind()
+            off = self._ok_slot(n)
+            p = self._arena_ptr + last._o
+            v = _complete_req(self._req, n, p, p + 3 * last._b, now, self._ok_ptr + off)
+            # Done with them: drop the cached views, so they are freed with the caller's
+            # temporaries here rather than when the next claim replaces this batch.
+            self._last = last._rows = last._tokens = None
+            if v >> 32:
+                if v < 0:
+                    if v == lib.RL_E_RANGE:
+                        raise EngineValueError("rows holds a row id that does not exist")
+                    check(v, "complete_many")
+                self._after(v >> 32)
+            return self._ok_arena[off: off + n]
         r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
         if len(r) != len(t):
             raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
@@ -412,8 +469,47 @@ class Engine:
     def claim(self, budget: int = 16, now_ms: int | None = None, lease_ms: int = DEFAULT_LEASE_MS,
               window: int = DEFAULT_WINDOW) -> Claims:
         """Lease up to ``budget`` due rows across lanes, as the policy shares them."""
-        # The hot path: plain ints in range pass by type checks alone; anything else takes the
-        # full validation (and its clear error).
+        now, b = self._claim_setup(budget, now_ms, lease_ms, window)
+        off = self._claim_slot(b)
+        v = _claim_req(self._req, now, off)
+        return self._claimed(v, off, b, "claim")
+
+    def complete_and_claim(self, rows: Any, tokens: Any, budget: int = 16,
+                           now_ms: int | None = None, lease_ms: int = DEFAULT_LEASE_MS,
+                           window: int = DEFAULT_WINDOW) -> tuple[BoolArray, Claims]:
+        """``complete_many(rows, tokens)`` then ``claim(budget, ...)`` at the same ``now_ms``, in
+        one call into the C core: a worker's whole cycle with one crossing. Returns what
+        ``complete_many`` and ``claim`` return, as ``(ok, batch)``. Every argument is checked
+        before anything changes: bad input raises and neither completes nor claims."""
+        now, b = self._claim_setup(budget, now_ms, lease_ms, window)
+        last = self._last
+        if (last is not None and rows is last._rows and tokens is last._tokens
+                and rows is not None):
+            n = last._n
+            rp = self._arena_ptr + last._o
+            tp = rp + 3 * last._b
+            self._last = last._rows = last._tokens = None
+        else:
+            r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
+            if len(r) != len(t):
+                raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
+            n = len(r)
+            rp, tp = (_ptr(r), _ptr(t)) if n else (ffi.NULL, ffi.NULL)
+        ok_off = self._ok_slot(n)
+        off = self._claim_slot(b)  # after the rows' pointers: a new arena keeps the old alive
+        v = _complete_claim_req(self._req, n, rp, tp, now, self._ok_ptr + ok_off, off)
+        if v == lib.RL_E_RANGE:
+            self._ok_off, self._arena_off = ok_off, off
+            raise EngineValueError("rows holds a row id that does not exist")
+        batch = self._claimed(v, off, b, "complete_and_claim")
+        return self._ok_arena[ok_off: ok_off + n], batch
+
+    def _claim_setup(self, budget: object, now_ms: object, lease_ms: object,
+                     window: object) -> tuple[int, int]:
+        """Check a claim's arguments and put them in the request block; returns (now, budget).
+
+        The hot path: plain ints in range pass by type checks alone; anything else takes the
+        full validation (and its clear error)."""
         b = budget if type(budget) is int and 0 < budget <= MAX_BUDGET else _int(
             budget, "budget", 1, MAX_BUDGET)
         lease = lease_ms if type(lease_ms) is int and 0 < lease_ms < STRIDE else _int(
@@ -426,20 +522,44 @@ class Engine:
             now = now_ms
         else:
             now = check_due_ms(now_ms, "now_ms")
-        h, owner = self._hot()
+        if self._bound != _fork_generation[0] or self._seg._handle is None:
+            self._bind()
+        if b != self._rb or lease != self._rl or win != self._rw:
+            req = self._req
+            req.budget, req.lease_ms, req.window = b, lease, win
+            self._rb, self._rl, self._rw = b, lease, win
+        return now, b
+
+    def _claim_slot(self, b: int) -> int:
+        """Reserve room for ``b`` results in the claim arena; returns its offset."""
         off = self._arena_off
-        if off + 4 * b > len(self._arena):
+        if off + 4 * b > self._arena_len:
             self._arena = np.empty(max(ARENA, 4 * b), np.int64)
-            self._arena_ptr = ffi.from_buffer("int64_t[]", self._arena)
+            self._arena_ptr = self._req.arena = ffi.from_buffer("int64_t[]", self._arena)
+            self._arena_len = len(self._arena)
             off = 0
         self._arena_off = off + 4 * b
-        n = lib.rl_claim(h, owner, b, now, lease, win, self._arena_ptr + off, self._advice)
-        if n < 0:
-            self._arena_off = off
-            check(n, "claim")
-        if self._advice[0]:
-            self._after(self._advice[0])
-        return Claims(self._arena, off, n, b)
+        return off
+
+    def _ok_slot(self, n: int) -> int:
+        """Reserve room for ``n`` completion flags in the ok arena; returns its offset."""
+        off = self._ok_off
+        if off + n > len(self._ok_arena):
+            self._ok_arena = np.zeros(max(ARENA, n), np.bool_)
+            self._ok_ptr = ffi.from_buffer("uint8_t[]", self._ok_arena)
+            off = 0
+        self._ok_off = off + n
+        return off
+
+    def _claimed(self, v: int, off: int, b: int, what: str) -> Claims:
+        """The Claims of a C result ``count | advice << 32`` (or a negative status)."""
+        if v >> 32:  # advice in the high half, or a negative status
+            if v < 0:
+                self._arena_off = off
+                check(v, what)
+            self._after(v >> 32)
+        c = self._last = Claims(self._arena, off, v & 0xFFFFFFFF, b)
+        return c
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -605,6 +725,11 @@ def _name(name: object) -> str:
     if not name or len(name) > 200 or "/" in name or "\0" in name:
         raise EngineValueError(f"bad segment name {name!r}: 1-200 characters, no '/'")
     return name
+
+
+_claim_req = lib.rl_claim_req  # module-level names: one lookup less on the hot calls
+_complete_req = lib.rl_complete_req
+_complete_claim_req = lib.rl_complete_claim_req
 
 
 def _ptr(arr: IntArray) -> Any:

@@ -71,6 +71,9 @@ def check_due_ms(value: object, what: str = "due_ms") -> int:
 
 
 def check_lane(value: object, lane_count: int = MAX_LANES) -> int:
+    # A lane is an index: a float (even a whole one, even -0.0) is refused, not truncated.
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        raise EngineValueError(f"lane must be an integer, got {value!r}")
     lane = _as_int(value, "lane")
     if not 0 <= lane < lane_count:
         raise EngineValueError(f"lane must be in [0, {lane_count}), got {lane}")

@@ -97,6 +97,7 @@ class Segment:
         self._owner_gen = -1
         self._policy_version = -1
         self._policy: LanePolicy | None = None
+        self._mapped_pid = os.getpid()  # the process whose page tables map the segment
 
     @classmethod
     def create(cls, name: str, capacity: int, ring_capacity: int, policy: LanePolicy,
@@ -124,6 +125,11 @@ class Segment:
         if self._owner_gen == _fork_generation[0]:
             return self._owner
         pid = os.getpid()
+        if self._mapped_pid != pid:
+            # A forked child shares the mapping but not its page tables: map the pages now
+            # rather than one fault per page on the claim path (rl_attach does this too).
+            lib.rl_prefault(self.handle)
+            self._mapped_pid = pid
         if self._owner_pid != pid:
             out = ffi.new("uint32_t *")
             check(lib.rl_owner_register(self.handle, pid, process_start_ms(pid), out),
