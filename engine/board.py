@@ -75,6 +75,9 @@ class Board:
     """A view of ``/dev/shm/<engine>.pool``."""
 
     def __init__(self, buf: mmap.mmap, name: str) -> None:
+        if len(buf) % 8:
+            buf.close()
+            raise LayoutMismatch(f"{name}.{SUFFIX} is not a render-lanes pool board")
         words = np.frombuffer(buf, np.int64)
         if len(words) < HEADER or words[H_MAGIC] != _MAGIC or words[H_VERSION] != 1:
             raise LayoutMismatch(f"{name}.{SUFFIX} is not a render-lanes pool board")
@@ -105,6 +108,10 @@ class Board:
     @staticmethod
     def unlink(name: str) -> bool:
         return shmfile.unlink(name, SUFFIX)
+
+    @staticmethod
+    def path(name: str) -> str:
+        return shmfile.path_of(name, SUFFIX)
 
     def close(self) -> None:
         del self._header, self._slots

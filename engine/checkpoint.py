@@ -113,7 +113,10 @@ def read(path: str | os.PathLike[str]) -> Checkpoint:
     """Read and check a checkpoint; ``EngineValueError`` naming what is wrong."""
     path = os.fspath(path)
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise EngineValueError(f"{path} is not a checkpoint (not an .npz archive)")
+        with z:
             data = {k: z[k] for k in z.files}
     except FileNotFoundError:
         raise EngineValueError(f"no checkpoint at {path}") from None
@@ -121,7 +124,8 @@ def read(path: str | os.PathLike[str]) -> Checkpoint:
         raise EngineValueError(f"{path} is not a readable checkpoint: {e}") from None
     try:
         meta = json.loads(bytes(data["meta"]).decode())
-        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        if not isinstance(meta, dict) or (meta.get("format"), meta.get("version")) != (
+                FORMAT, VERSION):
             raise EngineValueError(f"{path}: not a version-{VERSION} render-lanes checkpoint")
         n = int(meta["rows"])
         cols = {c: np.ascontiguousarray(data[c], np.int64) for c in _COLUMNS}

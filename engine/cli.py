@@ -11,7 +11,7 @@ from types import FrameType
 from typing import Any
 
 from .engine import Engine
-from .errors import EngineError, EngineValueError, SegmentMissing
+from .errors import EngineError, EngineValueError, NotAllowed, SegmentMissing
 from .policy import LanePolicy
 from .segment import Segment
 
@@ -54,8 +54,13 @@ def _check(args: argparse.Namespace) -> int:
 
 def _cleanup(args: argparse.Namespace) -> int:
     from .board import Board
+    from .pool import supervisor_running
     from .urls import UrlTable
 
+    pid = supervisor_running(args.name)
+    if pid is not None and not args.force:
+        raise NotAllowed(f"a pool over {args.name!r} is running (supervisor pid {pid}); stop it,"
+                         " or --force")
     removed = [f"/dev/shm/{args.name}.{suffix}" for suffix, unlink in
                (("urls", UrlTable.unlink), ("pool", Board.unlink)) if unlink(args.name)]
     try:
@@ -104,7 +109,8 @@ def _pool(args: argparse.Namespace) -> int:
     from .render import RenderSpec
     from .view import LiveView, print_summary
 
-    render = RenderSpec(callable=args.render, command=args.command, timeout_s=args.timeout)
+    render = RenderSpec(callable=args.render, command=args.command_template,
+                        timeout_s=args.timeout)
     options = PoolOptions(workers=args.workers, batch=args.batch, lease_s=args.lease,
                           start_method=args.start_method, checkpoint=args.checkpoint,
                           checkpoint_every_s=args.checkpoint_every, grace_s=args.grace)
@@ -123,20 +129,25 @@ def _pool(args: argparse.Namespace) -> int:
         c = read_corpora(args.corpus)
         pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
                            options, policy=policy, capacity=args.capacity)
-    server = None
-    if args.metrics_port is not None:
-        from .metrics import start_server
-
-        server = start_server(pool.engine, args.metrics_port, args.metrics_host)
+    server, scraped = None, None
     view = LiveView(force_plain=args.plain)
-    print(f"pool {args.name!r}: {len(pool.urls)} pages, {args.workers} workers"
-          f" ({args.start_method}); SIGINT/SIGTERM stop it", flush=True)
     try:
+        if args.metrics_port is not None:
+            from .metrics import start_server
+
+            # Its own handle: a scrape in flight must never read a segment the pool unmapped.
+            scraped = Engine.attach(args.name)
+            server = start_server(scraped, args.metrics_port, args.metrics_host)
+        print(f"pool {args.name!r}: {len(pool.urls)} pages, {args.workers} workers"
+              f" ({args.start_method}); SIGINT/SIGTERM stop it", flush=True)
         summary = pool.run(seconds=args.seconds, on_tick=view.update)
     finally:
         view.close()
         if server is not None:
             server.shutdown()
+        if scraped is not None:
+            scraped.close()
+        pool.close()  # a no-op after run(); removes everything if we failed before it
     print_summary(summary)
     return 0 if not summary["problems"] else 1
 
@@ -181,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="CSV, JSONL or sitemap (index) XML, optionally .gz; repeatable")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--render", metavar="MODULE:FUNCTION", help="called with (url, claim)")
-    how.add_argument("--command", metavar="TEMPLATE",
+    how.add_argument("--command", dest="command_template", metavar="TEMPLATE",
                      help="e.g. 'curl -fsS {url} -o /dev/null' ({url}, {row}, {lane}; no shell)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per command render")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)))
@@ -211,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=_check)
     p = sub.add_parser("cleanup", help="remove a segment left by a crashed owner")
     p.add_argument("name")
+    p.add_argument("--force", action="store_true", help="even if its pool still runs")
     p.set_defaults(fn=_cleanup)
     p = sub.add_parser("restamp", help="move rows written with lanes off into their lanes")
     p.add_argument("name")

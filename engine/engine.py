@@ -371,7 +371,7 @@ class Engine:
         """Complete a batch in one call; returns which leases were still held (and completed)."""
         last = self._last
         if (last is not None and rows is last._rows and tokens is last._tokens
-                and rows is not None and next_due_ms is None):
+                and rows is not None and next_due_ms is None and last._buf is self._arena):
             # The arrays of the latest claim, unchanged objects: their arena address is known,
             # so they go to the C core without conversion (it checks every row id as before).
             if type(now_ms) is int and 0 <= now_ms < STRIDE:
@@ -484,7 +484,7 @@ class Engine:
         now, b = self._claim_setup(budget, now_ms, lease_ms, window)
         last = self._last
         if (last is not None and rows is last._rows and tokens is last._tokens
-                and rows is not None):
+                and rows is not None and last._buf is self._arena):
             n = last._n
             rp = self._arena_ptr + last._o
             tp = rp + 3 * last._b

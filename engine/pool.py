@@ -19,6 +19,7 @@ table and the board by name, so the pool runs the same under fork, spawn and for
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -30,11 +31,19 @@ from types import FrameType
 from typing import Any
 
 import numpy as np
+import psutil
 
 from . import checkpoint
 from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, Board, Clock, record_render
 from .engine import Claim, Claims, Engine, wall_ms
-from .errors import EngineValueError, LeaseLost, SegmentExists, SegmentMissing
+from .errors import (
+    EngineError,
+    EngineValueError,
+    LayoutMismatch,
+    LeaseLost,
+    SegmentExists,
+    SegmentMissing,
+)
 from .policy import LanePolicy
 from .render import RenderSpec
 from .segment import Segment, process_start_ms
@@ -72,6 +81,10 @@ class PoolOptions:
             raise EngineValueError(f"grace_s must be a number >= 0, got {self.grace_s!r}")
         if self.start_method not in START_METHODS:
             raise EngineValueError(f"start_method must be one of {START_METHODS}")
+        if self.checkpoint is not None:
+            where = os.path.dirname(os.path.abspath(self.checkpoint))
+            if not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK):
+                raise EngineValueError(f"checkpoint directory {where} is missing or not writable")
         if not isinstance(self.env, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, str) and k and "=" not in k
                 for k, v in self.env.items()):
@@ -100,6 +113,7 @@ class _Held:
         self._eng, self._clock, self._lease_ms, self._slot = eng, clock, lease_ms, slot
         self._lock = threading.Lock()
         self._tokens: dict[int, int] = {}
+        self.lost = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_loop, name="lease-renewer", daemon=True)
 
@@ -122,6 +136,12 @@ class _Held:
             held = [(r, self._tokens.pop(r)) for r in rows if r in self._tokens]
         return [r for r, _ in held], [t for _, t in held]
 
+    def drain_lost(self) -> int:
+        """Leases the renewer found lost since the last call (the slot has one writer)."""
+        with self._lock:
+            n, self.lost = self.lost, 0
+        return n
+
     def rest(self) -> tuple[list[int], list[int]]:
         with self._lock:
             rows = list(self._tokens)
@@ -137,7 +157,7 @@ class _Held:
                         self._slot[F_RENEWED] += 1
                     except LeaseLost:
                         del self._tokens[row]  # someone else holds it now; do not complete it
-                        self._slot[F_LEASE_LOST] += 1
+                        self.lost += 1  # counted into the slot by the main thread
 
 
 def worker_main(spec: WorkerSpec, slot_index: int) -> None:
@@ -163,13 +183,13 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
     # the reliable sign.
     parent = os.getppid()
     supervisor, _ = board.supervisor
-    next_watch = 0.0
+
+    def leaving() -> bool:
+        # Checked before every render: an orphan must not render on beside a --resume.
+        return stop[0] or board.stopping or os.getppid() != parent or not _alive(supervisor)
+
     try:
-        while not (stop[0] or board.stopping):
-            if time.monotonic() >= next_watch:
-                next_watch = time.monotonic() + 0.5
-                if os.getppid() != parent or not _alive(supervisor):
-                    break  # the supervisor was killed: leave, our leases die with us
+        while not leaving():
             batch = eng.claim(spec.batch, now_ms=clock.now_ms(), lease_ms=lease_ms)
             if not len(batch):
                 time.sleep(spec.idle_s)
@@ -177,9 +197,10 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
             held.hold(batch)
             done: list[int] = []
             for c in batch:
-                if stop[0] or board.stopping:
+                if leaving():
                     break
                 _render_one(eng, urls, render, c, clock, held, slot, done)
+            slot[F_LEASE_LOST] += held.drain_lost()
             rows, tokens = held.take(done)
             if rows:
                 ok = eng.complete_many(rows, tokens, now_ms=clock.now_ms())
@@ -212,13 +233,12 @@ def _render_one(eng: Engine, urls: UrlTable, render: Callable[[str, Claim], obje
         done.append(c.row)
         return
     rows, tokens = held.take([c.row])
-    if rows:
-        try:
-            eng.fail(c.row, tokens[0], now_ms=clock.now_ms())
-            return
-        except LeaseLost:
-            pass
-    slot[F_LEASE_LOST] += 1
+    if not rows:
+        return  # the renewer already found this lease lost (and counted it)
+    try:
+        eng.fail(c.row, tokens[0], now_ms=clock.now_ms())
+    except LeaseLost:
+        slot[F_LEASE_LOST] += 1
 
 
 def _alive(pid: int) -> bool:
@@ -232,17 +252,6 @@ def _alive(pid: int) -> bool:
 
 
 # -- the supervisor ----------------------------------------------------------------------------
-
-
-@dataclass
-class PoolStatistics:
-    name: str
-    workers: int
-    restarts: int = 0
-    checkpoints: int = 0
-    started_ms: int = 0
-    stopped_ms: int = 0
-    board: dict[str, Any] = field(default_factory=dict)
 
 
 class Pool:
@@ -275,6 +284,10 @@ class Pool:
         n = len(urls)
         if n == 0:
             raise EngineValueError("the corpus is empty: nothing to render")
+        for what, col in (("due_ms", due_ms), ("interval_s", interval_s),
+                          ("provenance", provenance), ("failures", failures)):
+            if col is not None and np.ndim(col) == 1 and len(col) != n:
+                raise EngineValueError(f"{what} has {len(col)} entries for {n} URLs")
         eng = Engine.create(name, capacity or n, policy)
         try:
             rows = eng.add_many(due_ms, interval_s, provenance, failures)
@@ -363,10 +376,12 @@ class Pool:
                 time.sleep(tick_s)
             return self.shutdown()
         finally:
-            for signum, handler in old.items():
-                signal.signal(signum, handler)
-            if not self._closed:
-                self.shutdown()
+            try:
+                if not self._closed:
+                    self.shutdown()
+            finally:
+                for signum, handler in old.items():
+                    signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._stop_signal = signum
@@ -397,35 +412,54 @@ class Pool:
         """Save the schedule and URLs now (atomically); returns the rows saved."""
         if self.options.checkpoint is None:
             raise EngineValueError("this pool has no checkpoint path")
-        n = self.engine.save(self.options.checkpoint, self.urls.urls())
+        try:
+            n = self.engine.save(self.options.checkpoint, self.urls.urls())
+        except OSError as e:
+            raise EngineError(f"cannot write checkpoint {self.options.checkpoint}: {e}") from None
         self._last_checkpoint = time.monotonic()
         self.board.note_checkpoint(wall_ms())
         return n
 
     def shutdown(self) -> dict[str, Any]:
-        """Stop claiming, give workers the grace period, reclaim, checkpoint, remove the files."""
+        """Stop claiming, give workers the grace period, reclaim, checkpoint, remove the files.
+
+        The files are removed even if the last checkpoint fails (its error is raised after)."""
         if self._closed:
             return self._summary
-        self.board.request_stop()
-        deadline = time.monotonic() + self.options.grace_s
-        for p in self._procs:
-            if p is not None:
-                p.join(max(0.0, deadline - time.monotonic()))
+        try:
+            self.board.request_stop()
+            deadline = time.monotonic() + self.options.grace_s
+            for p in self._procs:
+                if p is not None:
+                    p.join(max(0.0, deadline - time.monotonic()))
+            killed = self._kill_workers()
+            self.engine.reap()  # leases of killed workers, and of any that died holding one
+            if self.options.checkpoint is not None:
+                self.checkpoint()
+            self._summary = self.summary()
+            self._summary["killed_at_shutdown"] = killed
+            self._summary["stop_signal"] = (signal.Signals(self._stop_signal).name
+                                            if self._stop_signal is not None else None)
+        finally:
+            self.close()
+        return self._summary
+
+    def _kill_workers(self) -> int:
+        """SIGKILL the workers still running, and the commands they started; returns how many."""
         killed = 0
         for p in self._procs:
             if p is not None and p.is_alive():
+                try:
+                    children = psutil.Process(p.pid).children(recursive=True)
+                except psutil.Error:
+                    children = []
                 p.kill()
+                for c in children:  # a render command would outlive its worker otherwise
+                    with contextlib.suppress(psutil.Error):
+                        c.kill()
                 p.join()
                 killed += 1
-        self.engine.reap()  # leases of killed workers, and of any that died holding one
-        if self.options.checkpoint is not None:
-            self.checkpoint()
-        self._summary = self.summary()
-        self._summary["killed_at_shutdown"] = killed
-        self._summary["stop_signal"] = (signal.Signals(self._stop_signal).name
-                                        if self._stop_signal is not None else None)
-        self.close()
-        return self._summary
+        return killed
 
     def summary(self) -> dict[str, Any]:
         """Pool counters (board), per-lane engine statistics and the pool's clock."""
@@ -448,10 +482,7 @@ class Pool:
         if self._closed:
             return
         self._closed = True
-        for p in self._procs:
-            if p is not None and p.is_alive():
-                p.kill()
-                p.join()
+        self._kill_workers()
         self.urls.close()
         self.board.close()
         _remove(self.engine.name, self.engine)
@@ -476,26 +507,37 @@ def _remove(name: str, eng: Engine | None = None) -> None:
         pass
 
 
+def supervisor_running(name: str) -> int | None:
+    """The pid of the running supervisor of pool ``name``, or None (no board, or a dead one)."""
+    try:
+        board = Board.attach(name)
+    except SegmentMissing:
+        return None
+    except LayoutMismatch:
+        return None  # not a board we wrote: nobody runs it
+    pid, start = board.supervisor
+    board.close()
+    if not _alive(pid):
+        return None
+    try:
+        same = abs(process_start_ms(pid) - start) < 2000
+    except Exception:  # psutil: the pid vanished meanwhile, or is not ours to read
+        same = False
+    return pid if same else None
+
+
 def clear_stale(name: str) -> bool:
     """Remove what a killed supervisor left under ``name``; refuse if it is still running.
 
     Returns True when something was removed.
     """
-    try:
-        board = Board.attach(name)
-    except SegmentMissing:
+    if not os.path.exists(Board.path(name)):
         if os.path.exists(f"/dev/shm/{name}"):
             raise SegmentExists(f"engine {name!r} exists and is not a pool's (lanes cleanup"
-                                f" {name} removes it)") from None
+                                f" {name} removes it)")
         return UrlTable.unlink(name)  # an orphan from a supervisor killed while starting
-    pid, start = board.supervisor
-    board.close()
-    if _alive(pid):
-        try:
-            same = abs(process_start_ms(pid) - start) < 2000
-        except Exception:  # psutil: the pid vanished meanwhile, or is not ours to read
-            same = False
-        if same:
-            raise SegmentExists(f"a pool over {name!r} is running (supervisor pid {pid})")
+    pid = supervisor_running(name)
+    if pid is not None:
+        raise SegmentExists(f"a pool over {name!r} is running (supervisor pid {pid})")
     _remove(name)
     return True

@@ -31,6 +31,8 @@ def load_callable(spec: str) -> RenderFn:
     if not isinstance(spec, str) or spec.count(":") != 1:
         raise EngineValueError(f"render must look like 'module:function', got {spec!r}")
     module_name, attr = spec.split(":")
+    if not all(part.isidentifier() for part in module_name.split(".")):
+        raise EngineValueError(f"render {spec!r}: {module_name!r} is not a module name")
     try:
         obj: object = importlib.import_module(module_name)
     except ImportError as e:
@@ -62,8 +64,9 @@ class CommandRender:
                                    " (fields: {url}, {row}, {lane})") from None
         if filled == argv or not any("{url}" in a for a in argv):
             raise EngineValueError(f"render command {self.template!r} never uses {{url}}")
-        if not self.timeout_s > 0:
-            raise EngineValueError(f"render timeout must be > 0 s, got {self.timeout_s}")
+        if not (isinstance(self.timeout_s, (int, float)) and 0 < self.timeout_s <= 86_400):
+            raise EngineValueError(f"render timeout must lie in (0, 86400] s, got"
+                                   f" {self.timeout_s!r}")
 
     def __call__(self, url: str, claim: Claim) -> None:
         argv = [a.format(url=url, row=claim.row, lane=claim.lane)

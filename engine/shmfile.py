@@ -38,6 +38,9 @@ def create(name: str, suffix: str, data: bytes | bytearray | memoryview,
             f.write(data)
             if size is not None and size > len(data):
                 f.truncate(size)
+            f.flush()
+            # Pages reserved now: a write to a hole of a full tmpfs would be SIGBUS later.
+            os.posix_fallocate(f.fileno(), 0, max(size or 0, len(data), 1))
         os.link(tmp, final)  # fails if someone published the name meanwhile: never replaced
     except FileExistsError:
         raise SegmentExists(f"{final} exists") from None

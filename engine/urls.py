@@ -41,6 +41,7 @@ class UrlTable:
         self.name = name
         self._buf = buf
         self._offsets = np.frombuffer(buf, np.int64, n + 1, _HEADER.size)
+        self._start = off_end
         self._blob = memoryview(buf)[off_end:]
 
     @staticmethod
@@ -50,7 +51,10 @@ class UrlTable:
         for i, u in enumerate(urls):
             if not isinstance(u, str) or not u or "\n" in u or "\r" in u:
                 raise EngineValueError(f"urls[{i}] = {u!r} is not a one-line, non-empty string")
-            parts.append(u.encode())
+            try:
+                parts.append(u.encode())
+            except UnicodeEncodeError:
+                raise EngineValueError(f"urls[{i}] = {u!r} cannot be written as UTF-8") from None
         blob = b"\n" + b"\n".join(parts) + b"\n"
         lengths = np.fromiter((len(p) + 1 for p in parts), np.int64, len(parts))
         offsets = np.empty(len(parts) + 1, np.int64)
@@ -89,7 +93,11 @@ class UrlTable:
 
     def find(self, url: str) -> int:
         """The row of ``url``; ``EngineValueError`` if the table does not hold it."""
-        at = bytes(self._blob).find(b"\n" + url.encode() + b"\n") if "\n" not in url else -1
+        try:
+            needle = b"\n" + url.encode() + b"\n"
+        except UnicodeEncodeError:
+            raise EngineValueError(f"{url!r} is not a URL this table can hold") from None
+        at = self._buf.find(needle, self._start) - self._start if "\n" not in url else -1
         if at < 0:
             raise EngineValueError(f"no row has URL {url!r}")
         return int(np.searchsorted(self._offsets, at + 1))

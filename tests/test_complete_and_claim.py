@@ -136,3 +136,18 @@ def test_a_closed_engine_refuses_complete_and_claim():
             eng.complete_and_claim([0], [1], now_ms=NOW)
         with pytest.raises(EngineClosed):
             eng.complete_many(c.rows, c.tokens, now_ms=NOW)
+
+
+def test_a_refused_complete_and_claim_does_not_break_completing_the_previous_batch():
+    # The refusal may have replaced the claim arena; the earlier batch's arrays must still be
+    # completed as themselves, not read from the new arena.
+    with fresh_engine() as eng:
+        _fill(eng)
+        batch = eng.claim(4, now_ms=NOW)
+        assert len(batch) == 4
+        rows, tokens = batch.rows, batch.tokens
+        with pytest.raises(EngineValueError):
+            eng.complete_and_claim([10**6], [0], budget=4096, now_ms=NOW)
+        ok = eng.complete_many(rows, tokens, now_ms=NOW)
+        assert ok.all()
+        assert eng.verify() == []

@@ -365,7 +365,10 @@ def test_bad_pool_options_are_refused(kw: dict[str, Any], match: str) -> None:
     ({"callable": "os.path"}, "module:function"), ({"callable": "os:sep"}, "not callable"),
     ({"command": "echo hello"}, "never uses"), ({"command": "echo {nope}"}, "bad render"),
     ({"command": "echo 'unclosed {url}"}, "bad render"),
-    ({"command": "echo {url}", "timeout_s": 0}, "timeout")])
+    ({"command": "echo {url}", "timeout_s": 0}, "timeout"),
+    ({"command": "echo {url}", "timeout_s": float("inf")}, "timeout"),
+    ({"command": "echo {url}", "timeout_s": 1e300}, "timeout"),
+    ({"callable": ":f"}, "not a module name"), ({"callable": ".x:f"}, "not a module name")])
 def test_bad_render_specs_are_refused_before_any_worker_starts(kw: dict[str, Any],
                                                                match: str) -> None:
     with pytest.raises(EngineError, match=match):
@@ -438,3 +441,62 @@ def test_checkpoints_are_atomic_and_damaged_ones_are_refused(tmp_path: Path) -> 
     np.savez(path, meta=np.frombuffer(b'{"format": "x"}', np.uint8))
     with pytest.raises(EngineValueError, match="not a version"):
         ck.read(path)
+
+
+def test_a_render_command_does_not_outlive_a_worker_killed_at_shutdown(tmp_path: Path) -> None:
+    name = unique_name()
+    marker = f"rl-hang-{name}"
+    c = corpus(2)
+    pool = Pool.create(name, c["urls"], c["due_ms"], 3600, "submitted",
+                       RenderSpec(command=f"/bin/sh -c 'sleep 30; : {marker}' {{url}}",
+                                  timeout_s=60), PoolOptions(workers=1, grace_s=0.3))
+    summary = pool.run(seconds=1.0)
+    assert summary["killed_at_shutdown"] == 1
+    time.sleep(0.2)
+    left = [p for p in psutil.process_iter(["cmdline"])
+            if any(marker in part for part in (p.info["cmdline"] or []))]
+    assert left == []
+    assert files_of(name) == []
+
+
+def test_pool_setup_refuses_what_would_fail_later() -> None:
+    name = unique_name()
+    with pytest.raises(EngineValueError, match="checkpoint directory"):
+        PoolOptions(checkpoint="/nonexistent-dir-xyz/ck.npz")
+    with pytest.raises(EngineValueError, match="due_ms has 1 entries for 2 URLs"):
+        Pool.create(name, ["https://a.example/1", "https://a.example/2"], [1], 3600,
+                    "submitted", RenderSpec(callable="pool_renders:record"))
+    with pytest.raises(EngineValueError, match="UTF-8"):
+        UrlTable.encode(["https://a.example/\ud800"])
+    assert files_of(name) == []
+
+
+def test_lanes_cleanup_refuses_a_running_pool_unless_forced(log: Path) -> None:
+    name = unique_name()
+    pool = make_pool(name, 3, "pool_renders:record", workers=1)
+    try:
+        p = cli("cleanup", name)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 2 and "is running" in err
+        assert shm_path(name) in files_of(name)
+    finally:
+        pool.close()
+
+
+def test_damaged_boards_and_checkpoints_get_clear_errors(tmp_path: Path) -> None:
+    name = unique_name()
+    with open(shm_path(name) + ".pool", "wb") as f:
+        f.write(b"x" * 130)
+    try:
+        with pytest.raises(EngineError, match="not a render-lanes pool board"):
+            Board.attach(name)
+    finally:
+        Board.unlink(name)
+    npy = tmp_path / "a.npy"
+    np.save(npy, np.arange(3))
+    with pytest.raises(EngineValueError, match="not a checkpoint"):
+        ck.read(npy)
+    bad = tmp_path / "b.npz"
+    np.savez(bad, meta=np.frombuffer(b"[1, 2]", np.uint8))
+    with pytest.raises(EngineValueError, match="not a version"):
+        ck.read(bad)
