@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from .board import Clock
 from .engine import Claim, Engine, wall_ms
 from .policy import LanePolicy
 from .pool import Pool, PoolOptions
@@ -103,8 +102,7 @@ def run(seconds: float | None = None, workers: int = 2, plain: bool = False) -> 
     pool = Pool.create(tag, c["urls"], c["due_ms"], c["interval_s"], c["provenance"],
                        RenderSpec(callable="engine.demo:simulated_render"),
                        PoolOptions(workers=workers, batch=8, lease_s=5.0, grace_s=5.0,
-                                   time_scale=scale),
-                       clock=Clock.wall(scale))
+                                   time_scale=scale))
     view = LiveView(force_plain=plain, plain_every_s=max(1.0, seconds / 6))
     try:
         summary = pool.run(seconds=seconds, on_tick=view.update)

@@ -75,9 +75,10 @@ class PoolOptions:
                 raise EngineValueError(f"{what} must be an int in [{lo}, {hi}], got {v!r}")
         for what, x in (("lease_s", self.lease_s), ("checkpoint_every_s", self.checkpoint_every_s),
                         ("idle_s", self.idle_s), ("time_scale", self.time_scale)):
-            if not isinstance(x, (int, float)) or not 0 < x < 1e9:
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 1e-3 <= x < 1e9:
                 raise EngineValueError(f"{what} must be a positive number, got {x!r}")
-        if not isinstance(self.grace_s, (int, float)) or not 0 <= self.grace_s < 1e6:
+        if (isinstance(self.grace_s, bool) or not isinstance(self.grace_s, (int, float))
+                or not 0 <= self.grace_s < 1e6):
             raise EngineValueError(f"grace_s must be a number >= 0, got {self.grace_s!r}")
         if self.start_method not in START_METHODS:
             raise EngineValueError(f"start_method must be one of {START_METHODS}")
@@ -158,6 +159,8 @@ class _Held:
                     except LeaseLost:
                         del self._tokens[row]  # someone else holds it now; do not complete it
                         self.lost += 1  # counted into the slot by the main thread
+                    except EngineError:
+                        pass  # e.g. the engine closed under us at exit: try again next period
 
 
 def worker_main(spec: WorkerSpec, slot_index: int) -> None:
@@ -278,7 +281,7 @@ class Pool:
     def create(cls, name: str, urls: list[str], due_ms: Any, interval_s: Any, provenance: Any,
                render: RenderSpec, options: PoolOptions | None = None, *,
                policy: LanePolicy | None = None, capacity: int | None = None,
-               failures: Any = None, clock: Clock | None = None) -> Pool:
+               failures: Any = None) -> Pool:
         """A new engine filled with a corpus (row ``r`` renders ``urls[r]``)."""
         options = options or PoolOptions()
         n = len(urls)
@@ -293,7 +296,7 @@ class Pool:
             rows = eng.add_many(due_ms, interval_s, provenance, failures)
             if not np.array_equal(rows, np.arange(n)):
                 raise SegmentExists(f"engine {name!r} was not empty")  # pragma: no cover
-            return cls._around(eng, urls, render, options, clock)
+            return cls._around(eng, urls, render, options)
         except BaseException:
             _remove(name, eng)
             raise
@@ -301,7 +304,7 @@ class Pool:
     @classmethod
     def resume(cls, name: str, path: str, render: RenderSpec,
                options: PoolOptions | None = None, *, policy: LanePolicy | None = None,
-               capacity: int | None = None, clock: Clock | None = None) -> Pool:
+               capacity: int | None = None) -> Pool:
         """A new engine holding the schedule and URLs of checkpoint ``path``.
 
         Files left under ``name`` by a supervisor that was killed are removed first; a pool
@@ -316,15 +319,15 @@ class Pool:
                             ck.policy if policy is None else policy)
         try:
             checkpoint.restore(ck, eng)
-            return cls._around(eng, ck.urls, render, options, clock)
+            return cls._around(eng, ck.urls, render, options)
         except BaseException:
             _remove(name, eng)
             raise
 
     @classmethod
     def _around(cls, eng: Engine, urls: list[str], render: RenderSpec, options: PoolOptions,
-                clock: Clock | None) -> Pool:
-        clock = clock or Clock.wall(options.time_scale)
+                ) -> Pool:
+        clock = Clock.wall(options.time_scale)
         table = UrlTable.create(eng.name, urls)
         try:
             board = Board.create(eng.name, options.workers, clock, os.getpid(),

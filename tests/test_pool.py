@@ -19,7 +19,7 @@ from lanes_testlib import shm_path, unique_name
 
 from engine import Engine, EngineError, EngineValueError, LanePolicy
 from engine import checkpoint as ck
-from engine.board import Board, Clock
+from engine.board import Board
 from engine.pool import Pool, PoolOptions, clear_stale
 from engine.render import RenderSpec
 from engine.urls import UrlTable
@@ -136,7 +136,7 @@ def test_failing_renders_back_off_and_drift_to_the_cold_lane(log: Path) -> None:
     c = corpus(4)
     pool = Pool.create(name, c["urls"], c["due_ms"], c["interval_s"], c["provenance"],
                        RenderSpec(callable="pool_renders:always_fails"),
-                       PoolOptions(workers=1, time_scale=1e5), clock=Clock.wall(1e5))
+                       PoolOptions(workers=1, time_scale=1e5))
     snap: list[Any] = []
 
     def enough() -> bool:
