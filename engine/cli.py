@@ -15,6 +15,8 @@ from .errors import EngineError, EngineValueError, NotAllowed, SegmentMissing
 from .policy import LanePolicy
 from .segment import Segment
 
+CHECKPOINT_EVERY_S = 60.0
+
 
 def _stats(args: argparse.Namespace) -> int:
     eng = Engine.attach(args.name)
@@ -109,6 +111,8 @@ def _pool(args: argparse.Namespace) -> int:
     from .render import RenderSpec
     from .view import LiveView, print_summary
 
+    if args.checkpoint is None and args.checkpoint_every != CHECKPOINT_EVERY_S:
+        raise EngineValueError("--checkpoint-every needs --checkpoint PATH")
     render = RenderSpec(callable=args.render, command=args.command_template,
                         timeout_s=args.timeout)
     options = PoolOptions(workers=args.workers, batch=args.batch, lease_s=args.lease,
@@ -200,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease", type=float, default=30.0, help="lease seconds (renewed)")
     p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default="fork")
     p.add_argument("--checkpoint", metavar="PATH", help="checkpoint file (written atomically)")
-    p.add_argument("--checkpoint-every", type=float, default=60.0, metavar="SECONDS")
+    p.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S,
+                   metavar="SECONDS")
     p.add_argument("--resume", action="store_true", help="start from --checkpoint")
     p.add_argument("--grace", type=float, default=10.0, help="seconds to finish at a stop")
     p.add_argument("--seconds", type=float, default=None, help="stop after this long")

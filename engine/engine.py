@@ -28,9 +28,9 @@ from .segment import (
     _fork_generation,
     check,
     ffi,
+    is_running,
     lib,
     owner_state,
-    process_start_ms,
 )
 
 IntArray = npt.NDArray[np.int64]
@@ -700,11 +700,7 @@ class Engine:
             if state != OWNER_ALIVE:
                 dead += state == OWNER_DEAD
                 continue
-            try:
-                alive = abs(process_start_ms(pid) - start) < 2000
-            except Exception:  # psutil.NoSuchProcess, AccessDenied on a foreign pid
-                alive = False
-            if not alive:
+            if not is_running(pid, start):
                 check(lib.rl_owner_mark_dead(self._h, owner, word))
                 dead += 1
         if dead:

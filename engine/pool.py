@@ -46,7 +46,7 @@ from .errors import (
 )
 from .policy import LanePolicy
 from .render import RenderSpec
-from .segment import Segment, process_start_ms
+from .segment import Segment, is_running, process_start_ms
 from .urls import UrlTable
 
 START_METHODS = ("fork", "spawn", "forkserver")
@@ -361,6 +361,9 @@ class Pool:
         Returns the summary (see ``summary``). Signal handlers are installed only while it runs,
         and only when called from the main thread.
         """
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(
+                seconds, (int, float)) or not 0 <= seconds < 1e9):
+            raise EngineValueError(f"seconds must be a number >= 0, got {seconds!r}")
         old: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -520,13 +523,7 @@ def supervisor_running(name: str) -> int | None:
         return None  # not a board we wrote: nobody runs it
     pid, start = board.supervisor
     board.close()
-    if not _alive(pid):
-        return None
-    try:
-        same = abs(process_start_ms(pid) - start) < 2000
-    except Exception:  # psutil: the pid vanished meanwhile, or is not ours to read
-        same = False
-    return pid if same else None
+    return pid if is_running(pid, start) else None
 
 
 def clear_stale(name: str) -> bool:

@@ -56,6 +56,14 @@ def process_start_ms(pid: int | None = None) -> int:
     return int(psutil.Process(pid).create_time() * 1000)
 
 
+def is_running(pid: int, start_ms: int) -> bool:
+    """Whether process ``pid`` runs and is the one that started at ``start_ms`` (not a reuse)."""
+    try:
+        return abs(process_start_ms(pid) - start_ms) < 2000
+    except Exception:  # psutil.NoSuchProcess, AccessDenied on a foreign pid
+        return False
+
+
 def policy_to_c(policy: LanePolicy) -> Any:
     p = ffi.new("rl_policy *")
     p.band_count = len(policy.ttl_bands)
