@@ -61,7 +61,7 @@ $(SAN_STAMP): $(SOURCES) Makefile
 	$(SAN_PY) -m pip install -q --upgrade pip setuptools wheel cffi
 	rm -rf $(SAN_VENV)/src $(SAN_VENV)/core && mkdir -p $(SAN_VENV)/src
 	cp -r pyproject.toml setup.py README.md engine csrc $(SAN_VENV)/src/
-	rm -rf $(SAN_VENV)/src/engine/_core*.so $(SAN_VENV)/src/engine/_core.c
+	rm -rf $(SAN_VENV)/src/engine/_core*.so $(SAN_VENV)/src/engine/_hot*.so $(SAN_VENV)/src/engine/_core.c
 	cd $(SAN_VENV)/src && RL_SANITIZE=address,undefined ../bin/python -m pip install -q \
 		--no-build-isolation --target ../core --no-deps .
 	$(SAN_PY) -m pip install -q numpy psutil pytest hypothesis defusedxml rich prometheus_client \
@@ -76,4 +76,4 @@ test-sanitize: $(SAN_STAMP)
 		-m "not slow" --ignore=tests/test_model.py --ignore=tests/test_bench_smoke.py
 
 clean:
-	rm -rf $(VENV) $(SAN_VENV) build *.egg-info engine/_core*.so engine/_core.c
+	rm -rf $(VENV) $(SAN_VENV) build *.egg-info engine/_core*.so engine/_hot*.so engine/_core.c

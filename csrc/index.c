@@ -74,7 +74,7 @@ int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
             }
             if (ok) {
                 uint32_t l = rl_key_lane(key);
-                if (key < lane_min[l]) lane_min[l] = key;
+                if (key != RL_KEY_NONE && key < lane_min[l]) lane_min[l] = key; /* NONE: a removal */
             } else {
                 /* The merge abandoned this slot while we were descheduled: append it again. */
                 int rc = rl_ring_append(s, owner, 1, &keys[done + i], &rows[done + i], advice);
@@ -86,11 +86,11 @@ int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
     for (uint32_t l = 0; l < RL_MAX_LANES; l++)
         if (lane_min[l] != RL_KEY_NONE) rl_ring_min_note(s, lane_min[l]);
     uint64_t used = atomic_load(&s->h->ring_tail) - atomic_load(&s->h->ring_head);
-    /* Ask for a merge at three quarters full (it was half). A merge reads every live index
-     * entry's row to drop stale ones, so it costs O(index) whatever the ring holds (~20-30 ms at
-     * 1.6M rows): merging a third less often took ~12% off claim + complete at 1.6M rows. The
-     * last quarter (65k writes at 1.6M) is the room writers keep while a merge runs; a writer
-     * that finds the ring full merges (or waits for the merge) itself, as before. */
+    /* Ask for a merge at three quarters full (it was half): a merge copies the whole index, so
+     * part of its cost is O(index) whatever the ring holds, and merging a third less often took
+     * ~12% off claim + complete at 1.6M rows. The last quarter (65k writes at 1.6M) is the room
+     * writers keep while a merge runs; a writer that finds the ring full merges (or waits for
+     * the merge) itself, as before. */
     if (advice && used * 4 > cap * 3) *advice |= RL_ADVISE_COMPACT;
     return RL_OK;
 }
@@ -234,6 +234,13 @@ static int row_live(rl_seg *s, uint32_t row, uint64_t key, uint32_t used) {
     return row < used && rl_row_key(s, row) == key;
 }
 
+/* Whether the merge must re-read an index entry's row: only a row the ring moved (or removed)
+ * since the last merge can have gone stale, since every write that changes a key appends it
+ * to the ring after storing it (a write still in flight appends after the ring's settled
+ * prefix, so the next merge sees it). `all`: a slot was abandoned, its row unknown. */
+#define MOVED(touched, all, row, used) \
+    ((all) || (row) >= (used) || ((touched)[(row) >> 6] >> ((row) & 63) & 1))
+
 /* Wait for the ring's published prefix; abandon a slot whose writer never finished. */
 static uint64_t ring_settle(rl_seg *s, uint64_t head, uint64_t tail) {
     uint64_t cap = s->h->ring_capacity, pos = head;
@@ -279,8 +286,14 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
 
     if (!full) {
         size_t nr = 0;
+        int all = 0;
         Entry *fresh = malloc((size_t)(upto - head + 1) * sizeof(Entry));
-        if (!fresh) return RL_E_SYS;
+        uint64_t *touched = calloc((size_t)used / 64 + 1, sizeof(uint64_t)); /* rows moved */
+        if (!fresh || !touched) {
+            free(fresh);
+            free(touched);
+            return RL_E_SYS;
+        }
         /* slot indexes si (of pos) and sa (of pos + MERGE_AHEAD) wrap without a division each */
         uint64_t si = head % rcap, sa = (head + MERGE_AHEAD) % rcap;
         for (uint64_t pos = head; pos < upto;
@@ -290,14 +303,19 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
                 uint32_t ahead = atomic_load_explicit(&s->ring[sa].row, memory_order_relaxed);
                 __builtin_prefetch(&s->rows[ahead < used ? ahead : 0]);
             }
-            if (atomic_load(&slot->state) != RL_SLOT(pos, 1)) continue; /* abandoned */
+            if (atomic_load(&slot->state) != RL_SLOT(pos, 1)) { /* abandoned */
+                all = 1;
+                continue;
+            }
             uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
             uint32_t row = (uint32_t)atomic_load_explicit(&slot->row, memory_order_relaxed);
-            if (row_live(s, row, key, used)) fresh[nr++] = (Entry){key, row, 0};
+            if (row < used) touched[row >> 6] |= 1ULL << (row & 63);
+            if (key != RL_KEY_NONE && row_live(s, row, key, used)) fresh[nr++] = (Entry){key, row, 0};
         }
         int rc = Entry_RadixSort(fresh, nr, 0);
         if (rc != RL_OK) {
             free(fresh);
+            free(touched);
             return rc;
         }
         uint32_t nsrc = atomic_load(&h->index_count[src]);
@@ -311,7 +329,7 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
             Entry e;
             if (i + MERGE_AHEAD < nsrc) { /* the liveness check is a random row read: overlap the misses */
                 uint32_t ahead = atomic_load_explicit(&sr[i + MERGE_AHEAD], memory_order_relaxed);
-                __builtin_prefetch(&s->rows[ahead < used ? ahead : 0]); /* clamped, not divided */
+                if (ahead < used && MOVED(touched, all, ahead, used)) __builtin_prefetch(&s->rows[ahead]);
             }
             uint64_t skey = i < nsrc ? atomic_load_explicit(&sk[i], memory_order_relaxed) : 0;
             uint32_t srow = i < nsrc ? atomic_load_explicit(&sr[i], memory_order_relaxed) : 0;
@@ -323,7 +341,8 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
                 e.key = skey;
                 e.row = srow;
                 i++;
-                if (!row_live(s, e.row, e.key, used)) continue; /* stale: dropped here */
+                if (MOVED(touched, all, e.row, used) && !row_live(s, e.row, e.key, used))
+                    continue; /* stale: dropped here */
             } else {
                 e = fresh[j++];
             }
@@ -339,6 +358,7 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
             last_row = e.row;
         }
         free(fresh);
+        free(touched);
     }
     if (full) {
         Entry *all = malloc((size_t)(used + 1) * sizeof(Entry));

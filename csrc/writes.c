@@ -263,8 +263,6 @@ int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now
 }
 
 int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice) {
-    (void)owner;
-    (void)advice;
     if (!row_ok(s, row)) return RL_E_RANGE;
     uint64_t word = atomic_load(&s->rows[row].word);
     if (RL_WORD_KEY(word) == RL_KEY_NONE) return RL_E_VALUE;
@@ -274,7 +272,11 @@ int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice) {
     while (!atomic_compare_exchange_weak(&s->rows[row].lease, &w,
                                          RL_LEASE_MAKE(0, 0, RL_LEASE_TOK(w) + 1u)))
         ;
-    return RL_OK;
+    /* (NONE, row) in the ring: nothing to claim or index, but it tells the next merge that this
+     * row's index entry went stale (the merge re-reads only rows the ring names). No floor
+     * moves: a removal lowers nothing. */
+    uint64_t none = RL_KEY_NONE;
+    return rl_ring_append(s, owner, 1, &none, &row, advice);
 }
 
 /* Re-encode rows written with lanes disabled into their derived lanes, due times untouched.

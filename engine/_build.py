@@ -2,7 +2,8 @@
 
 ``csrc/lanes.h`` is both the C API and the cdef: lines marked CDEF-SKIP (include guards and
 includes) are dropped before it reaches ``ffi.cdef``. ``RL_SANITIZE=undefined,address`` builds
-the core with those sanitizers (``make test-sanitize``).
+the core with those sanitizers (``make test-sanitize``); setup.py builds ``engine._hot`` with the
+same flags.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def _cdef() -> str:
     return "\n".join(line for line in text.splitlines() if "CDEF-SKIP" not in line)
 
 
-def _flags() -> tuple[list[str], list[str]]:
+def flags() -> tuple[list[str], list[str]]:
     compile_args = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
     link_args: list[str] = []
     sanitize = os.environ.get("RL_SANITIZE", "").strip()
@@ -35,7 +36,7 @@ def _flags() -> tuple[list[str], list[str]]:
 
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef())
-_compile, _link = _flags()
+_compile, _link = flags()
 ffibuilder.set_source(
     "engine._core",
     '#include "lanes.h"',

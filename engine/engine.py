@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
+from . import _hot
 from .errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
 from .keys import STRIDE, as_int64_array, check_due_array, check_due_ms, ndim_of
 from .policy import MAX_INTERVAL_S, PROVENANCES, LanePolicy
@@ -36,10 +37,9 @@ from .segment import (
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
-DEFAULT_LEASE_MS = 30_000
-DEFAULT_WINDOW = 140
-MAX_BUDGET = 1 << 16
-ARENA = 1 << 13  # int64 values per claim-result arena
+DEFAULT_LEASE_MS = _hot.DEFAULT_LEASE_MS  # 30 s; the defaults live with the hot calls (csrc/hot.c)
+DEFAULT_WINDOW = _hot.DEFAULT_WINDOW  # 140
+MAX_BUDGET = _hot.MAX_BUDGET  # 65,536
 _U64 = (1 << 64) - 1
 _PROVENANCE_CODE = {name: code for code, name in enumerate(PROVENANCES)}
 
@@ -80,89 +80,45 @@ class Claim(NamedTuple):
     token: int
 
 
-class Claims:
-    """The rows one claim pass leased: four int64 arrays of the same length.
+class Claims(_hot.ClaimsBase):
+    """The rows one claim pass leased: four int64 arrays of the same length, ``rows``,
+    ``lanes``, ``due_ms`` and ``tokens`` (``len(batch)`` rows).
 
-    They are views of the part of an arena the C pass filled (rows, lanes, due_ms, tokens,
-    ``budget`` apart from ``offset``), made when asked for. ``rows`` and ``tokens`` are kept
-    once made (until the batch is completed), so ``Engine.complete_many(batch.rows,
-    batch.tokens)`` of the latest batch can recognise them and hand the C core their arena
-    address instead of converting them. No later claim writes there.
+    They are views of an arena the C pass filled, made when asked for (csrc/hot.c). ``rows``
+    and ``tokens`` are kept once made, until the batch is completed, so
+    ``Engine.complete_many(batch.rows, batch.tokens)`` of the latest batch can recognise them
+    and hand the C core their arena address instead of converting them. No later claim writes
+    there. Only the engine makes them.
     """
 
-    __slots__ = ("_buf", "_o", "_n", "_b", "_rows", "_tokens")
-
-    def __init__(self, buf: IntArray, offset: int, n: int, budget: int) -> None:
-        self._buf = buf
-        self._o = offset
-        self._n = n
-        self._b = budget
-        self._rows: IntArray | None = None
-        self._tokens: IntArray | None = None
-
-    def _field(self, k: int) -> IntArray:
-        start = self._o + k * self._b
-        return self._buf[start: start + self._n]
-
-    @property
-    def rows(self) -> IntArray:
-        v = self._rows
-        if v is None:
-            v = self._rows = self._buf[self._o: self._o + self._n]
-        return v
-
-    @property
-    def lanes(self) -> IntArray:
-        return self._field(1)
-
-    @property
-    def due_ms(self) -> IntArray:
-        return self._field(2)
-
-    @property
-    def tokens(self) -> IntArray:
-        v = self._tokens
-        if v is None:
-            v = self._tokens = self._field(3)
-        return v
-
-    def __len__(self) -> int:
-        return self._n
+    __slots__ = ()
 
     def __iter__(self) -> Iterator[Claim]:
-        fields = [self._field(k).tolist() for k in range(4)]
-        for i in range(self._n):
+        fields = [self.rows.tolist(), self.lanes.tolist(), self.due_ms.tolist(),
+                  self.tokens.tolist()]
+        for i in range(len(self)):
             yield Claim(fields[0][i], fields[1][i], fields[2][i], fields[3][i])
 
     def __repr__(self) -> str:
-        return f"Claims(n={self._n}, rows={self.rows.tolist()})"
+        return f"Claims(n={len(self)}, rows={self.rows.tolist()})"
 
 
-class Engine:
-    """A claim engine over one named shared-memory segment (see the package README)."""
+class Engine(_hot.EngineBase):
+    """A claim engine over one named shared-memory segment (see the package README).
+
+    ``claim``, ``complete_many`` and ``complete_and_claim`` are methods of the C base class
+    (csrc/hot.c): they take the common case in C and call the hooks below (``_claim_args``,
+    ``_bind``, ``_after``, ``_refused``, ``_rows_tokens``, ``_complete_many_any``) for the rest.
+    """
 
     def __init__(self, seg: Segment, creator_pid: int | None) -> None:
         self._seg = seg
         self._creator_pid = creator_pid
         self._out_row = ffi.new("int64_t[1]")
         self._advice = ffi.new("uint32_t *")
-        # Claim results (and complete_many's ok flags) are carved from arenas, so the hot calls
-        # allocate no numpy array of their own: each result keeps its arena alive, and a full
-        # arena is replaced, never reused.
-        self._arena: IntArray = np.empty(0, np.int64)
-        self._arena_ptr: Any = ffi.NULL
-        self._arena_off = 0
-        self._arena_len = 0
-        self._ok_arena: BoolArray = np.empty(0, np.bool_)
-        self._ok_ptr: Any = ffi.NULL
-        self._ok_off = 0
-        # The request block of the hot calls (csrc/lanes.h rl_req): handle and owner, bound for
-        # this process (`_bound` = the fork generation it was bound in), and the last budget,
-        # lease and window, rewritten only when a call asks for others.
-        self._req: Any = ffi.new("rl_req *")
-        self._bound = -1
-        self._rb = self._rl = self._rw = 0
-        self._last: Claims | None = None  # the latest claim, for complete_many's fast path
+        # The hot calls' request block is the segment's (emptied when it closes); claim
+        # results and complete_many's flags are carved from arenas the C base class keeps.
+        self._set_request(seg.request, int(ffi.cast("uintptr_t", seg.request)))
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -299,11 +255,18 @@ class Engine:
         return seg._handle, seg._owner
 
     def _bind(self) -> None:
-        """Point the request block at this process's handle and owner (raises if closed)."""
+        """Point the request block at this process's handle and owner (raises if closed).
+        The C base class calls it in a new process (after a fork) and after a close."""
         h, owner = self._hot()
-        self._req.s = h
-        self._req.owner = owner
-        self._bound = _fork_generation[0]
+        req = self._seg.request
+        req.s = h
+        req.owner = owner
+
+    def _refused(self, status: int, what: str) -> None:
+        """Raise for a negative status of a hot call (from the C base class)."""
+        if status == lib.RL_E_RANGE and what != "claim":
+            raise EngineValueError("rows holds a row id that does not exist")
+        check(status, what)
 
     def _after(self, advice: int) -> None:
         """Act on what the C core advised: merge the ring, or repair after a dead owner."""
@@ -366,36 +329,10 @@ class Engine:
         if not ok[0]:
             check(lib.RL_E_LEASE, f"complete row {row}")
 
-    def complete_many(self, rows: Any, tokens: Any, next_due_ms: Any = None,
-                      now_ms: int | None = None) -> BoolArray:
-        """Complete a batch in one call; returns which leases were still held (and completed)."""
-        last = self._last
-        if (last is not None and rows is last._rows and tokens is last._tokens
-                and rows is not None and next_due_ms is None and last._buf is self._arena):
-            # The arrays of the latest claim, unchanged objects: their arena address is known,
-            # so they go to the C core without conversion (it checks every row id as before).
-            if type(now_ms) is int and 0 <= now_ms < STRIDE:
-                now = now_ms
-            else:
-                now = self._now(now_ms)
-            n = last._n
-            if n == 0:
-                return np.zeros(0, np.bool_)
-            if self._bound != _fork_generation[0] or self._seg._handle is None:
-                self._bind()
-            off = self._ok_slot(n)
-            p = self._arena_ptr + last._o
-            v = _complete_req(self._req, n, p, p + 3 * last._b, now, self._ok_ptr + off)
-            # Done with them: drop the cached views, so they are freed with the caller's
-            # temporaries here rather than when the next claim replaces this batch.
-            self._last = last._rows = last._tokens = None
-            if v >> 32:
-                if v < 0:
-                    if v == lib.RL_E_RANGE:
-                        raise EngineValueError("rows holds a row id that does not exist")
-                    check(v, "complete_many")
-                self._after(v >> 32)
-            return self._ok_arena[off: off + n]
+    def _complete_many_any(self, rows: Any, tokens: Any, next_due_ms: Any,
+                           now_ms: Any) -> BoolArray:
+        """``complete_many`` of anything but the latest batch's own arrays (the C base class
+        takes that case)."""
         r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
         if len(r) != len(t):
             raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
@@ -462,104 +399,30 @@ class Engine:
 
     def remove(self, row: int) -> None:
         r = self._row(row)
-        check(lib.rl_remove(self._h, self._seg.owner, r, ffi.NULL), f"remove row {r} (removed?)")
+        self._advice[0] = 0
+        check(lib.rl_remove(self._h, self._seg.owner, r, self._advice),
+              f"remove row {r} (removed?)")
+        self._after(self._advice[0])
 
     # -- claims ----------------------------------------------------------------------------------
 
-    def claim(self, budget: int = 16, now_ms: int | None = None, lease_ms: int = DEFAULT_LEASE_MS,
-              window: int = DEFAULT_WINDOW) -> Claims:
-        """Lease up to ``budget`` due rows across lanes, as the policy shares them."""
-        now, b = self._claim_setup(budget, now_ms, lease_ms, window)
-        off = self._claim_slot(b)
-        v = _claim_req(self._req, now, off)
-        return self._claimed(v, off, b, "claim")
+    def _claim_args(self, budget: object, now_ms: object, lease_ms: object,
+                    window: object) -> tuple[int, int, int, int]:
+        """A claim's arguments other than plain ints in range, checked (clear errors): returns
+        (now, budget, lease_ms, window). The C base class calls it."""
+        b = _int(budget, "budget", 1, MAX_BUDGET)
+        lease = _int(lease_ms, "lease_ms", 1, STRIDE - 1)
+        win = _int(window, "window", 1, _hot.MAX_WINDOW)
+        return self._now(now_ms), b, lease, win
 
-    def complete_and_claim(self, rows: Any, tokens: Any, budget: int = 16,
-                           now_ms: int | None = None, lease_ms: int = DEFAULT_LEASE_MS,
-                           window: int = DEFAULT_WINDOW) -> tuple[BoolArray, Claims]:
-        """``complete_many(rows, tokens)`` then ``claim(budget, ...)`` at the same ``now_ms``, in
-        one call into the C core: a worker's whole cycle with one crossing. Returns what
-        ``complete_many`` and ``claim`` return, as ``(ok, batch)``. Every argument is checked
-        before anything changes: bad input raises and neither completes nor claims."""
-        now, b = self._claim_setup(budget, now_ms, lease_ms, window)
-        last = self._last
-        if (last is not None and rows is last._rows and tokens is last._tokens
-                and rows is not None and last._buf is self._arena):
-            n = last._n
-            rp = self._arena_ptr + last._o
-            tp = rp + 3 * last._b
-            self._last = last._rows = last._tokens = None
-        else:
-            r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
-            if len(r) != len(t):
-                raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
-            n = len(r)
-            rp, tp = (_ptr(r), _ptr(t)) if n else (ffi.NULL, ffi.NULL)
-        ok_off = self._ok_slot(n)
-        off = self._claim_slot(b)  # after the rows' pointers: a new arena keeps the old alive
-        v = _complete_claim_req(self._req, n, rp, tp, now, self._ok_ptr + ok_off, off)
-        if v == lib.RL_E_RANGE:
-            self._ok_off, self._arena_off = ok_off, off
-            raise EngineValueError("rows holds a row id that does not exist")
-        batch = self._claimed(v, off, b, "complete_and_claim")
-        return self._ok_arena[ok_off: ok_off + n], batch
-
-    def _claim_setup(self, budget: object, now_ms: object, lease_ms: object,
-                     window: object) -> tuple[int, int]:
-        """Check a claim's arguments and put them in the request block; returns (now, budget).
-
-        The hot path: plain ints in range pass by type checks alone; anything else takes the
-        full validation (and its clear error)."""
-        b = budget if type(budget) is int and 0 < budget <= MAX_BUDGET else _int(
-            budget, "budget", 1, MAX_BUDGET)
-        lease = lease_ms if type(lease_ms) is int and 0 < lease_ms < STRIDE else _int(
-            lease_ms, "lease_ms", 1, STRIDE - 1)
-        win = window if type(window) is int and 0 < window <= 1 << 30 else _int(
-            window, "window", 1, 1 << 30)
-        if now_ms is None:
-            now = time.time_ns() // 1_000_000
-        elif type(now_ms) is int and 0 <= now_ms < STRIDE:
-            now = now_ms
-        else:
-            now = check_due_ms(now_ms, "now_ms")
-        if self._bound != _fork_generation[0] or self._seg._handle is None:
-            self._bind()
-        if b != self._rb or lease != self._rl or win != self._rw:
-            req = self._req
-            req.budget, req.lease_ms, req.window = b, lease, win
-            self._rb, self._rl, self._rw = b, lease, win
-        return now, b
-
-    def _claim_slot(self, b: int) -> int:
-        """Reserve room for ``b`` results in the claim arena; returns its offset."""
-        off = self._arena_off
-        if off + 4 * b > self._arena_len:
-            self._arena = np.empty(max(ARENA, 4 * b), np.int64)
-            self._arena_ptr = self._req.arena = ffi.from_buffer("int64_t[]", self._arena)
-            self._arena_len = len(self._arena)
-            off = 0
-        self._arena_off = off + 4 * b
-        return off
-
-    def _ok_slot(self, n: int) -> int:
-        """Reserve room for ``n`` completion flags in the ok arena; returns its offset."""
-        off = self._ok_off
-        if off + n > len(self._ok_arena):
-            self._ok_arena = np.zeros(max(ARENA, n), np.bool_)
-            self._ok_ptr = ffi.from_buffer("uint8_t[]", self._ok_arena)
-            off = 0
-        self._ok_off = off + n
-        return off
-
-    def _claimed(self, v: int, off: int, b: int, what: str) -> Claims:
-        """The Claims of a C result ``count | advice << 32`` (or a negative status)."""
-        if v >> 32:  # advice in the high half, or a negative status
-            if v < 0:
-                self._arena_off = off
-                check(v, what)
-            self._after(v >> 32)
-        c = self._last = Claims(self._arena, off, v & 0xFFFFFFFF, b)
-        return c
+    @staticmethod
+    def _rows_tokens(rows: Any, tokens: Any) -> tuple[IntArray, IntArray]:
+        """complete_and_claim's rows and tokens other than the latest batch's, as int64 arrays
+        of one length."""
+        r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
+        if len(r) != len(t):
+            raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
+        return r, t
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -723,9 +586,12 @@ def _name(name: object) -> str:
     return name
 
 
-_claim_req = lib.rl_claim_req  # module-level names: one lookup less on the hot calls
-_complete_req = lib.rl_complete_req
-_complete_claim_req = lib.rl_complete_claim_req
+def _address(fn: str) -> int:
+    return int(ffi.cast("uintptr_t", ffi.addressof(lib, fn)))
+
+
+_hot.setup(Claims, _address("rl_claim_req"), _address("rl_complete_req"),
+           _address("rl_complete_claim_req"))
 
 
 def _ptr(arr: IntArray) -> Any:

@@ -106,6 +106,10 @@ class Segment:
         self._policy_version = -1
         self._policy: LanePolicy | None = None
         self._mapped_pid = os.getpid()  # the process whose page tables map the segment
+        # The request block of the engine's hot calls (csrc/lanes.h rl_req): handle and owner,
+        # bound per process by Engine._bind. Closing empties it first, so engine._hot never
+        # passes a freed handle to the core.
+        self.request: Any = ffi.new("rl_req *")
 
     @classmethod
     def create(cls, name: str, capacity: int, ring_capacity: int, policy: LanePolicy,
@@ -181,6 +185,7 @@ class Segment:
         """Unmap; a process that registered as an owner first ends its leases."""
         if self._handle is None:
             return
+        self.request.s = ffi.NULL
         if self._owner and self._owner_pid == os.getpid():
             lib.rl_owner_release(self._handle, self._owner)
         lib.rl_close(self._handle)
@@ -188,6 +193,7 @@ class Segment:
 
     def forget(self) -> None:
         """Drop the handle without touching the segment (a forked child's inherited copy)."""
+        self.request.s = ffi.NULL
         self._handle = None
 
     @staticmethod

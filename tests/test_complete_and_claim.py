@@ -1,16 +1,21 @@
-"""The hot worker calls: ``complete_and_claim`` (one crossing per cycle) and the fast path that
-``complete_many`` takes for the arrays of the latest claim. Each must do exactly what the plain
-calls do: the same grants, the same completions, the same counters, and the same refusals of bad
-input with nothing changed."""
+"""The hot worker calls: ``claim``, ``complete_many`` and ``complete_and_claim`` (one crossing per
+cycle), C methods of the engine's base class (csrc/hot.c), and the fast path ``complete_many``
+takes for the arrays of the latest claim. Each must do exactly what the plain calls do: the same
+grants, the same completions, the same counters, and the same refusals of bad input with nothing
+changed; their own argument parsing must behave as a Python function's."""
 
 from __future__ import annotations
+
+import inspect
+import threading
 
 import numpy as np
 import pytest
 from lanes_testlib import HOUR, MINUTE, NOW, fresh_engine, snapshot
 
-from engine import LanePolicy
-from engine.errors import EngineClosed, EngineError, EngineValueError
+from engine import Claims, Engine, LanePolicy
+from engine.engine import DEFAULT_LEASE_MS, DEFAULT_WINDOW
+from engine.errors import EngineClosed, EngineError, EngineTypeError, EngineValueError
 
 ROWS = 300
 
@@ -150,4 +155,156 @@ def test_a_refused_complete_and_claim_does_not_break_completing_the_previous_bat
             eng.complete_and_claim([10**6], [0], budget=4096, now_ms=NOW)
         ok = eng.complete_many(rows, tokens, now_ms=NOW)
         assert ok.all()
+        assert eng.verify() == []
+
+
+def test_the_hot_calls_show_their_signatures_and_defaults():
+    sig = inspect.signature(Engine.claim)
+    assert [(p.name, p.default) for p in list(sig.parameters.values())[1:]] == [
+        ("budget", 16), ("now_ms", None), ("lease_ms", DEFAULT_LEASE_MS),
+        ("window", DEFAULT_WINDOW)]
+    assert list(inspect.signature(Engine.complete_many).parameters)[1:] == [
+        "rows", "tokens", "next_due_ms", "now_ms"]
+    assert list(inspect.signature(Engine.complete_and_claim).parameters)[1:] == [
+        "rows", "tokens", "budget", "now_ms", "lease_ms", "window"]
+    assert "Lease up to" in (Engine.claim.__doc__ or "")
+
+
+def test_the_hot_calls_parse_arguments_as_a_python_function_would():
+    with fresh_engine() as eng:
+        rows = _fill(eng)
+        before, counters = snapshot(eng, rows), _counters(eng)
+        for call in (lambda: eng.claim(4, NOW, 1000, 140, 5),
+                     lambda: eng.claim(budget=4, bogus=1),
+                     lambda: eng.claim(4, budget=4),
+                     lambda: eng.complete_many([0]),
+                     lambda: eng.complete_many(tokens=[1]),
+                     lambda: eng.complete_many([0], [1], None, NOW, 7),
+                     lambda: eng.complete_and_claim([], [], 4, NOW, 1000, 140, 0),
+                     lambda: eng.complete_and_claim(rows=[], budget=1)):
+            with pytest.raises(TypeError):
+                call()
+        assert snapshot(eng, rows) == before and _counters(eng) == counters
+        # positional, keyword and mixed spellings are one call
+        a = eng.claim(2, NOW, 60_000, 140)
+        b = eng.claim(window=140, lease_ms=60_000, now_ms=NOW, budget=2)
+        c = eng.claim(2, lease_ms=60_000, now_ms=NOW)
+        assert len(a) == len(b) == len(c) == 2
+        assert set(a.rows.tolist()).isdisjoint(b.rows.tolist() + c.rows.tolist())
+        assert eng.describe(int(a.rows[0]))["lease_expiry_ms"] == NOW + 60_000
+        ok = eng.complete_many(tokens=a.tokens, rows=a.rows, now_ms=NOW)
+        assert ok.all()
+        # numpy integers take the checked path and are accepted as the ints they are
+        d = eng.claim(np.int64(3), now_ms=np.int64(NOW), lease_ms=np.int32(1000))
+        assert len(d) == 3
+        with pytest.raises(EngineTypeError):
+            eng.claim(True, now_ms=NOW)
+        assert eng.verify() == []
+
+
+def test_claims_are_made_only_by_the_engine():
+    with pytest.raises(TypeError):
+        Claims()
+    with fresh_engine() as eng:
+        _fill(eng)
+        c = eng.claim(3, now_ms=NOW)
+        assert isinstance(c, Claims) and len(c) == 3 and bool(c)
+        assert c.rows is c.rows and c.tokens is c.tokens  # kept, so complete_many knows them
+        assert c.lanes.tolist() == [x.lane for x in c] and "Claims(n=3" in repr(c)
+        with pytest.raises(AttributeError):
+            c._o = 0  # the arena offsets are not the caller's to move
+
+
+def test_a_batch_edited_before_completion_is_checked_like_any_input():
+    with fresh_engine() as eng:
+        rows = _fill(eng)
+        c = eng.claim(4, now_ms=NOW)
+        before, counters = snapshot(eng, rows), _counters(eng)
+        r, t = c.rows, c.tokens
+        r[0] = ROWS + 7  # the latest batch's own arrays, edited in place
+        with pytest.raises(EngineValueError):
+            eng.complete_many(r, t, now_ms=NOW)
+        assert snapshot(eng, rows) == before and _counters(eng) == counters
+        good = eng.claim(2, now_ms=NOW)
+        t2 = good.tokens
+        t2[0] ^= 1  # a token that is not the lease: reported, not completed
+        assert eng.complete_many(good.rows, t2, now_ms=NOW).tolist() == [False, True]
+        assert eng.verify() == []
+
+
+def test_old_batches_complete_after_their_arena_was_replaced():
+    with fresh_engine() as eng:
+        _fill(eng)
+        batches = [eng.claim(1, now_ms=NOW, lease_ms=10 * 60_000) for _ in range(ROWS)]
+        held = [b for b in batches if len(b)]
+        assert len(held) > 100
+        # the first batches' arena was replaced long ago (an arena holds 2048 one-row slots at
+        # most); each completes as itself, in any order
+        for b in reversed(held):
+            assert eng.complete_many(b.rows, b.tokens, now_ms=NOW).tolist() == [True]
+        assert all(not eng.describe(int(b.rows[0]))["leased"] for b in held)
+        assert eng.verify() == []
+
+
+def test_big_batches_run_with_the_gil_released_and_stay_exact():
+    with fresh_engine() as eng:
+        rows = _fill(eng)
+        c = eng.claim(1024, now_ms=NOW)
+        assert len(c) == len(set(c.rows.tolist())) > 256
+        ok, nxt = eng.complete_and_claim(c.rows, c.tokens, budget=512, now_ms=NOW)
+        assert ok.all() and len(ok) == len(c)
+        assert eng.complete_many(nxt.rows, nxt.tokens, now_ms=NOW).all()
+        assert all(not eng.describe(int(r))["leased"] for r in rows)
+        assert eng.verify() == []
+
+
+def test_a_forgotten_segment_is_refused_not_used():
+    with fresh_engine() as eng:
+        _fill(eng)
+        c = eng.claim(2, now_ms=NOW)
+        eng._seg.forget()  # what a forked child does with a copy it must not use
+        for call in (lambda: eng.claim(2, now_ms=NOW),
+                     lambda: eng.complete_many(c.rows, c.tokens, now_ms=NOW),
+                     lambda: eng.complete_and_claim([], [], now_ms=NOW)):
+            with pytest.raises(EngineClosed):
+                call()
+
+
+def test_threads_sharing_one_engine_never_share_a_lease():
+    # The GIL serialises small calls; big ones release it. Each thread asks for its own budget
+    # and lease, so a call reading another's request would show up as a wrong size or expiry.
+    with fresh_engine() as eng:
+        rows = _fill(eng)
+        held: dict[int, int] = {}
+        errors: list[str] = []
+        lock = threading.Lock()
+
+        def worker(budget: int, lease: int) -> None:
+            for step in range(60):
+                c = eng.claim(budget, now_ms=NOW, lease_ms=lease)
+                if len(c) > budget:
+                    errors.append(f"{len(c)} rows for budget {budget}")
+                with lock:
+                    for r in c.rows.tolist():
+                        if r in held:
+                            errors.append(f"row {r} granted twice")
+                        held[r] = budget
+                for r in c.rows.tolist()[:1]:
+                    if eng.describe(r)["lease_expiry_ms"] != NOW + lease:
+                        errors.append(f"row {r}: lease of another thread's request")
+                with lock:
+                    for r in c.rows.tolist():
+                        del held[r]
+                ok = eng.complete_many(c.rows, c.tokens, now_ms=NOW + step)
+                if not ok.all():
+                    errors.append("a lease was lost")
+
+        threads = [threading.Thread(target=worker, args=(b, 1000 * (i + 1)))
+                   for i, b in enumerate((1, 3, 300, 7))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert all(not eng.describe(int(r))["leased"] for r in rows)
         assert eng.verify() == []

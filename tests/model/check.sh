@@ -10,8 +10,10 @@
 #      merge    two writes, one claimer, a compactor
 # 2. Deliberately broken variants, in which spin must find an assertion violation (so the
 #    property provably catches each bug): BROKEN_RAISE and BROKEN_LOWER (claims), BROKEN_GEN,
-#    (default), BROKEN_RING_MIN (merge), BROKEN_PROPOSAL (claims); and a sanity run, REACH_TOP (default), whose violation shows that the floor
-#    does get raised to the top minute. Each counterexample is printed step by step.
+#    (default), BROKEN_RING_MIN (merge), BROKEN_PROPOSAL (claims), BROKEN_FRESH (merge: a moved
+#    row lost, caught by the end check that every queued row is findable); and a sanity run,
+#    REACH_TOP (default), whose violation shows that the floor does get raised to the top
+#    minute. Each counterexample is printed step by step.
 #
 # SPIN_DEFINES is added to every run (e.g. SPIN_DEFINES=-DLITERAL_CAS_LOOPS). Work happens in a
 # temporary directory that is removed on exit: nothing is left in the repository.
@@ -120,6 +122,7 @@ expect_caught broken-lower -DNC=0 -DNW=2 -DANY_START -DBROKEN_LOWER
 expect_caught broken-gen -DBROKEN_GEN
 expect_caught broken-ring-min -DNCL=1 -DNW=2 -DBROKEN_RING_MIN
 expect_caught broken-proposal -DNC=0 -DNW=2 -DANY_START -DBROKEN_PROPOSAL
+expect_caught broken-fresh -DNCL=1 -DNW=2 -DBROKEN_FRESH
 expect_caught reach-top -DREACH_TOP
 
 if [ "$failed" != 0 ]; then

@@ -5,7 +5,8 @@
  * (csrc/writes.c), rl_ring_append, rl_ring_min_note and rl_compact_locked (csrc/index.c).
  * Change them together.
  *
- * Processes: one writer (NW writes, each moving a row to a minute, or removing it), NCL
+ * Processes: one writer (NW writes, each moving a row to a minute, or removing it: the key goes,
+ * then a (NONE, row) slot is appended to the ring, no ring_min note, no floor step), NCL
  * claimers (NPASS passes each) and a compactor (NC merges). Each shared word of the C is a
  * variable here, and each atomic operation of the C on it is one atomic step (a d_step), in the
  * C's order:
@@ -22,8 +23,9 @@
  *              key read; ring_min), is above W's minute, CAS the whole word W -> [proposal :
  *              epoch(W)]
  *   compactor  ring_settle: wait for each slot of [head, tail) to be published, or abandon it;
- *              the merge of this generation's live entries and the live published ring entries
- *              into the other buffer; load ring_min; publish index_gen and ring_head; load
+ *              the merge into the other buffer of this generation's entries (an entry whose row
+ *              no published slot of [head, upto) names is kept unread, unless a slot there was
+ *              abandoned; the others only if live) and the live published ring entries; load ring_min; publish index_gen and ring_head; load
  *              ring_tail; the new ring_min from the slots left (the old one if one of them is
  *              still being written); CAS ring_min from the value loaded; rl_floor_bump_all
  *
@@ -54,7 +56,8 @@
  * state: every live row is at or above the floor's minute, or the floor is 0, or the row's
  * write is between its step 1 and the end of its step 3 (the ghost pending[r]: step 3 will
  * lower the floor to it). Only a step that changes key[], pending[] or the floor can falsify
- * it, and each of those asserts it (CHECK). When every process has ended no write is pending.
+ * it, and each of those asserts it (CHECK). When every process has ended no write is pending,
+ * and every queued row is findable at its key in the index or the ring (the end check).
  *
  * Bounds: the defaults (one write, two claimers, a compactor, rows starting at minutes 1 and
  * 2) verify in seconds; check.sh also runs -DNC=0 -DNW=2 -DANY_START (no compactor, two
@@ -68,6 +71,8 @@
  *   -DBROKEN_PROPOSAL  broken: the proposal ignores ring_min (recent writes below the first
  *                   live index entry); the one-line change the stateful test also catches
  *   -DREACH_TOP     sanity: asserts that the floor never reaches minute NM - 1 (raises happen)
+ *   -DBROKEN_FRESH  broken: the merge drops the ring's entries (and still moves ring_head), so
+ *                   a moved row is in neither the index nor the ring (the end check)
  *   -DBROKEN_RING_MIN  broken (the C before the fix this model found): ring_min carries no
  *                   version, so a note that does not lower it leaves the merge's reset CAS
  *                   to succeed and the slot behind it uncovered
@@ -154,6 +159,8 @@ hidden byte ti;
 hidden byte tj;
 hidden byte tm;
 hidden byte tx;
+hidden byte tmoved[NR];         /* rows a published slot of [head, upto) names */
+hidden byte tall;               /* a slot of [head, upto) was abandoned: re-read every row */
 
 /* ------------------------------------------------------------------ writer ------------- */
 proctype writer() {
@@ -166,8 +173,21 @@ proctype writer() {
         select (m : 0 .. NM);           /* m == NM: remove */
         if
         :: m == NM ->
-            /* rl_remove: the key goes; nothing is published and the floor is left alone */
-            d_step { key[r] = NONE; CHECK; printf("MSC: writer: remove row %d\n", r); r = 0; m = 0 }
+            /* rl_remove: the key goes, then (NONE, row) is appended to the ring so that the
+             * next merge re-reads the row; no ring_min note, the floor is left alone */
+            d_step { key[r] = NONE; CHECK; printf("MSC: writer: remove row %d\n", r) };
+            do
+            :: skip;
+               d_step { p = ring_tail; ring_tail++; printf("MSC: writer: remove: reserve slot %d\n", p) };
+               if
+               :: d_step { rs_state[p] == UNPUB ->
+                               rs_key[p] = NONE; rs_row[p] = r; rs_state[p] = PUB;
+                               printf("MSC: writer: remove: publish slot %d = (NONE, row %d)\n", p, r); p = 0 };
+                  break
+               :: d_step { rs_state[p] == ABANDONED -> printf("MSC: writer: slot %d abandoned\n", p); p = 0 }
+               fi
+            od;
+            r = 0; m = 0
         :: else ->
             /* 1. the row's key */
             d_step { pending[r] = 1; key[r] = m; CHECK; printf("MSC: writer: 1. key[%d] = %d\n", r, m) };
@@ -340,16 +360,31 @@ proctype compactor() {
         :: else -> break
         od;
         skip;
-        /* the merge: the live entries of generation g and the live published ring entries of
-         * [head, upto), without duplicates, sorted by (key, row), into buffer (g + 1) % 2 */
+        /* the merge: the entries of generation g (kept unread when no published slot of
+         * [head, upto) names their row and none there was abandoned, else only if live) and
+         * the live published ring entries of [head, upto), without duplicates, sorted by
+         * (key, row), into buffer (g + 1) % 2 */
         d_step {
+            tall = 0;
+            for (ti : 0 .. NR - 1) { tmoved[ti] = 0 };
+            ti = head;
+            do
+            :: ti < upto ->
+                if
+                :: rs_state[ti] == PUB -> tmoved[rs_row[ti]] = 1
+                :: else -> tall = 1
+                fi;
+                ti++
+            :: else -> break
+            od;
             tm = 0;
             ti = 0;
             do
             :: ti < icnt[g % 2] ->
                 tx = irow[(g % 2) * NI + ti];
                 if
-                :: key[tx] == ikey[(g % 2) * NI + ti] -> tk[tm] = key[tx]; tr[tm] = tx; tm++
+                :: (!tall && !tmoved[tx]) || key[tx] == ikey[(g % 2) * NI + ti] ->
+                    tk[tm] = ikey[(g % 2) * NI + ti]; tr[tm] = tx; tm++
                 :: else
                 fi;
                 ti++
@@ -360,7 +395,11 @@ proctype compactor() {
             :: ti < upto ->
                 tx = rs_row[ti];
                 if
-                :: rs_state[ti] == PUB && key[tx] == rs_key[ti] ->
+#ifndef BROKEN_FRESH
+                :: rs_state[ti] == PUB && rs_key[ti] != NONE && key[tx] == rs_key[ti] ->
+#else
+                :: false ->     /* broken: the merge takes no ring entry, yet moves ring_head */
+#endif
                     tj = 0;
                     do
                     :: tj < tm && tr[tj] != tx -> tj++
@@ -400,7 +439,9 @@ proctype compactor() {
             printf("MSC: compactor: merged into buffer %d: %d entries, keys %d %d %d, rows %d %d %d\n",
                    (g + 1) % 2, tm, SHOWN(tk, 0), SHOWN(tk, 1), SHOWN(tk, 2),
                    SHOWN(tr, 0), SHOWN(tr, 1), SHOWN(tr, 2));
-            ti = 0; tj = 0; tm = 0; tx = 0
+            ti = 0; tj = 0; tm = 0; tx = 0; tall = 0;
+            for (ti : 0 .. NR - 1) { tmoved[ti] = 0 };
+            ti = 0
         };
         d_step {
             old_min = ring_min;
@@ -500,5 +541,34 @@ init {
 #if NC > 0
         run compactor()
 #endif
+    };
+    /* When every process has ended: every queued row is findable, at its key, in the index of
+     * the current generation or in a published slot of the ring that is left (DESIGN: recent
+     * writes visible to claims at once; a merge never loses a live row). */
+    (_nr_pr == 1);
+    d_step {
+        for (ti : 0 .. NR - 1) {
+            if
+            :: key[ti] != NONE ->
+                tm = 0;
+                for (tj : 0 .. NI - 1) {
+                    if
+                    :: tj < icnt[gen % 2] && irow[(gen % 2) * NI + tj] == ti &&
+                       ikey[(gen % 2) * NI + tj] == key[ti] -> tm = 1
+                    :: else
+                    fi
+                };
+                tj = ring_head;
+                do
+                :: tj < ring_tail ->
+                    if :: rs_state[tj] == PUB && rs_row[tj] == ti && rs_key[tj] == key[ti] -> tm = 1 :: else fi;
+                    tj++
+                :: else -> break
+                od;
+                if :: tm == 0 -> printf("MSC: end: row %d (key %d) is in neither the index nor the ring\n", ti, key[ti]) :: else fi;
+                assert(tm == 1)
+            :: else
+            fi
+        }
     }
 }
