@@ -123,10 +123,10 @@ typedef struct {
     rl_req *req;          /* handle and owner; NULL handle once the segment is closed */
     uint64_t gen;         /* fork generation `req` was bound in (0: never) */
     PyObject *arena;      /* int64 claim results, carved in 4 * budget slots; replaced when full */
-    int64_t *arena_ptr;
+    char *arena_ptr;      /* its data */
     Py_ssize_t arena_len, arena_off;
     PyObject *ok;         /* complete_many's flags, carved the same way */
-    uint8_t *ok_ptr;
+    char *ok_ptr;
     Py_ssize_t ok_len, ok_off;
     Claims *last;         /* the latest batch, until it is completed */
 } Hot;
@@ -176,38 +176,51 @@ static PyObject *new_array(PyObject *make, Py_ssize_t n, PyObject *dtype, void *
     return arr;
 }
 
-/* Reserve 4 * b claim results; returns the offset, or -1 with an exception. */
-static Py_ssize_t claim_slot(Hot *h, Py_ssize_t b) {
-    if (h->arena_off + 4 * b > h->arena_len) {
-        Py_ssize_t len = 4 * b > ARENA ? 4 * b : ARENA;
+/* Room reserved in an arena for one call: the arena (a reference the call holds, so a thread
+ * that replaces the arena while this one runs the core with the GIL released frees nothing under
+ * it), its data, and the offset. */
+typedef struct {
+    PyObject *arr;
+    char *base;
+    Py_ssize_t off, len;
+} Slot;
+
+/* Reserve `len` values of `size` bytes in *arena (replaced by a fresh one from `make` when
+ * full); 0, or -1 with an exception. */
+static int reserve(PyObject **arena, char **ptr, Py_ssize_t *alen, Py_ssize_t *aoff,
+                   PyObject *make, PyObject *dtype, Py_ssize_t len, Slot *out) {
+    if (*aoff + len > *alen) {
+        Py_ssize_t n = len > ARENA ? len : ARENA;
         void *data;
-        PyObject *arr = new_array(np_empty, len, np_int64, &data);
+        PyObject *arr = new_array(make, n, dtype, &data);
         if (!arr) return -1;
-        Py_XSETREF(h->arena, arr);  /* batches still out keep the old arena alive */
-        h->arena_ptr = data;
-        h->arena_len = len;
-        h->arena_off = 0;
+        Py_XSETREF(*arena, arr);  /* batches still out keep the old arena alive */
+        *ptr = data;
+        *alen = n;
+        *aoff = 0;
     }
-    Py_ssize_t off = h->arena_off;
-    h->arena_off += 4 * b;
-    return off;
+    out->arr = Py_NewRef(*arena);
+    out->base = *ptr;
+    out->off = *aoff;
+    out->len = len;
+    *aoff += len;
+    return 0;
 }
 
-/* Reserve n completion flags; returns the offset, or -1 with an exception. */
-static Py_ssize_t ok_slot(Hot *h, Py_ssize_t n) {
-    if (h->ok_off + n > h->ok_len) {
-        Py_ssize_t len = n > ARENA ? n : ARENA;
-        void *data;
-        PyObject *arr = new_array(np_zeros, len, np_bool, &data);
-        if (!arr) return -1;
-        Py_XSETREF(h->ok, arr);
-        h->ok_ptr = data;
-        h->ok_len = len;
-        h->ok_off = 0;
-    }
-    Py_ssize_t off = h->ok_off;
-    h->ok_off += n;
-    return off;
+/* 4 * b claim results (rows, lanes, due_ms, tokens, b apart). */
+static int claim_slot(Hot *h, Py_ssize_t b, Slot *out) {
+    return reserve(&h->arena, &h->arena_ptr, &h->arena_len, &h->arena_off, np_empty,
+                   np_int64, 4 * b, out);
+}
+
+/* n completion flags. */
+static int ok_slot(Hot *h, Py_ssize_t n, Slot *out) {
+    return reserve(&h->ok, &h->ok_ptr, &h->ok_len, &h->ok_off, np_zeros, np_bool, n, out);
+}
+
+/* Give back a slot the call did not use, when nothing was reserved after it. */
+static void unreserve(PyObject *arena, Py_ssize_t *aoff, Slot *slot) {
+    if (arena == slot->arr && *aoff == slot->off + slot->len) *aoff = slot->off;
 }
 
 /* The request block for this call, bound to this process (the Python layer re-binds it after a
@@ -363,17 +376,22 @@ static PyObject *refused(Hot *h, int64_t status, const char *what) {
     return NULL;
 }
 
-/* The batch of a claim result (count | advice << 32); acts on the advice after. */
-static PyObject *claimed(Hot *h, int64_t v, Py_ssize_t off, Py_ssize_t b, const char *what) {
+/* The batch of a claim result (count | advice << 32) in `slot` (its reference moves to the
+ * batch); acts on the advice after. */
+static PyObject *claimed(Hot *h, int64_t v, Slot *slot, Py_ssize_t b, const char *what) {
     if (v < 0) {
-        h->arena_off = off;  /* nothing was claimed: the slot is free again */
+        unreserve(h->arena, &h->arena_off, slot);  /* nothing was claimed */
+        Py_DECREF(slot->arr);
         return refused(h, v, what);
     }
     Claims *c = (Claims *)claims_type->tp_alloc(claims_type, 0);
-    if (!c) return NULL;
-    c->buf = Py_NewRef(h->arena);
-    c->base = h->arena_ptr;
-    c->o = off;
+    if (!c) {
+        Py_DECREF(slot->arr);
+        return NULL;
+    }
+    c->buf = slot->arr;
+    c->base = (int64_t *)slot->base;
+    c->o = slot->off;
     c->n = (Py_ssize_t)(v & 0xFFFFFFFF);
     c->b = b;
     Py_XSETREF(h->last, (Claims *)Py_NewRef(c));
@@ -395,8 +413,11 @@ static Claims *take_latest(Hot *h, PyObject *rows, PyObject *tokens) {
     return last;
 }
 
-static PyObject *ok_view(Hot *h, Py_ssize_t off, Py_ssize_t n) {
-    return PySequence_GetSlice(h->ok, off, off + n);
+/* The flags of `slot` as a bool array (a view); the slot's reference is released. */
+static PyObject *ok_view(Slot *slot) {
+    PyObject *v = PySequence_GetSlice(slot->arr, slot->off, slot->off + slot->len);
+    Py_DECREF(slot->arr);
+    return v;
 }
 
 static PyObject *s_names_claim[4], *s_names_complete[4], *s_names_cc[6];
@@ -408,21 +429,21 @@ static PyObject *hot_claim(Hot *h, PyObject *const *args, Py_ssize_t nargs, PyOb
     if (parse("claim", args, nargs, kwnames, s_names_claim, 4, 0, a) < 0 ||
         get_claim_args(h, a, &c) < 0 || bind(h, &r) < 0)
         return NULL;
-    Py_ssize_t off = claim_slot(h, c.budget);
-    if (off < 0) return NULL;
+    Slot out;
+    if (claim_slot(h, c.budget, &out) < 0) return NULL;
     r.budget = (uint32_t)c.budget;
     r.lease_ms = c.lease;
     r.window = (uint32_t)c.window;
-    r.arena = h->arena_ptr;
+    r.arena = (int64_t *)out.base;
     int64_t v;
     if (c.budget >= NOGIL_ROWS) {
         Py_BEGIN_ALLOW_THREADS
-        v = core_claim(&r, c.now, (uint32_t)off);
+        v = core_claim(&r, c.now, (uint32_t)out.off);
         Py_END_ALLOW_THREADS
     } else {
-        v = core_claim(&r, c.now, (uint32_t)off);
+        v = core_claim(&r, c.now, (uint32_t)out.off);
     }
-    return claimed(h, v, off, c.budget, "claim");
+    return claimed(h, v, &out, c.budget, "claim");
 }
 
 /* complete_many of anything but the latest batch, in the Python layer. */
@@ -447,13 +468,14 @@ static PyObject *hot_complete_many(Hot *h, PyObject *const *args, Py_ssize_t nar
     if ((!fast_now(a[3], &now) && slow_now(h, a[3], &now) < 0) || bind(h, &r) < 0) return NULL;
     last = take_latest(h, a[0], a[1]);  /* again: the calls above ran Python */
     if (!last) return complete_any(h, a);
-    Py_ssize_t n = last->n, off = ok_slot(h, n);
-    if (off < 0) {
+    Py_ssize_t n = last->n;
+    Slot oks;
+    if (ok_slot(h, n, &oks) < 0) {
         Py_DECREF(last);
         return NULL;
     }
     const int64_t *rows = last->base + last->o, *tokens = rows + 3 * last->b;
-    uint8_t *ok = h->ok_ptr + off;
+    uint8_t *ok = (uint8_t *)oks.base + oks.off;
     int64_t v;
     if (n >= NOGIL_ROWS) {
         Py_BEGIN_ALLOW_THREADS
@@ -463,9 +485,11 @@ static PyObject *hot_complete_many(Hot *h, PyObject *const *args, Py_ssize_t nar
         v = core_complete(&r, (uint32_t)n, rows, tokens, now, ok);
     }
     Py_DECREF(last);
-    if (v < 0) return refused(h, v, "complete_many");
-    if (v >> 32 && after(h, v >> 32) < 0) return NULL;
-    return ok_view(h, off, n);
+    if (v < 0 || (v >> 32 && after(h, v >> 32) < 0)) {
+        Py_DECREF(oks.arr);
+        return v < 0 ? refused(h, v, "complete_many") : NULL;
+    }
+    return ok_view(&oks);
 }
 
 static PyObject *hot_complete_and_claim(Hot *h, PyObject *const *args, Py_ssize_t nargs,
@@ -517,30 +541,40 @@ static PyObject *hot_complete_and_claim(Hot *h, PyObject *const *args, Py_ssize_
             return NULL;
         }
     }
-    Py_ssize_t ok_off = ok_slot(h, n);
-    Py_ssize_t off = ok_off < 0 ? -1 : claim_slot(h, c.budget);
-    if (off < 0) {
+    Slot oks, out;
+    if (ok_slot(h, n, &oks) < 0) {
+        Py_DECREF(keep);
+        return NULL;
+    }
+    if (claim_slot(h, c.budget, &out) < 0) {
+        Py_DECREF(oks.arr);
         Py_DECREF(keep);
         return NULL;
     }
     r.budget = (uint32_t)c.budget;
     r.lease_ms = c.lease;
     r.window = (uint32_t)c.window;
-    r.arena = h->arena_ptr;
-    uint8_t *ok = h->ok_ptr + ok_off;
+    r.arena = (int64_t *)out.base;
+    uint8_t *ok = (uint8_t *)oks.base + oks.off;
     int64_t v;
     if (n >= NOGIL_ROWS || c.budget >= NOGIL_ROWS) {
         Py_BEGIN_ALLOW_THREADS
-        v = core_complete_claim(&r, (uint32_t)n, rows, tokens, c.now, ok, (uint32_t)off);
+        v = core_complete_claim(&r, (uint32_t)n, rows, tokens, c.now, ok, (uint32_t)out.off);
         Py_END_ALLOW_THREADS
     } else {
-        v = core_complete_claim(&r, (uint32_t)n, rows, tokens, c.now, ok, (uint32_t)off);
+        v = core_complete_claim(&r, (uint32_t)n, rows, tokens, c.now, ok, (uint32_t)out.off);
     }
     Py_DECREF(keep);
-    if (v < 0) h->ok_off = ok_off;  /* a refused call changed nothing */
-    PyObject *batch = claimed(h, v, off, c.budget, "complete_and_claim");
-    if (!batch) return NULL;
-    PyObject *okv = ok_view(h, ok_off, n);
+    if (v < 0) { /* a refused call changed nothing: its flags' room is free again */
+        unreserve(h->ok, &h->ok_off, &oks);
+        Py_DECREF(oks.arr);
+    }
+    PyObject *batch = claimed(h, v, &out, c.budget, "complete_and_claim");
+    if (!batch) {
+        if (v >= 0) Py_DECREF(oks.arr);
+        return NULL;
+    }
+    PyObject *okv = ok_view(&oks);
     if (!okv) {
         Py_DECREF(batch);
         return NULL;
