@@ -31,7 +31,8 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "engine.claim_us.b16.n1600000": ("<=", 1.7, "≤ 1.7 µs"),
     "engine.cycle_rows_s.p1.per_proc": (">=", 2e6, "≥ 2 M rows/s per process"),
     "engine.cycle_rows_s.p2.per_proc": (">=", 2e6, "≥ 2 M rows/s per process"),
-    "engine.cycle_rows_s.p8.per_proc": (">=", 2e6, "≥ 2 M rows/s per process"),
+    # (8 processes on this machine's 2 cores is an oversubscription figure: issue 2 sets the
+    # per-process target for 1 and 2 processes only)
     "servers.ratio_redis_lua.p1": (">=", 100, "≥ 100×"),
     "servers.ratio_redis_lua.p2": (">=", 100, "≥ 100×"),
     "servers.ratio_postgres.p1": (">=", 300, "≥ 300×"),
