@@ -24,7 +24,7 @@
 
 /* Bump on any change to csrc/layout.h (a struct, the region order, the row/lease/floor word
  * packing): attachers refuse a segment of another version with RL_E_LAYOUT. */
-#define RL_LAYOUT_VERSION 9
+#define RL_LAYOUT_VERSION 10
 #define RL_MAX_LANES 64
 #define RL_MAX_BANDS 30
 #define RL_MAX_OWNERS 1024
@@ -136,6 +136,9 @@ int rl_owner_release(rl_seg *s, uint32_t owner);
  * was read, so only that registration is marked. */
 int rl_owner_get(rl_seg *s, uint32_t owner, uint32_t *pid, uint64_t *start_time, uint64_t *state);
 int rl_owner_mark_dead(rl_seg *s, uint32_t owner, uint64_t state);
+/* 1 when the owner's registering thread still holds its liveness beacon (alive, known with no
+ * system call); 0 when liveness must be asked of the kernel (csrc/lease.c). */
+int rl_owner_beacon(rl_seg *s, uint32_t owner);
 int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed);
 
 /* ---- policy ---- */

@@ -19,6 +19,7 @@
 #ifndef RL_LAYOUT_H
 #define RL_LAYOUT_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -135,13 +136,20 @@ _Static_assert(offsetof(rl_lane, granted) % RL_LINE == 0, "counters on their own
 #define RL_OWNER_STATE(w) ((uint32_t)(w))
 #define RL_OWNER_REG(w) ((uint32_t)((w) >> 32))
 #define RL_OWNER_WORD(reg, st) (((uint64_t)(reg) << 32) | (uint32_t)(st))
+/* Three lines per owner. The first is read by claimers that meet the owner's leases; the
+ * second holds its liveness beacon, a robust process-shared mutex that the registering thread
+ * keeps locked and the kernel marks "owner died" when that thread ends (csrc/lease.c); the
+ * third, the hazard, is written by the owner twice per completed batch. */
 typedef struct {
-    _Atomic uint64_t state;      /* see the owner state word above */
+    _Alignas(RL_LINE) _Atomic uint64_t state; /* see the owner state word above */
     _Atomic uint32_t pid;
-    uint32_t pad;
-    _Atomic uint64_t start_time; /* process start time (ms since epoch, from psutil) */
-    _Atomic uint64_t hazard;     /* index generation + 1 this owner is tombstoning in, or 0 */
+    _Atomic uint32_t beacon_tid;  /* the thread holding `beacon`, 0: no beacon */
+    _Atomic uint64_t start_time;  /* process start time (ms since epoch, from psutil) */
+    _Alignas(RL_LINE) pthread_mutex_t beacon;
+    _Alignas(RL_LINE) _Atomic uint64_t hazard; /* index generation + 1 this owner is tombstoning in, or 0 */
 } rl_owner;
+_Static_assert(sizeof(rl_owner) == 3 * RL_LINE, "owner: three lines");
+_Static_assert(sizeof(pthread_mutex_t) <= RL_LINE, "the beacon fits its line");
 
 typedef struct {
     _Alignas(RL_LINE) _Atomic int64_t credit; /* share credit in RL_ONE units, see claim.c */
@@ -209,6 +217,11 @@ struct rl_seg {
     rl_ring_slot *ring;
     uint64_t serial; /* unique per handle in this process: keys the per-thread caches, which a
                       * reused rl_seg address must not inherit */
+    uint32_t registered; /* the owner slot registered through this handle, 0: none */
+    uint32_t beacon_tid; /* the thread of this process that locked that slot's beacon through this
+                          * mapping, 0: none (this process's own record: others may rewrite the
+                          * slot's once it is free) */
+    uint32_t beacon_pid; /* the process it belongs to (a forked child's copy of the handle is not) */
     char name[256];
 };
 uint64_t rl_next_serial(void); /* segment.c */
@@ -233,6 +246,9 @@ static inline uint32_t rl_class_of(const rl_policy *p, uint32_t lane) {
 void rl_policy_read(rl_seg *s, rl_policy *out);                    /* segment.c */
 int rl_owner_alive(rl_seg *s, uint32_t owner, uint8_t *memo);      /* lease.c */
 int rl_lease_claimable(rl_seg *s, uint64_t word, int64_t now_ms, uint8_t *memo); /* lease.c */
+int rl_beacon_init(rl_owner *owner);                                  /* lease.c */
+void rl_beacon_take(rl_seg *s, uint32_t owner);                       /* lease.c */
+int rl_beacon_unmappable(rl_seg *s);                                  /* lease.c */
 void rl_floor_lower(rl_seg *s, uint32_t lane, uint32_t minute);    /* floor.c */
 int rl_floor_raise(rl_seg *s, uint32_t lane, uint64_t seen_word, uint32_t minute); /* floor.c */
 void rl_floor_bump_all(rl_seg *s);                                 /* floor.c */

@@ -177,6 +177,13 @@ int rl_create(const char *name, uint32_t rows, uint32_t ring, const rl_policy *p
     h->policy[0].p = *policy;
     Seg_Bind(s, base, l.total);
     for (uint32_t i = 0; i < RL_MAX_LANES; i++) atomic_store(&s->lanes[i].ring_min, RL_KEY_NONE);
+    for (uint32_t o = 0; o < RL_MAX_OWNERS; o++)
+        if (rl_beacon_init(&s->owners[o]) != RL_OK) {
+            free(s);
+            munmap(base, l.total);
+            shm_unlink(path);
+            return RL_E_SYS;
+        }
     for (uint32_t r = 0; r < rows; r++) atomic_store_explicit(&s->rows[r].word, RL_KEY_NONE, memory_order_relaxed);
     snprintf(s->name, sizeof s->name, "%s", name);
     atomic_store(&h->ready, 1); /* last: attachers wait for it */
@@ -288,7 +295,11 @@ int rl_attach(const char *name, double timeout_s, rl_seg **out) {
 
 void rl_close(rl_seg *s) {
     if (!s) return;
-    munmap(s->base, s->bytes);
+    /* A beacon still locked through this mapping by another live thread of this process is on
+     * that thread's robust list, which glibc and the kernel walk: unmapping it would leave them
+     * a dangling node. Such a mapping (an engine closed from another thread than the one that
+     * registered it) is kept until the process exits (csrc/lease.c). */
+    if (rl_beacon_unmappable(s)) munmap(s->base, s->bytes);
     free(s);
 }
 
@@ -385,6 +396,7 @@ int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *ow
             atomic_store(&s->owners[o].pid, pid);
             atomic_store(&s->owners[o].start_time, start_time);
             atomic_store(&s->owners[o].hazard, 0);
+            rl_beacon_take(s, o);
             atomic_store(&s->owners[o].state, RL_OWNER_WORD(reg, RL_OWNER_ALIVE));
             *owner = o;
             return RL_OK;
