@@ -92,22 +92,25 @@ def claim_latency(n: int, budget: int, rounds: int, per_round: int, bare: bool =
     return vals
 
 
-def throughput(n: int, procs: int, seconds: float) -> dict[str, Any]:
-    """claim(16) + complete_many rows/s with `procs` forked workers on a fresh engine."""
-    eng = new_engine("tp", n)
-    name = eng.name
+def throughput(n: int, procs: int, seconds: float, separate: bool = False) -> dict[str, Any]:
+    """claim(16) + complete_many rows/s with `procs` forked workers on a fresh engine (or, with
+    `separate`, each on an engine of its own: what the machine gives that many processes that
+    share nothing, for comparison)."""
+    engs = [new_engine("tp", n) for _ in range(procs if separate else 1)]
+    names = [e.name for e in engs]
     try:
         def setup(i: int) -> Engine:
-            return Engine.attach(name)
+            return Engine.attach(names[i % len(names)])
 
         def step(e: Engine) -> int:
             b = e.claim(budget=BUDGET, now_ms=NOW, lease_ms=600_000)
             return np.count_nonzero(e.complete_many(b.rows, b.tokens, now_ms=NOW)) if len(b) else 0
 
         return run_clients(procs, seconds, setup, step, lambda e: e.close(),
-                           quota=n // (2 * procs))
+                           quota=n // (2 * (procs // len(names))))  # half of each engine
     finally:
-        drop(eng)
+        for e in engs:
+            drop(e)
 
 
 def merge(n: int, writes: int, rounds: int) -> tuple[list[float], list[float], float]:
@@ -190,9 +193,12 @@ def main() -> None:
                            f"claim(16) at {size_label(n_ref)} rows, bare cffi call", "µs", vals))
 
     runs: dict[int, list[dict[str, Any]]] = {p: [] for p in c["procs"]}
+    apart: list[dict[str, Any]] = []  # 2 processes, an engine each: the machine's own scaling
     for _ in range(c["tp_runs"]):  # alternate process counts, so drift hits all alike
         for p in c["procs"]:
             runs[p].append(throughput(c["tp_rows"], p, c["tp_seconds"]))
+            if p == 2:
+                apart.append(throughput(c["tp_rows"], 2, c["tp_seconds"], separate=True))
     one = [r["total"] for r in runs[c["procs"][0]]]
     for p in c["procs"] if c["tp_runs"] else ():
         figs.append(figure(f"engine.cycle_rows_s.p{p}.per_proc",
@@ -204,6 +210,14 @@ def main() -> None:
         if p > 1:
             figs.append(figure(f"engine.cycle_scaling.p{p}", f"{p} proc total / 1 proc", "x",
                                [t / o for t, o in zip((r["total"] for r in runs[p]), one)],
+                               better="higher"))
+        if p == 2 and apart:
+            figs.append(figure("engine.cycle_rows_s.p2.apart",
+                               "claim(16) + complete_many, 2 proc on an engine each, total",
+                               "rows/s", [r["total"] for r in apart], better="higher"))
+            figs.append(figure("engine.cycle_sharing.p2",
+                               "2 proc sharing one engine / 2 proc on an engine each", "x",
+                               [r["total"] / a["total"] for r, a in zip(runs[2], apart)],
                                better="higher"))
         figs.append(figure(f"engine.worker_peak_rss_mib.p{p}",
                            f"peak RSS per worker ({p} proc; shared segment pages included)",

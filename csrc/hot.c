@@ -226,8 +226,9 @@ static void unreserve(PyObject *arena, Py_ssize_t *aoff, Slot *slot) {
 /* The request block for this call, bound to this process (the Python layer re-binds it after a
  * fork, and raises EngineClosed for a closed engine). */
 static int bind(Hot *h, rl_req *r) {
-    if (!h->req) {
-        PyErr_SetString(PyExc_RuntimeError, "engine is not initialised");
+    if (!h->req || !claims_type || !core_claim) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "engine is not initialised (engine._hot.setup and Engine.__init__ do it)");
         return -1;
     }
     if (!h->req->s || h->gen != fork_gen) {
