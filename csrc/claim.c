@@ -38,6 +38,8 @@
  * flight than `window`, would stall a lane behind them until the next merge. A pass that reads
  * more stale entries than `window` asks for a merge, which drops them. */
 #define EXTRA_CAP 4096
+/* The most index entries a pass steps over after losing a row to another claimer (lane_take_one). */
+#define JUMP_MAX 64
 #define RING_SCAN_ADVISE 1024
 
 /* Bench-only variants of the seek, for bench/bench_constraints.py, which builds its own module
@@ -141,7 +143,7 @@ static inline void rows_prefetch(const Pass *P, Cursor *c) {
     for (; k < stop; k++) {
         if (atomic_load_explicit(&P->ik[k], memory_order_relaxed) & RL_TOMB) continue;
         uint32_t r = atomic_load_explicit(&P->ir[k], memory_order_relaxed);
-        __builtin_prefetch(&P->s->rows[r < P->used ? r : 0]);
+        rl_prefetch_w(&P->s->rows[r < P->used ? r : 0]); /* a grant CASes its lease */
     }
     c->pf = k;
 }
@@ -413,6 +415,18 @@ static int lane_take_one(Pass *P, Cursor *c) {
         uint64_t nw = RL_LEASE_MAKE(exp, P->owner, RL_LEASE_TOK(w) + 1u);
         if (!atomic_compare_exchange_strong(&row->lease, &w, nw)) {
             c->refused++;
+            if (c->peek.pos != UINT32_MAX) {
+                /* Lost the row to another claimer walking the same entries. Following it entry
+                 * by entry loses every race after this one too (both processes CAS the same
+                 * lines in lockstep), so step over the stretch it is likely taking: as many
+                 * entries as this pass still wants. They stay queued for the next pass. This
+                 * bends due order only between concurrent claims, and only after this pass's
+                 * first live entry, so the floor's proposal is the same. */
+                uint32_t jump = P->budget - P->n;
+                if (jump > JUMP_MAX) jump = JUMP_MAX;
+                if (jump > c->end - c->pos) jump = c->end - c->pos;
+                c->pos += jump;
+            }
             continue;
         }
         /* The key may have moved between the check and the CAS (remove, prioritize). */

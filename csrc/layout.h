@@ -226,6 +226,24 @@ struct rl_seg {
 };
 uint64_t rl_next_serial(void); /* segment.c */
 
+/* Prefetch a row's line for writing where the CPU can (PREFETCHW, checked once by CPUID in
+ * segment.c; x86 CPUs without it are not promised to ignore it): the CAS that follows then
+ * finds the line already owned, instead of fetching it from the other core's cache while the
+ * lock waits. With two processes at the head of one lane this took the sharing cost from about
+ * 0.7x to 0.8x of two processes on separate engines. */
+extern int rl_cpu_prefetchw;
+static inline void rl_prefetch_w(const void *p) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (rl_cpu_prefetchw) {
+        __asm__ volatile("prefetchw %0" : : "m"(*(const char *)p));
+        return;
+    }
+    __builtin_prefetch(p, 0, 3);
+#else
+    __builtin_prefetch(p, 1, 3);
+#endif
+}
+
 /* ---- helpers shared between the C files ---- */
 static inline uint64_t rl_row_key(rl_seg *s, uint32_t row) {
     return RL_WORD_KEY(atomic_load_explicit(&s->rows[row].word, memory_order_acquire));

@@ -17,6 +17,9 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "layout.h"
 
@@ -63,6 +66,16 @@ int rl_segment_size(uint32_t rows, uint32_t ring, uint64_t *bytes) {
     int rc = Layout_Compute(rows, ring, &l);
     if (rc == RL_OK) *bytes = l.total;
     return rc;
+}
+
+int rl_cpu_prefetchw = 0;
+
+/* Once, when the library loads: may rl_prefetch_w use PREFETCHW (CPUID 0x80000001, ECX bit 8)? */
+__attribute__((constructor)) static void cpu_probe(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (__get_cpuid(0x80000001, &a, &b, &c, &d)) rl_cpu_prefetchw = (c & bit_PRFCHW) != 0;
+#endif
 }
 
 uint64_t rl_next_serial(void) {

@@ -134,7 +134,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
         if (next_due && (next_due[i] < -1 || next_due[i] >= (int64_t)RL_STRIDE)) return RL_E_RANGE;
         /* The lease CAS below is a full barrier that the next row's reads cannot pass: start
          * every row's (and interval's) cache miss now, so they overlap instead of queueing. */
-        __builtin_prefetch(&s->rows[rows[i]]);
+        rl_prefetch_w(&s->rows[rows[i]]); /* its lease is CASed first */
         __builtin_prefetch((const void *)&s->intervals[rows[i]]);
     }
     if (n == 0) return RL_OK;
