@@ -8,6 +8,11 @@
  * same errors as before. The core is not compiled twice: engine/engine.py hands this module the
  * addresses of rl_claim_req, rl_complete_req and rl_complete_claim_req from the cffi module.
  *
+ * Order in every call: whatever may run Python (argument checks, a new arena, the hooks) first,
+ * then bind() copies the request block, then the core runs with the GIL held and nothing in
+ * between. So no other thread can close the engine between the copy and the core's return,
+ * and a handle is never used after rl_close freed it.
+ *
  * Hooks it calls on the Python subclass (engine/engine.py): _claim_args (validation of unusual
  * claim arguments), _now, _bind (the request block for this process, or EngineClosed), _after
  * (advice), _refused (raise for a negative status), _rows_tokens (convert any rows/tokens) and
@@ -28,7 +33,6 @@
 #define MAX_BUDGET (1 << 16)
 #define MAX_WINDOW (1 << 30)
 #define ARENA 8192       /* int64 values (or ok flags) per arena */
-#define NOGIL_ROWS 256   /* batches at least this big run the core with the GIL released */
 #define STR(x) STR_(x)
 #define STR_(x) #x
 
@@ -176,9 +180,9 @@ static PyObject *new_array(PyObject *make, Py_ssize_t n, PyObject *dtype, void *
     return arr;
 }
 
-/* Room reserved in an arena for one call: the arena (a reference the call holds, so a thread
- * that replaces the arena while this one runs the core with the GIL released frees nothing under
- * it), its data, and the offset. */
+/* Room reserved in an arena for one call: the arena (a reference the call holds, so an arena
+ * replaced meanwhile, by a hook's Python or another thread, frees nothing under it), its data,
+ * and the offset. */
 typedef struct {
     PyObject *arr;
     char *base;
@@ -427,23 +431,20 @@ static PyObject *hot_claim(Hot *h, PyObject *const *args, Py_ssize_t nargs, PyOb
     PyObject *a[4];
     claim_args c;
     rl_req r;
-    if (parse("claim", args, nargs, kwnames, s_names_claim, 4, 0, a) < 0 ||
-        get_claim_args(h, a, &c) < 0 || bind(h, &r) < 0)
-        return NULL;
     Slot out;
-    if (claim_slot(h, c.budget, &out) < 0) return NULL;
+    if (parse("claim", args, nargs, kwnames, s_names_claim, 4, 0, a) < 0 ||
+        get_claim_args(h, a, &c) < 0 || claim_slot(h, c.budget, &out) < 0)
+        return NULL;
+    if (bind(h, &r) < 0) {
+        unreserve(h->arena, &h->arena_off, &out);
+        Py_DECREF(out.arr);
+        return NULL;
+    }
     r.budget = (uint32_t)c.budget;
     r.lease_ms = c.lease;
     r.window = (uint32_t)c.window;
     r.arena = (int64_t *)out.base;
-    int64_t v;
-    if (c.budget >= NOGIL_ROWS) {
-        Py_BEGIN_ALLOW_THREADS
-        v = core_claim(&r, c.now, (uint32_t)out.off);
-        Py_END_ALLOW_THREADS
-    } else {
-        v = core_claim(&r, c.now, (uint32_t)out.off);
-    }
+    int64_t v = core_claim(&r, c.now, (uint32_t)out.off);
     return claimed(h, v, &out, c.budget, "claim");
 }
 
@@ -466,25 +467,21 @@ static PyObject *hot_complete_many(Hot *h, PyObject *const *args, Py_ssize_t nar
      * without conversion (it checks every row id and token as before). */
     int64_t now;
     rl_req r;
-    if ((!fast_now(a[3], &now) && slow_now(h, a[3], &now) < 0) || bind(h, &r) < 0) return NULL;
-    last = take_latest(h, a[0], a[1]);  /* again: the calls above ran Python */
-    if (!last) return complete_any(h, a);
-    Py_ssize_t n = last->n;
     Slot oks;
-    if (ok_slot(h, n, &oks) < 0) {
-        Py_DECREF(last);
+    Py_ssize_t want = last->n; /* `last` may be gone after the next calls: they can run Python */
+    if ((!fast_now(a[3], &now) && slow_now(h, a[3], &now) < 0) || ok_slot(h, want, &oks) < 0)
         return NULL;
+    if (bind(h, &r) < 0 || !(last = take_latest(h, a[0], a[1])) || last->n != oks.len) {
+        /* closed; or the calls above ran Python that claimed again: the general path */
+        Py_XDECREF(last);
+        unreserve(h->ok, &h->ok_off, &oks);
+        Py_DECREF(oks.arr);
+        return PyErr_Occurred() ? NULL : complete_any(h, a);
     }
+    Py_ssize_t n = last->n;
     const int64_t *rows = last->base + last->o, *tokens = rows + 3 * last->b;
     uint8_t *ok = (uint8_t *)oks.base + oks.off;
-    int64_t v;
-    if (n >= NOGIL_ROWS) {
-        Py_BEGIN_ALLOW_THREADS
-        v = core_complete(&r, (uint32_t)n, rows, tokens, now, ok);
-        Py_END_ALLOW_THREADS
-    } else {
-        v = core_complete(&r, (uint32_t)n, rows, tokens, now, ok);
-    }
+    int64_t v = core_complete(&r, (uint32_t)n, rows, tokens, now, ok);
     Py_DECREF(last);
     if (v < 0 || (v >> 32 && after(h, v >> 32) < 0)) {
         Py_DECREF(oks.arr);
@@ -499,7 +496,7 @@ static PyObject *hot_complete_and_claim(Hot *h, PyObject *const *args, Py_ssize_
     claim_args c;
     rl_req r;
     if (parse("complete_and_claim", args, nargs, kwnames, s_names_cc, 6, 2, a) < 0 ||
-        get_claim_args(h, a + 2, &c) < 0 || bind(h, &r) < 0)
+        get_claim_args(h, a + 2, &c) < 0)
         return NULL;
     PyObject *keep = NULL;  /* what owns the rows and tokens' memory during the call */
     const int64_t *rows = NULL, *tokens = NULL;
@@ -552,19 +549,20 @@ static PyObject *hot_complete_and_claim(Hot *h, PyObject *const *args, Py_ssize_
         Py_DECREF(keep);
         return NULL;
     }
+    if (bind(h, &r) < 0) {
+        unreserve(h->arena, &h->arena_off, &out);
+        unreserve(h->ok, &h->ok_off, &oks);
+        Py_DECREF(out.arr);
+        Py_DECREF(oks.arr);
+        Py_DECREF(keep);
+        return NULL;
+    }
     r.budget = (uint32_t)c.budget;
     r.lease_ms = c.lease;
     r.window = (uint32_t)c.window;
     r.arena = (int64_t *)out.base;
     uint8_t *ok = (uint8_t *)oks.base + oks.off;
-    int64_t v;
-    if (n >= NOGIL_ROWS || c.budget >= NOGIL_ROWS) {
-        Py_BEGIN_ALLOW_THREADS
-        v = core_complete_claim(&r, (uint32_t)n, rows, tokens, c.now, ok, (uint32_t)out.off);
-        Py_END_ALLOW_THREADS
-    } else {
-        v = core_complete_claim(&r, (uint32_t)n, rows, tokens, c.now, ok, (uint32_t)out.off);
-    }
+    int64_t v = core_complete_claim(&r, (uint32_t)n, rows, tokens, c.now, ok, (uint32_t)out.off);
     Py_DECREF(keep);
     if (v < 0) { /* a refused call changed nothing: its flags' room is free again */
         unreserve(h->ok, &h->ok_off, &oks);

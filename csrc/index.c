@@ -274,11 +274,13 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
     uint64_t gen = atomic_load(&h->index_gen);
     uint32_t src = gen & 1, dst = src ^ 1;
     uint32_t cap = h->row_capacity;
-    uint32_t used = atomic_load(&h->rows_used);
-    if (used > cap) used = cap;
     uint64_t head = atomic_load(&h->ring_head);
     uint64_t tail = atomic_load(&h->ring_tail);
     uint64_t upto = ring_settle(s, head, tail);
+    /* After the ring settled: a row a settled slot names was reserved before its slot was, so it
+     * is below `used` (read first, a row added meanwhile failed `row < used` and was dropped). */
+    uint32_t used = atomic_load(&h->rows_used);
+    if (used > cap) used = cap;
     uint64_t rcap = h->ring_capacity;
     _Atomic uint64_t *dk = s->ikeys[dst];
     _Atomic uint32_t *dr = s->irows[dst];

@@ -48,12 +48,24 @@ int rl_beacon_init(rl_owner *ow) {
     return rc ? RL_E_SYS : RL_OK;
 }
 
+/* Whether the beacon this handle locked is still held by that thread of this process (so it is
+ * a node of that thread's robust list, at this mapping's address). */
+static int beacon_still_ours(rl_seg *s) {
+    if (!s->beacon_tid || s->registered == 0 || s->registered >= RL_MAX_OWNERS ||
+        s->beacon_pid != (uint32_t)getpid())
+        return 0; /* none, or the parent's: a forked child inherits no lock */
+    uint32_t word = beacon_word(&s->owners[s->registered]);
+    return (word & BEACON_TID_MASK) == s->beacon_tid && !(word & BEACON_OWNER_DIED);
+}
+
 /* At registration, in the registering thread: lock the slot's beacon and name this thread. A
  * beacon still held by a live thread of the slot's previous owner (it closed from another
- * thread) stays theirs: this owner then has none, and kill(pid, 0) decides as before. */
+ * thread) stays theirs: this owner then has none, and kill(pid, 0) decides as before. So has
+ * a second owner registered through a handle whose first beacon is still held. */
 void rl_beacon_take(rl_seg *s, uint32_t o) {
     rl_owner *ow = &s->owners[o];
     atomic_store(&ow->beacon_tid, 0);
+    if (beacon_still_ours(s)) return; /* this handle's record must keep naming the beacon held */
     s->registered = o;
     s->beacon_tid = 0;
     s->beacon_pid = (uint32_t)getpid();
@@ -64,16 +76,6 @@ void rl_beacon_take(rl_seg *s, uint32_t o) {
         s->beacon_tid = me;
         atomic_store(&ow->beacon_tid, me);
     }
-}
-
-/* Whether the beacon this handle locked is still held by that thread of this process (so it is
- * a node of that thread's robust list, at this mapping's address). */
-static int beacon_still_ours(rl_seg *s) {
-    if (!s->beacon_tid || s->registered == 0 || s->registered >= RL_MAX_OWNERS ||
-        s->beacon_pid != (uint32_t)getpid())
-        return 0; /* none, or the parent's: a forked child inherits no lock */
-    uint32_t word = beacon_word(&s->owners[s->registered]);
-    return (word & BEACON_TID_MASK) == s->beacon_tid && !(word & BEACON_OWNER_DIED);
 }
 
 /* Unlock it, when the caller is the thread that holds it (only the holder of a robust mutex may

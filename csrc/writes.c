@@ -20,6 +20,13 @@ static int64_t clamp_due(int64_t v) {
     return v > (int64_t)RL_HORIZON ? (int64_t)RL_HORIZON : v;
 }
 
+/* Keys stored but not in the ring (it could not take them: out of memory for a merge): the
+ * next merge would not re-read those rows, so ask for a repair, whose full rebuild reads all. */
+static int unpublished(rl_seg *s, int rc) {
+    atomic_store(&s->h->repair_needed, 1);
+    return rc;
+}
+
 /* Make stored keys visible to claim passes at once and lower their lanes' floors. Batches
  * larger than the ring are published by a full rebuild of the index instead. */
 static int publish_keys(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
@@ -32,7 +39,7 @@ static int publish_keys(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *k
     } else {
         while ((rc = rl_compact(s, owner, 1)) == RL_E_BUSY) sched_yield();
     }
-    if (rc != RL_OK) return rc;
+    if (rc != RL_OK) return unpublished(s, rc);
     for (uint32_t l = 0; l < RL_MAX_LANES; l++) lane_min[l] = UINT32_MAX;
     uint32_t high = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -263,6 +270,7 @@ int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now
 }
 
 int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice) {
+    if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE; /* it may have to merge */
     if (!row_ok(s, row)) return RL_E_RANGE;
     uint64_t word = atomic_load(&s->rows[row].word);
     if (RL_WORD_KEY(word) == RL_KEY_NONE) return RL_E_VALUE;
@@ -276,7 +284,8 @@ int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice) {
      * row's index entry went stale (the merge re-reads only rows the ring names). No floor
      * moves: a removal lowers nothing. */
     uint64_t none = RL_KEY_NONE;
-    return rl_ring_append(s, owner, 1, &none, &row, advice);
+    int rc = rl_ring_append(s, owner, 1, &none, &row, advice);
+    return rc == RL_OK ? RL_OK : unpublished(s, rc);
 }
 
 /* Re-encode rows written with lanes disabled into their derived lanes, due times untouched.

@@ -14,6 +14,7 @@ pid, so ``Engine.reap`` never mistakes a reused pid for the owner.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import psutil
@@ -42,6 +43,11 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+# One registration at a time per process (threads that first use an engine together would
+# otherwise register two owners through one handle). Keyed by pid: a forked child must not
+# inherit a lock another thread of its parent held at the fork.
+_registering: dict[int, threading.Lock] = {}
 CLASS_INDEX = {"urgent": 0, "submitted": 1, "discovered": 2, "cold": 3}
 
 
@@ -137,6 +143,12 @@ class Segment:
         if self._owner_gen == _fork_generation[0]:
             return self._owner
         pid = os.getpid()
+        with _registering.setdefault(pid, threading.Lock()):
+            return self._register(pid)
+
+    def _register(self, pid: int) -> int:
+        if self._owner_gen == _fork_generation[0]:
+            return self._owner  # another thread registered meanwhile
         if self._mapped_pid != pid:
             # A forked child shares the mapping but not its page tables: map the pages now
             # rather than one fault per page on the claim path (rl_attach does this too).

@@ -15,7 +15,8 @@ import time
 import pytest
 from lanes_testlib import HOUR, NOW, get_result, shm_path
 
-from engine.segment import lib
+from engine import Engine
+from engine.segment import OWNER_ALIVE, ffi, lib
 
 CTX = mp.get_context("fork")
 
@@ -170,3 +171,50 @@ def test_an_engine_closed_from_another_thread_keeps_its_beacon_mapped(make_engin
     # handles closed by the thread that registered them were unmapped
     assert res["kept"] == res["inherited"] + 1 and res["after"] == res["kept"]
     assert eng.verify() == []
+
+
+def _owners_of_this_process(eng) -> int:
+    pid, start, state = ffi.new("uint32_t *"), ffi.new("uint64_t *"), ffi.new("uint64_t *")
+    n = 0
+    for o in range(1, lib.RL_MAX_OWNERS):
+        assert lib.rl_owner_get(eng._h, o, pid, start, state) == 0
+        n += pid[0] == os.getpid() and (state[0] & 0xFFFFFFFF) == OWNER_ALIVE
+    return n
+
+
+def test_threads_that_first_use_an_engine_together_register_one_owner(make_engine):
+    eng = make_engine()
+    _fill(eng, 64)
+    other = Engine.attach(eng.stats()["name"])
+    try:
+        before = _owners_of_this_process(eng)
+        go = threading.Barrier(4)
+
+        def first_use() -> None:
+            go.wait()
+            c = other.claim(2, now_ms=NOW, lease_ms=HOUR)
+            other.complete_many(c.rows, c.tokens, now_ms=NOW)
+
+        threads = [threading.Thread(target=first_use) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert _owners_of_this_process(eng) == before + 1
+        # the thread that registered has ended, so the kernel marked its beacon: this owner's
+        # liveness is asked of the kernel, and its leases still hold
+        assert _beacon(eng, other._seg.owner) == 0
+        held = other.claim(1, now_ms=NOW, lease_ms=HOUR)
+        assert len(held) == 1
+        assert int(held.rows[0]) not in eng.claim(64, now_ms=NOW, lease_ms=HOUR).rows.tolist()
+    finally:
+        other.close()
+    assert eng.verify() == []
+
+
+def test_remove_refuses_a_bad_owner_id(make_engine):
+    eng = make_engine()
+    row = _fill(eng, 1)[0]
+    for owner in (0, lib.RL_MAX_OWNERS):
+        assert lib.rl_remove(eng._h, owner, row, ffi.NULL) == lib.RL_E_VALUE
+    assert eng.describe(row)["queued"]
