@@ -288,12 +288,13 @@ static uint32_t tomb_run(Pass *P, Cursor *c, uint32_t at, uint32_t first_row, in
     if (mark && span > had && span >= 4) {
         rl_seg *s = P->s;
         _Atomic uint64_t *hz = &s->owners[P->owner].hazard;
-        atomic_store(hz, P->gen + 1);
-        if (atomic_load(&s->h->index_gen) == P->gen) {
-            uint32_t expect = first_row;
-            atomic_compare_exchange_strong(&s->irows[P->gen & 1][at], &expect, RL_JUMP | span);
+        if (rl_hazard_enter(hz, P->gen)) {
+            if (atomic_load(&s->h->index_gen) == P->gen) {
+                uint32_t expect = first_row;
+                atomic_compare_exchange_strong(&s->irows[P->gen & 1][at], &expect, RL_JUMP | span);
+            }
+            rl_hazard_leave(hz);
         }
-        atomic_store_explicit(hz, 0, memory_order_release); /* no later load needs ordering */
     }
     return next;
 }

@@ -127,8 +127,9 @@ void rl_index_note(rl_seg *s, uint64_t gen, uint32_t n, const uint32_t *rows, co
 }
 
 /* The buffer of generation g is rewritten for g + 2; a tombstone CAS must not land in it then.
- * So the writer publishes a hazard (g + 1) in its owner slot and re-checks the generation before
- * any CAS, and the merge waits for live owners' hazards on the buffer it is about to rewrite. */
+ * So the writer enters its owner's hazard for g (rl_hazard_enter, csrc/layout.h) and re-checks
+ * the generation before any CAS, and the merge waits for live owners' hazards on the buffer it
+ * is about to rewrite. */
 void rl_index_forget(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
                      const uint64_t *old_keys) {
     uint64_t gen = atomic_load(&s->h->index_gen);
@@ -140,9 +141,9 @@ void rl_index_forget(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows
             tls_pos[slot].gen != gen)
             continue;
         if (!armed) {
-            atomic_store(hz, gen + 1);
-            if (atomic_load(&s->h->index_gen) != gen) break; /* a merge moved on: leave it */
+            if (!rl_hazard_enter(hz, gen)) break; /* another thread marks in another generation */
             armed = 1;
+            if (atomic_load(&s->h->index_gen) != gen) break; /* a merge moved on: leave it */
         }
         if (rl_row_key(s, row) == old_keys[i]) continue; /* back at that key: still live */
         uint32_t pos = tls_pos[slot].pos, b = gen & 1;
@@ -153,12 +154,12 @@ void rl_index_forget(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows
         }
         tls_pos[slot].row = UINT32_MAX;
     }
-    atomic_store_explicit(hz, 0, memory_order_release); /* no later load needs ordering */
+    if (armed) rl_hazard_leave(hz);
 }
 
 static void hazards_wait(rl_seg *s, uint64_t gen_of_buffer) {
     for (uint32_t o = 1; o < RL_MAX_OWNERS; o++) {
-        while (atomic_load(&s->owners[o].hazard) == gen_of_buffer + 1) {
+        while (rl_hazard_in(atomic_load(&s->owners[o].hazard), gen_of_buffer)) {
             if (!rl_owner_alive(s, o, NULL)) break;
             sched_yield();
         }

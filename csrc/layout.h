@@ -146,7 +146,7 @@ typedef struct {
     _Atomic uint32_t beacon_tid;  /* the thread holding `beacon`, 0: no beacon */
     _Atomic uint64_t start_time;  /* process start time (ms since epoch, from psutil) */
     _Alignas(RL_LINE) pthread_mutex_t beacon;
-    _Alignas(RL_LINE) _Atomic uint64_t hazard; /* index generation + 1 this owner is tombstoning in, or 0 */
+    _Alignas(RL_LINE) _Atomic uint64_t hazard; /* [index generation + 1 : 44][threads in it : 20] */
 } rl_owner;
 _Static_assert(sizeof(rl_owner) == 3 * RL_LINE, "owner: three lines");
 _Static_assert(sizeof(pthread_mutex_t) <= RL_LINE, "the beacon fits its line");
@@ -225,6 +225,30 @@ struct rl_seg {
     char name[256];
 };
 uint64_t rl_next_serial(void); /* segment.c */
+
+/* An owner's hazard (csrc/index.c): the generation its threads are marking tombstones or jumps
+ * in, and how many are. Threads of one process share the owner, so entering counts in and
+ * leaving counts out; a thread that finds the others in another generation skips its marks,
+ * which are only hints. (A single word once meant the first thread to leave cleared the
+ * hazard of another still marking.) */
+#define RL_HZ_SHIFT 20
+#define RL_HZ_COUNT ((1ULL << RL_HZ_SHIFT) - 1)
+static inline int rl_hazard_enter(_Atomic uint64_t *hz, uint64_t gen) {
+    uint64_t w = atomic_load(hz), mine = (gen + 1) << RL_HZ_SHIFT;
+    for (;;) {
+        uint64_t n = w & RL_HZ_COUNT;
+        if (n != 0 && (w & ~RL_HZ_COUNT) != mine) return 0;
+        if (n == RL_HZ_COUNT) return 0;
+        if (atomic_compare_exchange_weak(hz, &w, n ? w + 1 : mine | 1)) return 1;
+    }
+}
+static inline void rl_hazard_leave(_Atomic uint64_t *hz) {
+    atomic_fetch_sub_explicit(hz, 1, memory_order_release);
+}
+/* Whether some thread of the owner marks in generation `gen`. */
+static inline int rl_hazard_in(uint64_t w, uint64_t gen) {
+    return (w & RL_HZ_COUNT) != 0 && (w >> RL_HZ_SHIFT) == gen + 1;
+}
 
 /* Prefetch a row's line for writing where the CPU can (PREFETCHW, checked once by CPUID in
  * segment.c; x86 CPUs without it are not promised to ignore it): the CAS that follows then
