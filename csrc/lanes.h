@@ -151,11 +151,11 @@ int rl_credit_get(rl_seg *s, int64_t *credits);   /* RL_CLASSES values */
 int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t lease_ms,
              uint32_t window, int64_t *out, uint32_t *advice);
 
-/* The hot calls of one process's engine, with what stays the same between calls kept in a
- * request block (one per Engine): the binding passes three or six arguments instead of eight or
- * nine, and reads the advice from the result's high half instead of an out-parameter. Both
- * return a count | advice << 32, or a negative status; they check exactly what rl_claim and
- * rl_complete_many check. */
+/* The hot calls of one process's engine (engine._hot, csrc/hot.c, calls them through function
+ * pointers), with the handle and owner in a request block (one per Segment, emptied when it
+ * closes; each call fills in its own copy's budget, lease, window and arena) and the advice in
+ * the result's high half instead of an out-parameter. Both return a count | advice << 32, or a
+ * negative status; they check exactly what rl_claim and rl_complete_many check. */
 typedef struct {
     rl_seg *s;
     uint32_t owner;

@@ -1,8 +1,10 @@
 """The public engine: writes, claims, statistics and verification over one shared segment.
 
-Every method validates its whole input in Python first (clear ``EngineValueError`` /
-``EngineTypeError``, nothing changed), then makes one call into the C core. The C core checks
-ranges again, so a caller that bypasses this layer still cannot corrupt the segment.
+Every method validates its whole input first (clear ``EngineValueError`` /
+``EngineTypeError``, nothing changed), then makes one call into the C core: in Python here, or,
+for the plain cases of the three hot calls, in C (csrc/hot.c, which falls back to the checks
+here for anything else). The C core checks ranges again, so a caller that bypasses this layer
+still cannot corrupt the segment.
 """
 
 from __future__ import annotations
