@@ -271,6 +271,7 @@ class Pool:
         self._backoff = [0.0] * options.workers
         self._restart_at = [0.0] * options.workers
         self._stop_signal: int | None = None
+        self._hurry = False  # a second signal: no more grace
         self._summary: dict[str, Any] = {}
         self._last_checkpoint = time.monotonic()
         self._closed = False
@@ -390,6 +391,8 @@ class Pool:
                     signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._stop_signal is not None:
+            self._hurry = True  # the operator asked twice: kill the workers now
         self._stop_signal = signum
 
     def supervise(self) -> None:
@@ -436,8 +439,11 @@ class Pool:
             self.board.request_stop()
             deadline = time.monotonic() + self.options.grace_s
             for p in self._procs:
-                if p is not None:
-                    p.join(max(0.0, deadline - time.monotonic()))
+                while p is not None and p.is_alive() and not self._hurry:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    p.join(min(0.05, left))  # short waits, so a second signal cuts in
             killed = self._kill_workers()
             self.engine.reap()  # leases of killed workers, and of any that died holding one
             if self.options.checkpoint is not None:

@@ -41,3 +41,9 @@ def always_fails(url: str, claim: Any) -> None:
 def slow(url: str, claim: Any) -> None:
     time.sleep(0.05)
     _log(url)
+
+
+def hang(url: str, claim: Any) -> None:
+    """Log the URL, then hang (a render that only a kill ends)."""
+    _log(url)
+    time.sleep(3600)

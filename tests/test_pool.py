@@ -192,6 +192,20 @@ def test_sigterm_stops_claiming_releases_checkpoints_and_leaves_nothing(
     assert running({pid for pid, _ in rendered(log)}) == set()
 
 
+def test_a_second_signal_cuts_the_grace_period_short(log: Path) -> None:
+    name = unique_name()
+    pool = make_pool(name, 20, "pool_renders:hang", workers=2, batch=1, grace_s=120.0)
+    for at in (1.0, 2.5):  # the second arrives while the pool waits for its hung renders
+        threading.Timer(at, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    t0 = time.monotonic()
+    summary = pool.run(seconds=300)
+    assert time.monotonic() - t0 < 60  # far less than the 120 s of grace
+    assert summary["stop_signal"] == "SIGTERM" and summary["killed_at_shutdown"] == 2
+    assert all(lane["leased"] == 0 for lane in summary["lanes"]) and summary["problems"] == []
+    assert files_of(name) == []
+    assert running({pid for pid, _ in rendered(log)}) == set()
+
+
 def test_resume_keeps_every_row_due_time_and_url(log: Path, tmp_path: Path) -> None:
     name, other = unique_name(), unique_name()
     path = tmp_path / "ck.npz"
