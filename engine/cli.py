@@ -207,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S,
                    metavar="SECONDS")
     p.add_argument("--resume", action="store_true", help="start from --checkpoint")
-    p.add_argument("--grace", type=float, default=10.0, help="seconds to finish at a stop (a second signal ends it)")
+    p.add_argument("--grace", type=float, default=10.0,
+                   help="seconds to finish at a stop (a second signal ends it)")
     p.add_argument("--seconds", type=float, default=None, help="stop after this long")
     p.add_argument("--capacity", type=int, default=None, help="rows the segment can hold")
     p.add_argument("--no-lanes", dest="lanes", action="store_false",
