@@ -642,8 +642,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     if (P.nnotes) notes_flush(&P);
     floors_raise(&P);
     if (atomic_load_explicit(&s->h->repair_needed, memory_order_relaxed)) P.advice |= RL_ADVISE_REAP;
-    if ((P.advice & RL_ADVISE_COMPACT) && atomic_load_explicit(&s->h->compactor, memory_order_relaxed))
-        P.advice &= ~RL_ADVISE_COMPACT; /* a merge is running: asking again only finds it busy */
+    if ((P.advice & RL_ADVISE_COMPACT) && rl_merge_running(s)) P.advice &= ~RL_ADVISE_COMPACT;
     if (advice) *advice = P.advice;
     return (int)P.n;
 }

@@ -222,9 +222,10 @@ static int ok_slot(Hot *h, Py_ssize_t n, Slot *out) {
     return reserve(&h->ok, &h->ok_ptr, &h->ok_len, &h->ok_off, np_zeros, np_bool, n, out);
 }
 
-/* Give back a slot the call did not use, when nothing was reserved after it. */
-static void unreserve(PyObject *arena, Py_ssize_t *aoff, Slot *slot) {
+/* Give back a slot the call did not use (its room too, when nothing was reserved after it). */
+static void give_back(PyObject *arena, Py_ssize_t *aoff, Slot *slot) {
     if (arena == slot->arr && *aoff == slot->off + slot->len) *aoff = slot->off;
+    Py_DECREF(slot->arr);
 }
 
 /* The request block for this call, bound to this process (the Python layer re-binds it after a
@@ -332,6 +333,14 @@ static int parse(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyO
 
 typedef struct { int64_t now, budget, lease, window; } claim_args;
 
+/* This call's copy of the request block, with its claim's arguments and result slot. */
+static void with_claim(rl_req *r, const claim_args *c, const Slot *out) {
+    r->budget = (uint32_t)c->budget;
+    r->lease_ms = c->lease;
+    r->window = (uint32_t)c->window;
+    r->arena = (int64_t *)out->base;
+}
+
 /* budget, now_ms, lease_ms, window: the plain case here, the rest through _claim_args. */
 static int get_claim_args(Hot *h, PyObject **a, claim_args *c) {
     if (fast_int(a[0], DEFAULT_BUDGET, 1, MAX_BUDGET, &c->budget) && fast_now(a[1], &c->now) &&
@@ -385,8 +394,7 @@ static PyObject *refused(Hot *h, int64_t status, const char *what) {
  * batch); acts on the advice after. */
 static PyObject *claimed(Hot *h, int64_t v, Slot *slot, Py_ssize_t b, const char *what) {
     if (v < 0) {
-        unreserve(h->arena, &h->arena_off, slot);  /* nothing was claimed */
-        Py_DECREF(slot->arr);
+        give_back(h->arena, &h->arena_off, slot);  /* nothing was claimed */
         return refused(h, v, what);
     }
     Claims *c = (Claims *)claims_type->tp_alloc(claims_type, 0);
@@ -436,14 +444,10 @@ static PyObject *hot_claim(Hot *h, PyObject *const *args, Py_ssize_t nargs, PyOb
         get_claim_args(h, a, &c) < 0 || claim_slot(h, c.budget, &out) < 0)
         return NULL;
     if (bind(h, &r) < 0) {
-        unreserve(h->arena, &h->arena_off, &out);
-        Py_DECREF(out.arr);
+        give_back(h->arena, &h->arena_off, &out);
         return NULL;
     }
-    r.budget = (uint32_t)c.budget;
-    r.lease_ms = c.lease;
-    r.window = (uint32_t)c.window;
-    r.arena = (int64_t *)out.base;
+    with_claim(&r, &c, &out);
     int64_t v = core_claim(&r, c.now, (uint32_t)out.off);
     return claimed(h, v, &out, c.budget, "claim");
 }
@@ -474,8 +478,7 @@ static PyObject *hot_complete_many(Hot *h, PyObject *const *args, Py_ssize_t nar
     if (bind(h, &r) < 0 || !(last = take_latest(h, a[0], a[1])) || last->n != oks.len) {
         /* closed; or the calls above ran Python that claimed again: the general path */
         Py_XDECREF(last);
-        unreserve(h->ok, &h->ok_off, &oks);
-        Py_DECREF(oks.arr);
+        give_back(h->ok, &h->ok_off, &oks);
         return PyErr_Occurred() ? NULL : complete_any(h, a);
     }
     Py_ssize_t n = last->n;
@@ -545,29 +548,21 @@ static PyObject *hot_complete_and_claim(Hot *h, PyObject *const *args, Py_ssize_
         return NULL;
     }
     if (claim_slot(h, c.budget, &out) < 0) {
-        Py_DECREF(oks.arr);
+        give_back(h->ok, &h->ok_off, &oks);
         Py_DECREF(keep);
         return NULL;
     }
     if (bind(h, &r) < 0) {
-        unreserve(h->arena, &h->arena_off, &out);
-        unreserve(h->ok, &h->ok_off, &oks);
-        Py_DECREF(out.arr);
-        Py_DECREF(oks.arr);
+        give_back(h->arena, &h->arena_off, &out);
+        give_back(h->ok, &h->ok_off, &oks);
         Py_DECREF(keep);
         return NULL;
     }
-    r.budget = (uint32_t)c.budget;
-    r.lease_ms = c.lease;
-    r.window = (uint32_t)c.window;
-    r.arena = (int64_t *)out.base;
+    with_claim(&r, &c, &out);
     uint8_t *ok = (uint8_t *)oks.base + oks.off;
     int64_t v = core_complete_claim(&r, (uint32_t)n, rows, tokens, c.now, ok, (uint32_t)out.off);
     Py_DECREF(keep);
-    if (v < 0) { /* a refused call changed nothing: its flags' room is free again */
-        unreserve(h->ok, &h->ok_off, &oks);
-        Py_DECREF(oks.arr);
-    }
+    if (v < 0) give_back(h->ok, &h->ok_off, &oks); /* a refused call changed nothing */
     PyObject *batch = claimed(h, v, &out, c.budget, "complete_and_claim");
     if (!batch) {
         if (v >= 0) Py_DECREF(oks.arr);

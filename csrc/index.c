@@ -91,11 +91,7 @@ int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
      * ~12% off claim + complete at 1.6M rows. The last quarter (65k writes at 1.6M) is the room
      * writers keep while a merge runs; a writer that finds the ring full merges (or waits for
      * the merge) itself, as before. */
-    /* Not while a merge runs: every writer would call in to find it busy (thousands of calls
-     * per merge with two workers). A merge whose holder died is taken over by the next writer
-     * that finds the ring full. */
-    if (advice && used * 4 > cap * 3 && !atomic_load_explicit(&s->h->compactor, memory_order_relaxed))
-        *advice |= RL_ADVISE_COMPACT;
+    if (advice && used * 4 > cap * 3 && !rl_merge_running(s)) *advice |= RL_ADVISE_COMPACT;
     return RL_OK;
 }
 

@@ -226,6 +226,13 @@ struct rl_seg {
 };
 uint64_t rl_next_serial(void); /* segment.c */
 
+/* Whether a merge runs now. Claims and writes then do not advise one: each would only find it
+ * busy (thousands of calls per merge with two workers). A merge whose holder died is taken
+ * over by the next writer that finds the ring full, or by a repair. */
+static inline int rl_merge_running(rl_seg *s) {
+    return atomic_load_explicit(&s->h->compactor, memory_order_relaxed) != 0;
+}
+
 /* An owner's hazard (csrc/index.c): the generation its threads are marking tombstones or jumps
  * in, and how many are. Threads of one process share the owner, so entering counts in and
  * leaving counts out; a thread that finds the others in another generation skips its marks,
