@@ -28,7 +28,6 @@ TWO_SIDED = 4   # also binary-search the upper bound (a two-sided range)
 NO_TOMB = 8     # no tombstones for completed rows: every stale entry is read one by one
 
 BUILD = ROOT / "bench" / "build"
-SOURCES = ["segment.c", "keys.c", "lease.c", "floor.c", "index.c", "claim.c", "writes.c", "stats.c"]
 
 
 def _digest() -> str:
@@ -47,7 +46,7 @@ def load() -> tuple[Any, Any]:
     if not any(out.glob(f"{modname}*.so")):
         from cffi import FFI
         sys.path.insert(0, str(ROOT / "engine"))
-        from _build import _cdef  # the product's cdef, from csrc/lanes.h
+        from _build import SOURCES, _cdef  # the product's sources and cdef (csrc/lanes.h)
         sys.path.pop(0)
         fb = FFI()
         fb.cdef(_cdef() + "\nextern int rl_bench_flags;\n")

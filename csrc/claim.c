@@ -24,7 +24,7 @@
 #include "layout.h"
 
 #define RING_CANDS 64
-#define NOTE_BATCH 64 /* grants noted for tombstoning per rl_index_note call */
+#define NOTE_BATCH 64 /* entries tombstoned per rl_index_tomb call */
 /* Index entries are in key order, their rows in no order: each candidate is a cache (and TLB)
  * miss in the row table. Prefetching the rows ahead overlaps those misses, but in batches: a
  * grant's CAS cannot run before the prefetches issued ahead of it have left the pipeline, so one
@@ -33,11 +33,10 @@
  * 0.74x the bare pass against one-per-grant at 8 ahead; 32/8 and 16/8 were no better). */
 #define PREFETCH_AHEAD 16
 #define PREFETCH_LOW 4
-/* Stale entries and rows leased to a live holder do not use up the window, up to this many per
- * lane and pass: otherwise the completions since the last merge, or a pool with more rows in
- * flight than `window`, would stall a lane behind them until the next merge. A pass that reads
- * more stale entries than `window` asks for a merge, which drops them. */
-#define EXTRA_CAP 4096
+/* Entries that are stale or held in flight do not use up the window, and the pass tombstones
+ * them, so the next pass crosses them in one jump: a lane never stalls behind rows in flight,
+ * however many (they used to count against a cap of 4096, past which a lane granted nothing).
+ * A pass that reads more stale entries than `window` asks for a merge, which drops them. */
 /* The most index entries a pass steps over after losing a row to another claimer (lane_take_one). */
 #define JUMP_MAX 64
 #define RING_SCAN_ADVISE 1024
@@ -56,10 +55,13 @@ extern int rl_bench_flags;
 #define BENCH(flag) 0
 #endif
 
+/* A candidate's `pos`: its index position, or CAND_RING | its ring position's offset from
+ * where the lane's ring scan began (positions and ring spans are below 2^31). */
+#define CAND_RING (1u << 31)
 typedef struct {
     uint64_t key;
     uint32_t row;
-    uint32_t pos; /* index position, or UINT32_MAX for a ring entry */
+    uint32_t pos;
 } Cand;
 
 typedef struct {
@@ -69,7 +71,7 @@ typedef struct {
     uint64_t floor_word;  /* W: read before the index and the ring */
     uint64_t ring_min;
     uint64_t due_limit;   /* encode(lane, now) */
-    uint32_t pos, end, extra;
+    uint32_t pos, end;
     uint32_t pf;          /* rows of entries [.., pf) have been prefetched */
     uint32_t ahead;       /* how far ahead to prefetch: a peek needs few, a take its want */
     uint32_t start, stale_run; /* entries [start, stale_run) were all stale */
@@ -78,6 +80,11 @@ typedef struct {
     int have_idx;
     Cand idx;
     uint32_t rn, ri;
+    int ring_read;        /* the ring was scanned for this lane */
+    uint64_t ring_skip;   /* the lane's ring hint as read before the scan */
+    uint64_t ring_from, ring_to; /* the ring positions scanned */
+    uint64_t ring_block;  /* first position the hint may not pass (ring_to: none) */
+    uint64_t ring_nd_min; /* lowest key of this lane not yet due among those scanned */
     int have_peek;
     Cand peek;
     uint64_t peek_word;
@@ -102,9 +109,10 @@ typedef struct {
     uint32_t advice;
     Cursor *opened[RL_MAX_LANES];
     uint32_t nopened;
-    uint32_t nnotes;      /* grants from the index not yet noted (rl_index_note) */
-    uint32_t note_row[NOTE_BATCH], note_pos[NOTE_BATCH];
+    uint32_t nnotes;      /* entries to tombstone, not yet handed to rl_index_tomb */
+    uint32_t note_pos[NOTE_BATCH];
     uint64_t note_key[NOTE_BATCH];
+    int granted_any, lease_noted; /* lease_min must hear of this pass's leases before a tomb */
     uint32_t cls_granted[RL_CLASSES];
 } Pass;
 
@@ -166,30 +174,61 @@ static void memo_reset(void) {
     tls_memo_n = 0;
 }
 
-static int row_live(const Pass *P, uint32_t row, uint64_t key) {
-    return row < P->used && rl_row_key(P->s, row) == key;
+/* Whether a row read by the scan is held in flight: taken out at grant (FLIGHT) and its lease
+ * still held, so whatever ends the lease puts it back (csrc/sweep.c) and no pass needs it. */
+static int held_in_flight(const Pass *P, uint32_t row, uint64_t word) {
+    return (word & RL_WORD_FLIGHT) &&
+           !lease_claimable(P, atomic_load_explicit(&P->s->rows[row].lease, memory_order_acquire));
 }
 
-/* Keep the RING_CANDS smallest due ring entries of a lane, sorted. */
+/* Keep the RING_CANDS smallest due ring entries of a lane, sorted. The scan starts at the lane's
+ * ring hint while nothing it stepped over can have fallen due (ring_low), and notes where the
+ * hint may move to: up to the first entry a later pass must still read (csrc/layout.h). */
 static void ring_collect(Pass *P, Cursor *c) {
     rl_seg *s = P->s;
+    rl_lane *ln = &s->lanes[c->lane];
     uint64_t cap = s->h->ring_capacity;
+    c->ring_skip = atomic_load(&ln->ring_skip);
     uint64_t head = atomic_load(&s->h->ring_head);
     uint64_t tail = atomic_load(&s->h->ring_tail);
-    if (tail - head > RING_SCAN_ADVISE) P->advice |= RL_ADVISE_COMPACT;
-    uint64_t lo = rl_encode(c->lane, 0);
-    for (uint64_t pos = head; pos < tail; pos++) {
+    uint64_t from = head;
+    if ((uint32_t)(c->ring_skip >> 32) == (uint32_t)P->gen && atomic_load(&ln->ring_low) > c->due_limit) {
+        uint64_t at = tail - (uint32_t)((uint32_t)tail - (uint32_t)c->ring_skip);
+        if (at > from && at <= tail) from = at;
+    }
+    c->ring_read = 1;
+    c->ring_from = from;
+    c->ring_to = c->ring_block = tail;
+    c->ring_nd_min = RL_KEY_NONE;
+    if (tail - from > RING_SCAN_ADVISE) P->advice |= RL_ADVISE_COMPACT;
+    for (uint64_t pos = from; pos < tail; pos++) {
         rl_ring_slot *slot = &s->ring[pos % cap];
         uint32_t st = atomic_load_explicit(&slot->state, memory_order_acquire);
-        if (st != RL_SLOT(pos, 1)) continue;
+        if (st != RL_SLOT(pos, 1)) {
+            if (st != RL_SLOT(pos, 2) && pos < c->ring_block) c->ring_block = pos; /* unwritten */
+            continue;
+        }
         uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
         uint32_t row = (uint32_t)atomic_load_explicit(&slot->row, memory_order_relaxed);
-        if (atomic_load_explicit(&slot->state, memory_order_acquire) != st) continue; /* reused */
-        if (key < lo || key > c->due_limit || !row_live(P, row, key)) continue;
+        if (atomic_load_explicit(&slot->state, memory_order_acquire) != st) { /* reused */
+            if (pos < c->ring_block) c->ring_block = pos;
+            continue;
+        }
+        if (key == RL_KEY_NONE || rl_key_lane(key) != c->lane || row >= P->used) continue;
+        uint64_t word = atomic_load_explicit(&s->rows[row].word, memory_order_acquire);
+        if (RL_WORD_KEY(word) != key) continue; /* stale */
+        if (key > c->due_limit) {
+            if (key < c->ring_nd_min) c->ring_nd_min = key;
+            continue;
+        }
         uint64_t w = atomic_load_explicit(&s->rows[row].lease, memory_order_acquire);
-        if (!lease_claimable(P, w)) continue; /* in flight: holds no slot */
+        if (!lease_claimable(P, w)) { /* in flight: holds no slot */
+            if (!(word & RL_WORD_FLIGHT) && pos < c->ring_block) c->ring_block = pos; /* comes back here */
+            continue;
+        }
         if (c->rn == RING_CANDS) {
             c->ring_overflow = 1;
+            c->ring_block = c->ring_from; /* which were dropped is not known: no hint */
             P->advice |= RL_ADVISE_COMPACT; /* move them into the index, where the window reads them */
             if (key >= c->ring[RING_CANDS - 1].key) continue;
             c->rn--; /* drop the largest */
@@ -199,8 +238,47 @@ static void ring_collect(Pass *P, Cursor *c) {
             c->ring[i] = c->ring[i - 1];
             i--;
         }
-        c->ring[i] = (Cand){key, row, UINT32_MAX};
+        c->ring[i] = (Cand){key, row, CAND_RING | (uint32_t)(pos - from)};
     }
+}
+
+/* After the pass: move the lane's ring hint past what this pass read and need not be read
+ * again, first lowering ring_low to the lowest not-yet-due key stepped over, so a reader that
+ * sees the new hint also sees that key. */
+static void ring_hint_advance(Pass *P, Cursor *c) {
+    rl_seg *s = P->s;
+    rl_lane *ln = &s->lanes[c->lane];
+    uint64_t to = c->ring_block;
+    for (uint32_t i = c->ri; i < c->rn; i++) { /* candidates not taken */
+        uint64_t at = c->ring_from + (c->ring[i].pos & ~CAND_RING);
+        if (at < to) to = at;
+    }
+    if (c->have_peek && (c->peek.pos & CAND_RING)) {
+        uint64_t at = c->ring_from + (c->peek.pos & ~CAND_RING);
+        if (at < to) to = at;
+    }
+    if (to <= c->ring_from) return;
+    uint64_t low = c->ring_nd_min;
+    if (to < c->ring_to) { /* the lowest not-yet-due key before `to` only */
+        uint64_t cap = s->h->ring_capacity;
+        low = RL_KEY_NONE;
+        for (uint64_t pos = c->ring_from; pos < to; pos++) {
+            rl_ring_slot *slot = &s->ring[pos % cap];
+            uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
+            if (atomic_load_explicit(&slot->state, memory_order_acquire) != RL_SLOT(pos, 1)) {
+                if (atomic_load(&slot->state) != RL_SLOT(pos, 2)) return; /* reused: leave it */
+                continue;
+            }
+            if (rl_key_lane(key) == c->lane && key > c->due_limit && key < low) low = key;
+        }
+    }
+    if (low != RL_KEY_NONE) {
+        uint64_t cur = atomic_load(&ln->ring_low);
+        while (low < cur && !atomic_compare_exchange_weak(&ln->ring_low, &cur, low))
+            ;
+    }
+    uint64_t expect = c->ring_skip;
+    atomic_compare_exchange_strong(&ln->ring_skip, &expect, ((uint64_t)(uint32_t)P->gen << 32) | (uint32_t)to);
 }
 
 static Cursor *lane_open(Pass *P, uint32_t lane) {
@@ -210,7 +288,8 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     c->stamp = P->stamp;
     c->lane = lane;
     c->idx_done = c->ring_overflow = c->done = c->have_idx = c->have_peek = 0;
-    c->rn = c->ri = c->extra = 0;
+    c->rn = c->ri = 0;
+    c->ring_read = 0;
     c->granted = c->spilled = c->stale = c->refused = c->tombs = 0;
     c->first_live = c->last_key = RL_KEY_NONE;
     c->due_limit = rl_encode(lane, (uint64_t)P->now);
@@ -266,6 +345,26 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     if (c->ring_min <= c->due_limit) ring_collect(P, c);
     P->opened[P->nopened++] = c;
     return c;
+}
+
+static void notes_flush(Pass *P) {
+    if (P->granted_any && !P->lease_noted) { /* before any tomb: see csrc/sweep.c */
+        int64_t exp = P->now + P->lease_ms;
+        rl_lease_min_note(P->s, exp > (int64_t)RL_HORIZON ? (int64_t)RL_HORIZON : exp);
+        P->lease_noted = 1;
+    }
+    rl_index_tomb(P->s, P->owner, P->gen, P->nnotes, P->note_pos, P->note_key);
+    P->nnotes = 0;
+}
+
+/* Ask for the index entry at `pos` (key `key`) to become a tombstone: its row was granted from
+ * there, moved away, or is held in flight. */
+static void note_tomb(Pass *P, uint32_t pos, uint64_t key) {
+    if (BENCH(RL_BENCH_NO_TOMB)) return;
+    uint32_t k = P->nnotes++;
+    P->note_pos[k] = pos;
+    P->note_key[k] = key;
+    if (P->nnotes == NOTE_BATCH) notes_flush(P);
 }
 
 /* Cross the run of tombstones starting at `at` (following jumps), lengthen the jump stored in
@@ -330,20 +429,26 @@ static void idx_advance(Pass *P, Cursor *c) {
             if (c->last_key > c->due_limit) c->idx_done = 1;
             continue;
         }
-        int live = row_live(P, row, key);
-        if (!live && c->stale_run == c->pos - 1) c->stale_run = c->pos;
-        if (live && c->first_live == RL_KEY_NONE) c->first_live = key;
+        /* Stale (its row moved) or held in flight: out of the index from now on, and the
+         * stretch before it stays skippable. */
+        uint64_t word = row < P->used ? atomic_load_explicit(&P->s->rows[row].word, memory_order_acquire)
+                                      : RL_KEY_NONE;
+        int live = RL_WORD_KEY(word) == key && !held_in_flight(P, row, word);
+        if (!live) {
+            if (c->stale_run == c->pos - 1) c->stale_run = c->pos;
+            if (row < P->used) note_tomb(P, c->pos - 1, key);
+            c->stale++;
+            if (key > c->due_limit) { /* past the due ones: the lane ends here */
+                c->idx_done = 1;
+                break;
+            }
+            if (c->end < P->count) c->end++; /* no window used */
+            continue;
+        }
+        if (c->first_live == RL_KEY_NONE) c->first_live = key;
         if (key > c->due_limit) { /* first entry not yet due: the lane ends here */
             c->idx_done = 1;
             break;
-        }
-        if (!live) {
-            c->stale++;
-            if (c->extra < EXTRA_CAP && c->end < P->count) {
-                c->extra++;
-                c->end++;
-            }
-            continue;
         }
         c->idx = (Cand){key, row, c->pos - 1};
         c->have_idx = 1;
@@ -384,12 +489,9 @@ static int lane_peek(Pass *P, Cursor *c) {
             return 0;
         }
         uint64_t w = atomic_load_explicit(&P->s->rows[cand.row].lease, memory_order_acquire);
-        if (!lease_claimable(P, w)) {
+        if (!lease_claimable(P, w)) { /* leased since it was read: the next entry, no window used */
             c->refused++;
-            if (from_idx && c->extra < EXTRA_CAP && c->end < P->count) {
-                c->extra++;
-                c->end++;
-            }
+            if (from_idx && c->end < P->count) c->end++;
             continue;
         }
         c->peek = cand;
@@ -397,11 +499,6 @@ static int lane_peek(Pass *P, Cursor *c) {
         c->have_peek = 1;
         return 1;
     }
-}
-
-static void notes_flush(Pass *P) {
-    rl_index_note(P->s, P->gen, P->nnotes, P->note_row, P->note_key, P->note_pos);
-    P->nnotes = 0;
 }
 
 /* Lease the peeked candidate; 1 on a grant. */
@@ -416,7 +513,7 @@ static int lane_take_one(Pass *P, Cursor *c) {
         uint64_t nw = RL_LEASE_MAKE(exp, P->owner, RL_LEASE_TOK(w) + 1u);
         if (!atomic_compare_exchange_strong(&row->lease, &w, nw)) {
             c->refused++;
-            if (c->peek.pos != UINT32_MAX) {
+            if (!(c->peek.pos & CAND_RING)) {
                 /* Lost the row to another claimer walking the same entries. Following it entry
                  * by entry loses every race after this one too (both processes CAS the same
                  * lines in lockstep), so step over the stretch it is likely taking: as many
@@ -438,19 +535,16 @@ static int lane_take_one(Pass *P, Cursor *c) {
             c->stale++;
             continue;
         }
+        /* Taken out: no pass reads it again until its lease ends (csrc/sweep.c). */
+        atomic_fetch_or_explicit(&row->word, RL_WORD_FLIGHT, memory_order_acq_rel);
+        P->granted_any = 1;
         uint32_t i = P->n++;
         P->out_rows[i] = c->peek.row;
         P->out_lanes[i] = rl_key_lane(key);
         P->out_due[i] = (int64_t)rl_key_due(key);
         P->out_tokens[i] = (int64_t)(nw ^ rl_token_mask(c->peek.row));
         c->granted++;
-        if (c->peek.pos != UINT32_MAX && !BENCH(RL_BENCH_NO_TOMB)) {
-            uint32_t k = P->nnotes++;
-            P->note_row[k] = c->peek.row;
-            P->note_key[k] = key;
-            P->note_pos[k] = c->peek.pos;
-            if (P->nnotes == NOTE_BATCH) notes_flush(P);
-        }
+        if (!(c->peek.pos & CAND_RING)) note_tomb(P, c->peek.pos, c->peek.key);
         P->cls_granted[rl_class_of(P->p, c->lane)]++;
         return 1;
     }
@@ -556,6 +650,7 @@ static void floors_raise(Pass *P) {
         if (c->stale - c->tombs > P->window) P->advice |= RL_ADVISE_COMPACT;
         if (c->refused) atomic_fetch_add_explicit(&ln->lease_refused, c->refused, memory_order_relaxed);
         if (gen_moved) continue;
+        if (c->ring_read) ring_hint_advance(P, c);
         { /* record where the stale prefix ends; within a generation only forward */
             uint64_t cur = atomic_load_explicit(&ln->skip, memory_order_relaxed);
             uint64_t want = ((uint64_t)(uint32_t)P->gen << 32) | c->stale_run;
@@ -575,6 +670,8 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     if (budget == 0 || window == 0 || lease_ms <= 0 || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
         return RL_E_VALUE;
     if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE;
+    rl_owners_check(s);                /* every 100 ms, one pass looks for dead owners */
+    rl_sweep_if_due(s, owner, now_ms); /* put back rows whose lease ended unseen */
     Pass P;
     P.s = s;
     P.owner = owner;
@@ -602,6 +699,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     P.advice = 0;
     P.nopened = 0;
     P.nnotes = 0;
+    P.granted_any = P.lease_noted = 0;
     memset(P.cls_granted, 0, sizeof P.cls_granted);
     P.stamp = ++tls_stamp;
     memo_reset();
@@ -639,7 +737,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
         for (uint32_t cls = 1; cls < RL_CLASSES; cls++)
             if (p->min_share[cls] > 0) credit_absorb(s, cls, P.cls_granted[cls] - before[cls]);
     }
-    if (P.nnotes) notes_flush(&P);
+    if (P.nnotes || (P.granted_any && !P.lease_noted)) notes_flush(&P);
     floors_raise(&P);
     if (atomic_load_explicit(&s->h->repair_needed, memory_order_relaxed)) P.advice |= RL_ADVISE_REAP;
     if ((P.advice & RL_ADVISE_COMPACT) && rl_merge_running(s)) P.advice &= ~RL_ADVISE_COMPACT;

@@ -97,60 +97,26 @@ int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
 
 /* ================================================================ tombstones ===== */
 
-/* Where this process last claimed each row from (a small direct-mapped memo): when it rewrites
- * the row, the old index entry is known stale and is marked a tombstone in place, so passes skip
- * it with no row-table read and the merge drops it. Without this, the completions made since the
- * last merge pile up as stale entries that every pass re-reads behind rows still in flight. */
-#define POS_MEMO 4096
-static __thread struct {
-    uint64_t seg; /* rl_seg serial */
-    uint32_t row, pos;
-    uint64_t gen, key;
-} tls_pos[POS_MEMO];
-
-/* A claim pass notes its grants in batches: one call (and one thread-local lookup) per batch
- * rather than per grant. */
-void rl_index_note(rl_seg *s, uint64_t gen, uint32_t n, const uint32_t *rows, const uint64_t *keys,
-                   const uint32_t *poss) {
-    for (uint32_t k = 0; k < n; k++) {
-        uint32_t i = rows[k] % POS_MEMO;
-        tls_pos[i].seg = s->serial;
-        tls_pos[i].row = rows[k];
-        tls_pos[i].pos = poss[k];
-        tls_pos[i].gen = gen;
-        tls_pos[i].key = keys[k];
-    }
-}
-
-/* The buffer of generation g is rewritten for g + 2; a tombstone CAS must not land in it then.
- * So the writer enters its owner's hazard for g (rl_hazard_enter, csrc/layout.h) and re-checks
+/* A claim pass tombstones the entries it took rows from (and stale or FLIGHT-held ones it
+ * read), in place, so later passes skip them with no row read and the merge drops them.
+ * The buffer of generation g is rewritten for g + 2; a tombstone CAS must not land in it then.
+ * So the pass enters its owner's hazard for g (rl_hazard_enter, csrc/layout.h) and re-checks
  * the generation before any CAS, and the merge waits for live owners' hazards on the buffer it
- * is about to rewrite. */
-void rl_index_forget(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
-                     const uint64_t *old_keys) {
-    uint64_t gen = atomic_load(&s->h->index_gen);
+ * is about to rewrite. A tombstone is a hint: one skipped (another thread of the owner marks in
+ * another generation) only leaves an entry for a pass to read. */
+void rl_index_tomb(rl_seg *s, uint32_t owner, uint64_t gen, uint32_t n, const uint32_t *poss,
+                   const uint64_t *keys) {
     _Atomic uint64_t *hz = &s->owners[owner].hazard;
-    int armed = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t row = rows[i], slot = row % POS_MEMO;
-        if (tls_pos[slot].seg != s->serial || tls_pos[slot].row != row || tls_pos[slot].key != old_keys[i] ||
-            tls_pos[slot].gen != gen)
-            continue;
-        if (!armed) {
-            if (!rl_hazard_enter(hz, gen)) break; /* another thread marks in another generation */
-            armed = 1;
-            if (atomic_load(&s->h->index_gen) != gen) break; /* a merge moved on: leave it */
+    if (n == 0 || !rl_hazard_enter(hz, gen)) return;
+    if (atomic_load(&s->h->index_gen) == gen) {
+        uint32_t b = gen & 1, count = atomic_load(&s->h->index_count[b]);
+        for (uint32_t i = 0; i < n; i++) {
+            if (poss[i] >= count) continue;
+            uint64_t expect = keys[i];
+            atomic_compare_exchange_strong(&s->ikeys[b][poss[i]], &expect, keys[i] | RL_TOMB);
         }
-        if (rl_row_key(s, row) == old_keys[i]) continue; /* back at that key: still live */
-        uint32_t pos = tls_pos[slot].pos, b = gen & 1;
-        if (pos < atomic_load(&s->h->index_count[b]) &&
-            atomic_load_explicit(&s->irows[b][pos], memory_order_relaxed) == row) {
-            uint64_t expect = old_keys[i];
-            atomic_compare_exchange_strong(&s->ikeys[b][pos], &expect, old_keys[i] | RL_TOMB);
-        }
-        tls_pos[slot].row = UINT32_MAX;
     }
-    if (armed) rl_hazard_leave(hz);
+    rl_hazard_leave(hz);
 }
 
 static void hazards_wait(rl_seg *s, uint64_t gen_of_buffer) {
@@ -231,8 +197,14 @@ static int Entry_RadixSort(Entry *a, size_t n, int rows_in_order) {
 
 /* ================================================================ the merge ===== */
 
-static int row_live(rl_seg *s, uint32_t row, uint64_t key, uint32_t used) {
-    return row < used && rl_row_key(s, row) == key;
+/* Whether an entry must go into the new index: its row is still at that key, and not held in
+ * flight (FLIGHT with a lease: whatever ends the lease puts it back, csrc/sweep.c). */
+static int row_wanted(rl_seg *s, uint32_t row, uint64_t key, uint32_t used) {
+    if (row >= used) return 0;
+    uint64_t word = atomic_load_explicit(&s->rows[row].word, memory_order_acquire);
+    if (RL_WORD_KEY(word) != key) return 0;
+    return !(word & RL_WORD_FLIGHT) ||
+           RL_LEASE_OWNER(atomic_load_explicit(&s->rows[row].lease, memory_order_acquire)) == 0;
 }
 
 /* Whether the merge must re-read an index entry's row: only a row the ring moved (or removed)
@@ -313,7 +285,7 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
             uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
             uint32_t row = (uint32_t)atomic_load_explicit(&slot->row, memory_order_relaxed);
             if (row < used) touched[row >> 6] |= 1ULL << (row & 63);
-            if (key != RL_KEY_NONE && row_live(s, row, key, used)) fresh[nr++] = (Entry){key, row, 0};
+            if (key != RL_KEY_NONE && row_wanted(s, row, key, used)) fresh[nr++] = (Entry){key, row, 0};
         }
         int rc = Entry_RadixSort(fresh, nr, 0);
         if (rc != RL_OK) {
@@ -344,7 +316,7 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
                 e.key = skey;
                 e.row = srow;
                 i++;
-                if (MOVED(touched, all, e.row, used) && !row_live(s, e.row, e.key, used))
+                if (MOVED(touched, all, e.row, used) && !row_wanted(s, e.row, e.key, used))
                     continue; /* stale: dropped here */
             } else {
                 e = fresh[j++];
@@ -369,7 +341,7 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
         size_t n = 0;
         for (uint32_t r = 0; r < used; r++) {
             uint64_t key = rl_row_key(s, r);
-            if (key == RL_KEY_NONE) continue;
+            if (key == RL_KEY_NONE || !row_wanted(s, r, key, used)) continue;
             all[n++] = (Entry){key, r, 0};
             if (lane_min) {
                 uint32_t l = rl_key_lane(key), mi = rl_minute(rl_key_due(key));
@@ -403,7 +375,12 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
     }
     atomic_store(&h->index_count[dst], m);
     uint64_t old_min[RL_MAX_LANES], new_min[RL_MAX_LANES];
-    for (uint32_t l = 0; l < RL_MAX_LANES; l++) old_min[l] = atomic_load(&s->lanes[l].ring_min);
+    for (uint32_t l = 0; l < RL_MAX_LANES; l++) {
+        old_min[l] = atomic_load(&s->lanes[l].ring_min);
+        /* The ring hints of the new generation start empty; a pass of the old one that lowers
+         * ring_low after this only makes its lane's hint more cautious (csrc/claim.c). */
+        atomic_store(&s->lanes[l].ring_low, RL_KEY_NONE);
+    }
     atomic_store(&h->index_gen, gen + 1); /* publish */
     atomic_store(&h->ring_head, upto);
     /* ring_min now covers only what is left in the ring. The old words were read before the

@@ -24,7 +24,7 @@
 
 /* Bump on any change to csrc/layout.h (a struct, the region order, the row/lease/floor word
  * packing): attachers refuse a segment of another version with RL_E_LAYOUT. */
-#define RL_LAYOUT_VERSION 10
+#define RL_LAYOUT_VERSION 11
 #define RL_MAX_LANES 64
 #define RL_MAX_BANDS 30
 #define RL_MAX_OWNERS 1024
@@ -79,6 +79,7 @@ typedef struct {
     uint64_t queued;          /* filled by rl_stats (row walk) */
     uint64_t due;
     uint64_t leased;
+    uint64_t in_flight;       /* taken out of the index while leased (FLIGHT) */
 } rl_lane_stats;
 
 typedef struct {
@@ -97,6 +98,7 @@ typedef struct {
 #define RL_V_LANE_START 7
 #define RL_V_HEADER 8
 #define RL_V_RING_MIN 9
+#define RL_V_LEASE_UNCOVERED 10
 
 typedef struct {
     uint32_t row;

@@ -60,14 +60,20 @@
  * from each other too (an opaque 64-bit value; any bit pattern, carried as int64). */
 static inline uint64_t rl_token_mask(uint32_t row) { return ((uint64_t)row + 1) * 0x9E3779B97F4A7C15ULL; }
 
-/* ---- row word: [urgent:1][prov:1][failures:8][key:49] ----
+/* ---- row word: [flight:1][urgent:1][prov:1][failures:8][key:49] ----
  * The key (lane:7, due_ms:42) and the inputs its lane is derived from change together in one
  * store, so a reader never sees a key with another write's failure count. RL_KEY_NONE in the
- * key bits means "not queued". The interval lives in its own uint32 array (written at add). */
+ * key bits means "not queued". The interval lives in its own uint32 array (written at add).
+ *
+ * FLIGHT: the row was granted and taken out of the index (its entry tombstoned, a ring entry of
+ * it ignored): while its lease is held, no pass needs to find it, and whatever ends the lease
+ * puts it back (complete and fail store a new word, which clears the bit; release and the lease
+ * sweep append its key to the ring again, then clear it). See csrc/sweep.c. */
 #define RL_WORD_KEY(w) ((w) & RL_KEY_MASK)
 #define RL_WORD_FAILURES(w) ((uint32_t)(((w) >> 49) & 0xFFu))
 #define RL_WORD_PROV(w) ((uint32_t)(((w) >> 57) & 1u))
 #define RL_WORD_URGENT(w) ((uint32_t)(((w) >> 58) & 1u))
+#define RL_WORD_FLIGHT (1ULL << 59)
 #define RL_WORD_MAKE(key, failures, prov, urgent)                                        \
     ((uint64_t)(key) | ((uint64_t)((failures) > 255 ? 255 : (failures)) << 49) |        \
      ((uint64_t)(prov) << 57) | ((uint64_t)(urgent) << 58))
@@ -81,6 +87,18 @@ static inline uint64_t rl_token_mask(uint32_t row) { return ((uint64_t)row + 1) 
 #define RL_RMIN_KEY(w) ((w) & RL_KEY_MASK)
 #define RL_RMIN_MAKE(ver, key) ((((uint64_t)(ver) & 0x7FFFu) << RL_KEY_BITS) | (key))
 #define RL_RMIN_NEXT(w, key) RL_RMIN_MAKE(((w) >> RL_KEY_BITS) + 1u, (key))
+
+/* ---- lease_min word: [sweeping:1][version:21][ms:42] ----
+ * A lower bound on the expiry of every lease that holds a FLIGHT row, so a pass knows, with one
+ * load, whether some taken-out row may have become claimable (then it sweeps, csrc/sweep.c).
+ * Grants and renewals lower it; marking an owner dead sets it to 0. While a sweep runs the ms
+ * field collects the notes made meanwhile, and the sweep's end folds its own minimum into it:
+ * every change moves the version, so no note is lost to the sweep's store. */
+#define RL_LMIN_SWEEPING (1ULL << 63)
+#define RL_LMIN_MS(w) ((int64_t)((w) & RL_HORIZON))
+#define RL_LMIN_NEXT(w, sweeping, ms)                                                           \
+    (((sweeping) ? RL_LMIN_SWEEPING : 0) | ((((w) >> 42) + 1u) & 0x1FFFFFu) << 42 |             \
+     ((uint64_t)(ms) & RL_HORIZON))
 
 /* ---- floor word: [minute:32][epoch:32] ---- */
 #define RL_FLOOR_MINUTE(w) ((uint32_t)((w) >> 32))
@@ -123,8 +141,18 @@ typedef struct {
      * `position` is stale or below the floor, so a seek may start there (csrc/claim.c). */
     _Alignas(RL_LINE) _Atomic uint64_t skip;
     char pad3[RL_LINE - 8];
+    /* The ring's skip hint, [index generation:32][position - ring_head:32]: in that generation
+     * (ring_head moves only when it does), every ring entry of this lane before the position is
+     * stale, FLIGHT-held, granted, or not due before key `ring_low` (the lowest such key a pass
+     * stepped over; reset by the merge before it publishes). A pass starts its ring scan there
+     * while ring_low is not due, so releases and other due writes are read once, not by every
+     * pass until the next merge (csrc/claim.c, ring_collect). */
+    _Alignas(RL_LINE) _Atomic uint64_t ring_skip;
+    _Atomic uint64_t ring_low;
+    char pad4[RL_LINE - 16];
 } rl_lane;
-_Static_assert(sizeof(rl_lane) == 4 * RL_LINE, "lane is four cache lines");
+_Static_assert(sizeof(rl_lane) == 5 * RL_LINE, "lane is five cache lines");
+_Static_assert(offsetof(rl_lane, ring_skip) % RL_LINE == 0, "ring hint on its own line");
 _Static_assert(offsetof(rl_lane, skip) % RL_LINE == 0, "skip hint on its own line");
 _Static_assert(offsetof(rl_lane, floor) % RL_LINE == 0, "floor word on its own line");
 _Static_assert(offsetof(rl_lane, ring_min) % RL_LINE == 0, "ring minimum on its own line");
@@ -188,6 +216,10 @@ typedef struct {
     _Alignas(RL_LINE) _Atomic uint64_t policy_version; /* active slot = version & 1 */
     _Alignas(RL_LINE) _Atomic uint32_t repair_needed;
     _Alignas(RL_LINE) _Atomic uint32_t lanes_high; /* highest lane ever written: passes stop there */
+    _Alignas(RL_LINE) _Atomic uint64_t lease_min;  /* see the lease_min word above */
+    _Alignas(RL_LINE) _Atomic uint64_t sweeper;    /* owner running the sweep (while sweeping) */
+    _Atomic int64_t owners_check_ns; /* CLOCK_MONOTONIC time of the next owner liveness check */
+    _Atomic uint32_t owners_high;    /* highest owner slot ever registered: checks stop there */
     _Alignas(RL_LINE) rl_class_credit credit[RL_CLASSES];
 
     /* --- per index generation: entry count and lane starts, written before the gen flips --- */
@@ -201,6 +233,7 @@ _Static_assert(offsetof(rl_header, index_gen) % RL_LINE == 0, "index_gen on its 
 _Static_assert(offsetof(rl_header, ring_head) % RL_LINE == 0, "ring_head on its own line");
 _Static_assert(offsetof(rl_header, ring_tail) % RL_LINE == 0, "ring_tail on its own line");
 _Static_assert(offsetof(rl_header, credit) % RL_LINE == 0, "credits on their own lines");
+_Static_assert(offsetof(rl_header, lease_min) % RL_LINE == 0, "lease_min on its own line");
 _Static_assert(RL_MAX_LANES == 2 * RL_MAX_BANDS + 4, "lanes fit the widest band list");
 
 /* One process's view of a mapped segment. */
@@ -304,10 +337,15 @@ void rl_floor_bump_all(rl_seg *s);                                 /* floor.c */
 int rl_ring_append(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
                    const uint32_t *rows, uint32_t *advice);         /* index.c */
 void rl_ring_min_note(rl_seg *s, uint64_t key);                    /* index.c */
-void rl_index_note(rl_seg *s, uint64_t gen, uint32_t n, const uint32_t *rows, const uint64_t *keys,
-                   const uint32_t *poss);                            /* index.c */
-void rl_index_forget(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
-                     const uint64_t *old_keys);                    /* index.c */
+void rl_index_tomb(rl_seg *s, uint32_t owner, uint64_t gen, uint32_t n, const uint32_t *poss,
+                   const uint64_t *keys);                            /* index.c */
+int rl_publish(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys, const uint32_t *rows,
+               uint32_t *advice);                                   /* writes.c */
+void rl_lease_min_note(rl_seg *s, int64_t expiry);                  /* sweep.c */
+int rl_flight_return(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
+                     const uint64_t *words);                        /* sweep.c */
+void rl_sweep_if_due(rl_seg *s, uint32_t owner, int64_t now_ms);   /* sweep.c */
+void rl_owners_check(rl_seg *s);                                   /* sweep.c */
 int64_t rl_now_ms(void);                                           /* segment.c */
 int rl_compact_locked(rl_seg *s, uint32_t owner, int full_rebuild, uint32_t *lane_min); /* index.c */
 int rl_compactor_acquire(rl_seg *s, uint32_t owner);               /* index.c */

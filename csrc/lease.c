@@ -138,16 +138,36 @@ int rl_lease_claimable(rl_seg *s, uint64_t w, int64_t now_ms, uint8_t *memo) {
     return !rl_owner_alive(s, o, memo);
 }
 
+/* Put back the rows of a batch of leases (those still FLIGHT), then free the leases. */
+static void leases_end(rl_seg *s, uint32_t o, uint32_t n, const uint32_t *rows,
+                       const uint64_t *words, uint64_t *leases) {
+    if (n == 0) return;
+    (void)rl_flight_return(s, o, n, rows, words);
+    for (uint32_t i = 0; i < n; i++)
+        atomic_compare_exchange_strong(&s->rows[rows[i]].lease, &leases[i], RL_LEASE_FREE(leases[i]));
+}
+
 /* A closing process ends the leases it still holds before giving up its slot, so no newcomer
- * that reuses the slot inherits them. (A killed process is handled by rl_repair instead.) */
+ * that reuses the slot inherits them, and puts back the rows they took out (csrc/sweep.c).
+ * (A killed process is handled by the sweep and rl_repair instead.) */
 int rl_owner_release(rl_seg *s, uint32_t o) {
     if (o == 0 || o >= RL_MAX_OWNERS) return RL_E_RANGE;
     uint32_t used = atomic_load(&s->h->rows_used);
-    for (uint32_t r = 0; r < used && r < s->h->row_capacity; r++) {
+    if (used > s->h->row_capacity) used = s->h->row_capacity;
+    uint32_t rows[64], n = 0;
+    uint64_t words[64], leases[64];
+    for (uint32_t r = 0; r < used; r++) {
         uint64_t w = atomic_load_explicit(&s->rows[r].lease, memory_order_relaxed);
-        if (RL_LEASE_OWNER(w) == o)
-            atomic_compare_exchange_strong(&s->rows[r].lease, &w, RL_LEASE_FREE(w));
+        if (RL_LEASE_OWNER(w) != o) continue;
+        rows[n] = r;
+        leases[n] = w;
+        words[n++] = atomic_load(&s->rows[r].word);
+        if (n == 64) {
+            leases_end(s, o, n, rows, words, leases);
+            n = 0;
+        }
     }
+    leases_end(s, o, n, rows, words, leases);
     uint64_t held = o;
     atomic_compare_exchange_strong(&s->h->compactor, &held, 0);
     if (s->registered == o) beacon_drop(s); /* before the slot is free: its next owner can take it */
@@ -177,8 +197,11 @@ int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed) {
     for (uint32_t r = 0; r < n; r++) {
         uint64_t w = atomic_load(&s->rows[r].lease);
         uint32_t o = RL_LEASE_OWNER(w);
-        if (o && dead[o] && atomic_compare_exchange_strong(&s->rows[r].lease, &w, RL_LEASE_FREE(w)))
+        if (o && dead[o] && atomic_compare_exchange_strong(&s->rows[r].lease, &w, RL_LEASE_FREE(w))) {
+            /* Freed, so the full rebuild below indexes it: it is no longer in flight. */
+            atomic_fetch_and(&s->rows[r].word, ~RL_WORD_FLIGHT);
             count++;
+        }
     }
     rc = rl_compact_locked(s, owner, 1, lane_min);
     rl_compactor_release(s, owner);

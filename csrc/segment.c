@@ -189,7 +189,11 @@ int rl_create(const char *name, uint32_t rows, uint32_t ring, const rl_policy *p
     h->identity_sum = identity_sum(h);
     h->policy[0].p = *policy;
     Seg_Bind(s, base, l.total);
-    for (uint32_t i = 0; i < RL_MAX_LANES; i++) atomic_store(&s->lanes[i].ring_min, RL_KEY_NONE);
+    for (uint32_t i = 0; i < RL_MAX_LANES; i++) {
+        atomic_store(&s->lanes[i].ring_min, RL_KEY_NONE);
+        atomic_store(&s->lanes[i].ring_low, RL_KEY_NONE);
+    }
+    atomic_store(&h->lease_min, RL_HORIZON); /* no lease yet */
     for (uint32_t o = 0; o < RL_MAX_OWNERS; o++)
         if (rl_beacon_init(&s->owners[o]) != RL_OK) {
             free(s);
@@ -234,6 +238,7 @@ int rl_layout_check(const void *base_, uint64_t bytes) {
             if (atomic_load(&h->lane_start[g][l2]) > count) return RL_E_LAYOUT;
     }
     if (atomic_load(&h->lanes_high) >= RL_MAX_LANES) return RL_E_LAYOUT;
+    if (atomic_load(&h->owners_high) >= RL_MAX_OWNERS) return RL_E_LAYOUT;
     if (!policy_valid(&h->policy[atomic_load(&h->policy_version) & 1].p)) return RL_E_LAYOUT;
     return RL_OK;
 }
@@ -411,6 +416,9 @@ int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *ow
             atomic_store(&s->owners[o].hazard, 0);
             rl_beacon_take(s, o);
             atomic_store(&s->owners[o].state, RL_OWNER_WORD(reg, RL_OWNER_ALIVE));
+            uint32_t high = atomic_load(&s->h->owners_high);
+            while (high < o && !atomic_compare_exchange_weak(&s->h->owners_high, &high, o))
+                ;
             *owner = o;
             return RL_OK;
         }
@@ -430,7 +438,9 @@ int rl_owner_mark_dead(rl_seg *s, uint32_t o, uint64_t seen) {
     if (o == 0 || o >= RL_MAX_OWNERS) return RL_E_RANGE;
     if (RL_OWNER_STATE(seen) != RL_OWNER_ALIVE && RL_OWNER_STATE(seen) != RL_OWNER_CLAIMING) return RL_OK;
     if (atomic_compare_exchange_strong(&s->owners[o].state, &seen,
-                                       RL_OWNER_WORD(RL_OWNER_REG(seen), RL_OWNER_DEAD)))
+                                       RL_OWNER_WORD(RL_OWNER_REG(seen), RL_OWNER_DEAD))) {
+        rl_lease_min_note(s, 0); /* its leases are claimable now: the next pass sweeps */
         atomic_store(&s->h->repair_needed, 1);
+    }
     return RL_OK;
 }

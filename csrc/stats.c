@@ -38,7 +38,8 @@ int rl_stats(rl_seg *s, int64_t now_ms, rl_lane_stats *out) {
     }
     uint32_t used = atomic_load(&s->h->rows_used);
     for (uint32_t r = 0; r < used && r < s->h->row_capacity; r++) {
-        uint64_t key = rl_row_key(s, r);
+        uint64_t word = atomic_load_explicit(&s->rows[r].word, memory_order_relaxed);
+        uint64_t key = RL_WORD_KEY(word);
         if (key == RL_KEY_NONE) continue;
         uint32_t l = rl_key_lane(key);
         if (l >= RL_MAX_LANES) continue;
@@ -46,6 +47,7 @@ int rl_stats(rl_seg *s, int64_t now_ms, rl_lane_stats *out) {
         if ((int64_t)rl_key_due(key) <= now_ms) out[l].due++;
         uint64_t w = atomic_load_explicit(&s->rows[r].lease, memory_order_relaxed);
         if (RL_LEASE_OWNER(w) && RL_LEASE_EXPIRY(w) > now_ms) out[l].leased++;
+        if (RL_LEASE_OWNER(w) && (word & RL_WORD_FLIGHT)) out[l].in_flight++;
     }
     return RL_OK;
 }
@@ -105,14 +107,21 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
         uint64_t key = atomic_load(&slot->key);
         uint32_t row = atomic_load(&slot->row);
         if (row < used && rl_row_key(s, (uint32_t)row) == key) {
-            seen[row] = 1;
             uint32_t l = rl_key_lane(key);
-            if (l < RL_MAX_LANES && key < RL_RMIN_KEY(atomic_load(&s->lanes[l].ring_min)))
+            if (l >= RL_MAX_LANES) continue;
+            if (key < RL_RMIN_KEY(atomic_load(&s->lanes[l].ring_min)))
                 note(out, max, found, RL_V_RING_MIN, (uint32_t)row, l, key);
+            /* Behind its lane's ring hint, an entry is read again only once ring_low is due. */
+            uint64_t hint = atomic_load(&s->lanes[l].ring_skip);
+            uint64_t at = tail - (uint32_t)((uint32_t)tail - (uint32_t)hint);
+            if ((uint32_t)(hint >> 32) != (uint32_t)gen || pos >= at || at > tail ||
+                atomic_load(&s->lanes[l].ring_low) <= key)
+                seen[row] = 1;
         }
     }
+    uint64_t lmin = atomic_load(&h->lease_min);
     for (uint32_t r = 0; r < used; r++) {
-        uint64_t key = rl_row_key(s, r);
+        uint64_t word = atomic_load(&s->rows[r].word), key = RL_WORD_KEY(word);
         uint64_t w = atomic_load(&s->rows[r].lease);
         uint32_t o = RL_LEASE_OWNER(w);
         if (o) {
@@ -123,6 +132,11 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
         uint32_t l = rl_key_lane(key);
         if (l >= RL_MAX_LANES) {
             note(out, max, found, RL_V_BAD_KEY, r, l, key);
+            continue;
+        }
+        if ((word & RL_WORD_FLIGHT) && o) { /* in flight: its lease's end must put it back */
+            if (!(lmin & RL_LMIN_SWEEPING) && RL_LEASE_EXPIRY(w) < RL_LMIN_MS(lmin))
+                note(out, max, found, RL_V_LEASE_UNCOVERED, r, l, (uint64_t)RL_LEASE_EXPIRY(w));
             continue;
         }
         uint32_t fl = RL_FLOOR_MINUTE(atomic_load(&s->lanes[l].floor));

@@ -1,9 +1,9 @@
 /* Writes: add, complete, fail, release, renew, prioritize, remove, restamp.
  *
- * Every write that moves a row goes through publish_keys(), which keeps the order the floor
+ * Every write that moves a row goes through rl_publish(), which keeps the order the floor
  * protocol needs (csrc/floor.c): 1. the row's key is stored, 2. (key, row) is appended to the
  * ring and ring_min lowered, 3. the lane's floor is lowered with its epoch bumped. Writes that
- * need a lease (complete, fail) first CAS the token into a "writing" word that no claimer can
+ * need a lease (complete, fail, release) first CAS the token into a "writing" word that no claimer can
  * take and no other holder of the same token can match, and end the lease only after step 3:
  * a stale token therefore fails its first CAS and changes nothing.
  */
@@ -29,8 +29,8 @@ static int unpublished(rl_seg *s, int rc) {
 
 /* Make stored keys visible to claim passes at once and lower their lanes' floors. Batches
  * larger than the ring are published by a full rebuild of the index instead. */
-static int publish_keys(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys,
-                        const uint32_t *rows, uint32_t *advice) {
+int rl_publish(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys, const uint32_t *rows,
+               uint32_t *advice) {
     uint32_t lane_min[RL_MAX_LANES];
     int rc;
     if (n == 0) return RL_OK;
@@ -99,7 +99,7 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
         atomic_store(&s->rows[r].word, RL_WORD_MAKE(keys[i], f, (uint32_t)prov[i], 0));
         out_rows[i] = r;
     }
-    int rc = publish_keys(s, owner, n, keys, rows, advice);
+    int rc = rl_publish(s, owner, n, keys, rows, advice);
     free(keys);
     free(rows);
     return rc;
@@ -146,23 +146,21 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
     }
     if (n == 0) return RL_OK;
     rl_policy_read(s, &p);
-    uint64_t small_keys[SMALL_BATCH], small_writing[SMALL_BATCH], small_old[SMALL_BATCH];
+    uint64_t small_keys[SMALL_BATCH], small_writing[SMALL_BATCH];
     uint32_t small_rws[SMALL_BATCH];
     int heap = n > SMALL_BATCH;
     uint64_t *keys = heap ? malloc((size_t)n * 8) : small_keys;
     uint64_t *writing = heap ? malloc((size_t)n * 8) : small_writing;
-    uint64_t *old = heap ? malloc((size_t)n * 8) : small_old;
     uint32_t *rws = heap ? malloc((size_t)n * 4) : small_rws;
     int rc = RL_E_SYS;
     uint32_t m = 0, done = 0;
-    if (!keys || !rws || !writing || !old) goto out;
+    if (!keys || !rws || !writing) goto out;
     for (uint32_t i = 0; i < n; i++) {
         uint32_t r = (uint32_t)rows[i];
         ok[i] = lease_begin_write(s, owner, r, (uint64_t)tokens[i], &writing[i]) == RL_OK;
         if (!ok[i]) continue;
         uint64_t word = atomic_load(&s->rows[r].word);
         uint32_t interval = atomic_load(&s->intervals[r]), prov = RL_WORD_PROV(word);
-        old[m] = RL_WORD_KEY(word);
         int64_t due = next_due && next_due[i] >= 0 ? next_due[i]
                                                     : clamp_due(now_ms + (int64_t)interval * 1000);
         keys[m] = rl_encode(rl_lane_for(&p, prov, interval, 0, 0), (uint64_t)due);
@@ -170,8 +168,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
         atomic_store(&s->rows[r].word, RL_WORD_MAKE(keys[m], 0, prov, 0));
         m++;
     }
-    rc = publish_keys(s, owner, m, keys, rws, advice);
-    rl_index_forget(s, owner, m, rws, old);
+    rc = rl_publish(s, owner, m, keys, rws, advice);
     for (uint32_t i = 0; i < n; i++)
         if (ok[i]) {
             lease_end_write(s, (uint32_t)rows[i], writing[i]);
@@ -182,7 +179,6 @@ out:
         free(keys);
         free(rws);
         free(writing);
-        free(old);
     }
     return rc == RL_OK ? (int)done : rc;
 }
@@ -214,23 +210,24 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
     if (backoff > (int64_t)interval * 1000) backoff = (int64_t)interval * 1000;
     int64_t due = retry_at >= 0 ? retry_at : clamp_due(now_ms + backoff);
     uint64_t key = rl_encode(rl_lane_for(&p, prov, interval, f, 0), (uint64_t)due);
-    uint64_t old = RL_WORD_KEY(word);
     atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, 0));
-    rc = publish_keys(s, owner, 1, &key, &row, advice);
-    rl_index_forget(s, owner, 1, &row, &old);
+    rc = rl_publish(s, owner, 1, &key, &row, advice);
     lease_end_write(s, row, writing);
     return rc;
 }
 
+/* The row goes back due as it was: its key unchanged, but taken out of the index at grant
+ * (FLIGHT), so it is put back through the ring before the lease ends (csrc/sweep.c). */
 int rl_release(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token) {
-    (void)owner;
+    uint64_t writing;
+    if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE;
     if (!row_ok(s, row)) return RL_E_RANGE;
-    token ^= rl_token_mask(row);
-    uint64_t expect = token;
-    if (RL_LEASE_OWNER(token) == 0) return RL_E_LEASE;
-    if (!atomic_compare_exchange_strong(&s->rows[row].lease, &expect, RL_LEASE_FREE(token)))
-        return RL_E_LEASE;
-    return RL_OK;
+    int rc = lease_begin_write(s, owner, row, token, &writing);
+    if (rc != RL_OK) return rc;
+    uint64_t word = atomic_load(&s->rows[row].word);
+    if (word & RL_WORD_FLIGHT) rc = rl_flight_return(s, owner, 1, &row, &word);
+    lease_end_write(s, row, writing);
+    return rc;
 }
 
 int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t now_ms,
@@ -249,6 +246,7 @@ int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t no
         uint64_t expect = token;
         if (!atomic_compare_exchange_strong(&s->rows[row].lease, &expect, nw)) return RL_E_LEASE;
     }
+    rl_lease_min_note(s, exp); /* a shorter lease than before may now end first */
     *new_token = nw ^ rl_token_mask(row);
     return RL_OK;
 }
@@ -266,7 +264,7 @@ int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now
     uint32_t interval = atomic_load(&s->intervals[row]), prov = RL_WORD_PROV(word), f = RL_WORD_FAILURES(word);
     uint64_t key = rl_encode(rl_lane_for(&p, prov, interval, f, rush), (uint64_t)now_ms);
     atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, rush ? 1u : 0u));
-    return publish_keys(s, owner, 1, &key, &row, advice);
+    return rl_publish(s, owner, 1, &key, &row, advice);
 }
 
 int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice) {
@@ -324,7 +322,7 @@ int rl_restamp(rl_seg *s, uint32_t owner, uint32_t limit, uint32_t *restamped, u
         m++;
     }
     uint32_t advice = 0;
-    int rc = publish_keys(s, owner, m, keys, rows, &advice);
+    int rc = rl_publish(s, owner, m, keys, rows, &advice);
     free(keys);
     free(rows);
     *restamped = m;

@@ -15,7 +15,8 @@ from cffi import FFI
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = ROOT / "csrc"
-SOURCES = ["segment.c", "keys.c", "lease.c", "floor.c", "index.c", "claim.c", "writes.c", "stats.c"]
+SOURCES = ["segment.c", "keys.c", "lease.c", "floor.c", "index.c", "claim.c", "writes.c", "sweep.c",
+           "stats.c"]
 
 
 def _cdef() -> str:

@@ -55,6 +55,8 @@ _PROBLEMS = {
     lib.RL_V_LANE_START: "lane start table disagrees with the index",
     lib.RL_V_HEADER: "header sizes disagree",
     lib.RL_V_RING_MIN: "recent write below its lane's ring minimum",
+    lib.RL_V_LEASE_UNCOVERED: "row in flight whose lease ends before lease_min (no sweep would "
+                              "put it back)",
 }
 
 
@@ -494,6 +496,7 @@ class Engine(_hot.EngineBase):
             "capacity": int(info.row_capacity),
             "rows": int(info.rows_used),
             "queued": sum(int(lanes[i].queued) for i in range(lib.RL_MAX_LANES)),
+            "in_flight": sum(int(lanes[i].in_flight) for i in range(lib.RL_MAX_LANES)),
             "bytes": int(info.total_bytes),
             "index": {"entries": int(info.index_count), "generation": int(info.index_gen)},
             "ring": {"capacity": int(info.ring_capacity),
@@ -508,6 +511,7 @@ class Engine(_hot.EngineBase):
                     "queued": int(lanes[i].queued),
                     "due": int(lanes[i].due),
                     "leased": int(lanes[i].leased),
+                    "in_flight": int(lanes[i].in_flight),
                     "granted": int(lanes[i].granted),
                     "spilled": int(lanes[i].spilled),
                     "stale_skipped": int(lanes[i].stale_skipped),

@@ -39,6 +39,17 @@ SHM_DIR = "/dev/shm"
 BAND_INTERVALS = (600, 7200, 43200, 172800)
 
 
+# A claim pass looks for dead owners at most this often (csrc/sweep.c, OWNERS_CHECK_NS), so a
+# killed owner's rows are claimable by the first pass this long after its death (well within
+# the promised second) with no supervisor, and at once after reap().
+OWNERS_CHECK_S = 0.1
+
+
+def past_owner_check() -> None:
+    """Sleep until the next claim pass is due to check the owners table."""
+    time.sleep(OWNERS_CHECK_S * 1.5)
+
+
 def unique_name() -> str:
     return f"{PREFIX}{SESSION}-{uuid.uuid4().hex[:12]}"
 

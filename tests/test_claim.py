@@ -257,7 +257,9 @@ def test_wedged_lane_does_not_strand_another_lane(make_engine):
     assert eng.verify() == []
 
 
-def test_floor_is_held_by_an_in_flight_row(eng):
+def test_floor_rises_past_rows_in_flight_and_their_return_lowers_it(eng):
+    """A granted row is taken out of the index until its lease ends, so it holds no floor; what
+    ends the lease (release, expiry) puts it back and lowers the floor to it again."""
     dues = [NOW - 3 * HOUR, NOW - 2 * HOUR, NOW - HOUR]
     rows = [eng.add(d, HOME_INTERVAL) for d in dues]
     eng.compact()
@@ -267,17 +269,21 @@ def test_floor_is_held_by_an_in_flight_row(eng):
     second = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
     assert second.rows.tolist() == [rows[1]]
     eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)  # takes rows[2]
-    eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)  # nothing left, the floor may move
-    # the leased row may come back (release, expiry): it holds the floor at its minute
-    assert eng.floor_minute(1) == _minute(dues[0])
+    assert len(eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)) == 0  # all in flight
+    assert eng.floor_minute(1) == _minute(dues[2])  # past the two rows in flight below it
+    assert eng.stats(NOW)["in_flight"] == 3
     assert eng.verify() == []
 
-    eng.complete(rows[0], int(first.tokens[0]), next_due_ms=NOW + DAY, now_ms=NOW)
-    assert len(eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)) == 0
-    assert eng.floor_minute(1) == _minute(dues[1])  # rises to the next in-flight row, no further
-    eng.release(rows[1], int(second.tokens[0]))
+    eng.release(rows[1], int(second.tokens[0]))  # back due, below the floor: lowers it
+    assert eng.floor_minute(1) == _minute(dues[1])
+    assert eng.verify() == []
     c = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
     assert c.rows.tolist() == [rows[1]]
+    assert len(eng.claim(budget=3, now_ms=NOW + DAY - 1, lease_ms=DAY)) == 0
+    # every lease lapses at NOW + DAY: the first pass then finds all three, in due order
+    c = eng.claim(budget=3, now_ms=NOW + DAY, lease_ms=DAY)
+    assert c.rows.tolist() == rows
+    assert eng.floor_minute(1) <= _minute(dues[0])
     assert eng.verify() == []
 
 

@@ -26,6 +26,7 @@ from lanes_testlib import (
     child_claim_loop,
     child_set_policy,
     get_result,
+    past_owner_check,
     shm_path,
 )
 
@@ -104,8 +105,12 @@ def test_unrelated_process_attaches_reads_stats_and_exits(make_engine, close):
     assert eng.verify() == []
 
 
+@pytest.mark.parametrize("via", ["reap", "pass"])
 @pytest.mark.parametrize("method", METHODS)
-def test_lease_of_a_killed_process_is_claimable_at_once(make_engine, method):
+def test_lease_of_a_killed_process_is_claimable_at_once_after_reap_or_the_next_owner_check(
+        make_engine, method, via):
+    """No supervisor needed: a claim pass checks the owners every OWNERS_CHECK_S, so the rows of
+    a killed owner come back well within a second; reap() brings them back at once."""
     eng = make_engine()
     name = eng.stats()["name"]
     first = eng.add(NOW - 3 * HOUR, 3600)
@@ -126,6 +131,10 @@ def test_lease_of_a_killed_process_is_claimable_at_once(make_engine, method):
         os.kill(p.pid, signal.SIGKILL)
         p.join(30)
     assert p.exitcode == -signal.SIGKILL
+    if via == "reap":
+        assert eng.reap() == 1
+    else:
+        past_owner_check()
     c = eng.claim(budget=1, now_ms=NOW + 2000, lease_ms=HOUR)  # long before its expiry
     assert c.rows.tolist() == [first]
     assert int(c.tokens[0]) != res["tokens"][0]
@@ -213,6 +222,7 @@ def test_forked_child_keeps_using_the_parents_engine_as_a_new_owner(make_engine)
         _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     # the child is gone: had it used the parent's owner id, the lease would still look alive
+    past_owner_check()
     c = eng.claim(budget=10, now_ms=NOW + 1000, lease_ms=HOUR)
     assert c.rows.tolist() == [child_row]
     assert eng.verify() == []

@@ -1,0 +1,154 @@
+/* Rows in flight: taken out of the index at grant, put back when their lease ends.
+ *
+ * A pool always holds rows: every worker has a batch in hand for the seconds a render takes.
+ * If a leased row kept its index entry, every claim pass would read it again (and, past a few
+ * thousand of them, a lane's window would fill with nothing but rows in flight). So a grant
+ * takes the row out: it sets FLIGHT in the row word (csrc/layout.h), notes its lease's expiry
+ * in the shared lease_min word, and tombstones the index entry it came from (csrc/claim.c). No
+ * pass reads it again until the lease ends, and whatever ends the lease puts it back through
+ * the ring, in the order every write keeps (csrc/floor.c: key, ring + ring_min, floor lowered):
+ *
+ *   complete, fail   store a new row word (which clears FLIGHT), publish it       csrc/writes.c
+ *   release          clear FLIGHT, publish the unchanged key, then free the lease  csrc/writes.c
+ *   closing owner    the same for each lease it still holds                       csrc/lease.c
+ *   expiry, death    the sweep below: nobody calls anything when a lease lapses
+ *
+ * So a FLIGHT row holds no floor: the floor may rise past it, and putting it back lowers the
+ * floor again as any write does. The model of this protocol is tests/model/floor.pml.
+ *
+ * The sweep. lease_min ([sweeping:1][version:21][ms:42]) is a lower bound on the expiry of every
+ * lease holding a FLIGHT row: grants and renewals lower it (rl_lease_min_note), marking an
+ * owner dead sets it to 0. A pass that finds it due elects one sweeper (the `sweeper` word, as
+ * the compactor word: a dead holder is taken over), which marks the word sweeping with its ms
+ * field reset, walks the row table, puts back every FLIGHT row whose lease is claimable
+ * (expired, or its owner dead) and takes the minimum expiry of the others; at the end it folds
+ * that minimum into whatever notes arrived meanwhile, clearing the flag. A grant that read the
+ * word before the sweep began set FLIGHT before that read, so the walk sees it; one that reads
+ * it later lowers the collecting field; the final CAS moves the version, so none is lost. The
+ * first pass after an expiry (the one that wins the election) therefore finds the lapsed row.
+ *
+ * Deaths are seen without a supervisor: every 100 ms (monotonic) one pass checks the owners
+ * table (csrc/lease.c: the beacon, else kill(pid, 0)); a dead owner sets lease_min to 0, so the
+ * next pass sweeps. A sweep reads the row table once (about 3 ms at 1.6M rows) and runs once per
+ * earliest expiry, not per pass: a pool with 30 s leases sweeps about every 30 s.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+#include <time.h>
+
+#include "layout.h"
+
+#define SWEEP_BATCH 256
+#define OWNERS_CHECK_NS 100000000LL /* 100 ms */
+
+void rl_lease_min_note(rl_seg *s, int64_t expiry) {
+    _Atomic uint64_t *w = &s->h->lease_min;
+    uint64_t cur = atomic_load(w);
+    if (expiry < 0) expiry = 0;
+    while (expiry < RL_LMIN_MS(cur) &&
+           !atomic_compare_exchange_weak(w, &cur, RL_LMIN_NEXT(cur, cur & RL_LMIN_SWEEPING, expiry)))
+        ;
+}
+
+/* Put FLIGHT rows back: clear the flag (only where the row word is still `words[i]`: a row
+ * rewritten meanwhile was published by its writer), then publish their keys. Clearing first
+ * keeps a merge from dropping the new ring entry as a FLIGHT row's; a process killed between
+ * the two leaves a row findable only by the full rebuild its death asks for (rl_repair). */
+int rl_flight_return(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
+                     const uint64_t *words) {
+    uint64_t keys[SWEEP_BATCH];
+    uint32_t back[SWEEP_BATCH];
+    for (uint32_t done = 0; done < n;) {
+        uint32_t m = 0, stop = n - done > SWEEP_BATCH ? done + SWEEP_BATCH : n;
+        for (; done < stop; done++) {
+            uint64_t expect = words[done];
+            if (RL_WORD_KEY(expect) == RL_KEY_NONE) continue;
+            if (!atomic_compare_exchange_strong(&s->rows[rows[done]].word, &expect,
+                                                expect & ~RL_WORD_FLIGHT))
+                continue;
+            keys[m] = RL_WORD_KEY(expect);
+            back[m++] = rows[done];
+        }
+        int rc = rl_publish(s, owner, m, keys, back, NULL);
+        if (rc != RL_OK) return rc;
+    }
+    return RL_OK;
+}
+
+static int sweep_rows(rl_seg *s, uint32_t owner, int64_t now, uint8_t *memo, int64_t *min_out) {
+    uint32_t used = atomic_load(&s->h->rows_used);
+    if (used > s->h->row_capacity) used = s->h->row_capacity;
+    uint32_t rows[SWEEP_BATCH];
+    uint64_t words[SWEEP_BATCH];
+    uint32_t n = 0;
+    int64_t least = (int64_t)RL_HORIZON;
+    for (uint32_t r = 0; r < used; r++) {
+        uint64_t word = atomic_load_explicit(&s->rows[r].word, memory_order_acquire);
+        if (!(word & RL_WORD_FLIGHT)) continue;
+        uint64_t w = atomic_load_explicit(&s->rows[r].lease, memory_order_acquire);
+        if (!rl_lease_claimable(s, w, now, memo)) {
+            if (RL_LEASE_EXPIRY(w) < least) least = RL_LEASE_EXPIRY(w);
+            continue;
+        }
+        rows[n] = r;
+        words[n++] = word;
+        if (n == SWEEP_BATCH) {
+            int rc = rl_flight_return(s, owner, n, rows, words);
+            if (rc != RL_OK) return rc;
+            n = 0;
+        }
+    }
+    *min_out = least;
+    return rl_flight_return(s, owner, n, rows, words);
+}
+
+static int sweeper_acquire(rl_seg *s, uint32_t owner, uint8_t *memo) {
+    uint64_t cur = 0;
+    if (atomic_compare_exchange_strong(&s->h->sweeper, &cur, owner)) return 1;
+    if (cur == owner || rl_owner_alive(s, (uint32_t)cur, memo)) return 0;
+    return atomic_compare_exchange_strong(&s->h->sweeper, &cur, owner); /* its holder died */
+}
+
+void rl_sweep_if_due(rl_seg *s, uint32_t owner, int64_t now) {
+    uint64_t w = atomic_load(&s->h->lease_min);
+    if (!(w & RL_LMIN_SWEEPING) && RL_LMIN_MS(w) > now) return; /* the common case: one load */
+    uint8_t memo[RL_MAX_OWNERS]; /* owner liveness, asked once per sweep */
+    memset(memo, 0, sizeof memo);
+    if (!sweeper_acquire(s, owner, memo)) return;
+    for (;;) { /* mark it sweeping; a taken-over sweep keeps the notes collected so far */
+        w = atomic_load(&s->h->lease_min);
+        int sweeping = (w & RL_LMIN_SWEEPING) != 0;
+        if (!sweeping && RL_LMIN_MS(w) > now) goto out; /* another sweep just ended */
+        int64_t keep = sweeping ? RL_LMIN_MS(w) : (int64_t)RL_HORIZON;
+        if (atomic_compare_exchange_weak(&s->h->lease_min, &w, RL_LMIN_NEXT(w, 1, keep))) break;
+    }
+    int64_t least = (int64_t)RL_HORIZON;
+    /* A failed publish (out of memory for a merge) already asked for a repair, whose full
+     * rebuild finds the rows it could not put back; the minimum then stays conservative. */
+    if (sweep_rows(s, owner, now, memo, &least) != RL_OK) least = now;
+    w = atomic_load(&s->h->lease_min);
+    for (;;) {
+        int64_t ms = RL_LMIN_MS(w) < least ? RL_LMIN_MS(w) : least;
+        if (atomic_compare_exchange_weak(&s->h->lease_min, &w, RL_LMIN_NEXT(w, 0, ms))) break;
+    }
+out:;
+    uint64_t me = owner;
+    atomic_compare_exchange_strong(&s->h->sweeper, &me, 0);
+}
+
+static int64_t mono_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+void rl_owners_check(rl_seg *s) {
+    int64_t t = mono_ns(), next = atomic_load_explicit(&s->h->owners_check_ns, memory_order_relaxed);
+    if (t < next) return;
+    if (!atomic_compare_exchange_strong(&s->h->owners_check_ns, &next, t + OWNERS_CHECK_NS)) return;
+    uint32_t high = atomic_load(&s->h->owners_high);
+    if (high >= RL_MAX_OWNERS) high = RL_MAX_OWNERS - 1;
+    for (uint32_t o = 1; o <= high; o++)
+        if (RL_OWNER_STATE(atomic_load(&s->owners[o].state)) == RL_OWNER_ALIVE)
+            (void)rl_owner_alive(s, o, NULL); /* marks a dead one, which sets lease_min to 0 */
+}
