@@ -185,7 +185,8 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
                      uint8_t *ok, uint32_t *advice);
 int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t retry_at_ms,
             int64_t now_ms, uint32_t *advice);
-int rl_release(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token);
+int rl_release_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
+                    const int64_t *tokens, uint8_t *ok, uint32_t *advice);
 int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t now_ms,
              int64_t lease_ms, uint64_t *new_token);
 int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now_ms,

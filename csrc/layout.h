@@ -343,7 +343,7 @@ int rl_publish(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys, cons
                uint32_t *advice);                                   /* writes.c */
 void rl_lease_min_note(rl_seg *s, int64_t expiry);                  /* sweep.c */
 int rl_flight_return(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
-                     const uint64_t *words);                        /* sweep.c */
+                     const uint64_t *words, uint32_t *advice);      /* sweep.c */
 void rl_sweep_if_due(rl_seg *s, uint32_t owner, int64_t now_ms);   /* sweep.c */
 void rl_owners_check(rl_seg *s);                                   /* sweep.c */
 int64_t rl_now_ms(void);                                           /* segment.c */

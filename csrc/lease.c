@@ -142,7 +142,7 @@ int rl_lease_claimable(rl_seg *s, uint64_t w, int64_t now_ms, uint8_t *memo) {
 static void leases_end(rl_seg *s, uint32_t o, uint32_t n, const uint32_t *rows,
                        const uint64_t *words, uint64_t *leases) {
     if (n == 0) return;
-    (void)rl_flight_return(s, o, n, rows, words);
+    (void)rl_flight_return(s, o, n, rows, words, NULL);
     for (uint32_t i = 0; i < n; i++)
         atomic_compare_exchange_strong(&s->rows[rows[i]].lease, &leases[i], RL_LEASE_FREE(leases[i]));
 }

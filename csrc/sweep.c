@@ -55,21 +55,21 @@ void rl_lease_min_note(rl_seg *s, int64_t expiry) {
  * keeps a merge from dropping the new ring entry as a FLIGHT row's; a process killed between
  * the two leaves a row findable only by the full rebuild its death asks for (rl_repair). */
 int rl_flight_return(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
-                     const uint64_t *words) {
+                     const uint64_t *words, uint32_t *advice) {
     uint64_t keys[SWEEP_BATCH];
     uint32_t back[SWEEP_BATCH];
     for (uint32_t done = 0; done < n;) {
         uint32_t m = 0, stop = n - done > SWEEP_BATCH ? done + SWEEP_BATCH : n;
         for (; done < stop; done++) {
             uint64_t expect = words[done];
-            if (RL_WORD_KEY(expect) == RL_KEY_NONE) continue;
             if (!atomic_compare_exchange_strong(&s->rows[rows[done]].word, &expect,
                                                 expect & ~RL_WORD_FLIGHT))
                 continue;
+            if (RL_WORD_KEY(expect) == RL_KEY_NONE) continue; /* removed: nothing to put back */
             keys[m] = RL_WORD_KEY(expect);
             back[m++] = rows[done];
         }
-        int rc = rl_publish(s, owner, m, keys, back, NULL);
+        int rc = rl_publish(s, owner, m, keys, back, advice);
         if (rc != RL_OK) return rc;
     }
     return RL_OK;
@@ -93,13 +93,13 @@ static int sweep_rows(rl_seg *s, uint32_t owner, int64_t now, uint8_t *memo, int
         rows[n] = r;
         words[n++] = word;
         if (n == SWEEP_BATCH) {
-            int rc = rl_flight_return(s, owner, n, rows, words);
+            int rc = rl_flight_return(s, owner, n, rows, words, NULL);
             if (rc != RL_OK) return rc;
             n = 0;
         }
     }
     *min_out = least;
-    return rl_flight_return(s, owner, n, rows, words);
+    return rl_flight_return(s, owner, n, rows, words, NULL);
 }
 
 static int sweeper_acquire(rl_seg *s, uint32_t owner, uint8_t *memo) {

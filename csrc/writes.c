@@ -216,18 +216,47 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
     return rc;
 }
 
-/* The row goes back due as it was: its key unchanged, but taken out of the index at grant
- * (FLIGHT), so it is put back through the ring before the lease ends (csrc/sweep.c). */
-int rl_release(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token) {
-    uint64_t writing;
+/* Rows go back due as they were: keys unchanged, but taken out of the index at grant (FLIGHT),
+ * so they are put back through the ring (one append for the batch) before their leases end
+ * (csrc/sweep.c). ok[i]: whether rows[i]'s token was a live lease (a stale one changes nothing). */
+int rl_release_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
+                    const int64_t *tokens, uint8_t *ok, uint32_t *advice) {
     if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE;
-    if (!row_ok(s, row)) return RL_E_RANGE;
-    int rc = lease_begin_write(s, owner, row, token, &writing);
-    if (rc != RL_OK) return rc;
-    uint64_t word = atomic_load(&s->rows[row].word);
-    if (word & RL_WORD_FLIGHT) rc = rl_flight_return(s, owner, 1, &row, &word);
-    lease_end_write(s, row, writing);
-    return rc;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!row_ok64(s, rows[i])) return RL_E_RANGE;
+        rl_prefetch_w(&s->rows[rows[i]]);
+    }
+    uint64_t small_writing[SMALL_BATCH], small_words[SMALL_BATCH];
+    uint32_t small_back[SMALL_BATCH];
+    int heap = n > SMALL_BATCH;
+    uint64_t *writing = heap ? malloc((size_t)n * 8) : small_writing;
+    uint64_t *words = heap ? malloc((size_t)n * 8) : small_words;
+    uint32_t *back = heap ? malloc((size_t)n * 4) : small_back;
+    int rc = RL_E_SYS;
+    uint32_t m = 0, done = 0;
+    if (!writing || !words || !back) goto out;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t r = (uint32_t)rows[i];
+        ok[i] = lease_begin_write(s, owner, r, (uint64_t)tokens[i], &writing[i]) == RL_OK;
+        if (!ok[i]) continue;
+        uint64_t word = atomic_load(&s->rows[r].word);
+        if (!(word & RL_WORD_FLIGHT)) continue; /* never taken out (or rewritten since) */
+        back[m] = r;
+        words[m++] = word;
+    }
+    rc = rl_flight_return(s, owner, m, back, words, advice);
+    for (uint32_t i = 0; i < n; i++)
+        if (ok[i]) {
+            lease_end_write(s, (uint32_t)rows[i], writing[i]);
+            done++;
+        }
+out:
+    if (heap) {
+        free(writing);
+        free(words);
+        free(back);
+    }
+    return rc == RL_OK ? (int)done : rc;
 }
 
 int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t now_ms,

@@ -376,9 +376,30 @@ class Engine(_hot.EngineBase):
         self._after(self._advice[0])
 
     def release(self, row: int, token: int) -> None:
-        """Give the row back unrendered; its schedule is unchanged."""
-        r, t = self._row(row), self._token(token)
-        check(lib.rl_release(self._h, self._seg.owner, r, t & _U64), f"release row {r}")
+        """Give the row back unrendered; its schedule is unchanged. ``LeaseLost`` if stale."""
+        if not self.release_many([self._row(row)], [self._token(token)])[0]:
+            check(lib.RL_E_LEASE, f"release row {row}")
+
+    def release_many(self, rows: Any, tokens: Any) -> BoolArray:
+        """``release`` of a batch in one call: which tokens were live leases (a stale one
+        changes nothing). Row ids are checked, all of them, before anything changes."""
+        r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
+        if len(r) != len(t):
+            raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
+        ok = np.zeros(len(r), np.bool_)
+        if len(r) == 0:
+            return ok
+        self._advice[0] = 0
+        h, owner = self._hot()
+        status = lib.rl_release_many(h, owner, len(r), _ptr(r), _ptr(t),
+                                     ffi.from_buffer("uint8_t[]", ok), self._advice)
+        if status < 0:
+            if status == lib.RL_E_RANGE:
+                raise EngineValueError("rows holds a row id that does not exist")
+            check(status, "release_many")
+        if self._advice[0]:
+            self._after(self._advice[0])
+        return ok
 
     def renew(self, row: int, token: int, lease_ms: int = DEFAULT_LEASE_MS,
               now_ms: int | None = None) -> int:

@@ -209,12 +209,10 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
                 ok = eng.complete_many(rows, tokens, now_ms=clock.now_ms())
                 slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
             rows, tokens = held.rest()  # not rendered: stopping
-            for r, t in zip(rows, tokens, strict=True):
-                try:
-                    eng.release(r, t)
-                    slot[F_RELEASED] += 1
-                except LeaseLost:
-                    slot[F_LEASE_LOST] += 1
+            if rows:
+                ok = eng.release_many(rows, tokens)
+                slot[F_RELEASED] += int(ok.sum())
+                slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
     finally:
         held.stop()
         eng.close()

@@ -137,7 +137,7 @@ class SimConfig:
     measure_h: float = 96.0
     tick_s: int = 60
     render_s: int = 60
-    """Time from claim to completion; the row stays leased (and holds its lane's floor)."""
+    """Time from claim to completion; the row stays leased (out of the index meanwhile)."""
     fail_rate: float = 0.005
     broken_fraction: float = 0.002
     """Rows that always fail: after ``cold_after`` failures they live in the cold lane."""
@@ -451,9 +451,7 @@ def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
                     # reorder what the EDF prefix already holds.
                     late = (now - dues) / interval_s[rows]
                     order = np.argsort(-late, kind="stable")
-                    for r, t in zip(rows[order[want:]].tolist(), toks[order[want:]].tolist(),
-                                    strict=True):
-                        c.eng.release(r, t)
+                    c.eng.release_many(rows[order[want:]], toks[order[want:]])
                     keep = order[:want]
                     rows, toks, dues = rows[keep], toks[keep], dues[keep]
             else:
