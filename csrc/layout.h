@@ -220,6 +220,7 @@ typedef struct {
     _Alignas(RL_LINE) _Atomic uint64_t sweeper;    /* owner running the sweep (while sweeping) */
     _Atomic int64_t owners_check_ns; /* CLOCK_MONOTONIC time of the next owner liveness check */
     _Atomic uint32_t owners_high;    /* highest owner slot ever registered: checks stop there */
+    _Atomic int64_t sweep_after_ns;  /* CLOCK_MONOTONIC time before which no sweep starts */
     _Alignas(RL_LINE) rl_class_credit credit[RL_CLASSES];
 
     /* --- per index generation: entry count and lane starts, written before the gen flips --- */
