@@ -233,14 +233,20 @@ static void ring_collect(Pass *P, Cursor *c) {
             if (key >= c->ring[RING_CANDS - 1].key) continue;
             c->rn--; /* drop the largest */
         }
-        uint32_t i = c->rn++;
-        while (i > 0 && (c->ring[i - 1].key > key || (c->ring[i - 1].key == key && c->ring[i - 1].row > row))) {
-            c->ring[i] = c->ring[i - 1];
+        uint32_t i = c->rn;
+        while (i > 0 && (c->ring[i - 1].key > key || (c->ring[i - 1].key == key && c->ring[i - 1].row > row)))
             i--;
-        }
+        if (i > 0 && c->ring[i - 1].key == key && c->ring[i - 1].row == row) continue; /* a copy */
+        memmove(&c->ring[i + 1], &c->ring[i], (c->rn - i) * sizeof(Cand));
+        c->rn++;
         c->ring[i] = (Cand){key, row, CAND_RING | (uint32_t)(pos - from)};
     }
 }
+
+/* Due ring rows a pass read but left (a share took fewer than were due) are appended again
+ * at the tail, up to this many, so the lane's ring hint can move past where they were instead of
+ * stopping there while every later write piles up behind them. */
+#define CARRY_MAX 8
 
 /* After the pass: move the lane's ring hint past what this pass read and need not be read
  * again, first lowering ring_low to the lowest not-yet-due key stepped over, so a reader that
@@ -248,15 +254,20 @@ static void ring_collect(Pass *P, Cursor *c) {
 static void ring_hint_advance(Pass *P, Cursor *c) {
     rl_seg *s = P->s;
     rl_lane *ln = &s->lanes[c->lane];
-    uint64_t to = c->ring_block;
-    for (uint32_t i = c->ri; i < c->rn; i++) { /* candidates not taken */
-        uint64_t at = c->ring_from + (c->ring[i].pos & ~CAND_RING);
+    uint64_t to = c->ring_block, left_keys[CARRY_MAX + 1];
+    uint32_t left_rows[CARRY_MAX + 1], nleft = 0;
+    for (uint32_t i = c->ri; i <= c->rn; i++) { /* candidates not taken, and the one peeked */
+        Cand *k = i < c->rn ? &c->ring[i] : (c->have_peek ? &c->peek : NULL);
+        if (!k || !(k->pos & CAND_RING)) continue;
+        uint64_t at = c->ring_from + (k->pos & ~CAND_RING);
         if (at < to) to = at;
+        if (nleft <= CARRY_MAX) {
+            left_keys[nleft] = k->key;
+            left_rows[nleft++] = k->row;
+        }
     }
-    if (c->have_peek && (c->peek.pos & CAND_RING)) {
-        uint64_t at = c->ring_from + (c->peek.pos & ~CAND_RING);
-        if (at < to) to = at;
-    }
+    if (nleft && nleft <= CARRY_MAX && rl_publish(s, P->owner, nleft, left_keys, left_rows, &P->advice) == RL_OK)
+        to = c->ring_block; /* they are after the scan now */
     if (to <= c->ring_from) return;
     uint64_t low = c->ring_nd_min;
     if (to < c->ring_to) { /* the lowest not-yet-due key before `to` only */
