@@ -6,7 +6,8 @@ against the targets of issue 6 and writes ``bench/results/latest.json``. Every s
 ``--smoke`` (tiny sizes, seconds), which is what CI runs.
 
 A figure is a dict: ``id``, ``label``, ``unit``, ``better`` ("lower"/"higher"), and either the
-measurement (``median``, ``min``, ``max``, ``runs``, ``values``) or ``skipped`` with the reason.
+measurement (``median``, ``min``, ``max``, ``runs``, ``values``) or ``skipped`` with the reason
+(with ``stalled`` set when the reason is that the engine granted nothing).
 A ratio between two systems is always computed from measurements taken in the same run.
 """
 
@@ -22,6 +23,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -165,6 +167,12 @@ def skipped(fid: str, label: str, reason: str, unit: str = "") -> dict[str, Any]
     return {"id": fid, "label": label, "unit": unit, "skipped": reason}
 
 
+def stalled(fid: str, label: str, reason: str, unit: str = "") -> dict[str, Any]:
+    """A figure the engine gave no measurement for: its claims granted nothing while due rows
+    were queued. Shaped like a skipped figure (no median), so no table reads it as fast."""
+    return {**skipped(fid, label, reason, unit), "stalled": True}
+
+
 def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
     """Per-run ratios a/b of two series measured side by side (run i of a beside run i of b)."""
     return [x / y for x, y in zip(a, b) if y > 0]
@@ -233,7 +241,10 @@ def run_clients(procs: int, seconds: float, setup: Callable[[int], Any],
     for p in ps:
         p.start()
     try:
-        ready.wait(120)
+        try:
+            ready.wait(120)
+        except threading.BrokenBarrierError:
+            pass  # a worker failed before the start: every worker reports, the error below
         results = [q.get(timeout=seconds + 120) for _ in ps]
     finally:
         for p in ps:
@@ -241,7 +252,8 @@ def run_clients(procs: int, seconds: float, setup: Callable[[int], Any],
             if p.is_alive():
                 p.kill()
                 p.join()
-    errors = [r[1] for r in results if r[0] != "ok"]
+    # the worker that failed first, not the others it stopped at the barrier
+    errors = sorted((r[1] for r in results if r[0] != "ok"), key=lambda e: "BrokenBarrier" in e)
     if errors:
         raise RuntimeError(f"worker failed: {errors[0]}")
     per = [done / secs for _, done, secs, _ in results]
@@ -314,7 +326,7 @@ def fmt(value: float, unit: str = "") -> str:
 
 def describe(f: dict[str, Any]) -> str:
     if "skipped" in f:
-        return f"{f['label']}: SKIPPED ({f['skipped']})"
+        return f"{f['label']}: {'STALLED' if f.get('stalled') else 'SKIPPED'} ({f['skipped']})"
     u = f["unit"]
     rng = f" [{fmt(f['min'], u)} .. {fmt(f['max'], u)}, {f['runs']} runs]" if f["runs"] > 1 else ""
     return f"{f['label']}: {fmt(f['median'], u)} {u}{rng}"

@@ -24,7 +24,8 @@ from typing import Any
 from common import describe, fmt, machine
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["bench_engine", "bench_constraints", "bench_python_peers", "bench_servers"]
+SCRIPTS = ["bench_engine", "bench_inflight", "bench_constraints", "bench_python_peers",
+           "bench_servers"]
 
 # figure id -> (comparison, value, how the README states the target)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -62,7 +63,8 @@ def table(figs: list[dict[str, Any]]) -> str:
     rows = [("figure", "median", "range (runs)", "unit", "target", "met")]
     for f in figs:
         if "skipped" in f:
-            rows.append((f["label"], "skipped", f["skipped"][:60], f.get("unit", ""),
+            rows.append((f["label"], "stalled" if f.get("stalled") else "skipped",
+                         f["skipped"][:60], f.get("unit", ""),
                          f.get("target", ""), "—" if "target" in f else ""))
             continue
         u = f["unit"]
@@ -85,7 +87,8 @@ def markdown(figs: list[dict[str, Any]]) -> str:
     out = ["| figure | median | range (runs) | target | met |", "|---|---:|---:|---|---|"]
     for f in figs:
         if "skipped" in f:
-            out.append(f"| {f['label']} | skipped | {f['skipped']} | {f.get('target', '')} | — |")
+            what = "**stalled**" if f.get("stalled") else "skipped"
+            out.append(f"| {f['label']} | {what} | {f['skipped']} | {f.get('target', '')} | — |")
             continue
         u = f["unit"]
         unit = "×" if u == "x" else u

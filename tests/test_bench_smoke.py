@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ["bench_engine", "bench_constraints", "bench_python_peers", "bench_servers"]
+SCRIPTS = ["bench_engine", "bench_inflight", "bench_constraints", "bench_python_peers",
+           "bench_servers"]
 
 # Figure ids each script must report, measured (or, for server peers, skipped with a reason).
 EXPECTED = {
@@ -27,6 +28,20 @@ EXPECTED = {
        "engine.merge_ms.n20000", "engine.rebuild_ms.n20000", "engine.bytes_per_row.n20000"]
     + [f"engine.cycle_rows_s.p{p}.{k}" for p in (1, 2, 8) for k in ("per_proc", "total")]
     + [f"engine.worker_peak_rss_mib.p{p}" for p in (1, 2, 8)],
+    # smoke sizes: 20k rows, 0/16/256 rows in flight, 16 held per process; a stalled claim is
+    # reported without a median, so a stall fails here as a missing measurement
+    "bench_inflight": [f"inflight.claim_us.k{k}" for k in (0, 16, 256)]
+    + [f"inflight.rows_per_claim.k{k}" for k in (0, 16, 256)]
+    + [f"inflight.claim_ratio.k{k}" for k in (16, 256)]
+    + ["inflight.pool.claim_us.held16", "inflight.pool.claim_ratio.held16"]
+    + [f"inflight.pool.cycle_rows_s.p{p}.per_proc.held{h}" for p in (1, 2) for h in (0, 16)]
+    + [f"inflight.pool.cycle_ratio.p{p}.held16" for p in (1, 2)]
+    + [f"inflight.release.{k}" for k in ("after_release_us", "after_complete_us", "ratio",
+                                          "many_released_us", "many_released_ratio")]
+    + ["inflight.ring.first_claim_us", "inflight.ring.next_claims_us"]
+    + [f"inflight.expiry.{k}_us" for k in ("base", "held", "lapsed", "next", "steady")]
+    + [f"inflight.expiry.{k}_ratio" for k in ("held", "lapsed", "next", "steady")]
+    + ["inflight.expiry.slowest_after_lapse_us", "inflight.expiry.slowest_base_us"],
     "bench_constraints": [f"constraints.floor.{v}.{k}" for v in
                           ("product", "floor_only", "unfloored", "hint_only", "tombs_only")
                           for k in ("first_us", "last_us", "ratio", "grants")]
@@ -93,6 +108,14 @@ def test_server_peers_are_measured_or_skipped_with_a_reason(smoke: Path) -> None
             assert len(f["skipped"].strip()) > 10, f"{fid} skipped without a reason"
         else:
             assert f["runs"] >= 1 and f["median"] > 0, f
+
+
+def test_rows_per_claim_is_a_full_batch_at_smoke_sizes(smoke: Path) -> None:
+    """At 20k rows nothing in flight may starve a claim: every claim(16) grants 16 rows."""
+    figs = _figures(json.loads((smoke / "bench_inflight.json").read_text()))
+    for k in (0, 16, 256):
+        f = figs[f"inflight.rows_per_claim.k{k}"]
+        assert f["min"] == 16, f
 
 
 def test_run_all_joins_everything_into_latest_json(smoke: Path) -> None:
