@@ -115,6 +115,8 @@ def time_claims(eng: Engine, count: int, now: int | Callable[[int], int], max_s:
         elif after == "release":
             for r, tok in zip(b.rows.tolist(), b.tokens.tolist(), strict=True):
                 eng.release(r, tok)
+        elif after == "release_many":
+            eng.release_many(b.rows, b.tokens)
         if done % 16 == 0 and time.perf_counter() > deadline:
             break
     return Sample(t / done / 1000, done, rows, zero, worst / 1000)
@@ -332,7 +334,7 @@ def part_release(c: dict[str, Any], figs: list[dict[str, Any]]) -> None:
     many = Slot("released", n)
     ring = Slot("ring", n)
     rng = np.random.default_rng(11)
-    after_rel, after_done, base_s, released_s = [], [], [], []
+    after_rel, after_relm, after_done, base_s, released_s, released_first = [], [], [], [], [], []
     first, nxt, bare_ring, bare_base, pending = [], [], [], [], []
     rel_held: list[int] = []
     bare_error = ""
@@ -343,6 +345,9 @@ def part_release(c: dict[str, Any], figs: list[dict[str, Any]]) -> None:
             for r, tok in zip(b.rows.tolist(), b.tokens.tolist(), strict=True):
                 eng.release(r, tok)
             after_rel.append(time_claims(eng, per, NOW, c["round_s"], after="release"))
+            b = eng.claim(budget=BUDGET, now_ms=NOW)
+            eng.release_many(b.rows, b.tokens)
+            after_relm.append(time_claims(eng, per, NOW, c["round_s"], after="release_many"))
             after_done.append(time_claims(eng, per, NOW, c["round_s"]))
             # (b) many released rows
             base_s.append(time_claims(base.get(k * BUDGET), k, NOW))
@@ -352,6 +357,7 @@ def part_release(c: dict[str, Any], figs: list[dict[str, Any]]) -> None:
             for bb in batches:
                 for r, tok in zip(bb.rows.tolist(), bb.tokens.tolist(), strict=True):
                     eng.release(r, tok)
+            released_first.append(time_claims(eng, 1, NOW))  # reads them, asks for a merge
             released_s.append(time_claims(eng, k, NOW))
         for _ in range(c["shot_rounds"]):
             # (c) due writes in the ring: bare passes first (they leave it unmerged), then the
@@ -380,9 +386,18 @@ def part_release(c: dict[str, Any], figs: list[dict[str, Any]]) -> None:
     figs.append(g)
     figs.append(ratio("inflight.release.ratio", "claim after release / claim after complete_many",
                       after_rel, after_done, f if "skipped" in f else g))
+    f = latency("inflight.release.after_release_many_us",
+                "claim(16) after release_many of the previous batch", after_relm)
+    figs.append(f)
+    figs.append(ratio("inflight.release.many_ratio",
+                      "claim after release_many / claim after complete_many",
+                      after_relm, after_done, f if "skipped" in f else g))
     held = int(np.median(rel_held))
+    figs.append(latency("inflight.release.first_after_many_released_us",
+                        f"first claim(16) after {rel_n:,} rows released (merge included)",
+                        released_first))
     f = latency("inflight.release.many_released_us",
-                f"claim(16) with {rel_n:,} released rows due at the lane heads", released_s,
+                f"the {k} claims(16) after it, released rows due at the lane heads", released_s,
                 note=f"{held:,} rows held, then released", held=min(rel_held), wanted=rel_n)
     figs.append(f)
     figs.append(ratio("inflight.release.many_released_ratio",
