@@ -17,8 +17,9 @@
  *      The epoch moves on every write, lowered or not.
  * Claimers (csrc/claim.c), per lane:
  *   a. load the word W (seq_cst) before looking at the index or the ring;
- *   b. scan; propose the minute of the first live row seen (leased rows count: they may come
- *      back), else of the last entry read; take the minimum with ring_min's minute;
+ *   b. scan; propose the minute of the first live row seen (a row held in flight does not
+ *      count: it was taken out at grant and is put back by a write when its lease ends,
+ *      csrc/sweep.c), else of the last entry read; take the minimum with ring_min's minute;
  *   c. if the index generation moved since the pass began, give up; else CAS W -> [proposal :
  *      epoch(W)], only upward.
  * A write that lands after (a) bumps the epoch before (c) can succeed, so the CAS fails; a write

@@ -32,9 +32,9 @@
 #define RL_KEY_MASK ((1ULL << RL_KEY_BITS) - 1)
 #define RL_KEY_NONE RL_KEY_MASK /* lane 127: above every real key, and "not queued" in a row */
 #define RL_STRIDE (1ULL << 42)
-/* An index key with this bit set is a tombstone: its row was rewritten by the process that
- * claimed it from there (csrc/index.c, rl_index_forget). Readers skip it without touching the
- * row; comparisons mask it off, so the array stays sorted. */
+/* An index key with this bit set is a tombstone: a claim pass granted its row from there, or
+ * read it stale or held in flight (csrc/claim.c, rl_index_tomb). Readers skip it without
+ * touching the row; comparisons mask it off, so the array stays sorted. */
 #define RL_TOMB (1ULL << 63)
 /* A tombstone's row field is free: a pass that walked a run of tombstones stores the run's length
  * there (RL_JUMP | length), so later passes cross the run in one step. Tombstones stay
@@ -68,7 +68,7 @@ static inline uint64_t rl_token_mask(uint32_t row) { return ((uint64_t)row + 1) 
  * FLIGHT: the row was granted and taken out of the index (its entry tombstoned, a ring entry of
  * it ignored): while its lease is held, no pass needs to find it, and whatever ends the lease
  * puts it back (complete and fail store a new word, which clears the bit; release and the lease
- * sweep append its key to the ring again, then clear it). See csrc/sweep.c. */
+ * sweep clear it, then append its key to the ring again). See csrc/sweep.c. */
 #define RL_WORD_KEY(w) ((w) & RL_KEY_MASK)
 #define RL_WORD_FAILURES(w) ((uint32_t)(((w) >> 49) & 0xFFu))
 #define RL_WORD_PROV(w) ((uint32_t)(((w) >> 57) & 1u))
@@ -141,8 +141,9 @@ typedef struct {
      * `position` is stale or below the floor, so a seek may start there (csrc/claim.c). */
     _Alignas(RL_LINE) _Atomic uint64_t skip;
     char pad3[RL_LINE - 8];
-    /* The ring's skip hint, [index generation:32][position - ring_head:32]: in that generation
-     * (ring_head moves only when it does), every ring entry of this lane before the position is
+    /* The ring's skip hint, [index generation:32][ring position mod 2^32] (rebuilt against
+     * ring_tail: the ring spans less than 2^31): in that generation (ring_head moves only when
+     * it does), every ring entry of this lane before the position is
      * stale, FLIGHT-held, granted, or not due before key `ring_low` (the lowest such key a pass
      * stepped over; reset by the merge before it publishes). A pass starts its ring scan there
      * while ring_low is not due, so releases and other due writes are read once, not by every

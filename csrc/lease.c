@@ -138,11 +138,18 @@ int rl_lease_claimable(rl_seg *s, uint64_t w, int64_t now_ms, uint8_t *memo) {
     return !rl_owner_alive(s, o, memo);
 }
 
-/* Put back the rows of a batch of leases (those still FLIGHT), then free the leases. */
+/* Put back the rows of a batch of leases that are still taken out (FLIGHT), then free the
+ * leases. */
 static void leases_end(rl_seg *s, uint32_t o, uint32_t n, const uint32_t *rows,
                        const uint64_t *words, uint64_t *leases) {
-    if (n == 0) return;
-    (void)rl_flight_return(s, o, n, rows, words, NULL);
+    uint32_t back[64], m = 0;
+    uint64_t flying[64];
+    for (uint32_t i = 0; i < n; i++)
+        if (words[i] & RL_WORD_FLIGHT) {
+            back[m] = rows[i];
+            flying[m++] = words[i];
+        }
+    if (m) (void)rl_flight_return(s, o, m, back, flying, NULL);
     for (uint32_t i = 0; i < n; i++)
         atomic_compare_exchange_strong(&s->rows[rows[i]].lease, &leases[i], RL_LEASE_FREE(leases[i]));
 }

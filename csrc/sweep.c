@@ -43,7 +43,7 @@
 #define OWNERS_CHECK_NS 100000000LL /* 100 ms */
 /* A sweep that took longer than this keeps the next one off for SWEEP_SPACING times as long, so
  * leases that lapse one after another cannot keep the row table being read: at most a fifth of
- * the time goes to sweeps, and a lapsed row waits at most four sweeps' time (about 15 ms at
+ * the time goes to sweeps, and a lapsed row waits at most four sweeps' time (about 25 ms at
  * 1.6M rows). A small table (every test) sweeps on every expiry. */
 #define SWEEP_SPACED_NS 1000000LL /* 1 ms */
 #define SWEEP_SPACING 4
