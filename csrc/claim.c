@@ -226,17 +226,17 @@ static void ring_collect(Pass *P, Cursor *c) {
             if (!(word & RL_WORD_FLIGHT) && pos < c->ring_block) c->ring_block = pos; /* comes back here */
             continue;
         }
-        if (c->rn == RING_CANDS) {
-            c->ring_overflow = 1;
-            c->ring_block = c->ring_from; /* which were dropped is not known: no hint */
-            P->advice |= RL_ADVISE_COMPACT; /* move them into the index, where the window reads them */
-            if (key >= c->ring[RING_CANDS - 1].key) continue;
-            c->rn--; /* drop the largest */
-        }
         uint32_t i = c->rn;
         while (i > 0 && (c->ring[i - 1].key > key || (c->ring[i - 1].key == key && c->ring[i - 1].row > row)))
             i--;
         if (i > 0 && c->ring[i - 1].key == key && c->ring[i - 1].row == row) continue; /* a copy */
+        if (c->rn == RING_CANDS) {
+            c->ring_overflow = 1;
+            c->ring_block = c->ring_from; /* which were dropped is not known: no hint */
+            P->advice |= RL_ADVISE_COMPACT; /* move them into the index, where the window reads them */
+            if (i == RING_CANDS) continue; /* above every one kept */
+            c->rn--; /* drop the largest */
+        }
         memmove(&c->ring[i + 1], &c->ring[i], (c->rn - i) * sizeof(Cand));
         c->rn++;
         c->ring[i] = (Cand){key, row, CAND_RING | (uint32_t)(pos - from)};
@@ -435,7 +435,7 @@ static void idx_advance(Pass *P, Cursor *c) {
             c->tombs += next - at;
             if (c->stale_run == at) c->stale_run = next;
             c->last_key = atomic_load_explicit(&P->ik[next - 1], memory_order_relaxed) & ~RL_TOMB;
-            c->end = (P->count - c->end > next - c->pos) ? c->end + (next - c->pos) : P->count;
+            c->end = (P->count - c->end > next - at) ? c->end + (next - at) : P->count; /* no window */
             c->pos = next;
             if (c->last_key > c->due_limit) c->idx_done = 1;
             continue;

@@ -275,7 +275,11 @@ int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t no
         uint64_t expect = token;
         if (!atomic_compare_exchange_strong(&s->rows[row].lease, &expect, nw)) return RL_E_LEASE;
     }
-    rl_lease_min_note(s, exp); /* a shorter lease than before may now end first */
+    /* Held again, so out of the index (it may have been put back after it lapsed): passes and
+     * merges drop its entries, and the end of this lease puts it back. FLIGHT first, then
+     * lease_min, as a grant does (csrc/sweep.c). */
+    atomic_fetch_or(&s->rows[row].word, RL_WORD_FLIGHT);
+    rl_lease_min_note(s, exp);
     *new_token = nw ^ rl_token_mask(row);
     return RL_OK;
 }

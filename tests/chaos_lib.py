@@ -122,6 +122,9 @@ class ChaosConfig:
     p_remove: float = 0.002
     p_compact: float = 0.002
     idle_sleep_ms: float = 2.0
+    # the oracle's drain keeps every row it takes (long leases, nothing completed), so rows in
+    # flight pile up in every lane while it runs (DESIGN §8.9)
+    drain_hold: bool = False
 
 
 @dataclass
@@ -160,6 +163,7 @@ class ChaosResult:
     drain_dups: int = 0
     drain_phantoms: int = 0            # drained rows that were not queued
     stranded: int = 0                  # queued rows the drain never returned
+    drain_lane_max: int = 0            # drain_hold: most rows of one lane the drain held at once
     examples: dict[str, list[Any]] = field(default_factory=dict)
 
     def summary(self) -> str:
@@ -485,7 +489,7 @@ def run_chaos(cfg: ChaosConfig, log_dir: str, name: str,
             exited(w, gone)
         if progress:
             progress(f"stopped after {res.seconds:.1f} s; running the oracle")
-        oracle(eng, log_dir, res, cfg.rows)
+        oracle(eng, log_dir, res, cfg.rows, drain_hold=cfg.drain_hold)
     finally:
         for w in list(workers.values()):  # only on an error above: leave no process behind
             try:
@@ -533,7 +537,8 @@ def _child_pids() -> list[int]:
 # =============================================================================== oracle =====
 
 
-def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int) -> ChaosResult:
+def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int,
+           drain_hold: bool = False) -> ChaosResult:
     """Check the logs and the engine once every worker is gone.
 
     1. No two successful leases of a row overlap (beyond ``TOL_MS``); no grant of a row (to
@@ -542,7 +547,9 @@ def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int) -> Ch
     2. No row is lost or duplicated: row ids are handed out once, every row is queued unless
        removed.
     3. ``eng.reap()`` then ``eng.verify() == []``.
-    4. A drain far in the future returns every queued row exactly once.
+    4. A drain far in the future returns every queued row exactly once. With ``drain_hold`` it
+       keeps every row it takes (a lease of a year, nothing completed), so by its end every
+       queued row is in flight at once.
     """
     ex: dict[str, list[Any]] = {k: [] for k in (
         "overlap", "intrusion", "early_lost", "lost", "stranded", "drain_dup", "log_error",
@@ -731,16 +738,20 @@ def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int) -> Ch
     seen = np.zeros(n, np.int64)
     empty = 0
     while empty < 5:
-        c = eng.claim(budget=4096, now_ms=far, lease_ms=60_000)
+        c = eng.claim(budget=4096, now_ms=far, lease_ms=YEAR_MS if drain_hold else 60_000)
         if len(c) == 0:
             empty += 1
             continue
         empty = 0
         np.add.at(seen, c.rows, 1)
+        if drain_hold:
+            continue
         done = eng.complete_many(c.rows, c.tokens, next_due_ms=np.full(len(c), beyond_due),
                                  now_ms=far)
         if not done.all():
             bad(f"drain: complete_many refused {int((~done).sum())} of its own leases")
+    if drain_hold:
+        res.drain_lane_max = max(lane["leased"] for lane in eng.stats(now_ms=far)["lanes"])
     res.drained = int(seen.sum())
     res.drain_dups = int((seen > 1).sum())
     res.drain_phantoms = int(((seen > 0) & ~queued).sum())

@@ -140,7 +140,7 @@ OPTIONAL = {("add", "provenance"), ("add", "failures"), ("claim", "budget"), ("c
             ("renew", "lease_ms"), ("renew", "now_ms"), ("prioritize", "mode"),
             ("prioritize", "now_ms"), ("describe", "now_ms"), ("restamp", "limit"),
             ("compact", "full"), ("stats", "now_ms")}
-ARRAY_METHODS = ("add_many", "complete_many")
+ARRAY_METHODS = ("add_many", "complete_many", "release_many")
 NO_ARG_METHODS = ("verify",)
 ALL_METHODS = tuple(SCALAR_METHODS) + ARRAY_METHODS + NO_ARG_METHODS
 
@@ -517,6 +517,18 @@ def complete_many_call(draw: st.DrawFn, ctx: Ctx) -> tuple[dict[str, Any], set[s
     return kw, bad
 
 
+@st.composite
+def release_many_call(draw: st.DrawFn, ctx: Ctx) -> tuple[dict[str, Any], set[str]]:
+    """complete_many's rows and tokens, bad in the same ways (release_many has no other
+    argument)."""
+    kw, bad = draw(complete_many_call(ctx).filter(lambda c: c[1] & {"rows", "tokens"}))
+    return {k: kw[k] for k in ("rows", "tokens")}, bad & {"rows", "tokens"}
+
+
+ARRAY_CALLS = {"add_many": add_many_call, "complete_many": complete_many_call,
+               "release_many": release_many_call}
+
+
 # -- fixtures ----------------------------------------------------------------------------------
 
 
@@ -549,8 +561,7 @@ def test_invalid_scalar_arguments_raise_engine_errors_and_change_nothing(pop, me
 @given(data=st.data())
 def test_invalid_array_arguments_raise_engine_errors_and_change_nothing(pop, method, data):
     eng, ctx = pop
-    strategy = add_many_call(ctx) if method == "add_many" else complete_many_call(ctx)
-    kwargs, _bad = data.draw(strategy, label="call")
+    kwargs, _bad = data.draw(ARRAY_CALLS[method](ctx), label="call")
     check_refused(eng, getattr(eng, method), method, kwargs, state(eng))
 
 
@@ -592,6 +603,7 @@ def default_kwargs(method: str, ctx: Ctx) -> dict[str, Any]:
         "verify": {},
         "add_many": {"due_ms": [NOW], "interval_s": 3600},
         "complete_many": {"rows": [row], "tokens": [stale]},
+        "release_many": {"rows": [row], "tokens": [stale]},
     }[method]
 
 
@@ -609,6 +621,7 @@ def extreme_calls(ctx: Ctx) -> Iterator[tuple[str, str, dict[str, Any], bool]]:
         "add_many": {"due_ms": "due", "interval_s": ("int", 1, 2**32 - 1), "provenance": "prov",
                      "failures": ("int", 0, 255)},
         "complete_many": {"rows": "row", "tokens": "token", "next_due_ms": "due"},
+        "release_many": {"rows": "row", "tokens": "token"},
     }
     for method, params in arrays.items():
         base = default_kwargs(method, ctx)
@@ -840,10 +853,8 @@ def test_closed_engine_refuses_any_arguments_with_engine_errors(closed, method, 
         params = SCALAR_METHODS[method]
         kwargs = {name: data.draw(valid_values(kind, ctx) | invalid_values(kind, ctx), label=name)
                   for name, kind in params.items()}
-    elif method == "add_many":
-        kwargs = data.draw(add_many_call(ctx))[0]
-    elif method == "complete_many":
-        kwargs = data.draw(complete_many_call(ctx))[0]
+    elif method in ARRAY_CALLS:
+        kwargs = data.draw(ARRAY_CALLS[method](ctx))[0]
     else:
         kwargs = {}
     try:
