@@ -261,7 +261,7 @@ out:
 
 int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t now_ms,
              int64_t lease_ms, uint64_t *new_token) {
-    (void)owner;
+    if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE; /* it may append to the ring */
     if (!row_ok(s, row)) return RL_E_RANGE;
     if (lease_ms <= 0 || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE) return RL_E_VALUE;
     token ^= rl_token_mask(row);
@@ -277,9 +277,14 @@ int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t no
     }
     /* Held again, so out of the index (it may have been put back after it lapsed): passes and
      * merges drop its entries, and the end of this lease puts it back. FLIGHT first, then
-     * lease_min, as a grant does (csrc/sweep.c). */
-    atomic_fetch_or(&s->rows[row].word, RL_WORD_FLIGHT);
+     * lease_min, as a grant does (csrc/sweep.c). A row that was back in the index gets a
+     * (NONE, row) slot, as a removal does, so the next merge re-reads it and drops its entry. */
+    uint64_t was = atomic_fetch_or(&s->rows[row].word, RL_WORD_FLIGHT);
     rl_lease_min_note(s, exp);
+    if (!(was & RL_WORD_FLIGHT)) {
+        uint64_t none = RL_KEY_NONE;
+        if (rl_ring_append(s, owner, 1, &none, &row, NULL) != RL_OK) unpublished(s, RL_OK);
+    }
     *new_token = nw ^ rl_token_mask(row);
     return RL_OK;
 }

@@ -22,7 +22,7 @@ def _stats(args: argparse.Namespace) -> int:
     eng = Engine.attach(args.name)
     try:
         if args.prometheus:
-            from .metrics import exposition
+            from .pool.metrics import exposition
 
             sys.stdout.write(exposition(eng))
             return 0
@@ -55,9 +55,9 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from .board import Board
-    from .pool import supervisor_running
-    from .urls import UrlTable
+    from .pool.board import Board
+    from .pool.supervisor import supervisor_running
+    from .pool.urls import UrlTable
 
     pid = supervisor_running(args.name)
     if pid is not None and not args.force:
@@ -76,7 +76,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _prioritize(args: argparse.Namespace) -> int:
-    from .urls import UrlTable
+    from .pool.urls import UrlTable
 
     if (args.url is None) == (args.row is None):
         raise EngineValueError("give the page as --url U or as --row N")
@@ -100,7 +100,7 @@ def _prioritize(args: argparse.Namespace) -> int:
 
 
 def _serve_metrics(args: argparse.Namespace) -> int:
-    from .metrics import serve
+    from .pool.metrics import serve
 
     serve(args.name, args.port, args.host, args.seconds)
     return 0
@@ -108,8 +108,8 @@ def _serve_metrics(args: argparse.Namespace) -> int:
 
 def _pool(args: argparse.Namespace) -> int:
     from .pool import Pool, PoolOptions
-    from .render import RenderSpec
-    from .view import LiveView, print_summary
+    from .pool.render import RenderSpec
+    from .pool.view import LiveView, print_summary
 
     if args.checkpoint is None and args.checkpoint_every != CHECKPOINT_EVERY_S:
         raise EngineValueError("--checkpoint-every needs --checkpoint PATH")
@@ -128,7 +128,7 @@ def _pool(args: argparse.Namespace) -> int:
         if not args.corpus:
             raise EngineValueError("give the pages as --corpus FILE (CSV, JSONL, sitemap)"
                                    " or --resume from a checkpoint")
-        from .ingest import read_corpora
+        from .pool.ingest import read_corpora
 
         c = read_corpora(args.corpus)
         pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
@@ -137,7 +137,7 @@ def _pool(args: argparse.Namespace) -> int:
     view = LiveView(force_plain=args.plain)
     try:
         if args.metrics_port is not None:
-            from .metrics import start_server
+            from .pool.metrics import start_server
 
             # Its own handle: a scrape in flight must never read a segment the pool unmapped.
             scraped = Engine.attach(args.name)

@@ -24,8 +24,8 @@ import numpy as np
 from .engine import Claim, Engine, wall_ms
 from .policy import LanePolicy
 from .pool import Pool, PoolOptions
-from .render import RenderSpec
-from .view import LiveView, print_summary
+from .pool.render import RenderSpec
+from .pool.view import LiveView, print_summary
 
 HOUR_MS = 3_600_000
 NOW = 1_800_000_000_000

@@ -22,7 +22,7 @@ from lanes_testlib import NOW, fresh_engine
 
 from engine import CorpusError, EngineValueError
 from engine.errors import EngineError, EngineTypeError
-from engine.ingest import (
+from engine.pool.ingest import (
     _PLAIN_URL,
     CHANGEFREQ_INTERVALS,
     MAX_SITEMAP_BYTES,

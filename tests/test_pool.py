@@ -19,10 +19,10 @@ from lanes_testlib import shm_path, unique_name
 
 from engine import Engine, EngineError, EngineValueError, LanePolicy
 from engine import checkpoint as ck
-from engine.board import Board
+from engine.pool.board import Board
 from engine.pool import Pool, PoolOptions, clear_stale
-from engine.render import RenderSpec
-from engine.urls import UrlTable
+from engine.pool.render import RenderSpec
+from engine.pool.urls import UrlTable
 
 TESTS = os.path.dirname(__file__)
 HOUR_MS = 3_600_000

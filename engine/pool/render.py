@@ -16,8 +16,8 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .engine import Claim
-from .errors import EngineError, EngineTypeError, EngineValueError
+from ..engine import Claim
+from ..errors import EngineError, EngineTypeError, EngineValueError
 
 RenderFn = Callable[[str, Claim], object]
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..errors import EngineValueError, LayoutMismatch
 from . import shmfile
-from .errors import EngineValueError, LayoutMismatch
 
 SUFFIX = "pool"
 LANES = 64

@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ..errors import EngineValueError, LayoutMismatch
 from . import shmfile
-from .errors import EngineValueError, LayoutMismatch
 
 SUFFIX = "urls"
 _MAGIC = b"RLURLS01"

@@ -33,10 +33,9 @@ from typing import Any
 import numpy as np
 import psutil
 
-from . import checkpoint
-from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, Board, Clock, record_render
-from .engine import Claim, Claims, Engine, wall_ms
-from .errors import (
+from .. import checkpoint
+from ..engine import Claim, Claims, Engine, wall_ms
+from ..errors import (
     EngineError,
     EngineValueError,
     LayoutMismatch,
@@ -44,9 +43,10 @@ from .errors import (
     SegmentExists,
     SegmentMissing,
 )
-from .policy import LanePolicy
+from ..policy import LanePolicy
+from ..segment import Segment, is_running, process_start_ms
+from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, Board, Clock, record_render
 from .render import RenderSpec
-from .segment import Segment, is_running, process_start_ms
 from .urls import UrlTable
 
 START_METHODS = ("fork", "spawn", "forkserver")

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from .pool import Pool
+from .supervisor import Pool
 
 COLUMNS = ("lane", "queued", "due", "leased", "granted/s", "age/TTL", "floor behind")
 

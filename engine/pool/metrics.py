@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ..engine import Engine
+from ..errors import EngineError, EngineValueError, SegmentMissing
 from .board import DURATION_BUCKETS, Board
-from .engine import Engine
-from .errors import EngineError, EngineValueError, SegmentMissing
 
 _LANE_GAUGES = (("queued", "rows queued in the lane"),
                 ("due", "backlog: rows due now in the lane"),

@@ -47,10 +47,10 @@ from xml.sax.xmlreader import AttributesNSImpl, Locator
 import numpy as np
 import numpy.typing as npt
 
-from .engine import wall_ms
-from .errors import CorpusError, EngineTypeError, EngineValueError
-from .keys import STRIDE, as_int64_array, check_due_array, check_due_ms
-from .policy import MAX_INTERVAL_S, PROVENANCES
+from ..engine import wall_ms
+from ..errors import CorpusError, EngineTypeError, EngineValueError
+from ..keys import STRIDE, as_int64_array, check_due_array, check_due_ms
+from ..policy import MAX_INTERVAL_S, PROVENANCES
 
 IntArray = npt.NDArray[np.int64]
 U8Array = npt.NDArray[np.uint8]
