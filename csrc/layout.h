@@ -311,6 +311,18 @@ static inline void rl_prefetch_w(const void *p) {
 }
 
 /* ---- helpers shared between the C files ---- */
+
+/* Lower lease_min to `expiry` (grants, renewals; 0 when an owner is found dead): see
+ * csrc/sweep.c. */
+static inline void rl_lease_min_note(rl_seg *s, int64_t expiry) {
+    _Atomic uint64_t *w = &s->h->lease_min;
+    uint64_t cur = atomic_load(w);
+    if (expiry < 0) expiry = 0;
+    while (expiry < RL_LMIN_MS(cur) &&
+           !atomic_compare_exchange_weak(w, &cur, RL_LMIN_NEXT(cur, cur & RL_LMIN_SWEEPING, expiry)))
+        ;
+}
+
 static inline uint64_t rl_row_key(rl_seg *s, uint32_t row) {
     return RL_WORD_KEY(atomic_load_explicit(&s->rows[row].word, memory_order_acquire));
 }
@@ -328,11 +340,14 @@ static inline uint32_t rl_class_of(const rl_policy *p, uint32_t lane) {
 }
 
 void rl_policy_read(rl_seg *s, rl_policy *out);                    /* segment.c */
-int rl_owner_alive(rl_seg *s, uint32_t owner, uint8_t *memo);      /* lease.c */
+int rl_owner_alive(rl_seg *s, uint32_t owner, uint8_t *memo);      /* owners.c */
+int rl_beacon_init(rl_owner *owner);                                /* owners.c */
+void rl_beacon_take(rl_seg *s, uint32_t owner);                     /* owners.c */
+void rl_beacon_drop(rl_seg *s);                                     /* owners.c */
+int rl_beacon_unmappable(rl_seg *s);                                /* owners.c */
+void rl_owner_unregister(rl_seg *s, uint32_t owner);                /* owners.c */
+void rl_owners_check(rl_seg *s);                                    /* owners.c */
 int rl_lease_claimable(rl_seg *s, uint64_t word, int64_t now_ms, uint8_t *memo); /* lease.c */
-int rl_beacon_init(rl_owner *owner);                                  /* lease.c */
-void rl_beacon_take(rl_seg *s, uint32_t owner);                       /* lease.c */
-int rl_beacon_unmappable(rl_seg *s);                                  /* lease.c */
 void rl_floor_lower(rl_seg *s, uint32_t lane, uint32_t minute);    /* floor.c */
 int rl_floor_raise(rl_seg *s, uint32_t lane, uint64_t seen_word, uint32_t minute); /* floor.c */
 void rl_floor_bump_all(rl_seg *s);                                 /* floor.c */
@@ -343,11 +358,9 @@ void rl_index_tomb(rl_seg *s, uint32_t owner, uint64_t gen, uint32_t n, const ui
                    const uint64_t *keys);                            /* index.c */
 int rl_publish(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys, const uint32_t *rows,
                uint32_t *advice);                                   /* writes.c */
-void rl_lease_min_note(rl_seg *s, int64_t expiry);                  /* sweep.c */
 int rl_flight_return(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
-                     const uint64_t *words, uint32_t *advice);      /* sweep.c */
+                     const uint64_t *words, uint32_t *advice);      /* writes.c */
 void rl_sweep_if_due(rl_seg *s, uint32_t owner, int64_t now_ms);   /* sweep.c */
-void rl_owners_check(rl_seg *s);                                   /* sweep.c */
 int64_t rl_now_ms(void);                                           /* segment.c */
 int rl_compact_locked(rl_seg *s, uint32_t owner, int full_rebuild, uint32_t *lane_min); /* index.c */
 int rl_compactor_acquire(rl_seg *s, uint32_t owner);               /* index.c */

@@ -1,135 +1,16 @@
-/* Leases: who may render a row, until when, and how a dead holder's rows come back at once.
+/* Leases: who may render a row, until when, and how the leases of an owner that is gone end.
  *
  * A lease is one 64-bit word per row, [expiry_ms:42][owner:10][tok:12] (csrc/layout.h), taken,
  * renewed and ended by compare-and-swap only. The word itself is the fencing token. A claimer
- * may take a row whose word is free, expired, or held by an owner whose process is gone.
- *
- * Liveness: the authority is kill(pid, 0), memoised per claim pass. A system call costs about
- * 0.5 us on this VM, and with several workers nearly every pass meets another's leases, so each
- * owner slot also carries a beacon: a robust, process-shared mutex that the registering thread
- * locks and keeps. While its futex word names that thread and the kernel has not marked it
- * "owner died" (which it does when the thread ends, however it ends), the owner is alive with
- * no system call. Anything else (no beacon, the thread gone, a word not understood) falls back
- * to kill(pid, 0), so the beacon can only spare a call, never decide that an owner is dead. A
- * reused pid only makes a dead owner look alive, which is the safe side: its rows then come back
- * at expiry instead of at once.
+ * may take a row whose word is free, expired, or held by an owner whose process is gone
+ * (csrc/owners.c decides that). A closing process ends its own leases (rl_owner_release); a
+ * killed one's are reclaimed by rl_repair, and before that by the sweep (csrc/sweep.c).
+ * docs/design.md §5, §9.
  */
 #define _GNU_SOURCE
-#include <errno.h>
-#include <signal.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include "layout.h"
-
-#define BEACON_TID_MASK 0x3fffffffu   /* FUTEX_TID_MASK (linux/futex.h) */
-#define BEACON_OWNER_DIED 0x40000000u /* FUTEX_OWNER_DIED */
-
-static uint32_t this_tid(void) { return (uint32_t)syscall(SYS_gettid); }
-
-/* The word the kernel maintains for a robust mutex: the holder's tid and the owner-died bit. */
-static uint32_t beacon_word(rl_owner *ow) {
-#ifdef __GLIBC__
-    return __atomic_load_n((unsigned int *)&ow->beacon.__data.__lock, __ATOMIC_ACQUIRE);
-#else
-    (void)ow;
-    return 0; /* layout unknown: no beacon, kill(pid, 0) decides */
-#endif
-}
-
-int rl_beacon_init(rl_owner *ow) {
-    pthread_mutexattr_t a;
-    int rc = pthread_mutexattr_init(&a);
-    if (!rc) rc = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    if (!rc) rc = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    if (!rc) rc = pthread_mutex_init(&ow->beacon, &a);
-    pthread_mutexattr_destroy(&a);
-    return rc ? RL_E_SYS : RL_OK;
-}
-
-/* Whether the beacon this handle locked is still held by that thread of this process (so it is
- * a node of that thread's robust list, at this mapping's address). */
-static int beacon_still_ours(rl_seg *s) {
-    if (!s->beacon_tid || s->registered == 0 || s->registered >= RL_MAX_OWNERS ||
-        s->beacon_pid != (uint32_t)getpid())
-        return 0; /* none, or the parent's: a forked child inherits no lock */
-    uint32_t word = beacon_word(&s->owners[s->registered]);
-    return (word & BEACON_TID_MASK) == s->beacon_tid && !(word & BEACON_OWNER_DIED);
-}
-
-/* At registration, in the registering thread: lock the slot's beacon and name this thread. A
- * beacon still held by a live thread of the slot's previous owner (it closed from another
- * thread) stays theirs: this owner then has none, and kill(pid, 0) decides as before. So has
- * a second owner registered through a handle whose first beacon is still held. */
-void rl_beacon_take(rl_seg *s, uint32_t o) {
-    rl_owner *ow = &s->owners[o];
-    atomic_store(&ow->beacon_tid, 0);
-    if (beacon_still_ours(s)) return; /* this handle's record must keep naming the beacon held */
-    s->registered = o;
-    s->beacon_tid = 0;
-    s->beacon_pid = (uint32_t)getpid();
-    uint32_t me = this_tid();
-    int rc = pthread_mutex_trylock(&ow->beacon);
-    if (rc == EOWNERDEAD) rc = pthread_mutex_consistent(&ow->beacon);
-    if (rc == 0 && (beacon_word(ow) & BEACON_TID_MASK) == me) {
-        s->beacon_tid = me;
-        atomic_store(&ow->beacon_tid, me);
-    }
-}
-
-/* Unlock it, when the caller is the thread that holds it (only the holder of a robust mutex may
- * unlock it; another thread's close leaves it to the kernel at that thread's exit). */
-static void beacon_drop(rl_seg *s) {
-    if (!beacon_still_ours(s) || s->beacon_tid != this_tid()) return;
-    atomic_store(&s->owners[s->registered].beacon_tid, 0);
-    s->beacon_tid = 0;
-    pthread_mutex_unlock(&s->owners[s->registered].beacon);
-}
-
-/* Before unmapping: whether this mapping may go. A beacon locked through it and still held is a
- * node of its thread's robust list, which glibc and the kernel walk: held by the caller, it is
- * unlocked now; held by another live thread (the engine was closed from a thread other than
- * the one that registered it), the mapping must stay until the process exits. */
-int rl_beacon_unmappable(rl_seg *s) {
-    beacon_drop(s);
-    return !beacon_still_ours(s);
-}
-
-int rl_owner_beacon(rl_seg *s, uint32_t o) {
-    if (o == 0 || o >= RL_MAX_OWNERS) return 0;
-    rl_owner *ow = &s->owners[o];
-    uint32_t tid = atomic_load_explicit(&ow->beacon_tid, memory_order_acquire);
-    uint32_t word = beacon_word(ow);
-    return tid != 0 && (word & BEACON_TID_MASK) == tid && !(word & BEACON_OWNER_DIED);
-}
-
-/* memo[o]: 0 unknown, 1 alive, 2 dead; one byte per owner slot, owned by the caller's pass. */
-int rl_owner_alive(rl_seg *s, uint32_t o, uint8_t *memo) {
-    if (o == 0 || o >= RL_MAX_OWNERS) return 0;
-    if (memo && memo[o]) return memo[o] == 1;
-    uint64_t w = atomic_load(&s->owners[o].state);
-    uint32_t st = RL_OWNER_STATE(w);
-    int alive;
-    if (st == RL_OWNER_CLAIMING) {
-        alive = 1; /* registering right now: its pid is not written yet */
-    } else if (st == RL_OWNER_ALIVE && rl_owner_beacon(s, o)) {
-        alive = 1; /* its registering thread still holds the beacon: no system call */
-    } else if (st == RL_OWNER_ALIVE) {
-        pid_t pid = (pid_t)atomic_load(&s->owners[o].pid);
-        alive = !(pid > 0 && kill(pid, 0) != 0 && errno == ESRCH);
-        /* Marked against the registration whose pid we read (the word is re-read: a slot that
-         * changed hands meanwhile is left alone). */
-        if (!alive) {
-            if (atomic_load(&s->owners[o].state) == w) rl_owner_mark_dead(s, o, w);
-            else alive = 1;
-        }
-    } else {
-        alive = 0; /* DEAD, or FREE: a lease naming a free slot has no holder */
-    }
-    if (memo) memo[o] = alive ? 1 : 2;
-    return alive;
-}
 
 int rl_lease_claimable(rl_seg *s, uint64_t w, int64_t now_ms, uint8_t *memo) {
     uint32_t o = RL_LEASE_OWNER(w);
@@ -175,12 +56,7 @@ int rl_owner_release(rl_seg *s, uint32_t o) {
         }
     }
     leases_end(s, o, n, rows, words, leases);
-    uint64_t held = o;
-    atomic_compare_exchange_strong(&s->h->compactor, &held, 0);
-    if (s->registered == o) beacon_drop(s); /* before the slot is free: its next owner can take it */
-    uint64_t w = atomic_load(&s->owners[o].state);
-    if (RL_OWNER_STATE(w) == RL_OWNER_ALIVE)
-        atomic_compare_exchange_strong(&s->owners[o].state, &w, RL_OWNER_WORD(RL_OWNER_REG(w), RL_OWNER_FREE));
+    rl_owner_unregister(s, o);
     return RL_OK;
 }
 

@@ -317,6 +317,7 @@ void rl_close(rl_seg *s) {
      * that thread's robust list, which glibc and the kernel walk: unmapping it would leave them
      * a dangling node. Such a mapping (an engine closed from another thread than the one that
      * registered it) is kept until the process exits (csrc/lease.c). */
+    rl_beacon_drop(s);
     if (rl_beacon_unmappable(s)) munmap(s->base, s->bytes);
     free(s);
 }
@@ -400,47 +401,5 @@ int rl_policy_set(rl_seg *s, const rl_policy *p) {
 
 int rl_credit_get(rl_seg *s, int64_t *credits) {
     for (int c = 0; c < RL_CLASSES; c++) credits[c] = atomic_load(&s->h->credit[c].credit);
-    return RL_OK;
-}
-
-/* ===================================================================== owners ===== */
-
-int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *owner) {
-    for (uint32_t o = 1; o < RL_MAX_OWNERS; o++) {
-        uint64_t w = atomic_load(&s->owners[o].state);
-        if (RL_OWNER_STATE(w) != RL_OWNER_FREE) continue;
-        uint32_t reg = RL_OWNER_REG(w) + 1;
-        if (atomic_compare_exchange_strong(&s->owners[o].state, &w, RL_OWNER_WORD(reg, RL_OWNER_CLAIMING))) {
-            atomic_store(&s->owners[o].pid, pid);
-            atomic_store(&s->owners[o].start_time, start_time);
-            atomic_store(&s->owners[o].hazard, 0);
-            rl_beacon_take(s, o);
-            atomic_store(&s->owners[o].state, RL_OWNER_WORD(reg, RL_OWNER_ALIVE));
-            uint32_t high = atomic_load(&s->h->owners_high);
-            while (high < o && !atomic_compare_exchange_weak(&s->h->owners_high, &high, o))
-                ;
-            *owner = o;
-            return RL_OK;
-        }
-    }
-    return RL_E_CAPACITY;
-}
-
-int rl_owner_get(rl_seg *s, uint32_t o, uint32_t *pid, uint64_t *start, uint64_t *state) {
-    if (o == 0 || o >= RL_MAX_OWNERS) return RL_E_RANGE;
-    *state = atomic_load(&s->owners[o].state);
-    *pid = atomic_load(&s->owners[o].pid);
-    *start = atomic_load(&s->owners[o].start_time);
-    return RL_OK;
-}
-
-int rl_owner_mark_dead(rl_seg *s, uint32_t o, uint64_t seen) {
-    if (o == 0 || o >= RL_MAX_OWNERS) return RL_E_RANGE;
-    if (RL_OWNER_STATE(seen) != RL_OWNER_ALIVE && RL_OWNER_STATE(seen) != RL_OWNER_CLAIMING) return RL_OK;
-    if (atomic_compare_exchange_strong(&s->owners[o].state, &seen,
-                                       RL_OWNER_WORD(RL_OWNER_REG(seen), RL_OWNER_DEAD))) {
-        rl_lease_min_note(s, 0); /* its leases are claimable now: the next pass sweeps */
-        atomic_store(&s->h->repair_needed, 1);
-    }
     return RL_OK;
 }

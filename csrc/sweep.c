@@ -28,7 +28,7 @@
  * first pass after an expiry (the one that wins the election) therefore finds the lapsed row.
  *
  * Deaths are seen without a supervisor: every 100 ms (monotonic) one pass checks the owners
- * table (csrc/lease.c: the beacon, else kill(pid, 0)); a dead owner sets lease_min to 0, so the
+ * table (csrc/owners.c: the beacon, else kill(pid, 0)); a dead owner sets lease_min to 0, so the
  * next pass sweeps. A sweep reads the row table once (measured: 6.6 ms at 1.6M rows, putting
  * back 4,096 lapsed rows) and runs once per earliest expiry, not per pass: a pool with 30 s
  * leases sweeps about every 30 s, and a big table's sweeps are spaced (SWEEP_SPACING).
@@ -40,7 +40,6 @@
 #include "layout.h"
 
 #define SWEEP_BATCH 256
-#define OWNERS_CHECK_NS 100000000LL /* 100 ms */
 /* A sweep that took longer than this keeps the next one off for SWEEP_SPACING times as long, so
  * leases that lapse one after another cannot keep the row table being read: at most a fifth of
  * the time goes to sweeps, and a lapsed row waits at most four sweeps' time (about 25 ms at
@@ -52,40 +51,6 @@ static int64_t mono_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
-}
-
-void rl_lease_min_note(rl_seg *s, int64_t expiry) {
-    _Atomic uint64_t *w = &s->h->lease_min;
-    uint64_t cur = atomic_load(w);
-    if (expiry < 0) expiry = 0;
-    while (expiry < RL_LMIN_MS(cur) &&
-           !atomic_compare_exchange_weak(w, &cur, RL_LMIN_NEXT(cur, cur & RL_LMIN_SWEEPING, expiry)))
-        ;
-}
-
-/* Put FLIGHT rows back: clear the flag (only where the row word is still `words[i]`: a row
- * rewritten meanwhile was published by its writer), then publish their keys. Clearing first
- * keeps a merge from dropping the new ring entry as a FLIGHT row's; a process killed between
- * the two leaves a row findable only by the full rebuild its death asks for (rl_repair). */
-int rl_flight_return(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
-                     const uint64_t *words, uint32_t *advice) {
-    uint64_t keys[SWEEP_BATCH];
-    uint32_t back[SWEEP_BATCH];
-    for (uint32_t done = 0; done < n;) {
-        uint32_t m = 0, stop = n - done > SWEEP_BATCH ? done + SWEEP_BATCH : n;
-        for (; done < stop; done++) {
-            uint64_t expect = words[done];
-            if (!atomic_compare_exchange_strong(&s->rows[rows[done]].word, &expect,
-                                                expect & ~RL_WORD_FLIGHT))
-                continue;
-            if (RL_WORD_KEY(expect) == RL_KEY_NONE) continue; /* removed: nothing to put back */
-            keys[m] = RL_WORD_KEY(expect);
-            back[m++] = rows[done];
-        }
-        int rc = rl_publish(s, owner, m, keys, back, advice);
-        if (rc != RL_OK) return rc;
-    }
-    return RL_OK;
 }
 
 static int sweep_rows(rl_seg *s, uint32_t owner, int64_t now, uint8_t *memo, int64_t *min_out) {
@@ -153,13 +118,3 @@ out:;
     atomic_compare_exchange_strong(&s->h->sweeper, &me, 0);
 }
 
-void rl_owners_check(rl_seg *s) {
-    int64_t t = mono_ns(), next = atomic_load_explicit(&s->h->owners_check_ns, memory_order_relaxed);
-    if (t < next) return;
-    if (!atomic_compare_exchange_strong(&s->h->owners_check_ns, &next, t + OWNERS_CHECK_NS)) return;
-    uint32_t high = atomic_load(&s->h->owners_high);
-    if (high >= RL_MAX_OWNERS) high = RL_MAX_OWNERS - 1;
-    for (uint32_t o = 1; o <= high; o++)
-        if (RL_OWNER_STATE(atomic_load(&s->owners[o].state)) == RL_OWNER_ALIVE)
-            (void)rl_owner_alive(s, o, NULL); /* marks a dead one, which sets lease_min to 0 */
-}

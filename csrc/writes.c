@@ -244,7 +244,7 @@ int rl_release_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
         back[m] = r;
         words[m++] = word;
     }
-    rc = rl_flight_return(s, owner, m, back, words, advice);
+    rc = m ? rl_flight_return(s, owner, m, back, words, advice) : RL_OK;
     for (uint32_t i = 0; i < n; i++)
         if (ok[i]) {
             lease_end_write(s, (uint32_t)rows[i], writing[i]);
@@ -366,4 +366,33 @@ int rl_restamp(rl_seg *s, uint32_t owner, uint32_t limit, uint32_t *restamped, u
     *restamped = m;
     *remaining = left;
     return rc;
+}
+
+/* ================================================================ putting rows back ===== */
+
+#define RETURN_BATCH 256
+
+/* Put FLIGHT rows back: clear the flag (only where the row word is still `words[i]`: a row
+ * rewritten meanwhile was published by its writer), then publish their keys. Clearing first
+ * keeps a merge from dropping the new ring entry as a FLIGHT row's; a process killed between
+ * the two leaves a row findable only by the full rebuild its death asks for (rl_repair). */
+int rl_flight_return(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
+                     const uint64_t *words, uint32_t *advice) {
+    uint64_t keys[RETURN_BATCH];
+    uint32_t back[RETURN_BATCH];
+    for (uint32_t done = 0; done < n;) {
+        uint32_t m = 0, stop = n - done > RETURN_BATCH ? done + RETURN_BATCH : n;
+        for (; done < stop; done++) {
+            uint64_t expect = words[done];
+            if (!atomic_compare_exchange_strong(&s->rows[rows[done]].word, &expect,
+                                                expect & ~RL_WORD_FLIGHT))
+                continue;
+            if (RL_WORD_KEY(expect) == RL_KEY_NONE) continue; /* removed: nothing to put back */
+            keys[m] = RL_WORD_KEY(expect);
+            back[m++] = rows[done];
+        }
+        int rc = rl_publish(s, owner, m, keys, back, advice);
+        if (rc != RL_OK) return rc;
+    }
+    return RL_OK;
 }

@@ -60,3 +60,26 @@ def test_typed_stub_declares_every_function_of_the_header() -> None:
     constants = set(re.findall(r"^#define (RL_\w+) -?\d+", header, re.M))
     assert not sorted(c for c in constants if f"{c}: int" not in stub)
     assert isinstance(ffi.sizeof("rl_policy"), int)
+
+
+def test_c_files_call_only_the_files_before_them() -> None:
+    """The core's files are layered (engine/_build.py lists them bottom up): each calls only
+    functions of files before it, so no two call each other in a circle."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "engine"))
+    try:
+        from _build import SOURCES
+    finally:
+        sys.path.pop(0)
+    texts = {name: (ROOT / "csrc" / name).read_text() for name in SOURCES}
+    defined = {fn: name for name, text in texts.items()
+               for fn in re.findall(r"^[a-z][\w *]*?\b(rl_\w+)\(", text, re.M)}
+    assert len(defined) > 40, "found too few definitions: the pattern no longer matches"
+    upward = []
+    for i, (name, text) in enumerate(texts.items()):
+        for fn in sorted(set(re.findall(r"\b(rl_\w+)\(", text))):
+            home = defined.get(fn)
+            if home and home != name and SOURCES.index(home) > i:
+                upward.append(f"{name} calls {fn} ({home})")
+    assert not upward, upward
