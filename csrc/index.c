@@ -207,12 +207,24 @@ static int row_wanted(rl_seg *s, uint32_t row, uint64_t key, uint32_t used) {
            RL_LEASE_OWNER(atomic_load_explicit(&s->rows[row].lease, memory_order_acquire)) == 0;
 }
 
+/* One merge, phase by phase: settle the ring's prefix; merge it into the index (or rebuild the
+ * index from the row table); find the lane starts; publish the new generation and reset what
+ * describes the ring's remainder. */
+typedef struct {
+    rl_seg *s;
+    uint64_t gen;        /* the active generation, which this merge replaces with gen + 1 */
+    uint32_t src, dst;   /* its buffer, and the other one, written here */
+    uint64_t head, upto; /* the ring positions taken in, [head, upto), every slot settled */
+    uint32_t used;       /* rows_used, read after the ring settled (see Merge_Begin) */
+    uint32_t count;      /* entries written to dst */
+} Merge;
+
 /* Whether the merge must re-read an index entry's row: only a row the ring moved (or removed)
  * since the last merge can have gone stale, since every write that changes a key appends it
  * to the ring after storing it (a write still in flight appends after the ring's settled
- * prefix, so the next merge sees it). `all`: a slot was abandoned, its row unknown. */
-#define MOVED(touched, all, row, used) \
-    ((all) || (row) >= (used) || ((touched)[(row) >> 6] >> ((row) & 63) & 1))
+ * prefix, so the next merge sees it). `reread_all`: a slot was abandoned, its row unknown. */
+#define MOVED(touched, reread_all, row, used) \
+    ((reread_all) || (row) >= (used) || ((touched)[(row) >> 6] >> ((row) & 63) & 1))
 
 /* Wait for the ring's published prefix; abandon a slot whose writer never finished. */
 static uint64_t ring_settle(rl_seg *s, uint64_t head, uint64_t tail) {
@@ -237,143 +249,154 @@ static uint64_t ring_settle(rl_seg *s, uint64_t head, uint64_t tail) {
     return pos;
 }
 
-int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
+static void Merge_Begin(Merge *M, rl_seg *s) {
     rl_header *h = s->h;
-    (void)owner;
-    uint64_t gen = atomic_load(&h->index_gen);
-    uint32_t src = gen & 1, dst = src ^ 1;
-    uint32_t cap = h->row_capacity;
-    uint64_t head = atomic_load(&h->ring_head);
-    uint64_t tail = atomic_load(&h->ring_tail);
-    uint64_t upto = ring_settle(s, head, tail);
+    M->s = s;
+    M->gen = atomic_load(&h->index_gen);
+    M->src = M->gen & 1;
+    M->dst = M->src ^ 1;
+    M->head = atomic_load(&h->ring_head);
+    M->upto = ring_settle(s, M->head, atomic_load(&h->ring_tail));
     /* After the ring settled: a row a settled slot names was reserved before its slot was, so it
      * is below `used` (read first, a row added meanwhile failed `row < used` and was dropped). */
-    uint32_t used = atomic_load(&h->rows_used);
-    if (used > cap) used = cap;
+    M->used = atomic_load(&h->rows_used);
+    if (M->used > h->row_capacity) M->used = h->row_capacity;
+    M->count = 0;
+    if (M->gen > 0) hazards_wait(s, M->gen - 1); /* dst last held generation gen - 1 */
+}
+
+static void Merge_Put(Merge *M, uint64_t key, uint32_t row) {
+    atomic_store_explicit(&M->s->ikeys[M->dst][M->count], key, memory_order_relaxed);
+    atomic_store_explicit(&M->s->irows[M->dst][M->count], row, memory_order_relaxed);
+    M->count++;
+}
+
+/* The active index's entries that are still wanted, merged with the ring's live entries, into
+ * dst. Returns 1 when a full rebuild must be done instead (a row seen live at two keys while it
+ * moved overflowed the buffer). */
+static int Merge_Ring(Merge *M) {
+    rl_seg *s = M->s;
+    rl_header *h = s->h;
+    uint32_t cap = h->row_capacity, used = M->used;
     uint64_t rcap = h->ring_capacity;
-    _Atomic uint64_t *dk = s->ikeys[dst];
-    _Atomic uint32_t *dr = s->irows[dst];
-    uint32_t m = 0;
-    if (gen > 0) hazards_wait(s, gen - 1); /* dst last held generation gen - 1 */
-
-    if (lane_min)
-        for (uint32_t l = 0; l < RL_MAX_LANES; l++) lane_min[l] = UINT32_MAX;
-
-    if (!full) {
-        size_t nr = 0;
-        int all = 0;
-        Entry *fresh = malloc((size_t)(upto - head + 1) * sizeof(Entry));
-        uint64_t *touched = calloc((size_t)used / 64 + 1, sizeof(uint64_t)); /* rows moved */
-        if (!fresh || !touched) {
-            free(fresh);
-            free(touched);
-            return RL_E_SYS;
-        }
-        /* slot indexes si (of pos) and sa (of pos + MERGE_AHEAD) wrap without a division each */
-        uint64_t si = head % rcap, sa = (head + MERGE_AHEAD) % rcap;
-        for (uint64_t pos = head; pos < upto;
-             pos++, si = si + 1 == rcap ? 0 : si + 1, sa = sa + 1 == rcap ? 0 : sa + 1) {
-            rl_ring_slot *slot = &s->ring[si];
-            if (pos + MERGE_AHEAD < upto) { /* the liveness check below is a random row read */
-                uint32_t ahead = atomic_load_explicit(&s->ring[sa].row, memory_order_relaxed);
-                __builtin_prefetch(&s->rows[ahead < used ? ahead : 0]);
-            }
-            if (atomic_load(&slot->state) != RL_SLOT(pos, 1)) { /* abandoned */
-                all = 1;
-                continue;
-            }
-            uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
-            uint32_t row = (uint32_t)atomic_load_explicit(&slot->row, memory_order_relaxed);
-            if (row < used) touched[row >> 6] |= 1ULL << (row & 63);
-            if (key != RL_KEY_NONE && row_wanted(s, row, key, used)) fresh[nr++] = (Entry){key, row, 0};
-        }
-        int rc = Entry_RadixSort(fresh, nr, 0);
-        if (rc != RL_OK) {
-            free(fresh);
-            free(touched);
-            return rc;
-        }
-        uint32_t nsrc = atomic_load(&h->index_count[src]);
-        if (nsrc > cap) nsrc = cap;
-        _Atomic uint64_t *sk = s->ikeys[src];
-        _Atomic uint32_t *sr = s->irows[src];
-        size_t i = 0, j = 0;
-        uint64_t last_key = RL_KEY_NONE;
-        uint32_t last_row = UINT32_MAX;
-        while (i < nsrc || j < nr) {
-            Entry e;
-            if (i + MERGE_AHEAD < nsrc) { /* the liveness check is a random row read: overlap the misses */
-                uint32_t ahead = atomic_load_explicit(&sr[i + MERGE_AHEAD], memory_order_relaxed);
-                if (ahead < used && MOVED(touched, all, ahead, used)) __builtin_prefetch(&s->rows[ahead]);
-            }
-            uint64_t skey = i < nsrc ? atomic_load_explicit(&sk[i], memory_order_relaxed) : 0;
-            uint32_t srow = i < nsrc ? atomic_load_explicit(&sr[i], memory_order_relaxed) : 0;
-            if (i < nsrc && (skey & RL_TOMB)) { /* tombstone: dropped here */
-                i++;
-                continue;
-            }
-            if (j >= nr || (i < nsrc && (skey < fresh[j].key || (skey == fresh[j].key && srow <= fresh[j].row)))) {
-                e.key = skey;
-                e.row = srow;
-                i++;
-                if (MOVED(touched, all, e.row, used) && !row_wanted(s, e.row, e.key, used))
-                    continue; /* stale: dropped here */
-            } else {
-                e = fresh[j++];
-            }
-            if (e.key == last_key && e.row == last_row) continue;
-            if (m >= cap) { /* a row seen live at two keys while it moved: rebuild instead */
-                full = 1;
-                break;
-            }
-            atomic_store_explicit(&dk[m], e.key, memory_order_relaxed);
-            atomic_store_explicit(&dr[m], e.row, memory_order_relaxed);
-            m++;
-            last_key = e.key;
-            last_row = e.row;
-        }
+    size_t nr = 0;
+    int reread_all = 0;
+    Entry *fresh = malloc((size_t)(M->upto - M->head + 1) * sizeof(Entry));
+    uint64_t *touched = calloc((size_t)used / 64 + 1, sizeof(uint64_t)); /* rows moved */
+    if (!fresh || !touched) {
         free(fresh);
         free(touched);
+        return RL_E_SYS;
     }
-    if (full) {
-        Entry *all = malloc((size_t)(used + 1) * sizeof(Entry));
-        if (!all) return RL_E_SYS;
-        size_t n = 0;
-        for (uint32_t r = 0; r < used; r++) {
-            uint64_t key = rl_row_key(s, r);
-            if (key == RL_KEY_NONE || !row_wanted(s, r, key, used)) continue;
-            all[n++] = (Entry){key, r, 0};
-            if (lane_min) {
-                uint32_t l = rl_key_lane(key), mi = rl_minute(rl_key_due(key));
-                if (l < RL_MAX_LANES && mi < lane_min[l]) lane_min[l] = mi;
-            }
+    /* slot indexes si (of pos) and sa (of pos + MERGE_AHEAD) wrap without a division each */
+    uint64_t si = M->head % rcap, sa = (M->head + MERGE_AHEAD) % rcap;
+    for (uint64_t pos = M->head; pos < M->upto;
+         pos++, si = si + 1 == rcap ? 0 : si + 1, sa = sa + 1 == rcap ? 0 : sa + 1) {
+        rl_ring_slot *slot = &s->ring[si];
+        if (pos + MERGE_AHEAD < M->upto) { /* the liveness check below is a random row read */
+            uint32_t ahead = atomic_load_explicit(&s->ring[sa].row, memory_order_relaxed);
+            __builtin_prefetch(&s->rows[ahead < used ? ahead : 0]);
         }
-        int rc = Entry_RadixSort(all, n, 1);
-        if (rc != RL_OK) {
-            free(all);
-            return rc;
+        if (atomic_load(&slot->state) != RL_SLOT(pos, 1)) { /* abandoned */
+            reread_all = 1;
+            continue;
         }
-        m = 0;
-        for (size_t i = 0; i < n; i++) {
-            atomic_store_explicit(&dk[m], all[i].key, memory_order_relaxed);
-            atomic_store_explicit(&dr[m], all[i].row, memory_order_relaxed);
-            m++;
-        }
-        free(all);
+        uint64_t key = atomic_load_explicit(&slot->key, memory_order_relaxed);
+        uint32_t row = (uint32_t)atomic_load_explicit(&slot->row, memory_order_relaxed);
+        if (row < used) touched[row >> 6] |= 1ULL << (row & 63);
+        if (key != RL_KEY_NONE && row_wanted(s, row, key, used)) fresh[nr++] = (Entry){key, row, 0};
     }
-    /* Lane starts of the new generation: the first position of each lane, by binary search in
-     * the sorted keys (a linear walk re-read the whole new index, ~2 ms at 1.6M entries). */
+    int rc = Entry_RadixSort(fresh, nr, 0);
+    uint32_t nsrc = atomic_load(&h->index_count[M->src]);
+    if (nsrc > cap) nsrc = cap;
+    _Atomic uint64_t *sk = s->ikeys[M->src];
+    _Atomic uint32_t *sr = s->irows[M->src];
+    size_t i = 0, j = 0;
+    uint64_t last_key = RL_KEY_NONE;
+    uint32_t last_row = UINT32_MAX;
+    while (rc == RL_OK && (i < nsrc || j < nr)) {
+        Entry e;
+        if (i + MERGE_AHEAD < nsrc) { /* the liveness check is a random row read: overlap the misses */
+            uint32_t ahead = atomic_load_explicit(&sr[i + MERGE_AHEAD], memory_order_relaxed);
+            if (ahead < used && MOVED(touched, reread_all, ahead, used)) __builtin_prefetch(&s->rows[ahead]);
+        }
+        uint64_t skey = i < nsrc ? atomic_load_explicit(&sk[i], memory_order_relaxed) : 0;
+        uint32_t srow = i < nsrc ? atomic_load_explicit(&sr[i], memory_order_relaxed) : 0;
+        if (i < nsrc && (skey & RL_TOMB)) { /* tombstone: dropped here */
+            i++;
+            continue;
+        }
+        if (j >= nr || (i < nsrc && (skey < fresh[j].key || (skey == fresh[j].key && srow <= fresh[j].row)))) {
+            e.key = skey;
+            e.row = srow;
+            i++;
+            if (MOVED(touched, reread_all, e.row, used) && !row_wanted(s, e.row, e.key, used))
+                continue; /* stale or in flight: dropped here */
+        } else {
+            e = fresh[j++];
+        }
+        if (e.key == last_key && e.row == last_row) continue;
+        if (M->count >= cap) { /* a row seen live at two keys while it moved: rebuild instead */
+            rc = 1;
+            break;
+        }
+        Merge_Put(M, e.key, e.row);
+        last_key = e.key;
+        last_row = e.row;
+    }
+    free(fresh);
+    free(touched);
+    return rc;
+}
+
+/* Every queued row of the table that is wanted, sorted, into dst; and each lane's lowest
+ * minute, for rl_repair. */
+static int Merge_Rebuild(Merge *M, uint32_t *lane_min) {
+    rl_seg *s = M->s;
+    Entry *entries = malloc((size_t)(M->used + 1) * sizeof(Entry));
+    if (!entries) return RL_E_SYS;
+    size_t n = 0;
+    for (uint32_t r = 0; r < M->used; r++) {
+        uint64_t key = rl_row_key(s, r);
+        if (key == RL_KEY_NONE || !row_wanted(s, r, key, M->used)) continue;
+        entries[n++] = (Entry){key, r, 0};
+        if (lane_min) {
+            uint32_t l = rl_key_lane(key), mi = rl_minute(rl_key_due(key));
+            if (l < RL_MAX_LANES && mi < lane_min[l]) lane_min[l] = mi;
+        }
+    }
+    int rc = Entry_RadixSort(entries, n, 1);
+    M->count = 0;
+    for (size_t i = 0; rc == RL_OK && i < n; i++) Merge_Put(M, entries[i].key, entries[i].row);
+    free(entries);
+    return rc;
+}
+
+/* Lane starts of the new generation: the first position of each lane, by binary search in the
+ * sorted keys (a linear walk re-read the whole new index, ~2 ms at 1.6M entries). */
+static void Merge_LaneStarts(Merge *M) {
+    _Atomic uint64_t *dk = M->s->ikeys[M->dst];
     uint32_t p = 0;
     for (uint32_t l = 0; l <= RL_MAX_LANES; l++) {
-        uint32_t hi = m;
+        uint32_t hi = M->count;
         while (p < hi) {
             uint32_t mid = p + (hi - p) / 2;
             if (rl_key_lane(atomic_load_explicit(&dk[mid], memory_order_relaxed)) < l) p = mid + 1;
             else hi = mid;
         }
-        atomic_store_explicit(&h->lane_start[dst][l], p, memory_order_relaxed);
+        atomic_store_explicit(&M->s->h->lane_start[M->dst][l], p, memory_order_relaxed);
     }
-    atomic_store(&h->index_count[dst], m);
+}
+
+/* Publish the new generation, and reset what describes the ring to its remainder: ring_min
+ * from the slots left (a CAS on each lane's versioned word read before the tail, so a write
+ * that noted anything after that read keeps its lower or equal, still conservative, value) and
+ * the lanes' ring hints (csrc/claim.c). Then every floor's epoch moves. */
+static void Merge_Publish(Merge *M) {
+    rl_seg *s = M->s;
+    rl_header *h = s->h;
+    uint64_t rcap = h->ring_capacity;
+    atomic_store(&h->index_count[M->dst], M->count);
     uint64_t old_min[RL_MAX_LANES], new_min[RL_MAX_LANES];
     for (uint32_t l = 0; l < RL_MAX_LANES; l++) {
         old_min[l] = atomic_load(&s->lanes[l].ring_min);
@@ -381,14 +404,11 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
          * ring_low after this only makes its lane's hint more cautious (csrc/claim.c). */
         atomic_store(&s->lanes[l].ring_low, RL_KEY_NONE);
     }
-    atomic_store(&h->index_gen, gen + 1); /* publish */
-    atomic_store(&h->ring_head, upto);
-    /* ring_min now covers only what is left in the ring. The old words were read before the
-     * tail: a writer that noted anything after that read moved the version, so our CAS fails and
-     * leaves its (lower or equal, still conservative) value in place. */
+    atomic_store(&h->index_gen, M->gen + 1); /* publish */
+    atomic_store(&h->ring_head, M->upto);
     for (uint32_t l = 0; l < RL_MAX_LANES; l++) new_min[l] = RL_KEY_NONE;
     uint64_t tail_now = atomic_load(&h->ring_tail);
-    for (uint64_t pos = upto; pos < tail_now; pos++) {
+    for (uint64_t pos = M->upto; pos < tail_now; pos++) {
         rl_ring_slot *slot = &s->ring[pos % rcap];
         uint32_t st = atomic_load(&slot->state);
         if (st == RL_SLOT(pos, 2)) continue;
@@ -407,13 +427,25 @@ int rl_compact_locked(rl_seg *s, uint32_t owner, int full, uint32_t *lane_min) {
                                            RL_RMIN_NEXT(old_min[l], new_min[l]));
     }
     rl_floor_bump_all(s);
+}
+
+int rl_compact_locked(rl_seg *s, int full, uint32_t *lane_min) {
+    Merge M;
+    Merge_Begin(&M, s);
+    if (lane_min)
+        for (uint32_t l = 0; l < RL_MAX_LANES; l++) lane_min[l] = UINT32_MAX;
+    int rc = full ? 1 : Merge_Ring(&M);
+    if (rc == 1) rc = Merge_Rebuild(&M, lane_min);
+    if (rc != RL_OK) return rc;
+    Merge_LaneStarts(&M);
+    Merge_Publish(&M);
     return RL_OK;
 }
 
 int rl_compact(rl_seg *s, uint32_t owner, int full_rebuild) {
     int rc = rl_compactor_acquire(s, owner);
     if (rc != RL_OK) return rc;
-    rc = rl_compact_locked(s, owner, full_rebuild, NULL);
+    rc = rl_compact_locked(s, full_rebuild, NULL);
     rl_compactor_release(s, owner);
     return rc;
 }

@@ -362,7 +362,7 @@ int rl_flight_return(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows
                      const uint64_t *words, uint32_t *advice);      /* writes.c */
 void rl_sweep_if_due(rl_seg *s, uint32_t owner, int64_t now_ms);   /* sweep.c */
 int64_t rl_now_ms(void);                                           /* segment.c */
-int rl_compact_locked(rl_seg *s, uint32_t owner, int full_rebuild, uint32_t *lane_min); /* index.c */
+int rl_compact_locked(rl_seg *s, int full_rebuild, uint32_t *lane_min); /* index.c */
 int rl_compactor_acquire(rl_seg *s, uint32_t owner);               /* index.c */
 void rl_compactor_release(rl_seg *s, uint32_t owner);              /* index.c */
 

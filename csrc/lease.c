@@ -86,7 +86,7 @@ int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed) {
             count++;
         }
     }
-    rc = rl_compact_locked(s, owner, 1, lane_min);
+    rc = rl_compact_locked(s, 1, lane_min);
     rl_compactor_release(s, owner);
     for (uint32_t l = 0; l < RL_MAX_LANES; l++)
         if (lane_min[l] != UINT32_MAX) rl_floor_lower(s, l, lane_min[l]);
