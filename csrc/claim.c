@@ -58,62 +58,85 @@ extern int rl_bench_flags;
 /* A candidate's `pos`: its index position, or CAND_RING | its ring position's offset from
  * where the lane's ring scan began (positions and ring spans are below 2^31). */
 #define CAND_RING (1u << 31)
+/* One candidate row of a lane, from the index or the ring. */
 typedef struct {
-    uint64_t key;
-    uint32_t row;
-    uint32_t pos;
+    uint64_t key; /* the entry's key (the row is granted only if its key still equals it) */
+    uint32_t row; /* the row id the entry names */
+    uint32_t pos; /* index position, or CAND_RING | ring offset (see CAND_RING) */
 } Cand;
 
+/* One lane's scan within one pass: where it reads, what it has seen, what it will write back
+ * (counters, the floor proposal, the skip and ring hints) when the pass ends. Kept per thread
+ * and per lane (tls_cursors) and reset when a pass first opens the lane (lane_open). */
 typedef struct {
-    uint64_t stamp;       /* pass id that opened it */
-    uint32_t lane;
-    int idx_done, ring_overflow, done;
-    uint64_t floor_word;  /* W: read before the index and the ring */
-    uint64_t ring_min;
-    uint64_t due_limit;   /* encode(lane, now) */
-    uint32_t pos, end;
-    uint32_t pf;          /* rows of entries [.., pf) have been prefetched */
-    uint32_t ahead;       /* how far ahead to prefetch: a peek needs few, a take its want */
-    uint32_t start, stale_run; /* entries [start, stale_run) were all stale */
-    uint64_t first_live;  /* key of the first live entry seen, or RL_KEY_NONE */
-    uint64_t last_key;    /* key of the last entry of this lane read */
-    int have_idx;
-    Cand idx;
-    uint32_t rn, ri;
-    int ring_read;        /* the ring was scanned for this lane */
-    uint64_t ring_skip;   /* the lane's ring hint as read before the scan */
-    uint64_t ring_from, ring_to; /* the ring positions scanned */
-    uint64_t ring_block;  /* first position the hint may not pass (ring_to: none) */
-    uint64_t ring_nd_min; /* lowest key of this lane not yet due among those scanned */
-    int have_peek;
-    Cand peek;
-    uint64_t peek_word;
-    uint32_t granted, spilled, stale, refused, tombs;
+    uint64_t stamp;        /* pass id that opened it: another value means not opened this pass */
+    uint32_t lane;         /* the lane scanned */
+    int idx_done;          /* the index scan ended (window, not-yet-due entry, next lane) */
+    int ring_overflow;     /* more due ring rows than RING_CANDS: some were dropped */
+    int done;              /* nothing more to grant from this lane in this pass */
+    uint64_t floor_word;   /* W: the floor word, read before the index and the ring (floor.c) */
+    uint64_t ring_min;     /* the lane's ring_min key, read after W */
+    uint64_t due_limit;    /* encode(lane, now): entries above it are not yet due */
+    uint32_t pos;          /* next index position to read */
+    uint32_t end;          /* index position the scan stops at: the window, moved on past
+                            * entries that use no window (tombstones, stale, in flight) */
+    uint32_t pf;           /* rows of entries [.., pf) have been prefetched */
+    uint32_t ahead;        /* how far ahead to prefetch: a peek needs few, a take its want */
+    uint32_t start;        /* index position the scan began at */
+    uint32_t stale_run;    /* entries [start, stale_run) were all stale, tombstones or in flight:
+                            * the next skip hint */
+    uint64_t first_live;   /* key of the first live entry seen (not in flight), or RL_KEY_NONE */
+    uint64_t last_key;     /* key of the last entry of this lane read */
+    int have_idx;          /* idx holds the next live index candidate */
+    Cand idx;              /* that candidate */
+    uint32_t rn;           /* ring candidates collected (ring[0..rn), sorted by key, row) */
+    uint32_t ri;           /* ring candidates consumed: ring[ri..rn) are still to offer */
+    int ring_read;         /* the ring was scanned for this lane (its hint is moved at the end) */
+    uint64_t ring_skip;    /* the lane's ring hint as read before the scan */
+    uint64_t ring_from;    /* first ring position scanned */
+    uint64_t ring_to;      /* ring tail when scanned: positions [ring_from, ring_to) were read */
+    uint64_t ring_block;   /* first position the hint may not pass (ring_to: none) */
+    uint64_t ring_nd_min;  /* lowest key of this lane not yet due among those scanned */
+    int have_peek;         /* peek holds a candidate already checked claimable */
+    Cand peek;             /* that candidate (lane_peek), taken by lane_take_one */
+    uint64_t peek_word;    /* its lease word when checked: the expected value of the lease CAS */
+    uint32_t granted;      /* rows granted from this lane (added to the lane's counter) */
+    uint32_t spilled;      /* entries of the next lane the scan ran into */
+    uint32_t stale;        /* entries skipped: stale, tombstones, in flight, moved under a grant */
+    uint32_t refused;      /* candidates whose lease could not be taken (held, or a lost race) */
+    uint32_t tombs;        /* tombstones crossed (part of stale: they ask for no merge) */
     Cand ring[RING_CANDS]; /* last: a pass that reads no ring entry touches only the lines above */
 } Cursor;
 
+/* One claim pass: its arguments, the index generation it reads, its results, and what it has
+ * yet to write back (tombstones, counters). On the stack of rl_claim. */
 typedef struct {
-    rl_seg *s;
-    uint32_t owner;
-    int64_t now, lease_ms;
-    uint32_t window, used;
-    uint64_t gen, stamp;
-    uint32_t count;
-    const _Atomic uint64_t *ik;
-    const _Atomic uint32_t *ir;
-    const _Atomic uint32_t *lane_start;
-    rl_policy *p;
-    uint32_t lanes;       /* lanes to consider */
-    uint32_t n, budget;
-    int64_t *out_rows, *out_lanes, *out_due, *out_tokens;
-    uint32_t advice;
-    Cursor *opened[RL_MAX_LANES];
-    uint32_t nopened;
-    uint32_t nnotes;      /* entries to tombstone, not yet handed to rl_index_tomb */
-    uint32_t note_pos[NOTE_BATCH];
-    uint64_t note_key[NOTE_BATCH];
-    int granted_any, lease_noted; /* lease_min must hear of this pass's leases before a tomb */
-    uint32_t cls_granted[RL_CLASSES];
+    rl_seg *s;                        /* the segment */
+    uint32_t owner;                   /* the claiming owner: leases are taken in its name */
+    int64_t now;                      /* the pass's time (ms), wall clock or virtual */
+    int64_t lease_ms;                 /* lease length given to each grant */
+    uint32_t window;                  /* live index entries a lane's scan may read */
+    uint32_t used;                    /* rows_used: row ids at or past it are torn reads */
+    uint64_t gen;                     /* index generation read at the start (P.gen, floor.c) */
+    uint64_t stamp;                   /* this pass's id (see Cursor.stamp) */
+    uint32_t count;                   /* entries in this generation's index */
+    const _Atomic uint64_t *ik;       /* this generation's keys */
+    const _Atomic uint32_t *ir;       /* and rows */
+    const _Atomic uint32_t *lane_start; /* and the first position of each lane */
+    rl_policy *p;                     /* the policy in force (cached per thread) */
+    uint32_t lanes;                   /* lanes to consider: up to the highest ever written */
+    uint32_t n;                       /* rows granted so far */
+    uint32_t budget;                  /* rows asked for */
+    int64_t *out_rows, *out_lanes, *out_due, *out_tokens; /* the caller's result columns */
+    uint32_t advice;                  /* RL_ADVISE_* for the caller */
+    Cursor *opened[RL_MAX_LANES];     /* the lanes opened, in the order they were */
+    uint32_t nopened;                 /* how many */
+    uint32_t nnotes;                  /* entries to tombstone, not yet handed to rl_index_tomb */
+    uint32_t note_pos[NOTE_BATCH];    /* their positions */
+    uint64_t note_key[NOTE_BATCH];    /* and the keys they hold (the CAS's expected value) */
+    int granted_any;                  /* a row was granted: lease_min must hear of it */
+    int lease_noted;                  /* it has (before the first tombstone, csrc/sweep.c) */
+    uint32_t cls_granted[RL_CLASSES]; /* grants per share class, for the credit accounting */
 } Pass;
 
 /* Per thread, so a pass allocates nothing: cursors, the owner-liveness memo, the policy cache. */

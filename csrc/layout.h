@@ -192,43 +192,51 @@ typedef struct {
     rl_policy p;
 } rl_policy_slot;
 
+/* The segment's header: its identity (checked by every attacher), then the shared words every
+ * process reads and writes, each hot one on a line of its own. */
 typedef struct {
     /* --- identity: written once by the creator before `ready` --- */
-    uint64_t magic;
-    uint32_t layout_version;
-    uint32_t header_bytes;
-    uint64_t total_bytes;
-    uint32_t max_lanes;
-    uint32_t max_owners;
-    uint32_t row_capacity;
-    uint32_t ring_capacity;
-    uint64_t off_lanes, off_owners, off_rows, off_intervals, off_index_keys[2], off_index_rows[2], off_ring;
-    uint64_t created_ms;
-    uint64_t identity_sum;  /* FNV-1a of every field above: a changed size cannot pass */
-    _Atomic uint32_t ready; /* published last */
+    uint64_t magic;           /* RL_MAGIC: a segment that is not ours is refused at once */
+    uint32_t layout_version;  /* RL_LAYOUT_VERSION of the build that created it */
+    uint32_t header_bytes;    /* sizeof(rl_header) of that build */
+    uint64_t total_bytes;     /* the whole segment */
+    uint32_t max_lanes;       /* RL_MAX_LANES of that build */
+    uint32_t max_owners;      /* RL_MAX_OWNERS of that build */
+    uint32_t row_capacity;    /* rows (and entries per index buffer) */
+    uint32_t ring_capacity;   /* slots of the recent-write ring */
+    uint64_t off_lanes;       /* byte offsets of the regions (all computed from the two */
+    uint64_t off_owners;      /*  capacities: an attacher recomputes and compares them) */
+    uint64_t off_rows;
+    uint64_t off_intervals;
+    uint64_t off_index_keys[2];
+    uint64_t off_index_rows[2];
+    uint64_t off_ring;
+    uint64_t created_ms;      /* wall clock at create */
+    uint64_t identity_sum;    /* FNV-1a of every field above: a changed size cannot pass */
+    _Atomic uint32_t ready;   /* published last; attachers wait for it */
     uint32_t pad0;
 
     /* --- hot words, one line each --- */
-    _Alignas(RL_LINE) _Atomic uint64_t index_gen; /* active generation; buffer = gen & 1 */
-    _Alignas(RL_LINE) _Atomic uint64_t ring_head;
-    _Alignas(RL_LINE) _Atomic uint64_t ring_tail;
-    _Alignas(RL_LINE) _Atomic uint32_t rows_used;
-    _Alignas(RL_LINE) _Atomic uint64_t compactor; /* owner id holding the merge, 0 = none */
-    _Alignas(RL_LINE) _Atomic uint64_t policy_version; /* active slot = version & 1 */
-    _Alignas(RL_LINE) _Atomic uint32_t repair_needed;
+    _Alignas(RL_LINE) _Atomic uint64_t index_gen;      /* active generation; buffer = gen & 1 */
+    _Alignas(RL_LINE) _Atomic uint64_t ring_head;      /* first ring position not yet merged */
+    _Alignas(RL_LINE) _Atomic uint64_t ring_tail;      /* next ring position to reserve */
+    _Alignas(RL_LINE) _Atomic uint32_t rows_used;      /* row ids handed out: [0, rows_used) */
+    _Alignas(RL_LINE) _Atomic uint64_t compactor;      /* owner id holding the merge, 0 = none */
+    _Alignas(RL_LINE) _Atomic uint64_t policy_version; /* active policy slot = version & 1 */
+    _Alignas(RL_LINE) _Atomic uint32_t repair_needed;  /* 1: a pass advises RL_ADVISE_REAP */
     _Alignas(RL_LINE) _Atomic uint32_t lanes_high; /* highest lane ever written: passes stop there */
     _Alignas(RL_LINE) _Atomic uint64_t lease_min;  /* see the lease_min word above */
     _Alignas(RL_LINE) _Atomic uint64_t sweeper;    /* owner running the sweep (while sweeping) */
     _Atomic int64_t owners_check_ns; /* CLOCK_MONOTONIC time of the next owner liveness check */
     _Atomic uint32_t owners_high;    /* highest owner slot ever registered: checks stop there */
     _Atomic int64_t sweep_after_ns;  /* CLOCK_MONOTONIC time before which no sweep starts */
-    _Alignas(RL_LINE) rl_class_credit credit[RL_CLASSES];
+    _Alignas(RL_LINE) rl_class_credit credit[RL_CLASSES]; /* share credit per class (claim.c) */
 
     /* --- per index generation: entry count and lane starts, written before the gen flips --- */
-    _Alignas(RL_LINE) _Atomic uint32_t index_count[2];
-    _Atomic uint32_t lane_start[2][RL_MAX_LANES + 1];
+    _Alignas(RL_LINE) _Atomic uint32_t index_count[2];      /* entries in each buffer */
+    _Atomic uint32_t lane_start[2][RL_MAX_LANES + 1];       /* first position of each lane */
 
-    rl_policy_slot policy[2];
+    rl_policy_slot policy[2]; /* the policy, double-buffered (segment.c, rl_policy_read) */
 } rl_header;
 
 _Static_assert(offsetof(rl_header, index_gen) % RL_LINE == 0, "index_gen on its own line");
