@@ -1,4 +1,4 @@
-"""The background's constraints, reproduced on this engine.
+"""The design's constraints (docs/design.md §7, §8), reproduced on this engine.
 
     .venv/bin/python bench/bench_constraints.py [--smoke] [--out FILE]
 

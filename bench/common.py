@@ -2,7 +2,7 @@
 
 A benchmark here is a script that measures and prints; none of them is a timed test. Each one
 writes its figures as JSON (``--out``); ``bench/run_all.py`` runs them all, judges the figures
-against the targets of issue 6 and writes ``bench/results/latest.json``. Every script takes
+against the README's targets and writes ``bench/results/latest.json``. Every script takes
 ``--smoke`` (tiny sizes, seconds), which is what CI runs.
 
 A figure is a dict: ``id``, ``label``, ``unit``, ``better`` ("lower"/"higher"), and either the

@@ -4,7 +4,7 @@
 
 Each benchmark runs as its own process (a crash or a leak in one cannot colour the next) and
 writes its figures to DIR/<name>.json; this script joins them, judges each figure that has a
-target (issue 6) and writes DIR/latest.json: every figure with median, min, max and runs, its
+target (the README's) and writes DIR/latest.json: every figure with median, min, max and runs, its
 target and whether it is met, and the machine it ran on. A peer that could not be started is
 listed as skipped with its reason. ``--smoke`` is the tiny form CI runs; its sizes differ from
 the targets' so nothing is judged.
@@ -32,7 +32,7 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "engine.claim_us.b16.n1600000": ("<=", 1.7, "≤ 1.7 µs"),
     "engine.cycle_rows_s.p1.per_proc": (">=", 2e6, "≥ 2 M rows/s per process"),
     "engine.cycle_rows_s.p2.per_proc": (">=", 2e6, "≥ 2 M rows/s per process"),
-    # (8 processes on this machine's 2 cores is an oversubscription figure: issue 2 sets the
+    # (8 processes on this machine's 2 cores is an oversubscription figure: the targets set the
     # per-process target for 1 and 2 processes only)
     "servers.ratio_redis_lua.p1": (">=", 100, "≥ 100×"),
     "servers.ratio_redis_lua.p2": (">=", 100, "≥ 100×"),

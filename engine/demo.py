@@ -1,6 +1,7 @@
 """``lanes demo``: a forked render pool over a synthetic corpus, capacity below demand, live.
 
-The corpus is DESIGN.md §1's: homepages (1 h TTL), catalog pages (6-12 h), product pages
+The corpus is a render service's (docs/design.md §1): homepages (1 h TTL), catalog pages
+(6-12 h), product pages
 (48 h) from sitemaps, and crawler-discovered pages (48 h), all starting with a backlog of up to
 a day. The pool runs on a clock sped up so that a minute of the demo covers hours of the
 corpus, and its capacity (workers / simulated render time) is set to about two thirds of the

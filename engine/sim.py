@@ -25,7 +25,7 @@ Rows that always fail are left out of the ages (they never render; no policy can
 
 ``rerank`` is a claimer policy, not an engine feature: it claims a window with lanes disabled,
 keeps the ``budget`` rows latest relative to their interval and releases the rest through the
-engine, which is what the background's rejected branch did.
+engine, which is what an earlier, rejected design did.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class RouteClass:
 
 
 DEFAULT_CLASSES: tuple[RouteClass, ...] = (
-    # One deployment scaled down about 16x from the background's 814k rows, proportions kept:
+    # A production deployment's 814k rows scaled down about 16x, proportions kept:
     # a few homepages, catalog pages, a large product catalogue submitted through sitemaps, and
     # crawler-discovered pages sized so they are ~46 % of the overdue queue at the start.
     RouteClass("home", 15, (1.0, 1.0), "submitted"),
@@ -447,7 +447,7 @@ def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
                                     lease_ms=lease_ms)
                 rows, toks, dues = batch.rows, batch.tokens, batch.due_ms
                 if len(rows) > want:
-                    # Relative lateness, the comparator the background rejected: it can only
+                    # Relative lateness, the comparator lanes replaced: it can only
                     # reorder what the EDF prefix already holds.
                     late = (now - dues) / interval_s[rows]
                     order = np.argsort(-late, kind="stable")
@@ -540,7 +540,7 @@ def run_many(config: SimConfig, specs: Sequence[PolicySpec], capacities: Sequenc
 def simulate(config: SimConfig | None = None, policies: Sequence[str] = POLICIES,
              capacities: Sequence[float] = CAPACITIES, jobs: int | None = None
              ) -> list[SimResult]:
-    """The table of the background, on the real engine: named policies x capacities."""
+    """The policy table on the real engine: named policies x capacities."""
     config = config or SimConfig()
     specs = [policy_spec(p, config) for p in policies]
     return run_many(config, specs, capacities, jobs)
@@ -597,7 +597,7 @@ def _cell(c: ClassResult) -> str:
 
 
 def format_table(results: Sequence[SimResult], config: SimConfig) -> str:
-    """Mean age / TTL per class (p99, max age in hours), renders and lag, as in the background."""
+    """Mean age / TTL per class (p99, max age in hours), renders and lag."""
     labels = {c.name: c.label for c in config.classes}
     names = [c.name for c in config.classes]
     head = ["capacity", "policy", *(labels[n] for n in names), "renders", "lag"]

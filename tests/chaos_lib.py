@@ -123,7 +123,7 @@ class ChaosConfig:
     p_compact: float = 0.002
     idle_sleep_ms: float = 2.0
     # the oracle's drain keeps every row it takes (long leases, nothing completed), so rows in
-    # flight pile up in every lane while it runs (DESIGN §8.9)
+    # flight pile up in every lane while it runs (docs/design.md §9)
     drain_hold: bool = False
 
 

@@ -1,7 +1,7 @@
 """The benchmark suite runs end to end in its smoke form and reports every figure it promises.
 
 Not a timed test: no figure is compared with a target here. It checks that `bench/run_all.py
---smoke` runs each benchmark as a subprocess, that each writes its JSON with the figures issue 6
+--smoke` runs each benchmark as a subprocess, that each writes its JSON with the figures the README
 asks for (median, min, max, runs), that a server peer is either measured or skipped with a
 reason — never silently absent — and that nothing is left behind (segments, servers, temp dirs).
 """

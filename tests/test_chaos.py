@@ -1,4 +1,4 @@
-"""Multi-process chaos in real time (issue 3, item 2): forked workers claim, complete, fail,
+"""Multi-process chaos in real time (docs/design.md §14): forked workers claim, complete, fail,
 release, renew, prioritize, add and remove against one engine with 200-500 ms leases while a
 supervisor SIGKILLs a random worker about once a second and forks a replacement. An oracle then
 reads every worker's append-only lease log and the engine (see ``chaos_lib``).

@@ -1,4 +1,4 @@
-"""The claim pass (DESIGN §6): lanes, per-lane floors, spill, stale entries, EDF inside a lane."""
+"""The claim pass (docs/design.md §7): lanes, per-lane floors, spill, stale entries, EDF inside a lane."""
 
 from __future__ import annotations
 

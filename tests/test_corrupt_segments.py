@@ -1,4 +1,4 @@
-"""Corrupt segments (DESIGN §5, §9; issue 3, item 4): whatever lies in /dev/shm under an
+"""Corrupt segments (docs/design.md §4, §15): whatever lies in /dev/shm under an
 engine's name, attaching refuses it with ``LayoutMismatch`` or ``AttachTimeout``, never reads a
 view with shifted offsets, never writes to it, and never crashes the interpreter.
 

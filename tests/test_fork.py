@@ -1,4 +1,4 @@
-"""Multi-process use (DESIGN §5, invariants 2 and 6): fork, spawn, forkserver and unrelated
+"""Multi-process use (docs/design.md §4, §14): fork, spawn, forkserver and unrelated
 processes attach by name; a killed holder's lease comes back at once; the owner keeps its
 segment."""
 

@@ -1,4 +1,4 @@
-"""Bad input at every public entry point (DESIGN §9; issue 3, item 3).
+"""Bad input at every public entry point (docs/design.md §15).
 
 For every public entry point of ``Engine``, of ``engine.keys`` and of ``LanePolicy``:
 

@@ -1,4 +1,4 @@
-"""Rows in flight are free (DESIGN §8.9, issue "rows in flight"), in one process, in virtual time.
+"""Rows in flight are free (docs/design.md §9), in one process, in virtual time.
 
 A pool always holds some rows: every worker has a batch in hand. A claim pass used to read the
 leased rows of a lane one by one and give up after ``window`` + 4,096 of them (EXTRA_CAP in

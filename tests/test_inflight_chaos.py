@@ -1,4 +1,4 @@
-"""Rows in flight across processes (DESIGN §8.9, invariant 6), with real forked processes.
+"""Rows in flight across processes (docs/design.md §9, §14), with real forked processes.
 
 * After a chaos run (forked workers SIGKILLed about once a second, see ``chaos_lib``), a drain
   that keeps every row it takes, so that by its end every queued row is in flight, still returns

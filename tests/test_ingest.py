@@ -1,4 +1,4 @@
-"""Corpus ingest (issue 4): CSV, JSONL and sitemaps become checked columns, or a CorpusError that
+"""Corpus ingest (docs/design.md §13): CSV, JSONL and sitemaps become checked columns, or a CorpusError that
 names the file and the line; hostile XML is refused, never expanded; nothing partial comes back."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Leases and fencing tokens (DESIGN §7, invariant 2): complete / fail / release / renew /
+"""Leases and fencing tokens (docs/design.md §5, §14): complete / fail / release / renew /
 prioritize / remove, and a stale token changing nothing."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lane layout and policy validation (DESIGN §4), and sanity of the reference allocator."""
+"""Lane layout and policy validation (docs/design.md §3), and sanity of the reference allocator."""
 
 from __future__ import annotations
 

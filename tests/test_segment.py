@@ -1,4 +1,4 @@
-"""The shared segment (DESIGN §5): create / attach / refuse what is not ours / lifetime."""
+"""The shared segment (docs/design.md §4): create / attach / refuse what is not ours / lifetime."""
 
 from __future__ import annotations
 

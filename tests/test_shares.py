@@ -1,4 +1,4 @@
-"""Fairness between lanes (DESIGN §4): floors are minimums, the urgent cap holds, and the C pass
+"""Fairness between lanes (docs/design.md §3, §10): floors are minimums, the urgent cap holds, and the C pass
 grants exactly what the reference allocator ``engine.policy.reference_pass`` says."""
 
 from __future__ import annotations

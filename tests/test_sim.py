@@ -1,4 +1,4 @@
-"""The lane simulator (issue 5): what the real engine does to age / TTL per route class.
+"""The lane simulator (README, scheduling quality): what the real engine does to age / TTL per route class.
 
 The grid runs once per module on the default corpus at a quarter of its rows (same proportions,
 same virtual durations), every policy at 100 %, 75 % and 50 % of demand.
@@ -99,7 +99,7 @@ def test_rerank_does_not_rescue_homepages_under_a_deep_backlog(grid, cap):
 def test_floors_trade_the_discovered_tail_for_submitted_freshness(grid, cap):
     """The engine's floors serve the remainder in lane order, so discovered pages get their
     10 % floor and little else; fixed shares give them their demand share. The README's
-    comparison with the background (71 h vs 133 h) rests on this direction."""
+    comparison with the reference simulator (71 h vs 133 h) rests on this direction."""
     floors, fixed = grid["floors", cap], grid["fixed", cap]
     assert floors.classes["discovery"].max_age_hours > fixed.classes["discovery"].max_age_hours
     assert floors.classes["product"].mean_age_over_ttl <= fixed.classes["product"].mean_age_over_ttl

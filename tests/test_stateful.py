@@ -1,4 +1,4 @@
-"""A stateful model test (issue 3, item 1): a real engine and a plain-Python model side by side.
+"""A stateful model test (docs/design.md §14): a real engine and a plain-Python model side by side.
 
 Hypothesis drives every public write and claim of one engine in virtual time (``now_ms`` is
 passed to every call; the model's clock only moves through the time rules) and after each step

@@ -1,4 +1,4 @@
-"""Writes (DESIGN §7, §9): validation that leaves the engine unchanged, capacity, live policy
+"""Writes (docs/design.md §5, §15): validation that leaves the engine unchanged, capacity, live policy
 changes that rewrite no row, restamp, compaction."""
 
 from __future__ import annotations

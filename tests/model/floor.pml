@@ -52,7 +52,7 @@
  *   - not modelled: tombstones (rl_index_forget), full rebuilds, batches of several rows, a
  *     ring that wraps.
  *
- * The property, DESIGN §8.3 "no live row is ever below its lane's floor", in every reachable
+ * The property, docs/design.md §14, "no live row is ever below its lane's floor", in every reachable
  * state: every live row is at or above the floor's minute, or the floor is 0, or the row's
  * write is between its step 1 and the end of its step 3 (the ghost pending[r]: step 3 will
  * lower the floor to it). Only a step that changes key[], pending[] or the floor can falsify
@@ -543,7 +543,7 @@ init {
 #endif
     };
     /* When every process has ended: every queued row is findable, at its key, in the index of
-     * the current generation or in a published slot of the ring that is left (DESIGN: recent
+     * the current generation or in a published slot of the ring that is left (docs/design.md §6: recent
      * writes visible to claims at once; a merge never loses a live row). */
     (_nr_pr == 1);
     d_step {
