@@ -1,14 +1,13 @@
 """``lanes demo``: a forked render pool over a synthetic corpus, capacity below demand, live.
 
-The corpus is a render service's (docs/design.md §1): homepages (1 h TTL), catalog pages
-(6-12 h), product pages
-(48 h) from sitemaps, and crawler-discovered pages (48 h), all starting with a backlog of up to
-a day. The pool runs on a clock sped up so that a minute of the demo covers hours of the
-corpus, and its capacity (workers / simulated render time) is set to about two thirds of the
-corpus's demand: the regime where lanes matter. The render is simulated (a short sleep; a few
-pages always fail and drift to the cold lane). A live per-lane view runs meanwhile; at the end a
-summary shows what each class of page got: with lanes, homepages stay near one TTL old while
-the 48 h backlog absorbs the deficit.
+The corpus is a render service's (docs/design.md §1): homepages (1 h TTL), catalog pages (6-12
+h), product pages (48 h) from sitemaps, and crawler-discovered pages (48 h), all starting with a
+backlog of up to a day. The pool runs on a clock sped up so that a minute of the demo covers
+hours of the corpus, and its capacity (workers / simulated render time) is set to about two
+thirds of the corpus's demand: the regime where lanes matter. The render is simulated (a short
+sleep; a few pages always fail and drift to the cold lane). A live per-lane view runs meanwhile;
+at the end a summary shows what each class of page got: with lanes, homepages stay near one TTL
+old while the 48 h backlog absorbs the deficit.
 
 It opens with the headline case on the real engine in virtual time (lanes off against on).
 """
