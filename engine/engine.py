@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from . import _hot
 from .errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
-from .keys import STRIDE, as_int64_array, check_due_array, check_due_ms, ndim_of
+from .keys import STRIDE, as_int64_array, check_due_array, check_due_ms, is_number, ndim_of
 from .policy import MAX_INTERVAL_S, PROVENANCES, LanePolicy
 from .segment import (
     OWNER_ALIVE,
@@ -155,7 +155,7 @@ class Engine(_hot.EngineBase):
     @classmethod
     def attach(cls, name: str, timeout: float = 5.0) -> Engine:
         """Attach to an existing segment; never unlinks it. ``LayoutMismatch`` if not ours."""
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+        if not is_number(timeout) or not (
                 math.isfinite(timeout) and timeout >= 0):
             raise EngineValueError("timeout must be a finite number of seconds >= 0")
         return cls(Segment.attach(_name(name), float(timeout)), None)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import EngineTypeError, EngineValueError
+from .keys import is_int, is_number
 
 PROVENANCES: tuple[str, ...] = ("submitted", "discovered")
 CLASSES: tuple[str, ...] = ("urgent", "submitted", "discovered", "cold")
@@ -45,7 +46,7 @@ def normalize_bands(bands: Any) -> tuple[int, ...]:
         raise EngineTypeError("ttl_bands must be a sequence of seconds")
     out: set[int] = set()
     for b in bands:
-        if isinstance(b, bool) or not isinstance(b, (int, float)):
+        if not is_number(b):
             raise EngineTypeError(f"ttl_bands holds {b!r}, not a number of seconds")
         if isinstance(b, float) and not math.isfinite(b):
             raise EngineValueError(f"ttl_bands must hold positive whole seconds, got {b!r}")
@@ -59,7 +60,7 @@ def normalize_bands(bands: Any) -> tuple[int, ...]:
 
 
 def _share(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_number(value):
         raise EngineTypeError(f"{what} must be a number, got {value!r}")
     try:
         v = float(value)
@@ -91,7 +92,7 @@ class LanePolicy:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ttl_bands", normalize_bands(self.ttl_bands))
-        if isinstance(self.cold_after, bool) or not isinstance(self.cold_after, int):
+        if not is_int(self.cold_after):
             raise EngineTypeError(f"cold_after must be an int, got {self.cold_after!r}")
         if not 1 <= self.cold_after <= 255:
             raise EngineValueError(f"cold_after must be in [1, 255], got {self.cold_after}")

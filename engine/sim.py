@@ -51,6 +51,7 @@ import numpy.typing as npt
 
 from .engine import Engine
 from .errors import EngineError, EngineTypeError, EngineValueError
+from .keys import is_int, is_number
 from .policy import PROVENANCES, LanePolicy
 
 HOUR_MS = 3_600_000
@@ -84,15 +85,14 @@ class RouteClass:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise EngineValueError(f"route class name must be a non-empty string: {self.name!r}")
-        if isinstance(self.rows, bool) or not isinstance(self.rows, int) or self.rows < 1:
+        if not is_int(self.rows) or self.rows < 1:
             raise EngineValueError(f"class {self.name!r}: rows must be an integer >= 1, "
                                    f"got {self.rows!r}")
         iv = self.interval_h
-        if isinstance(iv, (int, float)) and not isinstance(iv, bool):
+        if is_number(iv):
             iv = (iv, iv)
         if (not isinstance(iv, (tuple, list)) or len(iv) != 2
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                           and math.isfinite(v) and 0 < v <= 24 * 365 for v in iv)
+                or not all(is_number(v) and math.isfinite(v) and 0 < v <= 24 * 365 for v in iv)
                 or iv[0] > iv[1]):
             raise EngineValueError(f"class {self.name!r}: interval_h must be hours in (0, 8760],"
                                    f" one number or [min, max], got {self.interval_h!r}")
@@ -201,14 +201,14 @@ def _positive(v: object, what: str) -> None:
 
 
 def _at_least(v: object, what: str, lo: float) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    if not is_number(v):
         raise EngineTypeError(f"{what} must be a number, got {v!r}")
     if not math.isfinite(v) or v < lo:
         raise EngineValueError(f"{what} must be a finite number >= {lo:g}, got {v!r}")
 
 
 def _whole(v: object, what: str, lo: int, hi: int) -> None:
-    if isinstance(v, bool) or not isinstance(v, int):
+    if not is_int(v):
         raise EngineTypeError(f"{what} must be an integer, got {v!r}")
     if not lo <= v <= hi:
         raise EngineValueError(f"{what} must be in [{lo}, {hi}], got {v}")

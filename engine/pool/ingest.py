@@ -49,7 +49,7 @@ import numpy.typing as npt
 
 from ..engine import wall_ms
 from ..errors import CorpusError, EngineTypeError, EngineValueError
-from ..keys import STRIDE, as_int64_array, check_due_array, check_due_ms
+from ..keys import STRIDE, as_int64_array, check_due_array, check_due_ms, is_int
 from ..policy import MAX_INTERVAL_S, PROVENANCES
 
 IntArray = npt.NDArray[np.int64]
@@ -367,7 +367,7 @@ def _changefreq_table(overrides: Mapping[str, int] | None) -> Mapping[str, int]:
     for word, seconds in overrides.items():
         if not isinstance(word, str):
             raise EngineTypeError(f"changefreq_map key {word!r} is not a string")
-        if isinstance(seconds, bool) or not isinstance(seconds, int) or not (
+        if not is_int(seconds) or not (
                 1 <= seconds <= MAX_INTERVAL_S):
             raise EngineValueError(
                 f"changefreq_map[{word!r}] must be whole seconds in [1, {MAX_INTERVAL_S}], "
@@ -377,7 +377,7 @@ def _changefreq_table(overrides: Mapping[str, int] | None) -> Mapping[str, int]:
 
 
 def _max_entries(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not is_int(value) or value < 1:
         raise EngineValueError(f"max_sitemap_urls must be a positive int, got {value!r}")
     return value
 
@@ -436,7 +436,7 @@ def _whole(where: str, what: str, value: object, lo: int, hi: int, unit: str, *,
     n: int | None = None
     if text and isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
         n = int(value.strip())
-    elif not text and isinstance(value, int) and not isinstance(value, bool):
+    elif not text and is_int(value):
         n = value
     if n is None or not lo <= n <= hi:
         bound = "2**42 - 1" if hi == STRIDE - 1 else str(hi)

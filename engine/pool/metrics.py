@@ -15,6 +15,7 @@ from typing import Any
 
 from ..engine import Engine
 from ..errors import EngineError, EngineValueError, SegmentMissing
+from ..keys import is_int
 from .board import DURATION_BUCKETS, Board
 
 _LANE_GAUGES = (("queued", "rows queued in the lane"),
@@ -120,7 +121,7 @@ def exposition(eng: Engine) -> str:
 
 def start_server(eng: Engine, port: int, host: str = "127.0.0.1") -> Any:
     """Serve ``/metrics`` of ``eng`` from a daemon thread; returns the server (``shutdown()``)."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if not is_int(port) or not 0 <= port <= 65535:
         raise EngineValueError(f"port must lie in [0, 65535], got {port!r}")
     try:
         server, _thread = _client().start_http_server(port, addr=host, registry=registry(eng))

@@ -43,6 +43,7 @@ from ..errors import (
     SegmentExists,
     SegmentMissing,
 )
+from ..keys import is_int, is_number
 from ..policy import LanePolicy
 from ..segment import Segment, is_running, process_start_ms
 from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, Board, Clock, record_render
@@ -71,14 +72,13 @@ class PoolOptions:
 
     def __post_init__(self) -> None:
         for what, v, lo, hi in (("workers", self.workers, 1, 1000), ("batch", self.batch, 1, 4096)):
-            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            if not is_int(v) or not lo <= v <= hi:
                 raise EngineValueError(f"{what} must be an int in [{lo}, {hi}], got {v!r}")
         for what, x in (("lease_s", self.lease_s), ("checkpoint_every_s", self.checkpoint_every_s),
                         ("idle_s", self.idle_s), ("time_scale", self.time_scale)):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not 1e-3 <= x < 1e9:
+            if not is_number(x) or not 1e-3 <= x < 1e9:
                 raise EngineValueError(f"{what} must be a positive number, got {x!r}")
-        if (isinstance(self.grace_s, bool) or not isinstance(self.grace_s, (int, float))
-                or not 0 <= self.grace_s < 1e6):
+        if not is_number(self.grace_s) or not 0 <= self.grace_s < 1e6:
             raise EngineValueError(f"grace_s must be a number >= 0, got {self.grace_s!r}")
         if self.start_method not in START_METHODS:
             raise EngineValueError(f"start_method must be one of {START_METHODS}")
@@ -360,8 +360,7 @@ class Pool:
         Returns the summary (see ``summary``). Signal handlers are installed only while it runs,
         and only when called from the main thread.
         """
-        if seconds is not None and (isinstance(seconds, bool) or not isinstance(
-                seconds, (int, float)) or not 0 <= seconds < 1e9):
+        if seconds is not None and (not is_number(seconds) or not 0 <= seconds < 1e9):
             raise EngineValueError(f"seconds must be a number >= 0, got {seconds!r}")
         old: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
