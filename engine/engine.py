@@ -268,8 +268,6 @@ class Engine(_hot.EngineBase):
 
     def _refused(self, status: int, what: str) -> None:
         """Raise for a negative status of a hot call (from the C base class)."""
-        if status == lib.RL_E_RANGE and what != "claim":
-            raise EngineValueError("rows holds a row id that does not exist")
         check(status, what)
 
     def _after(self, advice: int) -> None:
@@ -356,10 +354,7 @@ class Engine(_hot.EngineBase):
         h, owner = self._hot()
         status = lib.rl_complete_many(h, owner, len(r), _ptr(r), _ptr(t), nxt, now,
                                       ffi.from_buffer("uint8_t[]", ok), self._advice)
-        if status < 0:
-            if status == lib.RL_E_RANGE:
-                raise EngineValueError("rows holds a row id that does not exist")
-            check(status, "complete_many")
+        check(status, "complete_many")
         if self._advice[0]:
             self._after(self._advice[0])
         return ok
@@ -393,10 +388,7 @@ class Engine(_hot.EngineBase):
         h, owner = self._hot()
         status = lib.rl_release_many(h, owner, len(r), _ptr(r), _ptr(t),
                                      ffi.from_buffer("uint8_t[]", ok), self._advice)
-        if status < 0:
-            if status == lib.RL_E_RANGE:
-                raise EngineValueError("rows holds a row id that does not exist")
-            check(status, "release_many")
+        check(status, "release_many")
         if self._advice[0]:
             self._after(self._advice[0])
         return ok

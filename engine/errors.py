@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import NoReturn
 
+from ._core import lib
+
 
 class EngineError(Exception):
     """Base of every error render-lanes raises on purpose."""
@@ -60,19 +62,20 @@ class NotAllowed(EngineError):
     """The operation is refused in the current state (restamp while lanes are enabled, ...)."""
 
 
-# Status codes from csrc/lanes.h (RL_E_*). Keep in step with that header.
+# Status codes from csrc/lanes.h, by their names there (a renumbered code cannot drift).
 _TABLE: dict[int, tuple[type[EngineError], str]] = {
-    -1: (LayoutMismatch, "segment layout does not match"),
-    -2: (LeaseLost, "lease lost: the token is stale"),
-    -3: (CapacityError, "capacity exhausted"),
-    -4: (EngineValueError, "bad argument"),
-    -5: (EngineValueError, "out of range"),
-    -6: (EngineError, "system call failed"),
-    -7: (AttachTimeout, "timed out waiting for the segment"),
-    -8: (SegmentExists, "segment already exists"),
-    -9: (SegmentMissing, "no such segment"),
-    -10: (NotAllowed, "not allowed now"),
-    -11: (EngineError, "busy"),
+    lib.RL_E_LAYOUT: (LayoutMismatch, "segment layout does not match"),
+    lib.RL_E_LEASE: (LeaseLost, "lease lost: the token is stale"),
+    lib.RL_E_CAPACITY: (CapacityError, "capacity exhausted"),
+    lib.RL_E_VALUE: (EngineValueError, "bad argument"),
+    lib.RL_E_RANGE: (EngineValueError,
+                    "out of range (a row id that does not exist, or a value past its limit)"),
+    lib.RL_E_SYS: (EngineError, "system call failed"),
+    lib.RL_E_TIMEOUT: (AttachTimeout, "timed out waiting for the segment"),
+    lib.RL_E_EXISTS: (SegmentExists, "segment already exists"),
+    lib.RL_E_NOTFOUND: (SegmentMissing, "no such segment"),
+    lib.RL_E_NOTALLOWED: (NotAllowed, "not allowed now"),
+    lib.RL_E_BUSY: (EngineError, "busy"),
 }
 
 
