@@ -155,3 +155,23 @@ def restore(ck: Checkpoint, eng: Engine) -> IntArray:
         # A rush puts the row in the urgent lane due at `now_ms`: at its saved due time.
         eng.prioritize(int(rows[i]), "rush", now_ms=int(ck.due_ms[i]))
     return rows
+
+
+def create_from(ck: Checkpoint, name: str, capacity: int | None = None,
+                policy: LanePolicy | None = None) -> Engine:
+    """A new engine ``name`` holding the checkpoint's rows (renumbered from 0 in saved order):
+    the saved capacity and policy unless given. A capacity below the rows saved is refused, never
+    silently raised. Nothing is left behind if the restore fails."""
+    from .engine import Engine
+
+    if capacity is not None and capacity < len(ck):
+        raise EngineValueError(f"capacity {capacity} is below the {len(ck)} rows of the checkpoint")
+    eng = Engine.create(name, max(ck.capacity, len(ck), 1) if capacity is None else capacity,
+                        ck.policy if policy is None else policy)
+    try:
+        restore(ck, eng)
+    except BaseException:
+        eng.close()
+        eng.unlink()
+        raise
+    return eng

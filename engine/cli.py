@@ -15,8 +15,6 @@ from .errors import EngineError, EngineValueError, NotAllowed, SegmentMissing
 from .policy import LanePolicy
 from .segment import Segment
 
-CHECKPOINT_EVERY_S = 60.0
-
 
 def _stats(args: argparse.Namespace) -> int:
     eng = Engine.attach(args.name)
@@ -111,7 +109,7 @@ def _pool(args: argparse.Namespace) -> int:
     from .pool.render import RenderSpec
     from .pool.view import LiveView, print_summary
 
-    if args.checkpoint is None and args.checkpoint_every != CHECKPOINT_EVERY_S:
+    if args.checkpoint is None and args.checkpoint_every != PoolOptions().checkpoint_every_s:
         raise EngineValueError("--checkpoint-every needs --checkpoint PATH")
     render = RenderSpec(callable=args.render, command=args.command_template,
                         timeout_s=args.timeout)
@@ -190,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
 
     _sim_arguments(p)
     p.set_defaults(fn=_sim)
+    from .pool.supervisor import START_METHODS, PoolOptions
+
+    DEFAULTS = PoolOptions()  # the pool's own defaults, not a copy of them
     p = sub.add_parser("pool", help="run a forked render pool over a corpus or a checkpoint")
     p.add_argument("name", help="the engine's segment name (created; removed at the end)")
     p.add_argument("--corpus", action="append", default=[], metavar="FILE",
@@ -200,14 +201,14 @@ def main(argv: list[str] | None = None) -> int:
                      help="e.g. 'curl -fsS {url} -o /dev/null' ({url}, {row}, {lane}; no shell)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per command render")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)))
-    p.add_argument("--batch", type=int, default=16, help="rows per claim")
-    p.add_argument("--lease", type=float, default=30.0, help="lease seconds (renewed)")
-    p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default="fork")
+    p.add_argument("--batch", type=int, default=DEFAULTS.batch, help="rows per claim")
+    p.add_argument("--lease", type=float, default=DEFAULTS.lease_s, help="lease seconds (renewed)")
+    p.add_argument("--start-method", choices=START_METHODS, default=DEFAULTS.start_method)
     p.add_argument("--checkpoint", metavar="PATH", help="checkpoint file (written atomically)")
-    p.add_argument("--checkpoint-every", type=float, default=CHECKPOINT_EVERY_S,
+    p.add_argument("--checkpoint-every", type=float, default=DEFAULTS.checkpoint_every_s,
                    metavar="SECONDS")
     p.add_argument("--resume", action="store_true", help="start from --checkpoint")
-    p.add_argument("--grace", type=float, default=10.0,
+    p.add_argument("--grace", type=float, default=DEFAULTS.grace_s,
                    help="seconds to finish at a stop (a second signal ends it)")
     p.add_argument("--seconds", type=float, default=None, help="stop after this long")
     p.add_argument("--capacity", type=int, default=None, help="rows the segment can hold")

@@ -212,16 +212,7 @@ class Engine(_hot.EngineBase):
         order); the saved capacity and policy unless given."""
         from . import checkpoint
 
-        ck = checkpoint.read(path)
-        cap = max(ck.capacity, len(ck), 1) if capacity is None else capacity
-        eng = cls.create(name, cap, ck.policy if policy is None else policy)
-        try:
-            checkpoint.restore(ck, eng)
-        except BaseException:
-            eng.close()
-            eng.unlink()
-            raise
-        return eng
+        return checkpoint.create_from(checkpoint.read(path), name, capacity, policy)
 
     # -- small helpers ---------------------------------------------------------------------------
 

@@ -514,3 +514,22 @@ def test_damaged_boards_and_checkpoints_get_clear_errors(tmp_path: Path) -> None
     np.savez(bad, meta=np.frombuffer(b"[1, 2]", np.uint8))
     with pytest.raises(EngineValueError, match="not a version"):
         ck.read(bad)
+
+
+def test_a_checkpoint_restored_into_too_small_a_capacity_is_refused_by_load_and_resume(tmp_path):
+    """Engine.load and Pool.resume restore through one function with one capacity rule: a
+    capacity below the rows saved is a clear error and leaves no segment, never silently
+    raised."""
+    from lanes_testlib import leftover_segments, unique_name
+
+    path = str(tmp_path / "small.npz")
+    with Engine.create(unique_name(), capacity=64) as eng:
+        for i in range(10):
+            eng.add(1_800_000_000_000 + i, 3600)
+        eng.save(path, urls=[f"https://example.test/{i}" for i in range(10)])
+    before = leftover_segments()
+    with pytest.raises(EngineValueError, match="below the 10 rows"):
+        Engine.load(path, unique_name(), capacity=5)
+    with pytest.raises(EngineValueError, match="below the 10 rows"):
+        Pool.resume(unique_name(), path, RenderSpec(command="true {url}"), capacity=5)
+    assert leftover_segments() == before

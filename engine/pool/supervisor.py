@@ -314,10 +314,8 @@ class Pool:
         if ck.urls is None:
             raise EngineValueError(f"{path} holds no URLs: not a pool checkpoint")
         clear_stale(name)
-        eng = Engine.create(name, max(capacity or ck.capacity, len(ck), 1),
-                            ck.policy if policy is None else policy)
+        eng = checkpoint.create_from(ck, name, capacity, policy)
         try:
-            checkpoint.restore(ck, eng)
             return cls._around(eng, ck.urls, render, options)
         except BaseException:
             _remove(name, eng)
