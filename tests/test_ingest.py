@@ -22,6 +22,7 @@ from lanes_testlib import NOW, fresh_engine
 
 from engine import CorpusError, EngineValueError
 from engine.errors import EngineError, EngineTypeError
+from engine.policy import MAX_INTERVAL_S
 from engine.pool.ingest import (
     _PLAIN_URL,
     CHANGEFREQ_INTERVALS,
@@ -33,7 +34,6 @@ from engine.pool.ingest import (
     read_corpora,
     read_corpus,
 )
-from engine.policy import MAX_INTERVAL_S
 
 DAY = 86_400
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

@@ -19,8 +19,8 @@ from lanes_testlib import shm_path, unique_name
 
 from engine import Engine, EngineError, EngineValueError, LanePolicy
 from engine import checkpoint as ck
-from engine.pool.board import Board
 from engine.pool import Pool, PoolOptions, clear_stale
+from engine.pool.board import Board
 from engine.pool.render import RenderSpec
 from engine.pool.urls import UrlTable
 
