@@ -1,4 +1,5 @@
-"""The claim pass (docs/design.md §7): lanes, per-lane floors, spill, stale entries, EDF inside a lane."""
+"""The claim pass (docs/design.md §7): lanes, per-lane floors, spill, stale entries, EDF inside a
+lane."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The key contract (docs/design.md §2): key = lane * 2**42 + due_ms, exact everywhere, never from None."""
+"""The key contract (docs/design.md §2): key = lane * 2**42 + due_ms, exact everywhere, never from
+None."""
 
 from __future__ import annotations
 

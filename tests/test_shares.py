@@ -1,5 +1,5 @@
-"""Fairness between lanes (docs/design.md §3, §10): floors are minimums, the urgent cap holds, and the C pass
-grants exactly what the reference allocator ``engine.policy.reference_pass`` says."""
+"""Fairness between lanes (docs/design.md §3, §10): floors are minimums, the urgent cap holds, and
+the C pass grants exactly what the reference allocator ``engine.policy.reference_pass`` says."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The lane simulator (README, scheduling quality): what the real engine does to age / TTL per route class.
+"""The lane simulator (README, scheduling quality): what the real engine does to age / TTL per route
+class.
 
 The grid runs once per module on the default corpus at a quarter of its rows (same proportions,
 same virtual durations), every policy at 100 %, 75 % and 50 % of demand.

@@ -1,5 +1,5 @@
-"""Writes (docs/design.md §5, §15): validation that leaves the engine unchanged, capacity, live policy
-changes that rewrite no row, restamp, compaction."""
+"""Writes (docs/design.md §5, §15): validation that leaves the engine unchanged, capacity, live
+policy changes that rewrite no row, restamp, compaction."""
 
 from __future__ import annotations
 
