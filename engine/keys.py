@@ -27,11 +27,10 @@ from .errors import EngineTypeError, EngineValueError
 STRIDE: int = 1 << 42
 """Width of one lane in ms (about 139 years)."""
 
-MAX_LANES: int = 2048
-"""Lanes that keep every key below 2**53."""
-
-KEY_NONE: int = (1 << 64) - 1
-"""The row table's "not queued" sentinel (never a valid key)."""
+KEY_LANES: int = 2048
+"""Lanes the key contract allows: they keep every key below 2**53. A segment holds fewer
+(``RL_MAX_LANES``, 64: the row word keeps 7 lane bits); the policy's own lane count is smaller
+still."""
 
 IntArray = npt.NDArray[np.int64]
 
@@ -80,7 +79,7 @@ def check_due_ms(value: object, what: str = "due_ms") -> int:
     return due
 
 
-def check_lane(value: object, lane_count: int = MAX_LANES) -> int:
+def check_lane(value: object, lane_count: int = KEY_LANES) -> int:
     # A lane is an index: a float (even a whole one, even -0.0) is refused, not truncated.
     if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
         raise EngineValueError(f"lane must be an integer, got {value!r}")
@@ -158,8 +157,8 @@ def encode(lane: Any, due_ms: Any) -> Any:
     if ndim_of(lane, "lane") == 0 and ndim_of(due_ms, "due_ms") == 0:
         return check_lane(lane) * STRIDE + check_due_ms(due_ms)
     lanes = as_int64_array(np.atleast_1d(_asarray(lane, "lane")), "lane")
-    if ((lanes < 0) | (lanes >= MAX_LANES)).any():
-        raise EngineValueError(f"lane must be in [0, {MAX_LANES})")
+    if ((lanes < 0) | (lanes >= KEY_LANES)).any():
+        raise EngineValueError(f"lane must be in [0, {KEY_LANES})")
     dues = check_due_array(np.atleast_1d(_asarray(due_ms, "due_ms")))
     try:
         lanes, dues = np.broadcast_arrays(lanes, dues)
@@ -178,14 +177,14 @@ def _key_array(key: Any) -> IntArray:
             raise EngineValueError("key must be a whole number")
     elif arr.dtype.kind not in "iu":
         raise EngineTypeError(f"key must be integer, got dtype {arr.dtype}")
-    if arr.size and (arr.min() < 0 or arr.max() >= float(MAX_LANES * STRIDE)):
+    if arr.size and (arr.min() < 0 or arr.max() >= float(KEY_LANES * STRIDE)):
         raise EngineValueError("key is outside [0, 2048 * 2**42)")
     return arr.astype(np.int64)
 
 
 def _check_key(key: object) -> int:
     k = _as_int(key, "key")
-    if not 0 <= k < MAX_LANES * STRIDE:
+    if not 0 <= k < KEY_LANES * STRIDE:
         raise EngineValueError(f"key {k} is outside [0, 2048 * 2**42)")
     return k
 

@@ -124,12 +124,14 @@ class LanePolicy:
     # -- lane layout -------------------------------------------------------------------------
 
     @property
-    def band_count(self) -> int:
+    def bands_per_class(self) -> int:
+        """TTL bands of one provenance: one more than the boundaries in ``ttl_bands`` (the C
+        policy's ``band_count`` counts the boundaries)."""
         return len(self.ttl_bands) + 1
 
     @property
     def lane_count(self) -> int:
-        return 2 * self.band_count + 2
+        return 2 * self.bands_per_class + 2
 
     @property
     def cold_lane(self) -> int:
@@ -149,16 +151,16 @@ class LanePolicy:
             return 0
         if suppressed or failures >= self.cold_after:
             return self.cold_lane
-        base = 1 if provenance == "submitted" else 1 + self.band_count
+        base = 1 if provenance == "submitted" else 1 + self.bands_per_class
         return base + self.band_of(interval_s)
 
     def class_of(self, lane: int) -> str:
         """Class of a lane; a lane past this layout (left by a wider policy) counts as cold."""
         if lane == 0:
             return "urgent"
-        if lane <= self.band_count:
+        if lane <= self.bands_per_class:
             return "submitted"
-        if lane <= 2 * self.band_count:
+        if lane <= 2 * self.bands_per_class:
             return "discovered"
         return "cold"
 
@@ -168,7 +170,7 @@ class LanePolicy:
         if lane >= self.cold_lane:
             return "cold" if lane == self.cold_lane else f"lane{lane}"
         cls = self.class_of(lane)
-        band = lane - 1 if cls == "submitted" else lane - 1 - self.band_count
+        band = lane - 1 if cls == "submitted" else lane - 1 - self.bands_per_class
         return f"{cls}/b{band}"
 
     def class_lanes(self, cls: str, lane_total: int) -> list[int]:

@@ -38,7 +38,7 @@ from lanes_testlib import DAY, HOUR, MINUTE, NOW, ROOT, fresh_engine, shm_path, 
 
 from engine import STRIDE, Engine, LanePolicy, due_ms_of, encode, lane_of
 from engine.errors import EngineClosed, EngineError, SegmentMissing
-from engine.keys import MAX_LANES as KEY_LANES
+from engine.keys import KEY_LANES
 from engine.segment import check, ffi, lib
 
 FIXED = NOW

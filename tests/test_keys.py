@@ -13,16 +13,16 @@ from lanes_testlib import NOW
 
 from engine import STRIDE, EngineError, due_ms_of, encode, lane_of
 from engine.errors import EngineTypeError, EngineValueError
-from engine.keys import MAX_LANES, check_due_array, check_due_ms, minute_of
+from engine.keys import KEY_LANES, check_due_array, check_due_ms, minute_of
 
-LANES = st.integers(0, MAX_LANES - 1)
+LANES = st.integers(0, KEY_LANES - 1)
 DUES = st.integers(0, STRIDE - 1)
 
 
 def test_stride_and_lane_count_keep_every_key_below_two_to_the_53():
     assert STRIDE == 2**42
-    assert MAX_LANES == 2048
-    top = encode(MAX_LANES - 1, STRIDE - 1)
+    assert KEY_LANES == 2048
+    top = encode(KEY_LANES - 1, STRIDE - 1)
     assert top == 2**53 - 1
     assert float(top) == top  # exact as float64
     assert int(np.float64(top)) == top
@@ -118,7 +118,7 @@ def test_negative_or_beyond_horizon_due_time_is_rejected(due):
         check_due_array(np.array([NOW, due], dtype=np.int64))
 
 
-@pytest.mark.parametrize("lane", [-1, MAX_LANES, MAX_LANES + 7, 10**9])
+@pytest.mark.parametrize("lane", [-1, KEY_LANES, KEY_LANES + 7, 10**9])
 def test_lane_out_of_range_is_rejected(lane):
     with pytest.raises(EngineValueError):
         encode(lane, NOW)
@@ -141,7 +141,7 @@ def test_fractional_and_non_numeric_values_are_rejected_not_truncated():
         encode(np.array([1]), np.array([NOW + 0.5]))
 
 
-@pytest.mark.parametrize("key", [-1, MAX_LANES * STRIDE, None, math.nan, math.inf])
+@pytest.mark.parametrize("key", [-1, KEY_LANES * STRIDE, None, math.nan, math.inf])
 def test_key_outside_the_key_space_is_rejected(key):
     with pytest.raises(EngineError):
         lane_of(key)
@@ -155,7 +155,7 @@ def test_key_arrays_outside_the_key_space_are_rejected():
     with pytest.raises(EngineError):
         due_ms_of(np.array([0.0, math.nan]))
     with pytest.raises(EngineError):
-        lane_of(np.array([float(MAX_LANES * STRIDE)]))
+        lane_of(np.array([float(KEY_LANES * STRIDE)]))
 
 
 def test_errors_are_engine_errors_and_builtin_kinds():
@@ -166,7 +166,7 @@ def test_errors_are_engine_errors_and_builtin_kinds():
 
 
 @settings(max_examples=200)
-@given(st.integers(1, MAX_LANES - 1), DUES)
+@given(st.integers(1, KEY_LANES - 1), DUES)
 def test_horizon_guard_refuses_a_raw_key_where_a_timestamp_belongs(lane, due):
     key = encode(lane, due)
     with pytest.raises(EngineValueError):
