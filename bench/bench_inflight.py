@@ -117,6 +117,10 @@ def time_claims(eng: Engine, count: int, now: int | Callable[[int], int], max_s:
                 eng.release(r, tok)
         elif after == "release_many":
             eng.release_many(b.rows, b.tokens)
+        elif after == "complete+calls":  # the control: as many Python calls as release() makes
+            eng.complete_many(b.rows, b.tokens, now_ms=ms)
+            for r in b.rows.tolist():
+                eng.lane(r)
         if done % 16 == 0 and time.perf_counter() > deadline:
             break
     return Sample(t / done / 1000, done, rows, zero, worst / 1000)
@@ -335,6 +339,7 @@ def part_release(c: dict[str, Any], figs: list[dict[str, Any]]) -> None:
     ring = Slot("ring", n)
     rng = np.random.default_rng(11)
     after_rel, after_relm, after_done, base_s, released_s, released_first = [], [], [], [], [], []
+    after_calls: list[Sample] = []
     first, nxt, bare_ring, bare_base, pending = [], [], [], [], []
     rel_held: list[int] = []
     bare_error = ""
@@ -349,6 +354,7 @@ def part_release(c: dict[str, Any], figs: list[dict[str, Any]]) -> None:
             eng.release_many(b.rows, b.tokens)
             after_relm.append(time_claims(eng, per, NOW, c["round_s"], after="release_many"))
             after_done.append(time_claims(eng, per, NOW, c["round_s"]))
+            after_calls.append(time_claims(eng, per, NOW, c["round_s"], after="complete+calls"))
             # (b) many released rows
             base_s.append(time_claims(base.get(k * BUDGET), k, NOW))
             eng = many.get(rel_n + k * BUDGET)
@@ -386,6 +392,12 @@ def part_release(c: dict[str, Any], figs: list[dict[str, Any]]) -> None:
     figs.append(g)
     figs.append(ratio("inflight.release.ratio", "claim after release / claim after complete_many",
                       after_rel, after_done, f if "skipped" in f else g))
+    f = latency("inflight.release.after_complete_calls_us",
+                "claim(16) after complete_many and 16 lane() calls (control)", after_calls)
+    figs.append(f)
+    figs.append(ratio("inflight.release.calls_ratio",
+                      "claim after complete_many + 16 calls / claim after complete_many",
+                      after_calls, after_done, f if "skipped" in f else g))
     f = latency("inflight.release.after_release_many_us",
                 "claim(16) after release_many of the previous batch", after_relm)
     figs.append(f)

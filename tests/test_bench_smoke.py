@@ -38,6 +38,7 @@ EXPECTED = {
     + [f"inflight.pool.cycle_ratio.p{p}.held16" for p in (1, 2)]
     + [f"inflight.release.{k}" for k in ("after_release_us", "after_complete_us", "ratio",
                                           "after_release_many_us", "many_ratio",
+                                          "after_complete_calls_us", "calls_ratio",
                                           "first_after_many_released_us",
                                           "many_released_us", "many_released_ratio")]
     + ["inflight.ring.first_claim_us", "inflight.ring.next_claims_us"]
