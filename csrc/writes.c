@@ -130,10 +130,48 @@ static void lease_end_write(rl_seg *s, uint32_t row, uint64_t writing) {
 /* A batch up to this size keeps its scratch arrays on the stack (a worker's usual batch). */
 #define SMALL_BATCH 256
 
+/* Scratch for a batch of leased writes (complete_many, release_many). */
+typedef struct {
+    uint64_t *writing; /* per row of the call: its writing word, where its token took */
+    uint64_t *words;   /* per row written: its new key (complete) or its row word (release) */
+    uint32_t *rows;    /* per row written: the row */
+    int heap;          /* the three are malloc'd (more than SMALL_BATCH rows) */
+    uint64_t small_writing[SMALL_BATCH], small_words[SMALL_BATCH];
+    uint32_t small_rows[SMALL_BATCH];
+} Scratch;
+
+static int Scratch_Init(Scratch *b, uint32_t n) {
+    b->heap = n > SMALL_BATCH;
+    b->writing = b->heap ? malloc((size_t)n * 8) : b->small_writing;
+    b->words = b->heap ? malloc((size_t)n * 8) : b->small_words;
+    b->rows = b->heap ? malloc((size_t)n * 4) : b->small_rows;
+    return b->writing && b->words && b->rows ? RL_OK : RL_E_SYS;
+}
+
+static void Scratch_Free(Scratch *b) {
+    if (!b->heap) return;
+    free(b->writing);
+    free(b->words);
+    free(b->rows);
+}
+
+/* End the leases whose tokens took (ok[i]), after their rows were published; how many. */
+static uint32_t leases_end_batch(rl_seg *s, uint32_t n, const int64_t *rows, const uint8_t *ok,
+                                 const uint64_t *writing) {
+    uint32_t done = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (ok[i]) {
+            lease_end_write(s, (uint32_t)rows[i], writing[i]);
+            done++;
+        }
+    return done;
+}
+
 int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
                      const int64_t *tokens, const int64_t *next_due, int64_t now_ms, uint8_t *ok,
                      uint32_t *advice) {
     rl_policy p;
+    Scratch b;
     if (owner == 0 || owner >= RL_MAX_OWNERS || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
         return RL_E_VALUE;
     for (uint32_t i = 0; i < n; i++) {
@@ -146,40 +184,26 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
     }
     if (n == 0) return RL_OK;
     rl_policy_read(s, &p);
-    uint64_t small_keys[SMALL_BATCH], small_writing[SMALL_BATCH];
-    uint32_t small_rws[SMALL_BATCH];
-    int heap = n > SMALL_BATCH;
-    uint64_t *keys = heap ? malloc((size_t)n * 8) : small_keys;
-    uint64_t *writing = heap ? malloc((size_t)n * 8) : small_writing;
-    uint32_t *rws = heap ? malloc((size_t)n * 4) : small_rws;
-    int rc = RL_E_SYS;
+    int rc = Scratch_Init(&b, n);
     uint32_t m = 0, done = 0;
-    if (!keys || !rws || !writing) goto out;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t r = (uint32_t)rows[i];
-        ok[i] = lease_begin_write(s, owner, r, (uint64_t)tokens[i], &writing[i]) == RL_OK;
-        if (!ok[i]) continue;
-        uint64_t word = atomic_load(&s->rows[r].word);
-        uint32_t interval = atomic_load(&s->intervals[r]), prov = RL_WORD_PROV(word);
-        int64_t due = next_due && next_due[i] >= 0 ? next_due[i]
-                                                    : clamp_due(now_ms + (int64_t)interval * 1000);
-        keys[m] = rl_encode(rl_lane_for(&p, prov, interval, 0, 0), (uint64_t)due);
-        rws[m] = r;
-        atomic_store(&s->rows[r].word, RL_WORD_MAKE(keys[m], 0, prov, 0));
-        m++;
-    }
-    rc = rl_publish(s, owner, m, keys, rws, advice);
-    for (uint32_t i = 0; i < n; i++)
-        if (ok[i]) {
-            lease_end_write(s, (uint32_t)rows[i], writing[i]);
-            done++;
+    if (rc == RL_OK) {
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t r = (uint32_t)rows[i];
+            ok[i] = lease_begin_write(s, owner, r, (uint64_t)tokens[i], &b.writing[i]) == RL_OK;
+            if (!ok[i]) continue;
+            uint64_t word = atomic_load(&s->rows[r].word);
+            uint32_t interval = atomic_load(&s->intervals[r]), prov = RL_WORD_PROV(word);
+            int64_t due = next_due && next_due[i] >= 0 ? next_due[i]
+                                                        : clamp_due(now_ms + (int64_t)interval * 1000);
+            b.words[m] = rl_encode(rl_lane_for(&p, prov, interval, 0, 0), (uint64_t)due);
+            b.rows[m] = r;
+            atomic_store(&s->rows[r].word, RL_WORD_MAKE(b.words[m], 0, prov, 0));
+            m++;
         }
-out:
-    if (heap) {
-        free(keys);
-        free(rws);
-        free(writing);
+        rc = rl_publish(s, owner, m, b.words, b.rows, advice);
+        done = leases_end_batch(s, n, rows, ok, b.writing);
     }
+    Scratch_Free(&b);
     return rc == RL_OK ? (int)done : rc;
 }
 
@@ -221,41 +245,29 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
  * (csrc/sweep.c). ok[i]: whether rows[i]'s token was a live lease (a stale one changes nothing). */
 int rl_release_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
                     const int64_t *tokens, uint8_t *ok, uint32_t *advice) {
+    Scratch b;
     if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE;
     for (uint32_t i = 0; i < n; i++) {
         if (!row_ok64(s, rows[i])) return RL_E_RANGE;
         rl_prefetch_w(&s->rows[rows[i]]);
     }
-    uint64_t small_writing[SMALL_BATCH], small_words[SMALL_BATCH];
-    uint32_t small_back[SMALL_BATCH];
-    int heap = n > SMALL_BATCH;
-    uint64_t *writing = heap ? malloc((size_t)n * 8) : small_writing;
-    uint64_t *words = heap ? malloc((size_t)n * 8) : small_words;
-    uint32_t *back = heap ? malloc((size_t)n * 4) : small_back;
-    int rc = RL_E_SYS;
+    if (n == 0) return RL_OK;
+    int rc = Scratch_Init(&b, n);
     uint32_t m = 0, done = 0;
-    if (!writing || !words || !back) goto out;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t r = (uint32_t)rows[i];
-        ok[i] = lease_begin_write(s, owner, r, (uint64_t)tokens[i], &writing[i]) == RL_OK;
-        if (!ok[i]) continue;
-        uint64_t word = atomic_load(&s->rows[r].word);
-        if (!(word & RL_WORD_FLIGHT)) continue; /* never taken out (or rewritten since) */
-        back[m] = r;
-        words[m++] = word;
-    }
-    rc = m ? rl_flight_return(s, owner, m, back, words, advice) : RL_OK;
-    for (uint32_t i = 0; i < n; i++)
-        if (ok[i]) {
-            lease_end_write(s, (uint32_t)rows[i], writing[i]);
-            done++;
+    if (rc == RL_OK) {
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t r = (uint32_t)rows[i];
+            ok[i] = lease_begin_write(s, owner, r, (uint64_t)tokens[i], &b.writing[i]) == RL_OK;
+            if (!ok[i]) continue;
+            uint64_t word = atomic_load(&s->rows[r].word);
+            if (!(word & RL_WORD_FLIGHT)) continue; /* never taken out (or rewritten since) */
+            b.rows[m] = r;
+            b.words[m++] = word;
         }
-out:
-    if (heap) {
-        free(writing);
-        free(words);
-        free(back);
+        rc = m ? rl_flight_return(s, owner, m, b.rows, b.words, advice) : RL_OK;
+        done = leases_end_batch(s, n, rows, ok, b.writing);
     }
+    Scratch_Free(&b);
     return rc == RL_OK ? (int)done : rc;
 }
 

@@ -1,9 +1,11 @@
-"""Fixtures: a fresh engine per test, and a session check that no test segment is left behind."""
+"""Fixtures: a fresh engine per test, the pool tests' render log, and a session check that no test
+segment is left behind."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,6 +43,14 @@ def make_engine() -> Iterator[Callable[..., Any]]:
 def eng(make_engine: Callable[..., Any]) -> Any:
     """An engine with the default policy and room for 4096 rows."""
     return make_engine()
+
+
+@pytest.fixture
+def log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The file the render callables of pool_renders.py append ``<pid> <url>`` lines to."""
+    path = tmp_path / "renders.log"
+    monkeypatch.setenv("RL_TEST_RENDER_LOG", str(path))
+    return path
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,0 +1,86 @@
+"""Shared helpers for the pool, CLI, checkpoint and pool-file tests.
+
+Like lanes_testlib, no pytest import: the ``log`` fixture that points the render callables of
+pool_renders.py at a file lives in conftest.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+from lanes_testlib import shm_path
+
+from engine.pool import Pool, PoolOptions
+from engine.pool.render import RenderSpec
+
+TESTS = os.path.dirname(__file__)
+
+
+def rendered(log: Path) -> list[tuple[int, str]]:
+    if not log.exists():
+        return []
+    return [(int(pid), url) for pid, url in (line.split() for line in log.read_text().splitlines())]
+
+
+def corpus(n: int, now: int | None = None) -> dict[str, Any]:
+    now = int(time.time() * 1000) if now is None else now
+    return {"urls": [f"https://shop.example/p/{i}" for i in range(n)],
+            "due_ms": now - np.arange(n) * 1000, "interval_s": 3600,
+            "provenance": ["submitted", "discovered"] * (n // 2) + ["submitted"] * (n % 2)}
+
+
+def make_pool(name: str, n: int, render: str, urls: list[str] | None = None,
+              **options: Any) -> Pool:
+    c = corpus(n)
+    env = {k: v for k, v in os.environ.items() if k == "RL_TEST_RENDER_LOG"}
+    return Pool.create(name, urls or c["urls"], c["due_ms"], c["interval_s"], c["provenance"],
+                       RenderSpec(callable=render), PoolOptions(env=env, **options))
+
+
+def running(pids: set[int]) -> set[int]:
+    """The pids that still run (a zombie waiting for its parent does not count)."""
+    out = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def files_of(name: str) -> list[str]:
+    return [p for p in (shm_path(name), shm_path(name) + ".urls", shm_path(name) + ".pool")
+            if os.path.exists(p)]
+
+
+def until_all(log: Path, n: int) -> Any:
+    return lambda: len({u for _, u in rendered(log)}) >= n
+
+
+def cli(*args: str, **kw: Any) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-m", "engine", *args], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+def write_csv(tmp_path: Path, n: int) -> Path:
+    path = tmp_path / "corpus.csv"
+    lines = ["url,interval_s,provenance"] + [f"https://shop.example/p/{i},3600,submitted"
+                                             for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def wait_for(cond: Any, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)

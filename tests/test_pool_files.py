@@ -1,0 +1,67 @@
+"""The pool's files beside its engine segment: the URL table and the board."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lanes_testlib import shm_path, unique_name
+
+from engine import EngineError, EngineValueError
+from engine import checkpoint as ck
+from engine.pool.board import Board
+from engine.pool.urls import UrlTable
+
+
+def test_url_table_round_trip_find_and_refusals() -> None:
+    name = unique_name()
+    urls = [f"https://é.example/{i}?x={i * 7}" for i in range(1000)]
+    table = UrlTable.create(name, urls)
+    try:
+        other = UrlTable.attach(name)
+        assert other.urls() == urls and other[999] == urls[999] and len(other) == 1000
+        assert other.find(urls[123]) == 123 and other.find(urls[0]) == 0
+        with pytest.raises(EngineValueError):
+            other.find("https://é.example/1")  # a prefix of others, not a URL of the table
+        with pytest.raises(EngineValueError):
+            other[1000]
+        other.close()
+        with pytest.raises(EngineError):
+            UrlTable.create(name, urls)  # never replaced
+    finally:
+        table.close()
+        UrlTable.unlink(name)
+    with pytest.raises(EngineValueError):
+        UrlTable.encode(["ok", ""])
+
+
+def test_board_refuses_foreign_files() -> None:
+    name = unique_name()
+    with open(shm_path(name) + ".pool", "wb") as f:
+        f.write(os.urandom(4096))
+    try:
+        with pytest.raises(EngineError, match="not a render-lanes pool board"):
+            Board.attach(name)
+    finally:
+        Board.unlink(name)
+
+
+def test_damaged_boards_and_checkpoints_get_clear_errors(tmp_path: Path) -> None:
+    name = unique_name()
+    with open(shm_path(name) + ".pool", "wb") as f:
+        f.write(b"x" * 130)
+    try:
+        with pytest.raises(EngineError, match="not a render-lanes pool board"):
+            Board.attach(name)
+    finally:
+        Board.unlink(name)
+    npy = tmp_path / "a.npy"
+    np.save(npy, np.arange(3))
+    with pytest.raises(EngineValueError, match="not a checkpoint"):
+        ck.read(npy)
+    bad = tmp_path / "b.npz"
+    np.savez(bad, meta=np.frombuffer(b"[1, 2]", np.uint8))
+    with pytest.raises(EngineValueError, match="not a version"):
+        ck.read(bad)
