@@ -82,3 +82,14 @@ def test_c_files_call_only_the_files_before_them() -> None:
             if home and home != name and SOURCES.index(home) > i:
                 upward.append(f"{name} calls {fn} ({home})")
     assert not upward, upward
+
+
+def test_the_error_table_maps_every_status_of_the_header() -> None:
+    """engine/errors.py's one table covers every RL_E_* code csrc/lanes.h defines."""
+    from engine.errors import _TABLE
+
+    header = (ROOT / "csrc" / "lanes.h").read_text()
+    statuses = re.findall(r"^#define (RL_E_\w+) -\d+", header, re.M)
+    assert len(statuses) >= 11
+    missing = [name for name in statuses if getattr(lib, name) not in _TABLE]
+    assert not missing, f"engine/errors.py's table lacks {missing}"

@@ -413,7 +413,8 @@ WINDOW = 140  # a claim's default window: index entries one lane's seek may read
 
 class InFlightMachine(RuleBasedStateMachine):
     """A real engine and a numpy model of every row (due time, lane, lease) side by side, in
-    virtual time, with up to eight thousand rows, most of them in lane 1, held in bulk.
+    virtual time, with up to eight thousand rows, most of them in lane 1, held in bulk (the
+    second stateful machine: tests/test_stateful.py's covers every call on small engines).
 
     After every step the engine verifies and its per-lane queued / due / leased counts equal the
     model's. Every claim is held to the model: it grants only claimable rows (queued, due, no

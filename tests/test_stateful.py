@@ -1,5 +1,9 @@
 """A stateful model test (docs/design.md §14): a real engine and a plain-Python model side by side.
 
+One of the two stateful machines: this one drives every public call on small engines and compares
+every row after every step; tests/test_inflight.py's holds thousands of rows in flight at once,
+a scale this one's per-row comparison cannot reach.
+
 Hypothesis drives every public write and claim of one engine in virtual time (``now_ms`` is
 passed to every call; the model's clock only moves through the time rules) and after each step
 holds the engine to the model:
