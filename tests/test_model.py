@@ -1,13 +1,17 @@
-"""The claim-floor protocol (csrc/floor.c) model-checked by spin: tests/model/check.sh.
+"""The claim-floor protocol (csrc/floor.c) and the rows-in-flight protocol (csrc/sweep.c)
+model-checked by spin: tests/model/check.sh.
 
-check.sh searches every interleaving of tests/model/floor.pml for a live row left below its
-lane's floor, and requires spin to catch each deliberately broken variant. spin is Debian's
+check.sh searches every interleaving of tests/model/floor.pml, in each of its bounded
+configurations, for a live row left below its lane's floor, a row in flight that lease_min does
+not cover, or a queued row that no claim pass can find; and it requires spin to catch each
+deliberately broken variant (and each fix the model found to be needed). spin is Debian's
 package, which `make test` installs (`make spin`); without it this test fails, never skips.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +19,38 @@ from pathlib import Path
 import pytest
 
 CHECK = Path(__file__).parent / "model" / "check.sh"
+
+# Each search of check.sh, by the name it prints: every one must end as expected.
+VERIFIED = {
+    "default",
+    "claims",
+    "merge",
+    "passes",
+    "leases",
+    "lease-merge",
+    "lease-write",
+    "lease-write-merge",
+    "relapse",
+    "stale-grant",
+}
+CAUGHT = {
+    "broken-raise",
+    "broken-lower",
+    "broken-gen",
+    "broken-ring-min",
+    "broken-proposal",
+    "broken-fresh",
+    "reach-top",
+    "broken-hint",
+    "broken-release",
+    "broken-republish",
+    "broken-sweep-min",
+    "broken-flight-order",
+    "broken-note-order",
+    "release-publish-first",
+    "sweep-publish-first",
+    "no-end-recheck",
+}
 
 # Set for the sanitized run (make test-sanitize) and meant for its C core only: neither spin
 # nor the verifier it builds is instrumented.
@@ -40,3 +76,8 @@ def test_floor_protocol_model_check() -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"tests/model/check.sh exited {proc.returncode}:\n{out}"
     assert "errors: 0" in out and "all as expected" in out, out
+    verified = set(re.findall(r"^ok {4}(\S+) \(.*\): errors: 0, \d+ states", out, re.M))
+    caught = set(re.findall(r"^ok {4}(\S+) \(.*\): caught, errors: [1-9]", out, re.M))
+    assert verified == VERIFIED, f"searches verified: {sorted(verified)}\n{out}"
+    assert caught == CAUGHT, f"variants caught: {sorted(caught)}\n{out}"
+    assert not re.search(r"^FAIL", out, re.M), out
