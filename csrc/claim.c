@@ -289,7 +289,10 @@ static void ring_hint_advance(Pass *P, Cursor *c) {
             left_rows[nleft++] = k->row;
         }
     }
-    if (nleft && nleft <= CARRY_MAX && rl_publish(s, P->owner, nleft, left_keys, left_rows, &P->advice) == RL_OK)
+    /* A ring append only: the floor is already at or below them (ring_min holds them since
+     * their first append), and lowering it again would void the lane's skip hint. */
+    if (nleft && nleft <= CARRY_MAX &&
+        rl_ring_append(s, P->owner, nleft, left_keys, left_rows, &P->advice) == RL_OK)
         to = c->ring_block; /* they are after the scan now */
     if (to <= c->ring_from) return;
     uint64_t low = c->ring_nd_min;
@@ -345,12 +348,15 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
      * again was appended to the ring too, so starting there misses nothing and saves the seek.
      * Without one, seek: the lower bound of encode(lane, floor), reading on past `hi` (into the
      * next lane) being the one-sided part. */
-    uint64_t hint = atomic_load_explicit(&s->lanes[lane].skip, memory_order_relaxed);
+    uint64_t hint = atomic_load(&s->lanes[lane].skip);
+    uint64_t hint_floor = atomic_load(&s->lanes[lane].skip_floor); /* after the hint */
 #ifdef RL_BENCH
     uint32_t lane_hi = hi;
 #endif
     if (!BENCH(RL_BENCH_NO_SKIP) && (uint32_t)(hint >> 32) == (uint32_t)P->gen &&
-        (uint32_t)hint >= lo && (uint32_t)hint <= P->count) {
+        (uint32_t)hint >= lo && (uint32_t)hint <= P->count &&
+        (uint32_t)(hint_floor >> 32) == (uint32_t)P->gen &&
+        (uint32_t)hint_floor <= RL_FLOOR_MINUTE(c->floor_word)) {
         lo = (uint32_t)hint;
     } else {
         uint64_t seek = rl_encode(lane, BENCH(RL_BENCH_UNFLOORED) ? 0 : (uint64_t)RL_FLOOR_MINUTE(c->floor_word) * 60000u);
@@ -565,7 +571,8 @@ static int lane_take_one(Pass *P, Cursor *c) {
         uint64_t key = RL_WORD_KEY(atomic_load(&row->word));
         if (key == RL_KEY_NONE || rl_key_due(key) > (uint64_t)P->now) {
             uint64_t back = nw;
-            atomic_compare_exchange_strong(&row->lease, &back, RL_LEASE_FREE(nw));
+            if (atomic_compare_exchange_strong(&row->lease, &back, RL_LEASE_FREE(nw)))
+                rl_lease_freed(s, c->peek.row);
             c->stale++;
             continue;
         }
@@ -685,7 +692,13 @@ static void floors_raise(Pass *P) {
         if (c->refused) atomic_fetch_add_explicit(&ln->lease_refused, c->refused, memory_order_relaxed);
         if (gen_moved) continue;
         if (c->ring_read) ring_hint_advance(P, c);
-        { /* record where the stale prefix ends; within a generation only forward */
+        { /* record where the stale prefix ends; within a generation only forward. First the
+           * floor minute this pass read (the highest of the generation's), then the hint. */
+            uint32_t fm = RL_FLOOR_MINUTE(c->floor_word);
+            uint64_t curf = atomic_load(&ln->skip_floor), wantf = ((uint64_t)(uint32_t)P->gen << 32) | fm;
+            while (((uint32_t)(curf >> 32) != (uint32_t)P->gen || (uint32_t)curf < fm) &&
+                   !atomic_compare_exchange_weak(&ln->skip_floor, &curf, wantf))
+                ;
             uint64_t cur = atomic_load_explicit(&ln->skip, memory_order_relaxed);
             uint64_t want = ((uint64_t)(uint32_t)P->gen << 32) | c->stale_run;
             while (((uint32_t)(cur >> 32) != (uint32_t)P->gen || (uint32_t)cur < c->stale_run) &&

@@ -26,9 +26,12 @@
  * whose step 3 came before (a) had its ring entry and key visible to the scan and its ring_min
  * seen in (b). A compaction publishes a new generation (c fails) and bumps every epoch; its
  * reset of ring_min is a CAS on the versioned word, so it cannot uncover a write noted during it.
- * Starting a scan at the lane's skip hint instead of the floor changes nothing here: entries
- * before the hint are stale or below the floor, and a row that takes such a key again is in the
- * ring too.
+ * Starting a scan at the lane's skip hint instead of the floor changes nothing here as long as
+ * the floor did not move below the one the hint was made under: entries before the hint are
+ * stale, in flight, or below that floor, and a row that takes such a key again is in the ring
+ * too. A write lowers the floor exactly when a row may now lie below the old one (in the index,
+ * after a merge), so the hint carries the highest floor minute it was made under (skip_floor)
+ * and a pass whose W is lower seeks instead (the spin model found the stranding without it).
  * Any change to this order is a change to the protocol: re-check every interleaving above.
  * The model of this protocol is tests/model/floor.pml (checked by spin in `make test`); change
  * them together.

@@ -138,9 +138,13 @@ typedef struct {
     _Atomic uint64_t lease_refused;
     char pad2[RL_LINE - 32];
     /* [index generation:32][position:32]: in that generation, every entry of this lane before
-     * `position` is stale or below the floor, so a seek may start there (csrc/claim.c). */
+     * `position` is stale, in flight, or below the floor minute some pass read when it moved the
+     * hint; skip_floor, [generation:32][minute:32], is the highest such minute (raised before the
+     * hint moves, read after it), so a pass whose floor is lower (a write lowered it since)
+     * seeks instead (csrc/claim.c; found by the spin model, tests/model/floor.pml). */
     _Alignas(RL_LINE) _Atomic uint64_t skip;
-    char pad3[RL_LINE - 8];
+    _Atomic uint64_t skip_floor;
+    char pad3[RL_LINE - 16];
     /* The ring's skip hint, [index generation:32][ring position mod 2^32] (rebuilt against
      * ring_tail: the ring spans less than 2^31): in that generation (ring_head moves only when
      * it does), every ring entry of this lane before the position is
@@ -319,6 +323,17 @@ static inline void rl_prefetch_w(const void *p) {
 }
 
 /* ---- helpers shared between the C files ---- */
+
+static inline void rl_lease_min_note(rl_seg *s, int64_t expiry);
+
+/* After freeing a row's lease word: a grant that lost the lease before it set FLIGHT (it read
+ * the word, was overtaken, and set the flag on a row it no longer holds) leaves FLIGHT on a row
+ * whose lease is free, which no pass would find and no sweep would be due for. So whoever frees
+ * a lease looks at the flag afterwards and, if set, makes the next pass sweep (found by the spin
+ * model, tests/model/floor.pml, NO_END_RECHECK). */
+static inline void rl_lease_freed(rl_seg *s, uint32_t row) {
+    if (atomic_load(&s->rows[row].word) & RL_WORD_FLIGHT) rl_lease_min_note(s, 0);
+}
 
 /* Lower lease_min to `expiry` (grants, renewals; 0 when an owner is found dead): see
  * csrc/sweep.c. */

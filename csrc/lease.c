@@ -32,7 +32,8 @@ static void leases_end(rl_seg *s, uint32_t o, uint32_t n, const uint32_t *rows,
         }
     if (m) (void)rl_flight_return(s, o, m, back, flying, NULL);
     for (uint32_t i = 0; i < n; i++)
-        atomic_compare_exchange_strong(&s->rows[rows[i]].lease, &leases[i], RL_LEASE_FREE(leases[i]));
+        if (atomic_compare_exchange_strong(&s->rows[rows[i]].lease, &leases[i], RL_LEASE_FREE(leases[i])))
+            rl_lease_freed(s, rows[i]);
 }
 
 /* A closing process ends the leases it still holds before giving up its slot, so no newcomer

@@ -124,7 +124,8 @@ static int lease_begin_write(rl_seg *s, uint32_t owner, uint32_t row, uint64_t t
 
 static void lease_end_write(rl_seg *s, uint32_t row, uint64_t writing) {
     uint64_t expect = writing;
-    atomic_compare_exchange_strong(&s->rows[row].lease, &expect, RL_LEASE_FREE(writing));
+    if (atomic_compare_exchange_strong(&s->rows[row].lease, &expect, RL_LEASE_FREE(writing)))
+        rl_lease_freed(s, row);
 }
 
 /* A batch up to this size keeps its scratch arrays on the stack (a worker's usual batch). */
