@@ -15,8 +15,7 @@ import time
 from typing import Any
 
 import numpy as np
-
-from common import BUDGET, NOW, drop, figure, finish, new_engine, parse_args, run_clients
+from common import BUDGET, NOW, Slot, drop, figure, finish, new_engine, parse_args, run_clients
 
 from engine import Engine
 from engine.segment import ffi, lib
@@ -34,32 +33,10 @@ def size_label(n: int) -> str:
     return f"{n / 1e6:g}M" if n >= 1_000_000 else f"{n // 1000}k"
 
 
-class Fresh:
-    """An engine of n rows, rebuilt before its due backlog runs low."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.eng: Engine | None = None
-        self.taken = 0
-
-    def get(self, rows_needed: int) -> Engine:
-        if self.eng is None or self.taken + rows_needed > self.n // 2:
-            self.close()
-            self.eng = new_engine("eng", self.n)
-            self.taken = 0
-        self.taken += rows_needed
-        return self.eng
-
-    def close(self) -> None:
-        if self.eng is not None:
-            drop(self.eng)
-            self.eng = None
-
-
 def claim_latency(n: int, budget: int, rounds: int, per_round: int, bare: bool = False
                   ) -> list[float]:
     """µs per claim(budget) through the public API (or the bare cffi call), one value a round."""
-    fresh = Fresh(n)
+    fresh = Slot("eng", n)
     per_round = max(1, min(per_round, n // (4 * budget)))
     out_buf = ffi.new("int64_t[]", 4 * budget)
     ok = ffi.new("uint8_t[]", budget)

@@ -32,9 +32,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from bench_engine import size_label
-from common import BUDGET, NOW, drop, figure, finish, new_engine, parse_args, run_clients, stalled
+from common import (
+    BUDGET,
+    NOW,
+    Slot,
+    drop,
+    figure,
+    finish,
+    new_engine,
+    parse_args,
+    run_clients,
+    stalled,
+)
 
 from engine import Engine
 from engine.segment import ffi, lib
@@ -154,31 +164,6 @@ class Bare:
             if merge and advice[0]:
                 self.eng.compact()
         return Sample(t / count / 1000, count, rows, zero)
-
-
-class Slot:
-    """An engine of n rows kept for one purpose, rebuilt (and `prepare`d again) before its due
-    backlog runs low. bench_engine's Fresh, with a hook for the state a part needs."""
-
-    def __init__(self, tag: str, n: int, prepare: Callable[[Engine], Any] | None = None) -> None:
-        self.tag, self.n, self.prepare = tag, n, prepare
-        self.eng: Engine | None = None
-        self.taken = 0
-        self.state: Any = None
-
-    def get(self, rows_needed: int) -> Engine:
-        if self.eng is None or self.taken + rows_needed > self.n // 2:
-            self.close()
-            self.eng = new_engine(self.tag, self.n)
-            self.taken = 0
-            self.state = self.prepare(self.eng) if self.prepare else None
-        self.taken += rows_needed
-        return self.eng
-
-    def close(self) -> None:
-        if self.eng is not None:
-            drop(self.eng)
-            self.eng = None
 
 
 def stall_reason(samples: list[Sample], held: int | None = None, wanted: int | None = None

@@ -330,3 +330,28 @@ def describe(f: dict[str, Any]) -> str:
     u = f["unit"]
     rng = f" [{fmt(f['min'], u)} .. {fmt(f['max'], u)}, {f['runs']} runs]" if f["runs"] > 1 else ""
     return f"{f['label']}: {fmt(f['median'], u)} {u}{rng}"
+
+
+class Slot:
+    """An engine of n rows kept for one purpose, rebuilt (and `prepare`d again) before its due
+    backlog runs low; `prepare` sets up the state a part needs (rows held, say)."""
+
+    def __init__(self, tag: str, n: int, prepare: Callable[[Engine], Any] | None = None) -> None:
+        self.tag, self.n, self.prepare = tag, n, prepare
+        self.eng: Engine | None = None
+        self.taken = 0
+        self.state: Any = None
+
+    def get(self, rows_needed: int) -> Engine:
+        if self.eng is None or self.taken + rows_needed > self.n // 2:
+            self.close()
+            self.eng = new_engine(self.tag, self.n)
+            self.taken = 0
+            self.state = self.prepare(self.eng) if self.prepare else None
+        self.taken += rows_needed
+        return self.eng
+
+    def close(self) -> None:
+        if self.eng is not None:
+            drop(self.eng)
+            self.eng = None

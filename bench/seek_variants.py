@@ -1,4 +1,5 @@
-"""A bench-only build of the C core whose claim pass can seek the ways the design compared (docs/design.md §7).
+"""A bench-only build of the C core whose claim pass can seek the ways the design compared
+(docs/design.md §7).
 
 The product's seek (csrc/claim.c) starts each lane at its floor, or at the skip hint past a known
 stale prefix, and reads forward with the upper bound checked in code. To measure what each of
