@@ -1,12 +1,12 @@
 /* The claim pass: pick up to `budget` due rows across lanes, lease them, lock-free.
  *
  * Per lane, one one-sided seek: binary search for encode(lane, floor * 60000) and read forward
- * at most `window` entries, stopping at the first entry not yet due; an entry of another lane
- * (spill) ends the lane and is counted, never granted. Entries whose key no longer equals the
- * row's key are stale: skipped and counted. Rows written since the last merge are read from the
- * ring, but only for a lane whose ring_min says one of them is due. Lanes are opened lazily, in
- * the order the policy asks for them, so a pass touches only the lanes it grants from (and the
- * first candidate of each share class).
+ * at most `window` entries, stopping at the first entry not yet due or of another lane; due
+ * entries left past the window are counted (spilled) for a later pass. Entries whose key no
+ * longer equals the row's key are stale: skipped and counted. Rows written since the last merge
+ * are read from the ring, but only for a lane whose ring_min says one of them is due. Lanes are
+ * opened lazily, in the order the policy asks for them, so a pass touches only the lanes it
+ * grants from (and the first candidate of each share class).
  *
  * Who gets served (policy, applied here and stated in Python as engine.policy.reference_pass):
  *   1. every share class with a claimable row accrues share * budget credit, capped at that
@@ -101,7 +101,7 @@ typedef struct {
     Cand peek;             /* that candidate (lane_peek), taken by lane_take_one */
     uint64_t peek_word;    /* its lease word when checked: the expected value of the lease CAS */
     uint32_t granted;      /* rows granted from this lane (added to the lane's counter) */
-    uint32_t spilled;      /* entries of the next lane the scan ran into */
+    uint32_t spilled;      /* due entries of the lane past the window, left unread */
     uint32_t stale;        /* entries skipped: stale, tombstones, in flight, moved under a grant */
     uint32_t refused;      /* candidates whose lease could not be taken (held, or a lost race) */
     uint32_t tombs;        /* tombstones crossed (part of stale: they ask for no merge) */
@@ -438,10 +438,24 @@ static uint32_t tomb_run(Pass *P, Cursor *c, uint32_t at, uint32_t first_row, in
     return next;
 }
 
+/* How many entries of the lane, from the window's end on, are due by key: the lane's backlog a
+ * pass left unread (its `spilled` counter; a binary search, only when a window runs out). Stale
+ * entries among them count too, so it is an upper bound. */
+static uint32_t due_past(Pass *P, Cursor *c) {
+    uint32_t a = c->end, b = P->count;
+    while (a < b) {
+        uint32_t mid = a + (b - a) / 2;
+        if ((atomic_load_explicit(&P->ik[mid], memory_order_relaxed) & ~RL_TOMB) <= c->due_limit) a = mid + 1;
+        else b = mid;
+    }
+    return a - c->end;
+}
+
 /* The next index entry of the lane that is live and due, or none. */
 static void idx_advance(Pass *P, Cursor *c) {
     while (!c->have_idx && !c->idx_done) {
-        if (c->pos >= c->end) {
+        if (c->pos >= c->end) { /* the window ran out: due entries past it wait for a pass */
+            if (c->end < P->count) c->spilled = due_past(P, c);
             c->idx_done = 1;
             break;
         }
@@ -451,8 +465,7 @@ static void idx_advance(Pass *P, Cursor *c) {
         rows_prefetch(P, c);
         c->pos++;
         if (rl_key_lane(key) != c->lane) {
-            if (rl_key_lane(key) > c->lane) c->spilled++; /* the next lane's rows: dropped */
-            else c->stale++;                             /* torn read of a rewritten buffer */
+            if (rl_key_lane(key) < c->lane) c->stale++; /* torn read of a rewritten buffer */
             c->idx_done = 1;
             break;
         }

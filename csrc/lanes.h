@@ -184,7 +184,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
                      const int64_t *tokens, const int64_t *next_due_ms, int64_t now_ms,
                      uint8_t *ok, uint32_t *advice);
 int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t retry_at_ms,
-            int64_t now_ms, uint32_t *advice);
+            int64_t now_ms, int permanent, uint32_t *advice);
 int rl_release_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
                     const int64_t *tokens, uint8_t *ok, uint32_t *advice);
 int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t now_ms,

@@ -216,7 +216,7 @@ int64_t rl_complete_req(const rl_req *r, uint32_t n, const int64_t *rows, const 
 }
 
 int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t retry_at,
-            int64_t now_ms, uint32_t *advice) {
+            int64_t now_ms, int permanent, uint32_t *advice) {
     rl_policy p;
     uint64_t writing;
     if (owner == 0 || owner >= RL_MAX_OWNERS || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
@@ -229,6 +229,7 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
     uint64_t word = atomic_load(&s->rows[row].word);
     uint32_t interval = atomic_load(&s->intervals[row]), prov = RL_WORD_PROV(word);
     uint32_t f = RL_WORD_FAILURES(word) + 1;
+    if (permanent && f < p.cold_after) f = p.cold_after; /* a 404 will not heal: cold at once */
     if (f > 255) f = 255;
     /* Back-off: 30 s doubling per failure, never longer than the row's own interval. */
     int64_t backoff = 30000LL << (f - 1 < 20 ? f - 1 : 20);

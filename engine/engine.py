@@ -351,13 +351,19 @@ class Engine(_hot.EngineBase):
         return ok
 
     def fail(self, row: int, token: int, retry_at_ms: int | None = None,
-             now_ms: int | None = None) -> None:
-        """Count a failure, derive the lane again (cold after ``cold_after``), back off."""
+             now_ms: int | None = None, permanent: bool = False) -> None:
+        """Count a failure, derive the lane again (cold after ``cold_after``), back off.
+
+        ``permanent`` (a failure that retrying will not heal, such as an HTTP 404) counts the row
+        as failed ``cold_after`` times at least, so it goes to the cold lane at once."""
+        if not isinstance(permanent, bool):
+            raise EngineTypeError(f"permanent must be a bool, got {permanent!r}")
         r, t = self._row(row), self._token(token)
         retry = -1 if retry_at_ms is None else check_due_ms(retry_at_ms, "retry_at_ms")
         now = self._now(now_ms)
         self._advice[0] = 0
-        check(lib.rl_fail(self._h, self._seg.owner, r, t & _U64, retry, now, self._advice),
+        check(lib.rl_fail(self._h, self._seg.owner, r, t & _U64, retry, now, int(permanent),
+                          self._advice),
               f"fail row {r}")
         self._after(self._advice[0])
 

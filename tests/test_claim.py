@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine
 
 from engine import STRIDE, LanePolicy, encode
-from engine.errors import EngineError, EngineValueError
+from engine.errors import EngineError, EngineTypeError, EngineValueError
 
 PRODUCT_INTERVAL = 48 * 3600
 HOME_INTERVAL = 3600
@@ -347,20 +347,37 @@ def test_floor_minute_of_a_bad_lane_is_rejected(eng):
 # -- spill and stale entries --------------------------------------------------------------------
 
 
-def test_spill_into_the_next_lane_is_dropped_and_counted(eng):
+def test_reading_into_the_next_lane_ends_the_lane_and_counts_no_spill(eng):
     fast = [eng.add(NOW - HOUR - i, HOME_INTERVAL) for i in range(2)]  # lane 1
     slow = [eng.add(NOW - DAY - i, 7200) for i in range(3)]  # lane 2
     eng.compact()
-    before = eng.stats(now_ms=NOW)["lanes"][1]["spilled"]
     c = eng.claim(budget=10, now_ms=NOW, lease_ms=DAY)
     assert sorted(c.rows.tolist()) == sorted(fast + slow)
     by_row = dict(zip(c.rows.tolist(), c.lanes.tolist(), strict=True))
     assert all(by_row[r] == 1 for r in fast)
     assert all(by_row[r] == 2 for r in slow)  # lane 1's seek read them but did not grant them
     lanes = eng.stats(now_ms=NOW)["lanes"]
-    assert lanes[1]["spilled"] > before
+    assert [ln["spilled"] for ln in lanes] == [0] * len(lanes)  # an empty lane's end is no spill
     assert lanes[1]["granted"] == 2
     assert lanes[2]["granted"] == 3
+    c = eng.claim(budget=10, now_ms=NOW, lease_ms=DAY)  # passes over empty lanes: still none
+    assert len(c) == 0
+    assert [ln["spilled"] for ln in eng.stats(now_ms=NOW)["lanes"]] == [0] * len(lanes)
+    assert eng.verify() == []
+
+
+def test_due_entries_past_the_window_are_counted_as_spilled(eng):
+    rows = [eng.add(NOW - HOUR - i, HOME_INTERVAL) for i in range(30)]  # lane 1, all due
+    later = [eng.add(NOW + HOUR + i, HOME_INTERVAL) for i in range(5)]  # lane 1, not due
+    eng.compact()
+    c = eng.claim(budget=30, now_ms=NOW, lease_ms=DAY, window=10)
+    assert len(c) == 10
+    lane = eng.stats(now_ms=NOW)["lanes"][1]
+    assert lane["spilled"] == 20  # the due ones the window left; not the 5 that are not due
+    c = eng.claim(budget=30, now_ms=NOW, lease_ms=DAY, window=10)
+    assert len(c) == 10
+    assert eng.stats(now_ms=NOW)["lanes"][1]["spilled"] == 30  # + the 10 left this time
+    assert set(rows) | set(later) >= set(c.rows.tolist())
     assert eng.verify() == []
 
 
@@ -411,4 +428,19 @@ def test_granted_counters_add_up_to_the_rows_claimed(eng):
     lanes = eng.stats(now_ms=NOW)["lanes"]
     assert sum(ln["granted"] for ln in lanes) == 10
     assert sum(ln["leased"] for ln in lanes) == 10
+    assert eng.verify() == []
+
+
+def test_a_permanent_failure_goes_cold_at_once_and_a_transient_one_does_not(eng):
+    cold = eng.policy.lane_count - 1
+    a = eng.add(NOW - HOUR, HOME_INTERVAL)
+    b = eng.add(NOW - HOUR, HOME_INTERVAL)
+    c = eng.claim(budget=2, now_ms=NOW, lease_ms=DAY)
+    tok = dict(zip(c.rows.tolist(), c.tokens.tolist(), strict=True))
+    eng.fail(a, tok[a], now_ms=NOW, permanent=True)
+    eng.fail(b, tok[b], now_ms=NOW)
+    assert eng.lane(a) == cold and eng.describe(a)["failures"] == eng.policy.cold_after
+    assert eng.lane(b) == 1 and eng.describe(b)["failures"] == 1
+    with pytest.raises(EngineTypeError):
+        eng.fail(b, tok[b], now_ms=NOW, permanent=1)  # checked before the token
     assert eng.verify() == []

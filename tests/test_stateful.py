@@ -272,22 +272,25 @@ class LanesMachine(RuleBasedStateMachine):
             assert self._snapshot() == before
 
     @rule(g=grants, fresh=st.booleans(),
-          retry=st.one_of(st.none(), st.tuples(st.just("rel"), OFFSETS)))
-    def fail(self, g, fresh, retry):
+          retry=st.one_of(st.none(), st.tuples(st.just("rel"), OFFSETS)), permanent=st.booleans())
+    def fail(self, g, fresh, retry, permanent):
         row, tok, valid = self._pick(g, fresh)
         r = None if retry is None else _due(retry, self.clock)
-        call = lambda: self.e.fail(row, tok, retry_at_ms=r, now_ms=self.clock)  # noqa: E731
+        call = lambda: self.e.fail(row, tok, retry_at_ms=r, now_ms=self.clock,  # noqa: E731
+                                   permanent=permanent)
         if not valid:
             self._stale(call)
             return
         call()
         TALLY["right-token writes"] += 1
-        self._failed(row, r)
+        self._failed(row, r, permanent)
 
-    def _failed(self, row: int, retry_at: int | None) -> None:
-        """Failures + 1, back-off 30 s doubling (capped at the interval) or retry_at."""
+    def _failed(self, row: int, retry_at: int | None, permanent: bool = False) -> None:
+        """Failures + 1 (cold_after at least when permanent), back-off 30 s doubling (capped at
+        the interval) or retry_at."""
         m = self.model[row]
-        m.failures = min(255, m.failures + 1)
+        m.failures = min(255, max(m.failures + 1,
+                                  self.policy.cold_after if permanent else 0))
         backoff = min(30_000 * 2 ** min(m.failures - 1, 20), m.interval * 1000)
         m.due = retry_at if retry_at is not None else min(HORIZON, self.clock + backoff)
         m.urgent = False

@@ -22,7 +22,8 @@ _LANE_GAUGES = (("queued", "rows queued in the lane"),
                 ("due", "backlog: rows due now in the lane"),
                 ("leased", "rows of the lane under a live lease"))
 _LANE_COUNTERS = (("granted", "lane_granted", "rows granted by claim passes"),
-                  ("spilled", "lane_spilled", "due entries past the claim window, dropped"),
+                  ("spilled", "lane_spilled",
+                   "due entries a claim pass left past its window, for later passes"),
                   ("stale_skipped", "lane_stale_skipped", "stale index entries skipped"),
                   ("lease_refused", "lane_lease_refused", "leases lost to a concurrent claimer"))
 
