@@ -37,6 +37,29 @@ def test_url_table_round_trip_find_and_refusals() -> None:
         UrlTable.encode(["ok", ""])
 
 
+def test_url_table_grows_by_further_files_that_readers_find_when_asked() -> None:
+    name = unique_name()
+    table = UrlTable.create(name, ["https://a.example/0", "https://a.example/1"])
+    reader = UrlTable.attach(name)  # attached before the table grows, like a running worker
+    try:
+        UrlTable.append(name, 2, ["https://a.example/2", "https://a.example/3"])
+        UrlTable.append(name, 5, ["https://a.example/5"])  # a gap: row 4 is not published
+        assert reader[3] == "https://a.example/3" and len(reader) == 4  # found on the miss
+        with pytest.raises(EngineValueError, match="row 5 has no URL"):
+            reader[5]
+        assert reader.find("https://a.example/2") == 2
+        assert UrlTable.remove_part(name, 5)
+        with pytest.raises(EngineError):
+            UrlTable.append(name, 2, ["https://a.example/x"])  # never replaced
+        assert UrlTable.attach(name).urls() == [f"https://a.example/{i}" for i in range(4)]
+    finally:
+        reader.close()
+        table.close()
+        assert UrlTable.unlink(name)
+    assert not [e for e in os.listdir("/dev/shm") if e.startswith(name)]
+
+
+
 def test_board_refuses_foreign_files() -> None:
     name = unique_name()
     with open(shm_path(name) + ".pool", "wb") as f:

@@ -5,20 +5,27 @@ it fills the engine (row ``r`` has URL ``urls[r]``) and every worker maps it rea
 its start method, so no URL is pickled to a worker and a worker restarted by the supervisor
 finds them all at once.
 
-Layout: a 32-byte header (magic, version, row count, blob length), the start offset of each
-URL (int64, n + 1 entries), then the URLs as UTF-8 joined by ``\\n`` with a ``\\n`` before the
-first, so that finding a URL is one ``bytes.find`` of ``\\n<url>\\n``.
+A pool's corpus can grow while it runs (``lanes add``): new rows get their URLs in a further
+file, ``/dev/shm/<engine>.urls.<first row>``, written whole before the rows are added to the
+engine, so a worker that claims a new row finds its URL by looking for the next file. Every
+file is immutable once published.
+
+Layout of each file: a 32-byte header (magic, version, row count, blob length), the start
+offset of each URL (int64, n + 1 entries), then the URLs as UTF-8 joined by ``\\n`` with a
+``\\n`` before the first, so that finding a URL is one ``bytes.find`` of ``\\n<url>\\n``.
 """
 
 from __future__ import annotations
 
+import bisect
 import mmap
+import os
 import struct
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import EngineValueError, LayoutMismatch
+from ..errors import EngineValueError, LayoutMismatch, SegmentMissing
 from . import shmfile
 
 SUFFIX = "urls"
@@ -26,8 +33,8 @@ _MAGIC = b"RLURLS01"
 _HEADER = struct.Struct("<8sQQQ")  # magic, version, rows, blob bytes
 
 
-class UrlTable:
-    """Row id -> URL, shared read-only by every process of a pool."""
+class _Part:
+    """One published file: the URLs of rows ``[first, first + len)``."""
 
     def __init__(self, buf: mmap.mmap | bytes, name: str | None = None) -> None:
         if len(buf) < _HEADER.size:
@@ -63,33 +70,113 @@ class UrlTable:
         offsets[1:] += 1
         return _HEADER.pack(_MAGIC, 1, len(parts), len(blob)) + offsets.tobytes() + blob
 
-    @classmethod
-    def create(cls, name: str, urls: Sequence[str]) -> UrlTable:
-        shmfile.create(name, SUFFIX, cls.encode(urls))
-        return cls.attach(name)
-
-    @classmethod
-    def attach(cls, name: str) -> UrlTable:
-        return cls(shmfile.attach(name, SUFFIX, min_size=_HEADER.size), name)
-
-    @staticmethod
-    def unlink(name: str) -> bool:
-        return shmfile.unlink(name, SUFFIX)
-
     def __len__(self) -> int:
         return len(self._offsets) - 1
 
     def __getitem__(self, row: int) -> str:
-        if not 0 <= row < len(self):
-            raise EngineValueError(f"row {row} has no URL (the table holds {len(self)})")
         start, end = int(self._offsets[row]), int(self._offsets[row + 1]) - 1
         return bytes(self._blob[start:end]).decode()
+
+    def urls(self) -> list[str]:
+        return bytes(self._blob[1:-1]).decode().split("\n") if len(self) else []
+
+    def find(self, needle: bytes) -> int:
+        """The index of ``needle`` (``\\n<url>\\n``) in this file, or -1."""
+        at = self._buf.find(needle, self._start) - self._start
+        return int(np.searchsorted(self._offsets, at + 1)) if at >= 0 else -1
+
+    def close(self) -> None:
+        self._offsets = np.empty(1, np.int64)
+        self._blob.release()
+        if isinstance(self._buf, mmap.mmap):
+            self._buf.close()
+
+
+class UrlTable:
+    """Row id -> URL, shared read-only by every process of a pool: the first file, and the files
+    ``append`` published since (looked for again when a row past the known ones is asked for)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._parts: list[_Part] = []
+        self._first: list[int] = []
+        self._rows = 0
+        self.refresh()
+        if not self._parts:
+            raise SegmentMissing(f"no URL table {shmfile.path_of(name, SUFFIX)}")
+
+    encode = staticmethod(_Part.encode)
+
+    @classmethod
+    def create(cls, name: str, urls: Sequence[str]) -> UrlTable:
+        shmfile.create(name, SUFFIX, _Part.encode(urls))
+        return cls(name)
+
+    @classmethod
+    def attach(cls, name: str) -> UrlTable:
+        return cls(name)
+
+    @staticmethod
+    def append(name: str, first_row: int, urls: Sequence[str]) -> str:
+        """Publish the URLs of rows ``first_row ..`` as a further file; returns its path. The
+        caller adds the rows to the engine after this returns, and removes the file if that
+        fails (``remove_part``)."""
+        if first_row <= 0:
+            raise EngineValueError(f"a further URL file starts past row 0, got {first_row}")
+        shmfile.create(name, f"{SUFFIX}.{first_row}", _Part.encode(urls))
+        return shmfile.path_of(name, f"{SUFFIX}.{first_row}")
+
+    @staticmethod
+    def remove_part(name: str, first_row: int) -> bool:
+        return shmfile.unlink(name, f"{SUFFIX}.{first_row}")
+
+    @staticmethod
+    def unlink(name: str) -> bool:
+        """Remove the table's files (the first and every further one); False if none was there."""
+        removed = [shmfile.unlink(name, f"{SUFFIX}.{first}") for first in _further(name)]
+        return shmfile.unlink(name, SUFFIX) or any(removed)
+
+    def refresh(self) -> None:
+        """Map the files published since the last look, in row order, up to the first gap."""
+        if not self._parts:
+            try:
+                self._add(_Part(shmfile.attach(self.name, SUFFIX, min_size=_HEADER.size),
+                                self.name))
+            except SegmentMissing:
+                return
+        for first in _further(self.name):
+            if first < self._rows:
+                continue
+            if first > self._rows:
+                break  # a file being written (or left by a failed add): not ours yet
+            try:
+                part = _Part(shmfile.attach(self.name, f"{SUFFIX}.{first}",
+                                            min_size=_HEADER.size), self.name)
+            except SegmentMissing:
+                break  # removed by a failed add meanwhile
+            self._add(part)
+
+    def _add(self, part: _Part) -> None:
+        self._parts.append(part)
+        self._first.append(self._rows)
+        self._rows += len(part)
+
+    def __len__(self) -> int:
+        return self._rows
+
+    def __getitem__(self, row: int) -> str:
+        if not 0 <= row < self._rows:
+            self.refresh()
+            if not 0 <= row < self._rows:
+                raise EngineValueError(f"row {row} has no URL (the table holds {self._rows})")
+        i = bisect.bisect_right(self._first, row) - 1
+        return self._parts[i][row - self._first[i]]
 
     def __iter__(self) -> Iterator[str]:
         return (self[r] for r in range(len(self)))
 
     def urls(self) -> list[str]:
-        return bytes(self._blob[1:-1]).decode().split("\n") if len(self) else []
+        return [u for part in self._parts for u in part.urls()]
 
     def find(self, url: str) -> int:
         """The row of ``url``; ``EngineValueError`` if the table does not hold it."""
@@ -97,13 +184,26 @@ class UrlTable:
             needle = b"\n" + url.encode() + b"\n"
         except UnicodeEncodeError:
             raise EngineValueError(f"{url!r} is not a URL this table can hold") from None
-        at = self._buf.find(needle, self._start) - self._start if "\n" not in url else -1
-        if at < 0:
-            raise EngineValueError(f"no row has URL {url!r}")
-        return int(np.searchsorted(self._offsets, at + 1))
+        if "\n" not in url:
+            self.refresh()
+            for first, part in zip(self._first, self._parts, strict=True):
+                at = part.find(needle)
+                if at >= 0:
+                    return first + at
+        raise EngineValueError(f"no row has URL {url!r}")
 
     def close(self) -> None:
-        self._offsets = np.empty(1, np.int64)
-        self._blob.release()
-        if isinstance(self._buf, mmap.mmap):
-            self._buf.close()
+        for part in self._parts:
+            part.close()
+        self._parts, self._first, self._rows = [], [], 0
+
+
+def _further(name: str) -> list[int]:
+    """First rows of the further URL files of ``name``, ascending (temporary files skipped)."""
+    prefix = f"{name}.{SUFFIX}."
+    try:
+        entries = os.listdir(shmfile.SHM_DIR)
+    except OSError:
+        return []
+    return sorted(int(e[len(prefix):]) for e in entries
+                  if e.startswith(prefix) and e[len(prefix):].isdigit())
