@@ -21,7 +21,7 @@ import os
 import time
 import zipfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -55,6 +55,8 @@ class Checkpoint:
     provenance: IntArray
     urgent: IntArray
     urls: list[str] | None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """What the pool keeps beside the schedule (JSON: e.g. each failing URL's last error)."""
 
     def __len__(self) -> int:
         return len(self.due_ms)
@@ -71,10 +73,12 @@ def snapshot(eng: Engine) -> tuple[IntArray, dict[str, IntArray]]:
     return rows, {c: v[rows] for c, v in cols.items()}
 
 
-def save(eng: Engine, path: str | os.PathLike[str], urls: Sequence[str] | None = None) -> int:
+def save(eng: Engine, path: str | os.PathLike[str], urls: Sequence[str] | None = None,
+         extra: dict[str, Any] | None = None) -> int:
     """Write ``eng``'s schedule to ``path`` atomically; returns the number of rows saved.
 
-    ``urls``, if given, maps row id to URL (``urls[row]``) and is saved beside the rows.
+    ``urls``, if given, maps row id to URL (``urls[row]``) and is saved beside the rows;
+    ``extra`` (JSON-serialisable) is saved as is and read back as ``Checkpoint.extra``.
     """
     path = os.fspath(path)
     rows, cols = snapshot(eng)
@@ -89,6 +93,8 @@ def save(eng: Engine, path: str | os.PathLike[str], urls: Sequence[str] | None =
             "capacity": int(eng._seg.info().row_capacity), "policy": asdict(eng.policy),
             "has_urls": urls is not None}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    if extra:
+        arrays["extra"] = np.frombuffer(json.dumps(extra).encode(), np.uint8)
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
@@ -132,6 +138,9 @@ def read(path: str | os.PathLike[str]) -> Checkpoint:
         policy = LanePolicy(**{**meta["policy"], "ttl_bands": tuple(meta["policy"]["ttl_bands"])})
         urls = bytes(data["urls"]).decode().split("\n") if meta["has_urls"] and n else (
             [] if meta["has_urls"] else None)
+        extra = json.loads(bytes(data["extra"]).decode()) if "extra" in data else {}
+        if not isinstance(extra, dict):
+            raise ValueError("extra is not a JSON object")
     except EngineError:
         raise
     except (KeyError, TypeError, ValueError, UnicodeDecodeError) as e:
@@ -145,7 +154,8 @@ def read(path: str | os.PathLike[str]) -> Checkpoint:
         raise EngineValueError(f"{path}: damaged checkpoint (row {int(np.argmax(bad))} out of"
                                " range)")
     return Checkpoint(name=str(meta["name"]), saved_at_ms=int(meta["saved_at_ms"]),
-                      capacity=int(meta["capacity"]), policy=policy, urls=urls, **cols)
+                      capacity=int(meta["capacity"]), policy=policy, urls=urls, extra=extra,
+                      **cols)
 
 
 def restore(ck: Checkpoint, eng: Engine) -> IntArray:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
 from types import FrameType
 from typing import Any
 
-from .engine import Engine
+from .engine import Engine, wall_ms
 from .errors import EngineError, EngineValueError, NotAllowed, SegmentMissing
 from .policy import LanePolicy
 from .segment import Segment
@@ -104,33 +105,55 @@ def _serve_metrics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
+    """The --corpus files as one corpus (duplicates dropped and reported)."""
+    from .pool.ingest import read_corpora
+
+    c = read_corpora(args.corpus, base_url=args.base_url, routes=routes)
+    if c.duplicates:
+        print(f"{c.duplicates} duplicate URL(s) dropped: {c.duplicate_note}", file=sys.stderr)
+    return c
+
+
 def _pool(args: argparse.Namespace) -> int:
     from .pool import Pool, PoolOptions
     from .pool.render import RenderSpec
+    from .pool.routes import Routes
+    from .pool.supervisor import LOG_FORMAT
     from .pool.view import LiveView, print_summary
 
     if args.checkpoint is None and args.checkpoint_every != PoolOptions().checkpoint_every_s:
         raise EngineValueError("--checkpoint-every needs --checkpoint PATH")
     render = RenderSpec(callable=args.render, command=args.command_template,
-                        timeout_s=args.timeout)
+                        timeout_s=args.timeout, permanent_exits=tuple(args.permanent_exit),
+                        permanent_errors=tuple(args.permanent_error))
     options = PoolOptions(workers=args.workers, batch=args.batch, lease_s=args.lease,
                           start_method=args.start_method, checkpoint=args.checkpoint,
-                          checkpoint_every_s=args.checkpoint_every, grace_s=args.grace)
+                          checkpoint_every_s=args.checkpoint_every, grace_s=args.grace,
+                          per_host=args.per_host, delay_ms=args.delay_ms,
+                          max_failures=args.max_failures)
     policy = None if args.lanes else LanePolicy(lanes_enabled=False)
+    routes = Routes.load(args.routes) if args.routes else None
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     if args.resume:
-        if args.corpus or args.checkpoint is None:
-            raise EngineValueError("--resume reads the --checkpoint file; give no --corpus")
+        if args.checkpoint is None:
+            raise EngineValueError("--resume needs --checkpoint FILE: the checkpoint to go on"
+                                   " from")
+        corpus = _read_corpus(args, routes) if args.corpus else None
         pool = Pool.resume(args.name, args.checkpoint, render, options, policy=policy,
-                           capacity=args.capacity)
+                           capacity=args.capacity, routes=routes, corpus=corpus)
+        if pool.added is not None:
+            print(f"--corpus: {pool.added.added} new URL(s) added, {pool.added.known} known"
+                  f" left alone ({pool.added.unparked} parked one(s) made due)", flush=True)
     else:
         if not args.corpus:
             raise EngineValueError("give the pages as --corpus FILE (CSV, JSONL, sitemap)"
                                    " or --resume from a checkpoint")
-        from .pool.ingest import read_corpora
-
-        c = read_corpora(args.corpus)
+        c = _read_corpus(args, routes)
+        if not len(c):
+            raise EngineValueError(f"the corpus is empty: {', '.join(args.corpus)} hold no URL")
         pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
-                           options, policy=policy, capacity=args.capacity)
+                           options, policy=policy, capacity=args.capacity, routes=routes)
     server, scraped = None, None
     view = LiveView(force_plain=args.plain)
     try:
@@ -154,6 +177,80 @@ def _pool(args: argparse.Namespace) -> int:
     return 0 if not summary["problems"] else 1
 
 
+def _add(args: argparse.Namespace) -> int:
+    from .pool.grow import add_corpus, stored_routes
+    from .pool.urls import UrlTable
+
+    eng = Engine.attach(args.name)
+    try:
+        table = UrlTable.attach(args.name)
+        try:
+            corpus = _read_corpus(args, stored_routes(args.name))
+            added = add_corpus(eng, table, corpus)
+        finally:
+            table.close()
+    finally:
+        eng.close()
+    print(f"{args.name}: {added.added} new URL(s) added"
+          + (f" as rows {added.first_row}..{added.first_row + added.added - 1}"
+             if added.first_row is not None else "")
+          + f"; {added.known} known left alone ({added.unparked} parked one(s) made due)")
+    return 0
+
+
+def _failures(args: argparse.Namespace) -> int:
+    from .pool.failures import FailureLog
+    from .pool.grow import PARKED_MS
+    from .pool.progress import format_due
+    from .pool.view import print_table
+
+    eng = Engine.attach(args.name)
+    try:
+        log = FailureLog.attach(args.name)
+        try:
+            entries = log.entries()
+        finally:
+            log.close()
+        now = wall_ms()
+        wanted = None if args.lane is None else _lane_number(eng, args.lane)
+        rows = []
+        for e in entries:
+            info = eng.describe(e.row, now_ms=now)
+            lane = info["lane"]
+            if wanted is not None and lane != wanted:
+                continue
+            due = info["due_ms"]
+            retry = ("removed" if due is None else "parked (rush or re-add)"
+                     if due == PARKED_MS else format_due(due, now))
+            rows.append({"row": e.row, "url": e.url, "failures": info["failures"],
+                         "lane": None if lane is None else eng.lane_name(lane),
+                         "last_error": e.reason, "permanent": e.permanent,
+                         "last_failed_ms": e.last_ms, "next_retry_ms": due, "next_retry": retry})
+            if len(rows) >= args.limit:
+                break
+    finally:
+        eng.close()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print_table(f"{args.name}: {len(rows)} failing URL(s)"
+                + (f" in lane {args.lane}" if args.lane else "") + ", most recent first",
+                [(r["url"], str(r["failures"]), str(r["lane"]), r["next_retry"],
+                  r["last_error"]) for r in rows],
+                ("url", "failures", "lane", "next retry", "last error"))
+    return 0
+
+
+def _lane_number(eng: Engine, lane: str) -> int:
+    """A lane given by name (``cold``, ``submitted/b0``) or number."""
+    names = [eng.lane_name(i) for i in range(eng.policy.lane_count)]
+    if lane.isdigit() and int(lane) < len(names):
+        return int(lane)
+    if lane in names:
+        return names.index(lane)
+    raise EngineValueError(f"no lane {lane!r}: the lanes are {', '.join(names)}")
+
+
 def _restamp(args: argparse.Namespace) -> int:
     eng = Engine.attach(args.name)
     try:
@@ -175,15 +272,33 @@ def _sim(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+SHOW_DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
+
+
+def _corpus_arguments(p: argparse.ArgumentParser, routes: bool) -> None:
+    p.add_argument("--corpus", action="append", default=[], metavar="FILE",
+                   help="CSV, JSONL or sitemap (index) XML, optionally .gz; repeatable")
+    p.add_argument("--base-url", metavar="URL",
+                   help="what root-relative <loc>s of a sitemap resolve against,"
+                        " e.g. https://shop.example/")
+    if routes:  # `lanes add` uses the routes the pool started with
+        p.add_argument("--routes", metavar="FILE",
+                       help="TOML: URL patterns -> interval (and provenance); first match"
+                            " wins over the corpus's own interval")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lanes", description=__doc__)
+    parser = argparse.ArgumentParser(prog="lanes", description=__doc__,
+                                     formatter_class=SHOW_DEFAULTS)
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("demo", help="a forked pool over a synthetic corpus, with a live view")
-    p.add_argument("--seconds", type=float, default=None, help="how long the pool runs (45)")
+    p = sub.add_parser("demo", help="a forked pool over a synthetic corpus, with a live view",
+                       formatter_class=SHOW_DEFAULTS)
+    p.add_argument("--seconds", type=float, default=45.0, help="how long the pool runs")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     p.set_defaults(fn=_demo)
-    p = sub.add_parser("sim", help="the lane simulator: policies x capacities -> age / TTL")
+    p = sub.add_parser("sim", help="the lane simulator: policies x capacities -> age / TTL",
+                       formatter_class=SHOW_DEFAULTS)
     from .sim import add_arguments as _sim_arguments
 
     _sim_arguments(p)
@@ -191,10 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     from .pool.supervisor import START_METHODS, PoolOptions
 
     DEFAULTS = PoolOptions()  # the pool's own defaults, not a copy of them
-    p = sub.add_parser("pool", help="run a forked render pool over a corpus or a checkpoint")
+    p = sub.add_parser("pool", help="run a forked render pool over a corpus or a checkpoint",
+                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name", help="the engine's segment name (created; removed at the end)")
-    p.add_argument("--corpus", action="append", default=[], metavar="FILE",
-                   help="CSV, JSONL or sitemap (index) XML, optionally .gz; repeatable")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--render", metavar="MODULE:FUNCTION", help="called with (url, claim)")
     how.add_argument("--command", dest="command_template", metavar="TEMPLATE",
@@ -217,31 +331,62 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metrics-port", type=int, default=None, help="also serve /metrics")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+    _corpus_arguments(p, routes=True)
+    p.add_argument("--per-host", type=int, default=DEFAULTS.per_host, metavar="N",
+                   help="at most N renders in flight per host, across all workers")
+    p.add_argument("--delay-ms", type=int, default=DEFAULTS.delay_ms, metavar="MS",
+                   help="at least MS between the starts of two renders to one host")
+    p.add_argument("--max-failures", type=int, default=DEFAULTS.max_failures, metavar="N",
+                   help="park a row after N failures (listed, not retried until a rush or"
+                        " a re-add)")
+    p.add_argument("--permanent-exit", type=int, action="append", default=[], metavar="STATUS",
+                   help="a command exit status meaning a permanent failure (cold at once);"
+                        " repeatable. HTTP 4xx found in a command's stderr is permanent anyway")
+    p.add_argument("--permanent-error", action="append", default=[], metavar="EXCEPTION",
+                   help="an exception type (name or module.Name) a render raises for a"
+                        " permanent failure; repeatable")
     p.set_defaults(fn=_pool)
+    p = sub.add_parser("add", help="add URLs to a running pool (known URLs left alone)",
+                       formatter_class=SHOW_DEFAULTS)
+    p.add_argument("name")
+    _corpus_arguments(p, routes=False)
+    p.set_defaults(fn=_add)
+    p = sub.add_parser("failures", help="failing URLs: count, last error, next retry",
+                       formatter_class=SHOW_DEFAULTS)
+    p.add_argument("name")
+    p.add_argument("--lane", help="only this lane (name or number), e.g. cold")
+    p.add_argument("--limit", type=int, default=50, help="at most this many, most recent first")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_failures)
     p = sub.add_parser("stats", help="per-lane statistics of an engine")
     p.add_argument("name")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--prometheus", action="store_true", help="Prometheus text exposition")
     p.set_defaults(fn=_stats)
-    p = sub.add_parser("check", help="verify every invariant of an engine")
+    p = sub.add_parser("check", help="verify every invariant of an engine",
+                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     p.set_defaults(fn=_check)
-    p = sub.add_parser("cleanup", help="remove a segment left by a crashed owner")
+    p = sub.add_parser("cleanup", help="remove a segment left by a crashed owner",
+                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     p.add_argument("--force", action="store_true", help="even if its pool still runs")
     p.set_defaults(fn=_cleanup)
-    p = sub.add_parser("restamp", help="move rows written with lanes off into their lanes")
+    p = sub.add_parser("restamp", help="move rows written with lanes off into their lanes",
+                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     p.add_argument("--limit", type=int, default=5000)
     p.set_defaults(fn=_restamp)
-    p = sub.add_parser("prioritize", help="rush a page to the urgent lane, or make it due now")
+    p = sub.add_parser("prioritize", help="rush a page to the urgent lane, or make it due now",
+                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     p.add_argument("--url", help="the page's URL (needs a pool's URL table)")
     p.add_argument("--row", type=int, help="the page's row id")
     p.add_argument("--mode", choices=("rush", "wait"), default="rush")
     p.set_defaults(fn=_prioritize)
-    p = sub.add_parser("serve-metrics", help="serve Prometheus metrics of an engine over HTTP")
+    p = sub.add_parser("serve-metrics", help="serve Prometheus metrics of an engine over HTTP",
+                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     p.add_argument("--port", type=int, default=9464)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")

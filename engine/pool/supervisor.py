@@ -20,13 +20,14 @@ table and the board by name, so the pool runs the same under fork, spawn and for
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import Any
 
@@ -47,10 +48,18 @@ from ..keys import is_int, is_number
 from ..policy import LanePolicy
 from ..segment import Segment, is_running, process_start_ms
 from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, Board, Clock, record_render
+from .failures import FailureLog
+from .ingest import Corpus
+from .grow import PARKED_MS, Added, add_corpus, store_routes, unlink_routes
+from .hosts import HostGate
+from .progress import format_due
 from .render import RenderSpec
+from .routes import Routes
 from .urls import UrlTable
 
 START_METHODS = ("fork", "spawn", "forkserver")
+log = logging.getLogger("engine.pool")
+LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(message)s"
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,13 @@ class PoolOptions:
     env: Mapping[str, str] = field(default_factory=dict)
     """Environment variables set in every worker before its render is built (a forkserver's
     workers inherit the server's environment, not the supervisor's)."""
+    per_host: int | None = None
+    """At most this many renders in flight per host, across every worker (None: no cap)."""
+    delay_ms: int = 0
+    """At least this long between the starts of two renders to one host."""
+    max_failures: int | None = None
+    """A row that failed this many times is parked: kept and listed, not claimed, until a rush
+    or a re-add (None: retried for ever, backing off)."""
 
     def __post_init__(self) -> None:
         for what, v, lo, hi in (("workers", self.workers, 1, 1000), ("batch", self.batch, 1, 4096)):
@@ -86,6 +102,11 @@ class PoolOptions:
             where = os.path.dirname(os.path.abspath(self.checkpoint))
             if not os.path.isdir(where) or not os.access(where, os.W_OK | os.X_OK):
                 raise EngineValueError(f"checkpoint directory {where} is missing or not writable")
+        if self.max_failures is not None and (not is_int(self.max_failures)
+                                              or not 1 <= self.max_failures <= 255):
+            raise EngineValueError(f"max_failures must be an int in [1, 255], got"
+                                   f" {self.max_failures!r}")
+        HostGate.check(self.per_host, self.delay_ms)
         if not isinstance(self.env, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, str) and k and "=" not in k
                 for k, v in self.env.items()):
@@ -102,6 +123,8 @@ class WorkerSpec:
     lease_s: float
     idle_s: float
     env: dict[str, str] = field(default_factory=dict)
+    max_failures: int | None = None
+    polite: bool = False  # a host gate (per-host cap or delay) is in force
 
 
 # -- the worker --------------------------------------------------------------------------------
@@ -173,12 +196,20 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when the pool stops
     signal.signal(signal.SIGTERM, on_term)
     os.environ.update(spec.env)
+    if not log.handlers and not logging.getLogger().handlers:  # spawned: nothing configured
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     eng, urls, board = Engine.attach(spec.name), UrlTable.attach(spec.name), Board.attach(spec.name)
+    failures = FailureLog.attach(spec.name)
+    gate = HostGate.attach(spec.name) if spec.polite else None
     slot = board.slot(slot_index)
     slot[F_PID] = os.getpid()
     clock = board.clock
     lease_ms = clock.virtual_ms(spec.lease_s * 1000)
     render = spec.render.build()
+    worker = _Worker(spec, eng, urls, failures, render, clock, slot)
     held = _Held(eng, clock, lease_ms, slot)
     held.start(max(0.01, spec.lease_s / 3))
     # The supervisor is our parent (or, under forkserver, the server's, which exits with it).
@@ -199,47 +230,94 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
                 continue
             held.hold(batch)
             done: list[int] = []
+            later: list[int] = []
             for c in batch:
                 if leaving():
                     break
-                _render_one(eng, urls, render, c, clock, held, slot, done)
+                url = urls[c.row]
+                ticket = gate.try_enter(url, wall_ms()) if gate is not None else None
+                if gate is not None and ticket is None:
+                    later.append(c.row)  # its host is busy: given back below, due as it was
+                    continue
+                try:
+                    worker.render_one(c, url, held, done)
+                finally:
+                    if ticket is not None:
+                        gate.leave(ticket)
             slot[F_LEASE_LOST] += held.drain_lost()
             rows, tokens = held.take(done)
             if rows:
                 ok = eng.complete_many(rows, tokens, now_ms=clock.now_ms())
                 slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
-            rows, tokens = held.rest()  # not rendered: stopping
-            if rows:
-                ok = eng.release_many(rows, tokens)
-                slot[F_RELEASED] += int(ok.sum())
-                slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
+                failures.clear(rows)
+            _give_back(eng, slot, *held.take(later), at_stop=False)
+            _give_back(eng, slot, *held.rest(), at_stop=True)  # not rendered: stopping
+            if len(later) == len(batch):
+                time.sleep(spec.idle_s)  # every row waits for a busy host: do not spin on them
     finally:
         held.stop()
+        if gate is not None:
+            gate.close()
+        failures.close()
         eng.close()
 
 
-def _render_one(eng: Engine, urls: UrlTable, render: Callable[[str, Claim], object], c: Claim,
-                clock: Clock, held: _Held, slot: Any, done: list[int]) -> None:
-    now = clock.now_ms()
-    interval_ms = 1000 * int(eng.describe(c.row, now_ms=now)["interval_s"])
-    age_over_ttl = 1.0 + max(0, now - c.due_ms) / interval_ms
-    t0 = time.perf_counter()
-    try:
-        render(urls[c.row], c)
-        ok = True
-    except Exception:
-        ok = False
-    record_render(slot, c.lane, time.perf_counter() - t0, age_over_ttl, ok)
-    if ok:
-        done.append(c.row)
-        return
-    rows, tokens = held.take([c.row])
-    if not rows:
-        return  # the renewer already found this lease lost (and counted it)
-    try:
-        eng.fail(c.row, tokens[0], now_ms=clock.now_ms())
-    except LeaseLost:
-        slot[F_LEASE_LOST] += 1
+def _give_back(eng: Engine, slot: Any, rows: list[int], tokens: list[int], at_stop: bool) -> None:
+    """Release rows unrendered (due as they were); those given back at a stop are counted."""
+    if rows:
+        ok = eng.release_many(rows, tokens)
+        slot[F_RELEASED] += int(ok.sum()) if at_stop else 0
+        slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
+
+
+class _Worker:
+    """What a worker needs to render one row and to account for how it went."""
+
+    def __init__(self, spec: WorkerSpec, eng: Engine, urls: UrlTable, failures: FailureLog,
+                 render: Callable[[str, Claim], object], clock: Clock, slot: Any) -> None:
+        self.spec, self.eng, self.urls, self.failures = spec, eng, urls, failures
+        self.render, self.clock, self.slot = render, clock, slot
+
+    def render_one(self, c: Claim, url: str, held: _Held, done: list[int]) -> None:
+        """Render ``c``; on success add its row to ``done``, on failure fail it at once (with its
+        reason logged and kept in the failure log)."""
+        eng, clock = self.eng, self.clock
+        now = clock.now_ms()
+        info = eng.describe(c.row, now_ms=now)
+        age_over_ttl = 1.0 + max(0, now - c.due_ms) / (1000 * int(info["interval_s"]))
+        t0 = time.perf_counter()
+        try:
+            self.render(url, c)
+            failure = None
+        except Exception as exc:
+            failure = self.spec.render.classify(exc)
+        record_render(self.slot, c.lane, time.perf_counter() - t0, age_over_ttl,
+                      failure is None)
+        if failure is None:
+            done.append(c.row)
+            return
+        rows, tokens = held.take([c.row])
+        if not rows:
+            log.warning("%s (row %d) failed: %s; its lease was lost meanwhile", url, c.row,
+                        failure.reason)
+            return  # the renewer already found this lease lost (and counted it)
+        count = max(info["failures"] + 1,
+                    eng.policy.cold_after if failure.permanent else 0)
+        park = self.spec.max_failures is not None and count >= self.spec.max_failures
+        try:
+            eng.fail(c.row, tokens[0], retry_at_ms=PARKED_MS if park else None,
+                     now_ms=clock.now_ms(), permanent=failure.permanent)
+        except LeaseLost:
+            self.slot[F_LEASE_LOST] += 1
+            return
+        self.failures.record(c.row, url, failure, wall_ms())
+        if park:
+            then = f"parked after {count} failures (a rush or a re-add retries it)"
+        else:
+            due = eng.describe(c.row)["due_ms"]
+            then = (f"{'permanent, ' if failure.permanent else ''}retry"
+                    f" {format_due(due, clock.now_ms())}")
+        log.warning("%s (row %d) failed: %s; %s", url, c.row, failure.reason, then)
 
 
 def _alive(pid: int) -> bool:
@@ -258,9 +336,10 @@ def _alive(pid: int) -> bool:
 class Pool:
     """A supervisor: owns the engine, its URL table and its board; runs the workers."""
 
-    def __init__(self, eng: Engine, urls: UrlTable, board: Board, render: RenderSpec,
-                 options: PoolOptions) -> None:
-        self.engine, self.urls, self.board = eng, urls, board
+    def __init__(self, eng: Engine, urls: UrlTable, board: Board, failures: FailureLog,
+                 render: RenderSpec, options: PoolOptions) -> None:
+        self.engine, self.urls, self.board, self.failures = eng, urls, board, failures
+        self.added: Added | None = None  # what --resume --corpus added
         self.render, self.options = render, options
         self.clock = board.clock
         self._ctx: Any = mp.get_context(options.start_method)
@@ -280,8 +359,9 @@ class Pool:
     def create(cls, name: str, urls: list[str], due_ms: Any, interval_s: Any, provenance: Any,
                render: RenderSpec, options: PoolOptions | None = None, *,
                policy: LanePolicy | None = None, capacity: int | None = None,
-               failures: Any = None) -> Pool:
-        """A new engine filled with a corpus (row ``r`` renders ``urls[r]``)."""
+               failures: Any = None, routes: Routes | None = None) -> Pool:
+        """A new engine filled with a corpus (row ``r`` renders ``urls[r]``). ``routes`` (the
+        ones the corpus was read with) are kept for the rows ``lanes add`` adds later."""
         options = options or PoolOptions()
         n = len(urls)
         if n == 0:
@@ -290,12 +370,12 @@ class Pool:
                           ("provenance", provenance), ("failures", failures)):
             if col is not None and np.ndim(col) == 1 and len(col) != n:
                 raise EngineValueError(f"{what} has {len(col)} entries for {n} URLs")
-        eng = Engine.create(name, capacity or n, policy)
+        eng = _create_engine(name, capacity or n, policy)
         try:
             rows = eng.add_many(due_ms, interval_s, provenance, failures)
             if not np.array_equal(rows, np.arange(n)):
                 raise SegmentExists(f"engine {name!r} was not empty")  # pragma: no cover
-            return cls._around(eng, urls, render, options)
+            return cls._around(eng, urls, render, options, routes)
         except BaseException:
             _remove(name, eng)
             raise
@@ -303,43 +383,65 @@ class Pool:
     @classmethod
     def resume(cls, name: str, path: str, render: RenderSpec,
                options: PoolOptions | None = None, *, policy: LanePolicy | None = None,
-               capacity: int | None = None) -> Pool:
-        """A new engine holding the schedule and URLs of checkpoint ``path``.
+               capacity: int | None = None, routes: Routes | None = None,
+               corpus: Corpus | None = None) -> Pool:
+        """A new engine holding the schedule, URLs and failure log of checkpoint ``path``.
 
-        Files left under ``name`` by a supervisor that was killed are removed first; a pool
-        whose supervisor is still running is refused.
+        ``routes`` set the intervals (and provenances) of the rows they match, as at ingest;
+        ``corpus`` adds its new URLs (read with the same routes), as ``lanes add`` does. Files
+        left under ``name`` by a supervisor that was killed are removed first; a pool whose
+        supervisor is still running is refused.
         """
         options = options or PoolOptions()
         ck = checkpoint.read(path)
         if ck.urls is None:
             raise EngineValueError(f"{path} holds no URLs: not a pool checkpoint")
+        if routes is not None:
+            interval, prov, _ = routes.apply(ck.urls, ck.interval_s, ck.provenance)
+            ck = replace(ck, interval_s=interval, provenance=prov.astype(np.int64))
+        if capacity is None and corpus is not None:
+            capacity = max(ck.capacity, len(ck) + len(corpus))
         clear_stale(name)
         eng = checkpoint.create_from(ck, name, capacity, policy)
         try:
-            return cls._around(eng, ck.urls, render, options)
+            pool = cls._around(eng, ck.urls, render, options, routes)
+            restored = ck.extra.get("failures")
+            if restored:
+                pool.failures.import_(restored, {u: r for r, u in enumerate(ck.urls)})
+            if corpus is not None:
+                pool.added = add_corpus(eng, pool.urls, corpus)
+            return pool
         except BaseException:
             _remove(name, eng)
             raise
 
     @classmethod
     def _around(cls, eng: Engine, urls: list[str], render: RenderSpec, options: PoolOptions,
-                ) -> Pool:
+                routes: Routes | None) -> Pool:
+        """The pool's files around a filled engine (all of them removed if one fails)."""
         clock = Clock.wall(options.time_scale)
-        table = UrlTable.create(eng.name, urls)
+        name = eng.name
+        table: UrlTable | None = None
         try:
-            board = Board.create(eng.name, options.workers, clock, os.getpid(),
-                                 process_start_ms())
+            table = UrlTable.create(name, urls)
+            board = Board.create(name, options.workers, clock, os.getpid(), process_start_ms())
+            failures = FailureLog.create(name)
+            if _polite(options):
+                HostGate.create(name, options.per_host, options.delay_ms).close()
+            store_routes(name, routes)
         except BaseException:
-            table.close()
-            UrlTable.unlink(eng.name)
+            if table is not None:
+                table.close()
+            _remove(name)
             raise
-        return cls(eng, table, board, render, options)
+        return cls(eng, table, board, failures, render, options)
 
     # -- running ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        spec = WorkerSpec(self.engine.name, self.render, self.options.batch, self.options.lease_s,
-                          self.options.idle_s, dict(self.options.env))
+        o = self.options
+        spec = WorkerSpec(self.engine.name, self.render, o.batch, o.lease_s, o.idle_s,
+                          dict(o.env), o.max_failures, _polite(o))
         self._spec = spec
         for i in range(self.options.workers):
             self._start_worker(i)
@@ -417,7 +519,8 @@ class Pool:
         if self.options.checkpoint is None:
             raise EngineValueError("this pool has no checkpoint path")
         try:
-            n = self.engine.save(self.options.checkpoint, self.urls.urls())
+            n = checkpoint.save(self.engine, self.options.checkpoint, self.urls.urls(),
+                                {"failures": self.failures.export()})
         except OSError as e:
             raise EngineError(f"cannot write checkpoint {self.options.checkpoint}: {e}") from None
         self._last_checkpoint = time.monotonic()
@@ -492,6 +595,7 @@ class Pool:
         self._kill_workers()
         self.urls.close()
         self.board.close()
+        self.failures.close()
         _remove(self.engine.name, self.engine)
 
     def __enter__(self) -> Pool:
@@ -508,10 +612,32 @@ def _remove(name: str, eng: Engine | None = None) -> None:
         eng.close()
     UrlTable.unlink(name)
     Board.unlink(name)
+    FailureLog.unlink(name)
+    HostGate.unlink(name)
+    unlink_routes(name)
     try:
         Segment.unlink(name)
     except SegmentMissing:
         pass
+
+
+def _polite(options: PoolOptions) -> bool:
+    return options.per_host is not None or options.delay_ms > 0
+
+
+def _create_engine(name: str, capacity: int, policy: LanePolicy | None) -> Engine:
+    """``Engine.create``, with a hint of what to do when the name is taken."""
+    try:
+        return Engine.create(name, capacity, policy)
+    except SegmentExists:
+        pid = supervisor_running(name)
+        if pid is not None:
+            raise SegmentExists(f"a pool over {name!r} is running (supervisor pid {pid})"
+                                ) from None
+        raise SegmentExists(f"engine {name!r} already exists: left by a pool that crashed (go on"
+                            f" from its checkpoint with `lanes pool {name} --resume --checkpoint"
+                            f" FILE`) or by another program (`lanes cleanup {name}` removes it)"
+                            ) from None
 
 
 def supervisor_running(name: str) -> int | None:

@@ -1,0 +1,130 @@
+"""A corpus that grows: URLs added to a running pool (``lanes add``) or to a resumed one.
+
+New URLs become new rows: their URLs are published first (a further URL file, see ``urls``),
+then the rows are added to the engine, so a worker never claims a row whose URL it cannot
+find. Known URLs are left alone, except a row parked after ``--max-failures``: adding its URL
+again is how an operator says "try it again", so it is made due now (``prioritize(.., "wait")``).
+Two adders are serialised by a lock on the pool's board file; the supervisor adds no rows
+while it runs, so the new rows' ids follow the table's last row.
+
+The pool's routes (``--routes``) are kept beside its files (``<name>.routes``), so rows added
+later get the intervals the pool started with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import checkpoint
+from ..engine import Engine
+from ..errors import CapacityError, EngineError, SegmentMissing
+from ..keys import STRIDE
+from . import shmfile
+from .board import Board
+from .ingest import Corpus
+from .routes import Routes
+from .urls import UrlTable
+
+PARKED_MS = STRIDE - 1
+"""The due time of a row parked after ``--max-failures``: never due, until a rush or a re-add."""
+
+ROUTES_SUFFIX = "routes"
+
+
+@dataclass(frozen=True)
+class Added:
+    """What adding a corpus did."""
+
+    added: int
+    known: int
+    unparked: int
+    first_row: int | None
+
+
+def store_routes(name: str, routes: Routes | None) -> None:
+    """Keep a pool's routes beside its files (nothing when it has none)."""
+    if routes is not None:
+        shmfile.create(name, ROUTES_SUFFIX, routes.to_json().encode())
+
+
+def stored_routes(name: str) -> Routes | None:
+    """The routes pool ``name`` was started with, or None."""
+    try:
+        buf = shmfile.attach(name, ROUTES_SUFFIX, min_size=2)
+    except SegmentMissing:
+        return None
+    try:
+        return Routes.from_json(bytes(buf).decode())
+    finally:
+        buf.close()
+
+
+def unlink_routes(name: str) -> bool:
+    return shmfile.unlink(name, ROUTES_SUFFIX)
+
+
+@contextlib.contextmanager
+def _adding(name: str) -> Iterator[None]:
+    """One adder at a time per pool (a lock on the board file, dropped if the adder dies)."""
+    try:
+        fd = os.open(Board.path(name), os.O_RDONLY)
+    except FileNotFoundError:
+        raise SegmentMissing(f"no pool runs over {name!r} (no {Board.path(name)})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def add_corpus(eng: Engine, urls: UrlTable, corpus: Corpus) -> Added:
+    """Add ``corpus``'s new URLs to the pool over ``eng`` (whose URL table is ``urls``)."""
+    with _adding(eng.name):
+        urls.refresh()
+        known = {u: r for r, u in enumerate(urls.urls())}
+        rows_used = int(eng.stats()["rows"])
+        if rows_used != len(urls):
+            raise EngineError(f"engine {eng.name!r} has {rows_used} rows but {len(urls)} URLs:"
+                              " rows were added outside the pool; refusing to add more")
+        new = [i for i, u in enumerate(corpus.urls) if u not in known]
+        again = [known[u] for u in corpus.urls if u in known]
+        unparked = _unpark(eng, again)
+        if not new:
+            return Added(0, len(again), unparked, None)
+        free = int(eng.stats()["capacity"]) - rows_used
+        if len(new) > free:
+            raise CapacityError(f"{len(new)} new URLs, room for {free} (capacity"
+                                f" {rows_used + free}): stop the pool and --resume it with a"
+                                " larger --capacity")
+        pick = np.asarray(new, np.int64)
+        UrlTable.append(eng.name, rows_used, [corpus.urls[i] for i in new])
+        try:
+            rows = eng.add_many(corpus.due_ms[pick], corpus.interval_s[pick],
+                                corpus.provenance[pick])
+        except BaseException:
+            UrlTable.remove_part(eng.name, rows_used)
+            raise
+        if not np.array_equal(rows, np.arange(rows_used, rows_used + len(new))):
+            raise EngineError(f"engine {eng.name!r} gave rows {rows[:3].tolist()}... for the"
+                              f" URLs of rows {rows_used}..: rows were added outside the pool")
+        return Added(len(new), len(again), unparked, rows_used)
+
+
+def _unpark(eng: Engine, rows: list[int]) -> int:
+    """Make the parked ones among ``rows`` due now; returns how many."""
+    if not rows:
+        return 0
+    queued, cols = checkpoint.snapshot(eng)
+    parked = set(queued[cols["due_ms"] == PARKED_MS].tolist())
+    n = 0
+    for row in rows:
+        if row in parked:
+            eng.prioritize(row, "wait")
+            n += 1
+    return n
