@@ -54,16 +54,13 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from .pool.board import Board
-    from .pool.supervisor import supervisor_running
-    from .pool.urls import UrlTable
+    from .pool.supervisor import remove_pool_files, supervisor_running
 
     pid = supervisor_running(args.name)
     if pid is not None and not args.force:
         raise NotAllowed(f"a pool over {args.name!r} is running (supervisor pid {pid}); stop it,"
                          " or --force")
-    removed = [f"/dev/shm/{args.name}.{suffix}" for suffix, unlink in
-               (("urls", UrlTable.unlink), ("pool", Board.unlink)) if unlink(args.name)]
+    removed = remove_pool_files(args.name)
     try:
         Segment.unlink(args.name)
         removed.insert(0, f"/dev/shm/{args.name}")

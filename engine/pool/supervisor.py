@@ -610,15 +610,18 @@ def _remove(name: str, eng: Engine | None = None) -> None:
     """Unlink an engine's segment and its pool files; missing ones are fine."""
     if eng is not None:
         eng.close()
-    UrlTable.unlink(name)
-    Board.unlink(name)
-    FailureLog.unlink(name)
-    HostGate.unlink(name)
-    unlink_routes(name)
+    remove_pool_files(name)
     try:
         Segment.unlink(name)
     except SegmentMissing:
         pass
+
+
+def remove_pool_files(name: str) -> list[str]:
+    """Remove the files a pool keeps beside engine ``name``'s segment; returns those removed."""
+    files = (("urls", UrlTable.unlink), ("pool", Board.unlink), ("failures", FailureLog.unlink),
+             ("hosts", HostGate.unlink), ("routes", unlink_routes))
+    return [f"/dev/shm/{name}.{what}" for what, unlink in files if unlink(name)]
 
 
 def _polite(options: PoolOptions) -> bool:
