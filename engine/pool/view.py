@@ -26,7 +26,7 @@ COLUMNS = ("lane", "queued", "backlog", "in flight", "renders/s", "drains in", "
 """The per-lane table of the live view and of ``lanes stats`` over a pool (backlog: rows due
 and not in flight; drains in: the backlog at the lane's current rate)."""
 
-NEXT_DUE_EVERY_S = 5.0
+NEXT_DUE_EVERY_S = 2.0
 """The live view reads the whole row table for "next due" at most this often."""
 
 
@@ -246,11 +246,14 @@ class LiveView:
 
 def render_table(title: str, rows: Sequence[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS
                  ) -> Any:
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    # Compact (one space between columns, no edges), so the lane table fits 120 columns.
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0,
+                  pad_edge=False, show_edge=False)
     for i, c in enumerate(columns):
-        table.add_column(c, justify="left" if i == 0 else "right")
+        table.add_column(c, justify="left" if i == 0 else "right", no_wrap=True)
     for r in rows:
         table.add_row(*r)
     return table
