@@ -12,12 +12,16 @@ from types import FrameType
 from typing import Any
 
 from .engine import Engine, wall_ms
-from .errors import EngineError, EngineValueError, NotAllowed, SegmentMissing
+from .errors import EngineError, EngineValueError, LayoutMismatch, NotAllowed, SegmentMissing
 from .policy import LanePolicy
 from .segment import Segment
 
 
 def _stats(args: argparse.Namespace) -> int:
+    from .pool import progress
+    from .pool.board import Board
+    from .pool.view import for_json, pool_report, print_pool_report, print_table
+
     eng = Engine.attach(args.name)
     try:
         if args.prometheus:
@@ -25,19 +29,43 @@ def _stats(args: argparse.Namespace) -> int:
 
             sys.stdout.write(exposition(eng))
             return 0
-        stats = eng.stats()
+        try:
+            board: Board | None = Board.attach(args.name)
+        except SegmentMissing:
+            board = None
+        except LayoutMismatch as e:
+            print(f"lanes stats: {e}: showing the engine only", file=sys.stderr)
+            board = None
+        if board is not None:
+            try:
+                report = pool_report(eng, board)
+            finally:
+                board.close()
+        else:
+            now = wall_ms()
+            report = eng.stats(now_ms=now)
+            due = progress.next_due(eng, now)
+            for lane in report["lanes"]:
+                lane["next_due_ms"] = due.get(lane["lane"])
+            report["now_ms"] = now
     finally:
         eng.close()
     if args.json:
-        print(json.dumps(stats, indent=2))
-        return 0
-    print(f"{stats['name']}: {stats['rows']} rows ({stats['queued']} queued) of"
-          f" {stats['capacity']}, layout v{stats['layout_version']}")
-    cols = ("lane", "name", "floor_minute", "queued", "due", "leased", "granted", "spilled",
-            "stale_skipped", "lease_refused")
-    print("  ".join(f"{c:>13}" for c in cols))
-    for lane in stats["lanes"]:
-        print("  ".join(f"{lane[c]!s:>13}" for c in cols))
+        print(json.dumps(for_json(report), indent=2))
+    elif board is not None:
+        print_pool_report(report, plain=args.plain)
+    else:
+        now = report["now_ms"]
+        cols = ("lane", "name", "floor", "queued", "due", "leased", "granted", "spilled",
+                "stale skipped", "lease refused", "next due")
+        rows = [(str(ln["lane"]), ln["name"],
+                 progress.format_due(ln["floor_minute"] * 60_000 or None, now),
+                 *(str(ln[c]) for c in ("queued", "due", "leased", "granted", "spilled",
+                                        "stale_skipped", "lease_refused")),
+                 progress.format_due(ln["next_due_ms"], now)) for ln in report["lanes"]]
+        print_table(f"{report['name']}: {report['rows']} rows ({report['queued']} queued) of"
+                    f" {report['capacity']}, layout v{report['layout_version']} (no pool)",
+                    rows, cols, plain=args.plain)
     return 0
 
 
@@ -72,6 +100,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _prioritize(args: argparse.Namespace) -> int:
+    from .pool.progress import format_due
     from .pool.urls import UrlTable
 
     if (args.url is None) == (args.row is None):
@@ -91,7 +120,8 @@ def _prioritize(args: argparse.Namespace) -> int:
         lane = eng.lane_name(info["lane"])
     finally:
         eng.close()
-    print(f"row {row}: {args.mode}, now in lane {info['lane']} ({lane}), due {info['due_ms']}")
+    print(f"row {row}: {args.mode}, now in lane {info['lane']} ({lane}), due"
+          f" {format_due(info['due_ms'], wall_ms())}")
     return 0
 
 
@@ -355,11 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=50, help="at most this many, most recent first")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_failures)
-    p = sub.add_parser("stats", help="per-lane statistics of an engine")
+    p = sub.add_parser("stats", help="per-lane statistics of an engine",
+                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--prometheus", action="store_true", help="Prometheus text exposition")
+    fmt.add_argument("--plain", action="store_true", help="plain text even on a terminal")
     p.set_defaults(fn=_stats)
     p = sub.add_parser("check", help="verify every invariant of an engine",
                        formatter_class=SHOW_DEFAULTS)
@@ -395,6 +427,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         status: int = args.fn(args)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
+    except BrokenPipeError:
+        # The reader left (``lanes stats NAME | head``): the recipe of the ``signal`` docs,
+        # stdout to devnull so the exit flush stays quiet, and the status a SIGPIPE death has.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except EngineError as exc:
         print(f"lanes {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -55,6 +55,19 @@ def test_stats_json_and_prometheus_parse_while_a_pool_runs(log: Path) -> None:
         assert js.returncode == 0, err
         stats = json.loads(out)
         assert stats["rows"] == 50 and {ln["name"] for ln in stats["lanes"]} >= {"submitted/b0"}
+        pool_js = stats["pool"]
+        assert pool_js["renders"] == 50 and pool_js["supervisor_running"] is True
+        assert pool_js["elapsed_s"] > 0 and pool_js["renders_per_s"] > 0
+        assert pool_js["time_scale"] == 1.0 and pool_js["pool_elapsed_s"] > 0
+        for lane in stats["lanes"]:
+            assert lane["next_due_ms"] is None or lane["next_due_ms"] > pool_js["now_ms"] - 1000
+            assert {"backlog", "in_flight", "renders_per_s", "drain_s", "next_due_ms",
+                    "next_due_in_s", "renders", "failures"} <= set(lane)
+            assert set(lane["latency"]) == {"ok", "failed"}
+            assert lane["latency"]["failed"]["count"] == 0
+        assert sum(ln["latency"]["ok"]["count"] for ln in stats["lanes"]) == 50
+        assert all(isinstance(ln["latency"]["ok"]["p95_s"], float) for ln in stats["lanes"]
+                   if ln["renders"])
         pr = cli("stats", name, "--prometheus")
         out, err = pr.communicate(timeout=60)
         assert pr.returncode == 0, err
@@ -66,12 +79,82 @@ def test_stats_json_and_prometheus_parse_while_a_pool_runs(log: Path) -> None:
         hist = families["lanes_pool_render_duration_seconds"]
         count = [s.value for s in hist.samples if s.name.endswith("_count")]
         assert count == [50.0]
+        per_lane = families["lanes_pool_lane_render_duration_seconds"]
+        counts = {(s.labels["lane"], s.labels["outcome"]): s.value for s in per_lane.samples
+                  if s.name.endswith("_count")}
+        assert sum(v for (_, o), v in counts.items() if o == "success") == 50
+        assert sum(v for (_, o), v in counts.items() if o == "failure") == 0
+        assert ("submitted/b0", "failure") in counts
+        inf = [s.value for s in per_lane.samples if s.name.endswith("_bucket")
+               and s.labels["le"] == "+Inf" and s.labels["outcome"] == "success"]
+        assert sum(inf) == 50
         for metric in ("lanes_lane_due", "lanes_lane_queued", "lanes_lane_leased",
                        "lanes_lane_spilled", "lanes_lane_stale_skipped",
                        "lanes_lane_lease_refused", "lanes_pool_failures"):
             assert metric in families, metric
     finally:
         pool.shutdown()
+
+
+def test_stats_shows_progress_per_lane_and_ends_quietly_on_a_closed_pipe(log: Path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    name = unique_name()
+    pool = make_pool(name, 40, "pool_renders:record", workers=1)
+    try:
+        pool.start()
+        wait_for(lambda: pool.board.totals()["renders"] >= 40)
+        p = cli("stats", name)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and err == "", err
+        lines = out.splitlines()
+        assert "supervisor pid" in out and re.search(r"up (< )?\d+ s", out)
+        assert re.search(r"40 renders \([\d.]+/s over the run\)", out)
+        header = next(ln for ln in lines if ln.startswith("lane "))
+        for col in ("queued", "backlog", "in flight", "renders/s", "drains in", "next due",
+                    "ok p50/95/99", "failed p50/95/99"):
+            assert col in header, col
+        row = next(ln for ln in lines if ln.startswith("submitted/b0"))
+        assert re.search(r"in 1\.0 h \(\d\d:\d\d\)", row) and re.search(r" ms| s\b", row)
+        assert not re.search(r"\d{10,}", out)  # no raw epoch ms anywhere
+        # ``lanes stats NAME | head -1``: the reader leaves early; no traceback, no noise.
+        sh = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m engine stats"
+                             f" {name} | head -1"], capture_output=True, text=True, timeout=60)
+        assert sh.stdout == lines[0] + "\n" and sh.stderr == ""
+        assert sh.returncode in (0, 141)
+        closed = cli("stats", name)  # a pipe closed before a byte is written: EPIPE for sure
+        assert closed.stdout is not None
+        closed.stdout.close()
+        assert closed.wait(timeout=60) == 141
+        assert closed.stderr is not None and closed.stderr.read() == ""
+    finally:
+        pool.shutdown()
+
+
+def test_stats_of_a_bare_engine_shows_the_engine_columns(tmp_path: Path) -> None:
+    import json
+    import time
+
+    from engine import Engine
+
+    name = unique_name()
+    now = int(time.time() * 1000)
+    with Engine.create(name, 16) as eng:
+        try:
+            eng.add_many([now - 60_000, now + 2 * 3_600_000], 3600, "submitted")
+            p = cli("stats", name)
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+            assert "(no pool)" in out and "stale skipped" in out and "next due" in out
+            assert "in 2.0 h (" in out and str(now + 2 * 3_600_000) not in out
+            js = cli("stats", name, "--json")
+            out, err = js.communicate(timeout=60)
+            lane = next(ln for ln in json.loads(out)["lanes"] if ln["name"] == "submitted/b0")
+            assert lane["next_due_ms"] == now + 2 * 3_600_000 and lane["queued"] == 2
+        finally:
+            eng.unlink()
 
 
 def test_serve_metrics_on_loopback_and_prioritize_by_url(log: Path) -> None:

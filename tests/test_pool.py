@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -253,3 +254,29 @@ def test_pool_setup_refuses_what_would_fail_later() -> None:
     with pytest.raises(EngineValueError, match="UTF-8"):
         UrlTable.encode(["https://a.example/\ud800"])
     assert files_of(name) == []
+
+
+def test_the_summary_shows_every_lane_with_anything_in_it(capsys: Any) -> None:
+    from engine.pool.board import BUCKETS, FAILED, LANES, OK
+    from engine.pool.view import print_summary
+
+    def lane(i: int, name: str, queued: int = 0, granted: int = 0, renders: int = 0) -> Any:
+        return {"lane": i, "name": name, "queued": queued, "due": 0, "granted": granted,
+                "renders": renders, "mean_age_over_ttl": 1.0 if renders else None}
+
+    hist = np.zeros((LANES, 2, BUCKETS), np.int64)
+    hist[1, OK, 7] = 4
+    hist[4, FAILED, 3] = 2
+    summary = {"renders": 4, "failures": 2, "released": 0, "lease_lost": 0, "restarts": 0,
+               "problems": [], "lane_hist": hist, "lane_duration_s": np.zeros((LANES, 2)),
+               "lanes": [lane(0, "urgent"), lane(1, "submitted/b0", 3, 4, 4),
+                         lane(2, "submitted/b1", granted=5),  # granted, then resumed: nothing
+                         lane(3, "submitted/b2", queued=1), lane(4, "submitted/b3"),
+                         lane(5, "discovered/b0")]}
+    print_summary(summary)
+    out = capsys.readouterr().out
+    shown = {ln.split()[0] for ln in out.splitlines()[4:]}
+    assert shown == {"submitted/b0", "submitted/b1", "submitted/b2", "submitted/b3"}
+    row = next(ln for ln in out.splitlines() if ln.startswith("submitted/b3"))
+    assert row.split()[5] == "2" and "ms" in row  # its failures and their latency
+    assert not re.search(r"\d{10,}", out)

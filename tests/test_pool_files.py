@@ -88,3 +88,47 @@ def test_damaged_boards_and_checkpoints_get_clear_errors(tmp_path: Path) -> None
     np.savez(bad, meta=np.frombuffer(b"[1, 2]", np.uint8))
     with pytest.raises(EngineValueError, match="not a version"):
         ck.read(bad)
+
+
+def test_a_board_of_another_layout_version_is_refused() -> None:
+    from engine.errors import LayoutMismatch
+    from engine.pool.board import H_VERSION, HEADER, VERSION, Clock
+
+    name = unique_name()
+    board = Board.create(name, 2, Clock.wall(), os.getpid(), 0)
+    try:
+        assert VERSION == 2
+        board._header[H_VERSION] = 1  # a board written before the per-lane histograms
+        with pytest.raises(LayoutMismatch, match="layout v1; this engine reads v2"):
+            Board.attach(name)
+        board._header[H_VERSION] = VERSION
+        Board.attach(name).close()
+        assert os.path.getsize(Board.path(name)) == (HEADER + 2 * (7 + 16 + 64 + 64 + 2048
+                                                                  + 128)) * 8
+    finally:
+        board.close()
+        Board.unlink(name)
+
+
+def test_record_render_counts_latency_per_lane_and_outcome() -> None:
+    from engine.pool.board import FAILED, OK, Clock, record_render
+
+    name = unique_name()
+    board = Board.create(name, 2, Clock.wall(), os.getpid(), 0)
+    try:
+        record_render(board.slot(0), 3, 0.2, 1.5, True)      # (0.1, 0.25]: bucket 7
+        record_render(board.slot(1), 3, 0.2, 1.0, True)
+        record_render(board.slot(1), 3, 0.001, 1.0, False)   # on a bound: bucket 0
+        record_render(board.slot(0), 5, 100.0, 1.0, False)   # past 60 s: the overflow bucket
+        t = board.totals()
+        assert t["renders"] == 2 and t["failures"] == 2
+        assert t["duration_buckets"][7] == 2 and t["lane_renders"][3] == 2
+        h = t["lane_hist"]
+        assert h.shape == (64, 2, 16) and int(h.sum()) == 4
+        assert h[3, OK, 7] == 2 and h[3, FAILED, 0] == 1 and h[5, FAILED, 15] == 1
+        assert t["lane_duration_s"][3, OK] == pytest.approx(0.4)
+        assert t["lane_duration_s"][5, FAILED] == pytest.approx(100.0)
+        assert t["lane_age_sum"][3] == pytest.approx(2.5)
+    finally:
+        board.close()
+        Board.unlink(name)

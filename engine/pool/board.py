@@ -31,6 +31,11 @@ DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 # Header words (int64).
 _MAGIC = 0x314452414F424C52  # "RLBOARD1"
+VERSION = 2
+"""The board's layout version: bump it whenever a header word or a slot field moves or grows,
+so a reader of another version is refused (``LayoutMismatch``) instead of misreading counters.
+v2: the per-lane, per-outcome duration histograms and sums (``F_LANE_HIST``,
+``F_LANE_DURATION_US``)."""
 H_MAGIC, H_VERSION, H_SLOTS, H_FIELDS, H_PID, H_START_MS, H_STOP, H_RESTARTS = range(8)
 H_ORIGIN_MS, H_WALL_ORIGIN_MS, H_SCALE_MICRO, H_CHECKPOINTS, H_CHECKPOINT_MS = range(8, 13)
 HEADER = 16
@@ -40,7 +45,12 @@ F_PID, F_RENDERS, F_FAILURES, F_RELEASED, F_LEASE_LOST, F_DURATION_US, F_RENEWED
 F_BUCKETS = 7
 F_LANE_RENDERS = F_BUCKETS + len(DURATION_BUCKETS) + 1
 F_LANE_AGE_MILLI = F_LANE_RENDERS + LANES  # sum of age / TTL, in thousandths
-FIELDS = F_LANE_AGE_MILLI + LANES
+BUCKETS = len(DURATION_BUCKETS) + 1
+OK, FAILED = 0, 1
+"""The outcome axis of the per-lane histograms."""
+F_LANE_HIST = F_LANE_AGE_MILLI + LANES  # [lane][outcome][bucket] render counts
+F_LANE_DURATION_US = F_LANE_HIST + LANES * 2 * BUCKETS  # [lane][outcome] sum of durations
+FIELDS = F_LANE_DURATION_US + LANES * 2
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -79,8 +89,11 @@ class Board:
             buf.close()
             raise LayoutMismatch(f"{name}.{SUFFIX} is not a render-lanes pool board")
         words = np.frombuffer(buf, np.int64)
-        if len(words) < HEADER or words[H_MAGIC] != _MAGIC or words[H_VERSION] != 1:
+        if len(words) < HEADER or words[H_MAGIC] != _MAGIC:
             raise LayoutMismatch(f"{name}.{SUFFIX} is not a render-lanes pool board")
+        if words[H_VERSION] != VERSION:
+            raise LayoutMismatch(f"{name}.{SUFFIX} is a pool board of layout v"
+                                 f"{int(words[H_VERSION])}; this engine reads v{VERSION}")
         slots, fields = int(words[H_SLOTS]), int(words[H_FIELDS])
         if fields != FIELDS or len(words) != HEADER + slots * fields:
             raise LayoutMismatch(f"{name}.{SUFFIX} has another layout")
@@ -95,7 +108,7 @@ class Board:
             raise EngineValueError(f"slots must lie in [1, 4096], got {slots}")
         header = np.zeros(HEADER, np.int64)
         header[[H_MAGIC, H_VERSION, H_SLOTS, H_FIELDS, H_PID, H_START_MS]] = (
-            _MAGIC, 1, slots, FIELDS, pid, start_ms)
+            _MAGIC, VERSION, slots, FIELDS, pid, start_ms)
         header[[H_ORIGIN_MS, H_WALL_ORIGIN_MS, H_SCALE_MICRO]] = (
             clock.origin_ms, clock.wall_origin_ms, round(clock.scale * 1e6))
         shmfile.create(name, SUFFIX, header.tobytes(), (HEADER + slots * FIELDS) * 8)
@@ -157,7 +170,12 @@ class Board:
     # -- reading ---------------------------------------------------------------------------------
 
     def totals(self) -> dict[str, Any]:
-        """Counters summed over every slot (a consistent-enough snapshot: each word is whole)."""
+        """Counters summed over every slot (a consistent-enough snapshot: each word is whole).
+
+        ``lane_hist[lane, outcome]`` counts renders per ``DURATION_BUCKETS`` bucket (the last
+        one: slower than every bound), ``outcome`` being ``OK`` or ``FAILED``;
+        ``lane_duration_s[lane, outcome]`` is the sum of those renders' durations.
+        """
         s = self._slots.sum(axis=0)
         h = self._header
         return {
@@ -169,7 +187,9 @@ class Board:
             "duration_s": int(s[F_DURATION_US]) / 1e6,
             "duration_buckets": [int(v) for v in s[F_BUCKETS:F_LANE_RENDERS]],
             "lane_renders": s[F_LANE_RENDERS:F_LANE_AGE_MILLI].copy(),
-            "lane_age_sum": s[F_LANE_AGE_MILLI:FIELDS] / 1000.0,
+            "lane_age_sum": s[F_LANE_AGE_MILLI:F_LANE_HIST] / 1000.0,
+            "lane_hist": s[F_LANE_HIST:F_LANE_DURATION_US].reshape(LANES, 2, BUCKETS).copy(),
+            "lane_duration_s": s[F_LANE_DURATION_US:FIELDS].reshape(LANES, 2) / 1e6,
             "restarts": int(h[H_RESTARTS]),
             "checkpoints": int(h[H_CHECKPOINTS]),
             "checkpoint_ms": int(h[H_CHECKPOINT_MS]),
@@ -179,9 +199,15 @@ class Board:
 def record_render(slot: Int64Array, lane: int, seconds: float, age_over_ttl: float,
                   ok: bool) -> None:
     """Count one finished render in a worker's slot."""
+    bucket = int(np.searchsorted(DURATION_BUCKETS, seconds))
     slot[F_RENDERS if ok else F_FAILURES] += 1
     slot[F_DURATION_US] += int(seconds * 1e6)
-    slot[F_BUCKETS + int(np.searchsorted(DURATION_BUCKETS, seconds))] += 1
-    if ok and 0 <= lane < LANES:
+    slot[F_BUCKETS + bucket] += 1
+    if not 0 <= lane < LANES:
+        return
+    cell = lane * 2 + (OK if ok else FAILED)
+    slot[F_LANE_HIST + cell * BUCKETS + bucket] += 1
+    slot[F_LANE_DURATION_US + cell] += int(seconds * 1e6)
+    if ok:
         slot[F_LANE_RENDERS + lane] += 1
         slot[F_LANE_AGE_MILLI + lane] += int(age_over_ttl * 1000)

@@ -16,7 +16,7 @@ from typing import Any
 from ..engine import Engine
 from ..errors import EngineError, EngineValueError, SegmentMissing
 from ..keys import is_int
-from .board import DURATION_BUCKETS, Board
+from .board import DURATION_BUCKETS, FAILED, OK, Board
 
 _LANE_GAUGES = (("queued", "rows queued in the lane"),
                 ("due", "backlog: rows due now in the lane"),
@@ -88,13 +88,19 @@ class LanesCollector:
                            ("restarts", "workers restarted by the supervisor"),
                            ("checkpoints", "checkpoints written")):
             yield core.CounterMetricFamily(f"lanes_pool_{key}", help_, value=t[key])
-        buckets, acc = [], 0
-        for bound, n in zip((*DURATION_BUCKETS, float("inf")), t["duration_buckets"], strict=True):
-            acc += n
-            buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
         yield core.HistogramMetricFamily("lanes_pool_render_duration_seconds",
-                                         "wall time of one render", buckets=buckets,
+                                         "wall time of one render",
+                                         buckets=_cumulative(t["duration_buckets"]),
                                          sum_value=t["duration_s"])
+        h = core.HistogramMetricFamily("lanes_pool_lane_render_duration_seconds",
+                                       "wall time of one render, per lane and outcome",
+                                       labels=["lane", "outcome"])
+        for lane in stats["lanes"]:
+            i = lane["lane"]
+            for outcome, o in (("success", OK), ("failure", FAILED)):
+                h.add_metric([lane["name"], outcome], _cumulative(t["lane_hist"][i][o]),
+                             float(t["lane_duration_s"][i][o]))
+        yield h
         c = core.CounterMetricFamily("lanes_pool_lane_renders", "renders per lane",
                                      labels=["lane"])
         a = core.CounterMetricFamily("lanes_pool_lane_age_over_ttl",
@@ -106,6 +112,15 @@ class LanesCollector:
             a.add_metric([lane["name"]], float(t["lane_age_sum"][i]))
         yield c
         yield a
+
+
+def _cumulative(counts: Any) -> list[tuple[str, int]]:
+    """Per-bucket counts (the board's) as Prometheus's cumulative ``le`` buckets."""
+    buckets, acc = [], 0
+    for bound, n in zip((*DURATION_BUCKETS, float("inf")), counts, strict=True):
+        acc += int(n)
+        buckets.append(("+Inf" if bound == float("inf") else repr(bound), acc))
+    return buckets
 
 
 def registry(eng: Engine) -> Any:

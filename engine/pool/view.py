@@ -7,54 +7,203 @@ the pool nothing and shows the same numbers a Prometheus scrape would.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+import numpy as np
+
+from ..engine import Engine, wall_ms
+from ..segment import is_running
+from . import progress
+from .board import DURATION_BUCKETS, FAILED, OK, Board
 from .supervisor import Pool
 
-COLUMNS = ("lane", "queued", "due", "leased", "granted/s", "age/TTL", "floor behind")
+COLUMNS = ("lane", "queued", "backlog", "in flight", "renders/s", "drains in", "next due",
+           "ok p50/95/99", "failed p50/95/99", "age/TTL")
+"""The per-lane table of the live view and of ``lanes stats`` over a pool (backlog: rows due
+and not in flight; drains in: the backlog at the lane's current rate)."""
+
+NEXT_DUE_EVERY_S = 2.0
+"""The live view reads the whole row table for "next due" at most this often."""
+
+
+def shown(lane: dict[str, Any], renders: int = 0, failures: int = 0) -> bool:
+    """Whether a lane has anything to report: rows queued or granted, or renders either way."""
+    return bool(lane["queued"] or lane["granted"] or renders or failures)
+
+
+def latency(hist: Any, duration_s: Any) -> dict[str, dict[str, Any]]:
+    """Render latency of one lane, per outcome (``ok``, ``failed``), from its ``lane_hist`` and
+    ``lane_duration_s`` rows: count, sum and p50/p95/p99 in seconds (None: no renders; inf:
+    slower than the last bucket bound ``over_s``, which ``slower`` renders were)."""
+    out = {}
+    for key, o in (("ok", OK), ("failed", FAILED)):
+        counts = np.asarray(hist[o])
+        qs = progress.quantiles(counts)
+        out[key] = {"count": int(counts.sum()), "sum_s": round(float(duration_s[o]), 6),
+                    **{_q_key(q): None if v is None else round(v, 6)
+                       for q, v in zip(progress.QUANTILES, qs, strict=True)},
+                    "over_s": DURATION_BUCKETS[-1], "slower": int(counts[-1])}
+    return out
+
+
+def _q_key(q: float) -> str:
+    return f"p{round(q * 100)}_s"
+
+
+def _latency_cell(d: dict[str, Any]) -> str:
+    return progress.format_latency([d[_q_key(q)] for q in progress.QUANTILES])
+
+
+def lane_figures(stats: dict[str, Any], totals: dict[str, Any], next_due: dict[int, int | None],
+                 per_s: dict[int, float | None], now_ms: int) -> list[dict[str, Any]]:
+    """One dict of numbers per lane worth showing: the engine's per-lane statistics with the
+    pool's figures added (renders, failures, rate, backlog and the time to drain it, next due,
+    latency). ``per_s``: renders (either outcome) per real second, by lane."""
+    out = []
+    for ln in stats["lanes"]:
+        i = ln["lane"]
+        hist = totals["lane_hist"][i]
+        renders, failures = int(hist[OK].sum()), int(hist[FAILED].sum())
+        if not shown(ln, renders, failures):
+            continue
+        backlog = max(0, ln["due"] - ln["in_flight"])
+        rate = per_s.get(i)
+        eta = progress.eta_seconds(backlog, rate)
+        due = next_due.get(i)
+        n_ok = int(totals["lane_renders"][i])
+        out.append({**ln, "backlog": backlog, "renders": renders, "failures": failures,
+                    "renders_per_s": None if rate is None else round(rate, 3),
+                    "drain_s": None if eta is None or eta == float("inf") else round(eta, 1),
+                    "stalled": eta == float("inf"),
+                    "next_due_ms": due, "next_due_in_s": None if due is None
+                    else round((due - now_ms) / 1000, 1),
+                    "mean_age_over_ttl": (round(float(totals["lane_age_sum"][i]) / n_ok, 4)
+                                          if n_ok else None),
+                    "latency": latency(hist, totals["lane_duration_s"][i])})
+    return out
+
+
+def lane_cells(f: dict[str, Any], now_ms: int, age: float | None) -> tuple[str, ...]:
+    """A ``lane_figures`` entry as the cells of ``COLUMNS``."""
+    return (f["name"], str(f["queued"]), str(f["backlog"]), str(f["in_flight"]),
+            progress.format_rate(f["renders_per_s"]),
+            progress.format_eta(f["backlog"], f["renders_per_s"]),
+            progress.format_due(f["next_due_ms"], now_ms), _latency_cell(f["latency"]["ok"]),
+            _latency_cell(f["latency"]["failed"]), "-" if age is None else f"{age:.2f}")
+
+
+def for_json(value: Any) -> Any:
+    """``value`` with every infinite float (a quantile past the last bucket) as None, so that
+    ``json.dumps`` writes strict JSON."""
+    if isinstance(value, dict):
+        return {k: for_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [for_json(v) for v in value]
+    if isinstance(value, float) and math.isinf(value):
+        return None
+    return value
+
+
+def elapsed_s(board: Board) -> tuple[float, float]:
+    """(real seconds, pool-time seconds) since the pool's clock started."""
+    clock = board.clock
+    return ((wall_ms() - clock.wall_origin_ms) / 1000.0,
+            (clock.now_ms() - clock.origin_ms) / 1000.0)
+
+
+def lane_sums(totals: dict[str, Any]) -> Any:
+    """Renders of either outcome per lane (an array indexed by lane)."""
+    return totals["lane_hist"].sum(axis=(1, 2))
+
+
+def pool_report(eng: Engine, board: Board) -> dict[str, Any]:
+    """Everything ``lanes stats`` shows of a pool, as numbers: the engine's statistics at the
+    pool's time, the pool's counters and ``lanes`` replaced by ``lane_figures`` (rates over the
+    whole run, in real seconds)."""
+    now = board.clock.now_ms()
+    stats = eng.stats(now_ms=now)
+    totals = board.totals()
+    real_s, pool_s = elapsed_s(board)
+    per_lane = lane_sums(totals)
+    per_s = {ln["lane"]: float(per_lane[ln["lane"]]) / real_s if real_s > 0 else None
+             for ln in stats["lanes"]}
+    figures = lane_figures(stats, totals, progress.next_due(eng, now), per_s, now)
+    pid, start = board.supervisor
+    pool = {"supervisor_pid": pid, "supervisor_running": is_running(pid, start),
+            "now_ms": now, "time_scale": board.clock.scale, "elapsed_s": round(real_s, 3),
+            "pool_elapsed_s": round(pool_s, 3), "workers": board.slots,
+            "renders_per_s": round(totals["renders"] / real_s, 3) if real_s > 0 else None,
+            **{k: v for k, v in totals.items() if not k.startswith("lane_")}}
+    return {**stats, "lanes": figures, "pool": pool}
+
+
+def print_pool_report(r: dict[str, Any], out: TextIO | None = None, plain: bool = False) -> None:
+    """``pool_report`` as a headline and the per-lane table."""
+    p = r["pool"]
+    now = p["now_ms"]
+    state = "running" if p["supervisor_running"] else "not running (a stale board)"
+    checkpoint = (f", last {progress.format_due(p['checkpoint_ms'], wall_ms())}"
+                  if p["checkpoints"] else "")
+    title = (f"{r['name']}: {r['rows']} rows ({r['queued']} queued) of {r['capacity']}, layout"
+             f" v{r['layout_version']}\npool: {p['workers']} workers, supervisor pid"
+             f" {p['supervisor_pid']} {state}, "
+             f"{progress.format_elapsed(p['elapsed_s'], p['pool_elapsed_s'], p['time_scale'])};"
+             f" {p['renders']} renders ({progress.format_rate(p['renders_per_s'])}/s over the"
+             f" run), {p['failures']} failures, {p['restarts']} restarts, {p['checkpoints']}"
+             f" checkpoints{checkpoint}\nper lane (rates over the whole run, latency in"
+             " seconds of real time, next due in pool time):")
+    rows = [lane_cells(f, now, f["mean_age_over_ttl"]) for f in r["lanes"]]
+    print_table(title, rows, COLUMNS, out, plain)
 
 
 def lane_rows(pool: Pool, previous: dict[str, Any] | None) -> tuple[list[tuple[str, ...]],
                                                                      dict[str, Any]]:
-    """One row of strings per lane with anything in it, and the state for the next call."""
+    """One row of strings per lane with anything in it, and the state for the next call.
+
+    Rates and age/TTL are over the interval since ``previous``; latency over the whole run.
+    """
     now_real = time.monotonic()
     now = pool.clock.now_ms()
     stats = pool.engine.stats(now_ms=now)
     totals = pool.board.totals()
-    state = {"t": now_real, "granted": {ln["lane"]: ln["granted"] for ln in stats["lanes"]},
-             "renders": totals["lane_renders"], "age": totals["lane_age_sum"]}
-    rows: list[tuple[str, ...]] = []
-    for ln in stats["lanes"]:
-        i = ln["lane"]
-        if not (ln["queued"] or ln["granted"]):
-            continue
-        rate = age = "-"
+    per_lane = lane_sums(totals)
+    state: dict[str, Any] = {"t": now_real, "per_lane": per_lane, "renders": totals["renders"],
+                             "ok": totals["lane_renders"], "age": totals["lane_age_sum"],
+                             "rate": None}
+    if previous is None or now_real - previous["due_t"] >= NEXT_DUE_EVERY_S:
+        state["next_due"], state["due_t"] = progress.next_due(pool.engine, now), now_real
+    else:
+        state["next_due"], state["due_t"] = previous["next_due"], previous["due_t"]
+    per_s: dict[int, float | None] = {}
+    if previous is not None:
+        dt = now_real - previous["t"]
+        per_s = {ln["lane"]: progress.rate(per_lane[ln["lane"]],
+                                           previous["per_lane"][ln["lane"]], dt)
+                 for ln in stats["lanes"]}
+        state["rate"] = progress.rate(totals["renders"], previous["renders"], dt)
+    rows = []
+    for f in lane_figures(stats, totals, state["next_due"], per_s, now):
+        i = f["lane"]
+        age = None
         if previous is not None:
-            dt = max(1e-6, now_real - previous["t"])
-            rate = f"{(ln['granted'] - previous['granted'].get(i, 0)) / dt:.0f}"
-            n = int(totals["lane_renders"][i] - previous["renders"][i])
-            if n:
-                age = f"{(totals['lane_age_sum'][i] - previous['age'][i]) / n:.2f}"
-        floor = ln["floor_minute"]
-        behind = "-" if not floor else _hours(now / 60_000 - floor)
-        rows.append((ln["name"], str(ln["queued"]), str(ln["due"]), str(ln["leased"]), rate, age,
-                     behind))
+            n = int(totals["lane_renders"][i] - previous["ok"][i])
+            age = (totals["lane_age_sum"][i] - previous["age"][i]) / n if n else None
+        rows.append(lane_cells(f, now, age))
     return rows, state
 
 
-def _hours(minutes: float) -> str:
-    return f"{minutes / 60:.1f} h" if minutes >= 0 else f"ahead {-minutes / 60:.1f} h"
-
-
-def headline(pool: Pool) -> str:
+def headline(pool: Pool, renders_per_s: float | None = None) -> str:
     t = pool.board.totals()
-    virtual_h = (pool.clock.now_ms() - pool.clock.origin_ms) / 3_600_000
-    return (f"{pool.engine.name}: {pool.options.workers} workers, pool time +{virtual_h:.1f} h"
-            f" (x{pool.clock.scale:g}), renders {t['renders']}, failures {t['failures']},"
-            f" restarts {t['restarts']}, checkpoints {t['checkpoints']}")
+    real_s, pool_s = elapsed_s(pool.board)
+    return (f"{pool.engine.name}: {pool.options.workers} workers,"
+            f" {progress.format_elapsed(real_s, pool_s, pool.clock.scale)},"
+            f" {progress.format_rate(renders_per_s)} renders/s, renders {t['renders']},"
+            f" failures {t['failures']}, restarts {t['restarts']},"
+            f" checkpoints {t['checkpoints']}")
 
 
 class LiveView:
@@ -75,16 +224,14 @@ class LiveView:
             return
         rows, self._state = lane_rows(pool, self._state)
         self._last = now
+        title = headline(pool, self._state["rate"])
         if self.plain:
-            print(headline(pool), file=self.out)
-            for r in rows:
-                print("  " + "  ".join(f"{c}={v}" for c, v in zip(COLUMNS, r, strict=True)),
-                      file=self.out)
+            print_table(title, rows, COLUMNS, self.out, plain=True)
             self.out.flush()
             return
         from rich.live import Live
 
-        table = render_table(headline(pool), rows)
+        table = render_table(title, rows)
         if self._live is None:
             self._live = Live(table, refresh_per_second=4, transient=False)
             self._live.start()
@@ -99,21 +246,24 @@ class LiveView:
 
 def render_table(title: str, rows: Sequence[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS
                  ) -> Any:
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    # Compact (one space between columns, no edges), so the lane table fits 120 columns.
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, padding=0,
+                  pad_edge=False, show_edge=False)
     for i, c in enumerate(columns):
-        table.add_column(c, justify="left" if i == 0 else "right")
+        table.add_column(c, justify="left" if i == 0 else "right", no_wrap=True)
     for r in rows:
         table.add_row(*r)
     return table
 
 
 def print_table(title: str, rows: Sequence[tuple[str, ...]], columns: tuple[str, ...],
-                out: TextIO | None = None) -> None:
-    """A table with rich on a terminal, as aligned plain text otherwise."""
+                out: TextIO | None = None, plain: bool = False) -> None:
+    """A table with rich on a terminal, as aligned plain text otherwise (or when ``plain``)."""
     out = out or sys.stdout
-    if out.isatty():
+    if out.isatty() and not plain:
         from rich.console import Console
 
         Console(file=out).print(render_table(title, rows, columns))
@@ -121,9 +271,10 @@ def print_table(title: str, rows: Sequence[tuple[str, ...]], columns: tuple[str,
     widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c)
               for i, c in enumerate(columns)]
     print(title, file=out)
-    print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)), file=out)
-    for r in rows:
-        print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)), file=out)
+    for r in (columns, *rows):
+        print("  ".join(v.ljust(w) if i == 0 else v.rjust(w)
+                        for i, (v, w) in enumerate(zip(r, widths, strict=True))).rstrip(),
+              file=out)
 
 
 def print_summary(s: dict[str, Any]) -> None:
@@ -133,12 +284,18 @@ def print_summary(s: dict[str, Any]) -> None:
           f" invariants: {'hold' if not s['problems'] else s['problems']}")
     rows = []
     for ln in s["lanes"]:
-        if not (ln["renders"] or ln["queued"]):
+        i = ln["lane"]
+        hist = s["lane_hist"][i]
+        failures = int(hist[FAILED].sum())
+        if not shown(ln, ln["renders"], failures):
             continue
+        lat = latency(hist, s["lane_duration_s"][i])
         age = ln["mean_age_over_ttl"]
         rows.append((ln["name"], str(ln["queued"]), str(ln["due"]), str(ln["granted"]),
-                     str(ln["renders"]), "-" if age is None else f"{age:.2f}"))
+                     str(ln["renders"]), str(failures), "-" if age is None else f"{age:.2f}",
+                     _latency_cell(lat["ok"]), _latency_cell(lat["failed"])))
     print_table("per lane, over the whole run (age/TTL: how stale a page was when rendered;"
                 " 1.00 = on time)", rows,
-                ("lane", "queued", "due now", "granted", "renders", "mean age/TTL"))
+                ("lane", "queued", "due now", "granted", "renders", "failures", "mean age/TTL",
+                 "ok p50/95/99", "failed p50/95/99"))
     sys.stdout.flush()
