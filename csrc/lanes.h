@@ -202,9 +202,9 @@ int rl_row_info_get(rl_seg *s, uint32_t row, int64_t now_ms, rl_row_info *out);
 int rl_stats(rl_seg *s, int64_t now_ms, rl_lane_stats *lanes);
 int rl_verify(rl_seg *s, rl_problem *out, uint32_t max_out, uint32_t *found);
 int rl_rows_dump(rl_seg *s, uint32_t start, uint32_t n, uint64_t *words, uint64_t *leases);
-/* The schedule of rows [start, start+n) as plain columns, for a checkpoint: due_ms is -1 for a
- * row that is not queued (removed); provenance and urgent are 0/1. */
+/* The schedule of rows [start, start+n) as plain columns, for a checkpoint: due_ms and lane are
+ * -1 for a row that is not queued (removed); provenance and urgent are 0/1. */
 int rl_rows_export(rl_seg *s, uint32_t start, uint32_t n, int64_t *due_ms, int64_t *interval_s,
-                   int64_t *failures, int64_t *provenance, int64_t *urgent);
+                   int64_t *failures, int64_t *provenance, int64_t *urgent, int64_t *lane);
 
 #endif /* CDEF-SKIP */

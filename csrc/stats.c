@@ -158,7 +158,7 @@ int rl_rows_dump(rl_seg *s, uint32_t start, uint32_t n, uint64_t *words, uint64_
 }
 
 int rl_rows_export(rl_seg *s, uint32_t start, uint32_t n, int64_t *due_ms, int64_t *interval_s,
-                   int64_t *failures, int64_t *provenance, int64_t *urgent) {
+                   int64_t *failures, int64_t *provenance, int64_t *urgent, int64_t *lane) {
     uint32_t used = atomic_load(&s->h->rows_used);
     if (start > used || n > used - start) return RL_E_RANGE;
     for (uint32_t i = 0; i < n; i++) {
@@ -169,6 +169,7 @@ int rl_rows_export(rl_seg *s, uint32_t start, uint32_t n, int64_t *due_ms, int64
         failures[i] = RL_WORD_FAILURES(word);
         provenance[i] = RL_WORD_PROV(word);
         urgent[i] = RL_WORD_URGENT(word);
+        lane[i] = key == RL_KEY_NONE ? -1 : (int64_t)rl_key_lane(key);
     }
     return RL_OK;
 }

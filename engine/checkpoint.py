@@ -63,12 +63,14 @@ class Checkpoint:
 
 
 def snapshot(eng: Engine) -> tuple[IntArray, dict[str, IntArray]]:
-    """(row ids, columns) of every queued row of ``eng``, read from the row table in one pass."""
+    """(row ids, columns) of every queued row of ``eng``, read from the row table in one pass:
+    the saved columns and each row's ``lane`` (which a checkpoint does not keep: a restore
+    derives it again)."""
     n = int(eng._seg.info().rows_used)
-    cols = {c: np.empty(n, np.int64) for c in _COLUMNS}
+    cols = {c: np.empty(n, np.int64) for c in (*_COLUMNS, "lane")}
     if n:
-        check(lib.rl_rows_export(eng._h, 0, n, *(ffi.from_buffer("int64_t[]", cols[c])
-                                                 for c in _COLUMNS)), "export rows")
+        check(lib.rl_rows_export(eng._h, 0, n, *(ffi.from_buffer("int64_t[]", v)
+                                                 for v in cols.values())), "export rows")
     rows = np.flatnonzero(cols["due_ms"] >= 0)
     return rows, {c: v[rows] for c, v in cols.items()}
 
@@ -82,7 +84,7 @@ def save(eng: Engine, path: str | os.PathLike[str], urls: Sequence[str] | None =
     """
     path = os.fspath(path)
     rows, cols = snapshot(eng)
-    arrays: dict[str, Any] = dict(cols)
+    arrays: dict[str, Any] = {c: cols[c] for c in _COLUMNS}
     if urls is not None:
         if len(rows) and int(rows[-1]) >= len(urls):
             raise EngineValueError(f"urls holds {len(urls)} entries, row {int(rows[-1])} is queued")

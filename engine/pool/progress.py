@@ -197,63 +197,16 @@ def format_elapsed(real_s: float, pool_s: float, scale: float) -> str:
 def next_due(eng: Engine, now_ms: int) -> dict[int, int | None]:
     """{lane: earliest due time (ms) of its queued rows not due yet at ``now_ms``, or None}.
 
-    One pass over the row table (``checkpoint.snapshot``). The export carries each row's inputs,
-    not its lane, so the lane is derived from them with the policy's rule, vectorised
-    (``lanes_of``). A row keeps the lane it was written in until its next write, so after a
-    policy change a row may sit in another lane than the one derived: each lane's earliest row
-    is checked against the row table (``describe``), and if one is not where it was derived to
-    be, every lane is answered exactly by walking the rows not yet due in due order.
-    """
-    stats = eng.stats(now_ms=now_ms)
-    out: dict[int, int | None] = {ln["lane"]: None for ln in stats["lanes"]}
-    rows, cols = checkpoint.snapshot(eng)
+    One pass over the row table (``checkpoint.snapshot``, which reads each row's lane from its
+    key, so rows an older policy placed are counted where they sit)."""
+    out: dict[int, int | None] = {ln["lane"]: None for ln in eng.stats(now_ms=now_ms)["lanes"]}
+    _, cols = checkpoint.snapshot(eng)
     future = cols["due_ms"] > now_ms
-    if not future.any():
+    due, lanes = cols["due_ms"][future], cols["lane"][future]
+    if not len(due):
         return out
-    rows = rows[future]
-    cols = {c: v[future] for c, v in cols.items()}
-    due, lanes = cols["due_ms"], lanes_of(eng, cols)
     earliest = np.full(int(lanes.max()) + 1, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(earliest, lanes, due)
-    hits = np.flatnonzero(due == earliest[lanes])  # the earliest rows (ties: a few per lane)
-    found, at = np.unique(lanes[hits], return_index=True)
-    for lane, i in zip(found.tolist(), hits[at].tolist(), strict=True):
-        info = eng.describe(int(rows[i]), now_ms=now_ms)
-        if info["lane"] != lane or info["due_ms"] != int(due[i]):
-            return _next_due_exact(eng, now_ms, rows[np.argsort(due, kind="stable")], stats)
-        out[lane] = int(due[i])
+    for lane in np.unique(lanes).tolist():
+        out[lane] = int(earliest[lane])
     return out
-
-
-def _next_due_exact(eng: Engine, now_ms: int, rows: np.ndarray, stats: dict[str, Any]
-                    ) -> dict[int, int | None]:
-    """``next_due`` asking the row table row by row (``rows``: not due yet, in due order),
-    until every lane that has a row not due yet is answered."""
-    out: dict[int, int | None] = {ln["lane"]: None for ln in stats["lanes"]}
-    want = {ln["lane"] for ln in stats["lanes"] if ln["queued"] > ln["due"]}
-    for row in rows.tolist():
-        if not want:
-            break
-        info = eng.describe(row, now_ms=now_ms)
-        lane, due = info["lane"], info["due_ms"]
-        if lane is None or due is None or due <= now_ms or out.get(lane) is not None:
-            continue
-        out[lane] = due
-        want.discard(lane)
-    return out
-
-
-def lanes_of(eng: Engine, cols: dict[str, np.ndarray]) -> np.ndarray:
-    """The lane the engine's policy derives for each row of ``checkpoint.snapshot`` columns
-    (``LanePolicy.lane_for`` over arrays; the C mirror is ``rl_lane_for``)."""
-    policy = eng.policy
-    n = len(cols["due_ms"])
-    if not policy.lanes_enabled:
-        return np.zeros(n, np.int64)
-    bands = np.asarray(policy.ttl_bands, np.int64)
-    band = np.searchsorted(bands, cols["interval_s"], side="left").astype(np.int64)
-    base = np.where(cols["provenance"] == 0, 1, 1 + policy.bands_per_class)
-    lanes = base + band
-    lanes[cols["failures"] >= policy.cold_after] = policy.cold_lane
-    lanes[cols["urgent"] != 0] = 0
-    return lanes
