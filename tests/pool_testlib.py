@@ -6,6 +6,7 @@ pool_renders.py at a file lives in conftest.py.
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -57,8 +58,9 @@ def running(pids: set[int]) -> set[int]:
 
 
 def files_of(name: str) -> list[str]:
-    return [p for p in (shm_path(name), shm_path(name) + ".urls", shm_path(name) + ".pool")
-            if os.path.exists(p)]
+    """The engine's segment and every file a pool keeps beside it (URL tables, board, failure
+    log and its WAL, host gate, routes) that exist."""
+    return sorted(glob.glob(shm_path(name)) + glob.glob(shm_path(name) + ".*"))
 
 
 def until_all(log: Path, n: int) -> Any:
