@@ -3,7 +3,8 @@
 The engine counts a row's failures (its back-off needs the count) but keeps no words: "7
 failures" cannot tell a 404 from a typo in the render command. Workers record each failed
 render here, keyed by engine row, and ``lanes failures NAME`` (an unrelated process) lists the
-failing URLs with their count and last error; a render that succeeds clears its row's entry.
+failing URLs with their count and last error (the next retry is the engine's: ``describe``'s
+``due_ms`` of the row); a render that succeeds clears its row's entry.
 
 Why SQLite, and how it is used
 ------------------------------

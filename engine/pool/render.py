@@ -23,10 +23,10 @@ rules, in order of what is looked at:
   command that timed out: ``"timed out after <t> s"``. A command that cannot be started:
   ``"cannot run the render command <cmd>: <OS error>"``. Any other exception:
   ``"<Type>: <message>"``. Whitespace is folded to one line of at most ``REASON_MAX`` chars.
-* **Timeouts and unrunnable commands are transient.** A timeout may pass. A command that cannot
-  be started is a mistake in the pool's configuration, not in the row: calling it permanent
-  would park every row of the corpus, so it is transient (kind ``"missing"``) and its reason
-  names the command, for the supervisor to report loudly.
+* **Timeouts and unrunnable commands are always transient.** A timeout may pass. A command
+  that cannot be started is a mistake in the pool's configuration, not in the row: calling it
+  permanent would park every row of the corpus, so it is transient (kind ``"missing"``) and its
+  reason names the command, for the supervisor to report loudly.
 * **HTTP 4xx is permanent, except 408 (request timeout) and 429 (too many requests).** The
   status is read from a command's last stderr line (curl's ``The requested URL returned error:
   404``, wget's ``ERROR 404: Not Found.``, see ``_HTTP_STATUS_PATTERNS``) or from an exception's
@@ -37,7 +37,8 @@ rules, in order of what is looked at:
   script exits 3 for "this page is gone") is permanent; an exception whose class, or any of its
   base classes, is named in ``permanent_errors`` by its name (``PageGone``) or qualified name
   (``myrenders.errors.PageGone``) is permanent.
-* **Everything else is transient.** A permanent verdict from any rule stands.
+* **Everything else is transient.** For an exit or an exception, a permanent verdict from any
+  of the rules above stands (a 429 from a script whose exit status is listed is permanent).
 """
 
 from __future__ import annotations
