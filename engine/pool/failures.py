@@ -158,7 +158,9 @@ class FailureLog:
             finally:
                 conn.close()  # the last connection: its -wal and -shm go
             # A -wal left by a database of this name that was removed alone would be replayed
-            # into the new one: it belongs to no one now.
+            # into the new one: it belongs to no one now. (Two creators racing here could take
+            # each other's; the pool creates its engine segment of the same name first, and
+            # only one creator gets past that.)
             for suffix in (f"{SUFFIX}-wal", f"{SUFFIX}-shm"):
                 shmfile.unlink(name, suffix)
             os.link(tmp, path)  # fails if someone published the name meanwhile: never replaced
