@@ -56,11 +56,14 @@ closes every gate's descriptor in a forked child and disables the inherited gate
 ``HostGate.attach(name)`` its own. The pool's workers attach by name anyway, under every start
 method.
 
-Time: ``now_ms`` defaults to ``CLOCK_MONOTONIC`` (one clock for every process of the machine,
-never stepped). Callers passing their own must pass the same clock in every process; the
-pool's virtual clock (``Clock`` at ``time_scale`` > 1) would shrink real delays. A word more
-than one delay ahead of ``now`` cannot come from the caller's clock (a wall clock stepped back,
-a caller using another clock) and is overwritten rather than obeyed for ever.
+Time: by default the gate reads ``CLOCK_MONOTONIC`` (one clock for every process of the
+machine, never stepped) *under the bucket's delay lock*, so the starts of one host are ordered
+as their times: a caller descheduled between reading a clock and taking the lock cannot start
+"before" the last start. ``now_ms`` lets tests pass a time; production callers should pass
+None (a time read earlier can be stale by a scheduling delay, and the pool's virtual clock at
+``time_scale`` > 1 would shrink real delays). A word more than one delay plus an hour ahead of
+``now`` cannot come from the caller's clock (a wall clock stepped back, a caller using another
+clock) and is overwritten rather than obeyed for ever.
 
 With ``per_host=None`` and ``delay_ms=0`` the gate admits everything at once, with no hashing,
 locking or parsing: a pool that did not ask for politeness pays nothing.
@@ -97,6 +100,8 @@ _HEADER = struct.Struct("<8sqqqq")  # magic, version, buckets, per_host (0: no c
 HEADER: Final = 64  # bytes; the words start here, 8-byte aligned
 _FLOCK = struct.Struct("@hhqqi0q")  # struct flock (64-bit off_t): type, whence, start, len, pid
 _DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+_FOREIGN_MS: Final = MAX_DELAY_MS
+"""A next start more than one delay plus this ahead of ``now`` was not written on its clock."""
 
 
 @final
@@ -107,9 +112,10 @@ class Ticket:
     host: str
     bucket: int  # -1: the gate admits everything (no slot, no delay)
     slot: int  # -1: no per-host cap, so no slot is held
+    at_ms: int  # the start time the gate admitted (its clock, see the module note); 0 if free
 
 
-_FREE: Final = Ticket("", -1, -1)
+_FREE: Final = Ticket("", -1, -1, 0)
 
 _open_gates: weakref.WeakSet[HostGate] = weakref.WeakSet()
 
@@ -234,12 +240,12 @@ class HostGate:
 
     def try_enter(self, url: str, now_ms: int | None = None) -> Ticket | None:
         """A ticket to start rendering ``url`` now, or None: the host is full or its delay is
-        not over (leave the row for later). Never blocks."""
+        not over (leave the row for later). Never blocks. ``now_ms``: see the module note
+        (None in production)."""
         if self._free:
             return _FREE
         host = self.host_of(url)
         bucket = self.bucket_of(host)
-        now = time.monotonic_ns() // 1_000_000 if now_ms is None else now_ms
         with self._mutex:
             self._check_usable()
             slot = -1
@@ -248,12 +254,13 @@ class HostGate:
                 if slot < 0:
                     self._refused_full += 1
                     return None
-            if self.delay_ms and not self._start_after_delay(bucket, now):
+            at = self._start_after_delay(bucket, now_ms) if self.delay_ms else _now(now_ms)
+            if at is None:
                 if slot >= 0:
                     self._unlock(self._slot_at(bucket, slot), 1)
                 self._refused_delay += 1
                 return None
-            ticket = Ticket(host, bucket, slot)
+            ticket = Ticket(host, bucket, slot, at)
             if slot >= 0:
                 self._held[self._slot_at(bucket, slot)] = ticket
             self._admitted += 1
@@ -322,19 +329,22 @@ class HostGate:
                 return slot
         return -1
 
-    def _start_after_delay(self, bucket: int, now: int) -> bool:
-        """Move the bucket's next start to ``now + D`` if ``now`` may start; False if not."""
+    def _start_after_delay(self, bucket: int, now_ms: int | None) -> int | None:
+        """Move the bucket's next start to ``now + D`` and return ``now`` if it may start."""
         at = HEADER + 8 * bucket
         if not self._lock(at, 8):
-            return False  # another process is starting a render to this host right now
+            return None  # another process is starting a render to this host right now
         try:
+            # Read under the lock: starts are then ordered as their times, and a caller that
+            # was descheduled before the lock cannot start "in the past" of the last start.
+            now = _now(now_ms)
             nxt = self._next[bucket]
-            if nxt - now > self.delay_ms:
-                nxt = 0  # not written on the caller's clock: overwritten, not obeyed
+            if nxt - now > self.delay_ms + _FOREIGN_MS:
+                nxt = 0  # not written on the caller's clock: overwritten, not obeyed for ever
             if now < nxt:
-                return False
+                return None
             self._next[bucket] = now + self.delay_ms
-            return True
+            return now
         finally:
             self._unlock(at, 8)
 
@@ -372,6 +382,10 @@ class HostGate:
             self._closed = True
             self._held = {}
             os.close(self._fd)
+
+
+def _now(now_ms: int | None) -> int:
+    return time.monotonic_ns() // 1_000_000 if now_ms is None else now_ms
 
 
 def _checked(name: str) -> str:
