@@ -155,15 +155,20 @@ class HostGate:
     @classmethod
     def create(cls, name: str, per_host: int | None, delay_ms: int = 0) -> HostGate:
         """Write ``<name>.hosts`` (the supervisor; never replaces one) and attach to it."""
+        cls.check_limits(per_host, delay_ms)
+        header = _HEADER.pack(_MAGIC, _VERSION, BUCKETS, per_host or 0, delay_ms)
+        shmfile.create(_checked(name), SUFFIX, header, HEADER + 8 * BUCKETS)
+        return cls.attach(name)
+
+    @staticmethod
+    def check_limits(per_host: int | None, delay_ms: int) -> None:
+        """``EngineValueError`` unless ``per_host`` and ``delay_ms`` are limits a gate takes."""
         if per_host is not None and (not is_int(per_host) or not 1 <= per_host <= MAX_PER_HOST):
             raise EngineValueError(f"per_host must be None or an int in [1, {MAX_PER_HOST}], "
                                    f"got {per_host!r}")
         if not is_int(delay_ms) or not 0 <= delay_ms <= MAX_DELAY_MS:
             raise EngineValueError(f"delay_ms must be an int in [0, {MAX_DELAY_MS}], "
                                    f"got {delay_ms!r}")
-        header = _HEADER.pack(_MAGIC, _VERSION, BUCKETS, per_host or 0, delay_ms)
-        shmfile.create(_checked(name), SUFFIX, header, HEADER + 8 * BUCKETS)
-        return cls.attach(name)
 
     @classmethod
     def attach(cls, name: str) -> HostGate:

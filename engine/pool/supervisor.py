@@ -106,7 +106,7 @@ class PoolOptions:
                                               or not 1 <= self.max_failures <= 255):
             raise EngineValueError(f"max_failures must be an int in [1, 255], got"
                                    f" {self.max_failures!r}")
-        HostGate.check(self.per_host, self.delay_ms)
+        HostGate.check_limits(self.per_host, self.delay_ms)
         if not isinstance(self.env, Mapping) or not all(
                 isinstance(k, str) and isinstance(v, str) and k and "=" not in k
                 for k, v in self.env.items()):
@@ -235,7 +235,7 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
                 if leaving():
                     break
                 url = urls[c.row]
-                ticket = gate.try_enter(url, wall_ms()) if gate is not None else None
+                ticket = gate.try_enter(url) if gate is not None else None
                 if gate is not None and ticket is None:
                     later.append(c.row)  # its host is busy: given back below, due as it was
                     continue
