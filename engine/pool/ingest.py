@@ -11,17 +11,43 @@ and XXE are refused, never expanded), with the protocol's size limits (50 MiB un
 also after gunzip, and 50,000 entries per file). A sitemap index is followed on disk only; a
 ``<loc>`` is never fetched from the network.
 
+**The corpus directory.** The directory of each file given to :func:`read_corpus` /
+:func:`read_corpora` mirrors the site root, as a download of the site would. An index child
+named by an http(s) URL or a root-relative path (``/en/sitemap.xml``) is looked for at its URL
+path (percent-decoded) under that directory, or under it relative to ``base_url``'s path when
+the URL lies below it (``https://site/blog/`` maps ``/blog/x.xml`` to ``x.xml``); a relative
+child (``en/sitemap.xml``) is relative to its index; a ``file://`` child is taken as given. A
+URL child missing there is looked for by its basename next to the index (a flat download), but
+never as the index itself or one of its ancestors. Whatever the spelling, a child whose real
+path (symlinks resolved) lies outside the corpus directory is refused before it is opened: an
+index is input from the web and must not make the tool read ``/etc/hostname``.
+
 Choices the issue left open (the readers' docstrings give the rest):
 
 * An absent due time is the reader's ``now_ms``; a due time that is present but empty or null
   is an error, never 0 and never now. Sitemaps carry no due time: ``<lastmod>`` says when the
   *page* changed, not when *our render* goes stale, and a page never rendered is due now.
-* Duplicate URLs (exact string match) are refused, naming both places: a pool must not render
-  one page twice per cycle, and a silent keep-first would hide a broken export.
+* Every URL is normalised (:func:`normalize_url`: lowercase scheme and host, IDNA host, no
+  default port, non-ASCII percent-encoded, escapes' hex uppercase; nothing decoded, nothing
+  reordered), so two spellings of one page are one row and routes match one spelling.
+* Duplicate URLs (after normalisation) are dropped by the readers, first occurrence wins, and
+  counted on the corpus (``duplicates``, ``duplicate_note`` naming the first repeat and where it
+  was first seen): real sitemaps repeat pages (a post in two category sitemaps), and refusing a
+  whole site for that helped no one. A :class:`Corpus` built directly, and
+  :meth:`Corpus.concat`, still refuse a duplicate: there the caller assembled the rows and a
+  repeat is a bug to name, not web noise to tidy.
+* Leading whitespace, blank lines and a UTF-8 BOM before ``<?xml`` are skipped (expat refuses
+  them; generators emit them); error lines still count the file's real lines.
+* A root-relative ``<loc>`` in a urlset (``/about/``) needs ``base_url`` to say which site it
+  belongs to, and is refused without it.
 * Unknown CSV columns and JSONL keys are refused, so a typo such as ``due_sm`` cannot quietly
   turn into "due now".
 
-The result, :class:`Corpus`, is plain data (a list and three numpy arrays) and pickles by value,
+**Routes** (``engine/pool/routes.py``) set per-route intervals after reading: a route's
+interval wins over what the file gave (``<changefreq>``, ``interval_s``), which wins over the
+missing-changefreq default. ``Corpus.route`` says which route each row took (-1: none).
+
+The result, :class:`Corpus`, is plain data (a list and four numpy arrays) and pickles by value,
 so the URL of each row reaches workers under fork, spawn and forkserver alike.
 """
 
@@ -39,7 +65,7 @@ import zlib
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, final
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urljoin, urlsplit
 from xml.sax import SAXParseException
 from xml.sax.handler import ContentHandler, feature_namespaces
 from xml.sax.xmlreader import AttributesNSImpl, Locator
@@ -51,9 +77,11 @@ from ..engine import wall_ms
 from ..errors import CorpusError, EngineTypeError, EngineValueError
 from ..keys import STRIDE, as_int64_array, check_due_array, check_due_ms, is_int
 from ..policy import MAX_INTERVAL_S, PROVENANCES
+from .routes import Routes
 
 IntArray = npt.NDArray[np.int64]
 U8Array = npt.NDArray[np.uint8]
+I16Array = npt.NDArray[np.int16]
 PathLike = str | os.PathLike[str]
 
 SITEMAP_NS: Final = "http://www.sitemaps.org/schemas/sitemap/0.9"
@@ -98,9 +126,14 @@ _PROVENANCE_CODE: Final = {name: code for code, name in enumerate(PROVENANCES)}
 _SUBMITTED: Final = _PROVENANCE_CODE["submitted"]
 _DIGITS = re.compile(r"[0-9]{1,20}")
 _BAD_URL_CHAR = re.compile(r"[\s\x00-\x1f\x7f]")
-# The common shape (no port, userinfo, brackets or non-ASCII host), which urlsplit would accept
-# anyway: a million-row corpus otherwise spends most of its load time in urlsplit.
-_PLAIN_URL = re.compile(r"[hH][tT][tT][pP][sS]?://[A-Za-z0-9.-]+(?:[/?#][^\s\x00-\x1f\x7f]*)?")
+# The common shape, already normal (lowercase scheme and host, no port or userinfo, printable
+# ASCII after the host): a million-row corpus otherwise spends most of its load time in
+# urlsplit. A "%" sends the URL down the slow path only if an escape is not uppercase hex.
+_NORMAL_URL = re.compile(r"https?://[a-z0-9.-]+(?:[/?#][!-~]*)?")
+_ODD_ESCAPE = re.compile(r"%(?![0-9A-F]{2})")
+_ESCAPE = re.compile(r"%[0-9A-Fa-f]{2}")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
+_DEFAULT_PORT: Final = {"http": 80, "https": 443}
 _ABSENT: Final = object()
 _PIP_HINT: Final = "pip install 'render-lanes[pool]'"
 
@@ -114,44 +147,67 @@ class Corpus:
     """Parallel columns of a corpus, ready for ``eng.add_many(c.due_ms, c.interval_s,
     c.provenance)``; row ``i`` of the engine batch is ``c.urls[i]``.
 
-    Constructing one checks every column (lengths, ranges, URL syntax, unique URLs) and freezes
-    the arrays; the readers and :meth:`concat` build from already-checked parts. ``urls`` is a
-    plain list for speed: treat it as read-only, like the arrays.
+    Constructing one checks every column (lengths, ranges, URL syntax, unique URLs), normalises
+    the URLs (:func:`normalize_url`, so a corpus only ever holds normal URLs) and freezes the
+    arrays; a duplicate is refused here, unlike in the readers, which drop and count it. The
+    readers and :meth:`concat` build from already-checked parts. ``urls`` is a plain list for
+    speed: treat it as read-only, like the arrays.
+
+    ``route`` is the :class:`~engine.pool.routes.Routes` index each row matched (-1: none; all
+    -1 when no routes were given). ``duplicates`` and ``duplicate_note`` say what a reader
+    dropped; they describe how the rows were read, so equality compares the rows only.
     """
 
     urls: list[str]
     interval_s: IntArray
     provenance: U8Array  # PROVENANCES codes: 0 = submitted, 1 = discovered
     due_ms: IntArray
+    route: I16Array = None  # type: ignore[assignment]  # None given: no route, all -1
+    duplicates: int = 0  # rows the reader dropped as repeats of an earlier URL
+    duplicate_note: str | None = None  # the first of them and where it was first seen
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, (str, bytes)) or not isinstance(self.urls, Sequence):
             raise EngineTypeError("urls must be a list of strings")
-        urls = list(self.urls)
-        for i, url in enumerate(urls):
-            _check_url(f"urls[{i}]", url)
+        urls = []
+        for i, url in enumerate(self.urls):
+            normal = _check_url(f"urls[{i}]", url)
             if url != url.strip():
                 raise EngineValueError(f"urls[{i}] has surrounding whitespace: {url!r}")
+            urls.append(normal)
         n = len(urls)
         interval = as_int64_array(self.interval_s, "interval_s")
         due = check_due_array(self.due_ms)
         prov = as_int64_array(self.provenance, "provenance")
-        for what, arr in (("interval_s", interval), ("provenance", prov), ("due_ms", due)):
+        route = (np.full(n, -1, np.int64) if self.route is None
+                 else as_int64_array(self.route, "route"))
+        for what, arr in (("interval_s", interval), ("provenance", prov), ("due_ms", due),
+                          ("route", route)):
             if len(arr) != n:
                 raise EngineValueError(f"{what} has {len(arr)} elements, urls has {n}")
         if n and (interval.min() < 1 or interval.max() > MAX_INTERVAL_S):
             raise EngineValueError(f"interval_s must lie in [1, {MAX_INTERVAL_S}]")
         if n and ((prov != 0) & (prov != 1)).any():
             raise EngineValueError("provenance codes must be 0 (submitted) or 1 (discovered)")
+        if n and (route.min() < -1 or route.max() > np.iinfo(np.int16).max):
+            raise EngineValueError("route must hold route indexes (int16), or -1 for none")
+        if not is_int(self.duplicates) or self.duplicates < 0:
+            raise EngineValueError(f"duplicates must be a count >= 0, got {self.duplicates!r}")
+        if self.duplicate_note is not None and not isinstance(self.duplicate_note, str):
+            raise EngineTypeError("duplicate_note must be a str or None")
         _refuse_duplicates([urls])
-        _freeze(self, urls, interval, prov.astype(np.uint8), due)
+        _freeze(self, urls, interval, prov.astype(np.uint8), due, route.astype(np.int16),
+                self.duplicates, self.duplicate_note)
 
     @classmethod
     def _trusted(cls, urls: list[str], interval_s: IntArray, provenance: U8Array,
-                 due_ms: IntArray) -> Corpus:
+                 due_ms: IntArray, route: I16Array | None = None, duplicates: int = 0,
+                 duplicate_note: str | None = None) -> Corpus:
         """Skip the per-URL checks for parts the readers (or another Corpus) already checked."""
         self = object.__new__(cls)
-        _freeze(self, urls, interval_s, provenance, due_ms)
+        if route is None:
+            route = np.full(len(urls), -1, np.int16)
+        _freeze(self, urls, interval_s, provenance, due_ms, route, duplicates, duplicate_note)
         return self
 
     @classmethod
@@ -161,7 +217,9 @@ class Corpus:
 
     @classmethod
     def concat(cls, corpora: Iterable[Corpus]) -> Corpus:
-        """One corpus of all rows, in order; a URL in two of them is refused (both named)."""
+        """One corpus of all rows, in order; a URL in two of them is refused (both named).
+        The route indexes are kept as they are (they mean something only if every part was
+        read with the same routes); the duplicate counts add up, the first note is kept."""
         parts = list(corpora)
         for p in parts:
             if not isinstance(p, Corpus):
@@ -174,6 +232,9 @@ class Corpus:
             np.concatenate([p.interval_s for p in parts]),
             np.concatenate([p.provenance for p in parts]),
             np.concatenate([p.due_ms for p in parts]),
+            np.concatenate([p.route for p in parts]),
+            sum(p.duplicates for p in parts),
+            next((p.duplicate_note for p in parts if p.duplicate_note), None),
         )
 
     def __len__(self) -> int:
@@ -185,7 +246,8 @@ class Corpus:
         return (self.urls == other.urls
                 and np.array_equal(self.interval_s, other.interval_s)
                 and np.array_equal(self.provenance, other.provenance)
-                and np.array_equal(self.due_ms, other.due_ms))
+                and np.array_equal(self.due_ms, other.due_ms)
+                and np.array_equal(self.route, other.route))
 
     __hash__ = None  # type: ignore[assignment]  # equal by content, and the list is mutable
 
@@ -195,19 +257,24 @@ class Corpus:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Pickle by value and come back frozen, so spawn/forkserver workers get the same object.
-        return (_rebuild, (self.urls, self.interval_s, self.provenance, self.due_ms))
+        return (_rebuild, (self.urls, self.interval_s, self.provenance, self.due_ms, self.route,
+                           self.duplicates, self.duplicate_note))
 
     def statistics(self) -> dict[str, Any]:
-        """Rows per provenance and per interval, and the span of due times (None when empty)."""
+        """Rows per provenance, per interval and per route index (-1: none), the span of due
+        times (None when empty) and the duplicates a reader dropped."""
         prov = {name: int((self.provenance == code).sum())
                 for name, code in _PROVENANCE_CODE.items()}
         values, counts = np.unique(self.interval_s, return_counts=True)
+        routes, per_route = np.unique(self.route, return_counts=True)
         return {
             "rows": len(self),
             "provenance": prov,
             "interval_s": {int(v): int(c) for v, c in zip(values, counts, strict=True)},
+            "route": {int(r): int(c) for r, c in zip(routes, per_route, strict=True)},
             "due_ms": ({"min": int(self.due_ms.min()), "max": int(self.due_ms.max())}
                        if len(self) else None),
+            "duplicates": self.duplicates,
         }
 
     def describe(self) -> str:
@@ -216,16 +283,22 @@ class Corpus:
         lines = [f"{s['rows']} rows"]
         lines += [f"  {name:<10} {count}" for name, count in s["provenance"].items()]
         lines += [f"  every {_human_interval(v):<10} {c}" for v, c in s["interval_s"].items()]
+        routed = len(self) - s["route"].get(-1, 0)
+        if routed:
+            lines.append(f"  routed     {routed}")
         if s["due_ms"] is not None:
             lines.append(f"  due_ms     {s['due_ms']['min']} .. {s['due_ms']['max']}")
+        if self.duplicate_note:
+            lines.append(f"  duplicates {self.duplicate_note}")
         return "\n".join(lines)
 
 
-def _freeze(obj: Corpus, urls: list[str], interval: IntArray, prov: U8Array,
-            due: IntArray) -> None:
-    cols: dict[str, Any] = {"urls": urls}
+def _freeze(obj: Corpus, urls: list[str], interval: IntArray, prov: U8Array, due: IntArray,
+            route: I16Array, duplicates: int, duplicate_note: str | None) -> None:
+    cols: dict[str, Any] = {"urls": urls, "duplicates": duplicates,
+                            "duplicate_note": duplicate_note}
     for name, arr, dtype in (("interval_s", interval, np.int64), ("provenance", prov, np.uint8),
-                             ("due_ms", due, np.int64)):
+                             ("due_ms", due, np.int64), ("route", route, np.int16)):
         own = np.array(arr, dtype=dtype, copy=True)
         own.setflags(write=False)
         cols[name] = own
@@ -233,9 +306,11 @@ def _freeze(obj: Corpus, urls: list[str], interval: IntArray, prov: U8Array,
         object.__setattr__(obj, name, value)
 
 
-def _rebuild(urls: list[str], interval_s: IntArray, provenance: U8Array,
-             due_ms: IntArray) -> Corpus:
-    return Corpus._trusted(list(urls), interval_s, provenance, due_ms)
+def _rebuild(urls: list[str], interval_s: IntArray, provenance: U8Array, due_ms: IntArray,
+             route: I16Array | None = None, duplicates: int = 0,
+             duplicate_note: str | None = None) -> Corpus:
+    return Corpus._trusted(list(urls), interval_s, provenance, due_ms, route, duplicates,
+                           duplicate_note)
 
 
 def _refuse_duplicates(url_lists: Sequence[Sequence[str]]) -> None:
@@ -262,7 +337,8 @@ def _human_interval(seconds: int) -> str:
 def read_corpus(path: PathLike, *, now_ms: int | None = None,
                 default_provenance: str = "submitted",
                 changefreq_map: Mapping[str, int] | None = None,
-                max_sitemap_urls: int = MAX_SITEMAP_URLS) -> Corpus:
+                max_sitemap_urls: int = MAX_SITEMAP_URLS, base_url: str | None = None,
+                routes: Routes | None = None) -> Corpus:
     """Read one corpus file, chosen by suffix: ``.csv``, ``.jsonl``/``.ndjson``, ``.xml``
     (a sitemap or a sitemap index), each optionally gzipped (``.gz``).
 
@@ -270,28 +346,41 @@ def read_corpus(path: PathLike, *, now_ms: int | None = None,
     read once). ``default_provenance`` fills CSV/JSONL rows when the ``provenance`` column or key
     is absent altogether; sitemap rows are always ``submitted`` (being in a sitemap is what that
     word means). ``changefreq_map`` overrides entries of :data:`CHANGEFREQ_INTERVALS`.
-    ``max_sitemap_urls`` caps the entries of each sitemap file and index.
+    ``max_sitemap_urls`` caps the entries of each sitemap file and index. ``base_url`` (an
+    absolute http(s) URL) resolves root-relative ``<loc>`` entries and says which part of the site
+    the corpus directory mirrors. ``routes`` then sets the interval (and provenance, where a
+    route gives one) of every row a route matches, and ``Corpus.route``.
 
-    Raises :class:`CorpusError` (``path:line: what``) for any bad file or row, and returns
-    nothing partial; bad arguments raise ``EngineValueError``/``EngineTypeError``.
+    Every URL comes back normalised (:func:`normalize_url`); a repeated URL is dropped and
+    counted (``Corpus.duplicates``, ``Corpus.duplicate_note``). Raises :class:`CorpusError`
+    (``path:line: what``) for any bad file or row, and returns nothing partial; bad arguments
+    raise ``EngineValueError``/``EngineTypeError``.
     """
     return read_corpora([path], now_ms=now_ms, default_provenance=default_provenance,
-                        changefreq_map=changefreq_map, max_sitemap_urls=max_sitemap_urls)
+                        changefreq_map=changefreq_map, max_sitemap_urls=max_sitemap_urls,
+                        base_url=base_url, routes=routes)
 
 
 def read_corpora(paths: Iterable[PathLike], *, now_ms: int | None = None,
                  default_provenance: str = "submitted",
                  changefreq_map: Mapping[str, int] | None = None,
-                 max_sitemap_urls: int = MAX_SITEMAP_URLS) -> Corpus:
+                 max_sitemap_urls: int = MAX_SITEMAP_URLS, base_url: str | None = None,
+                 routes: Routes | None = None) -> Corpus:
     """Read several corpus files (as :func:`read_corpus`) into one corpus, in order, with one
-    ``now_ms`` for all of them; a URL in two files, or one sitemap read twice, is refused."""
+    ``now_ms`` for all of them. A URL in two files is kept once, where it came first; one
+    sitemap read twice is refused. Each file's directory is its own corpus directory."""
     if isinstance(paths, (str, bytes, os.PathLike)):
         raise EngineTypeError("read_corpora takes a list of paths (use read_corpus for one)")
+    if routes is not None and not isinstance(routes, Routes):
+        raise EngineTypeError(f"routes must be a Routes (Routes.load(path)), got {routes!r}")
+    base, base_path = _base_url(base_url)
     opts = _Options(
         now_ms=wall_ms() if now_ms is None else check_due_ms(now_ms, "now_ms"),
         provenance=_default_provenance(default_provenance),
         changefreq=_changefreq_table(changefreq_map),
         max_entries=_max_entries(max_sitemap_urls),
+        base_url=base,
+        base_path=base_path,
     )
     rows = _Rows()
     for p in paths:
@@ -304,8 +393,9 @@ def read_corpora(paths: Iterable[PathLike], *, now_ms: int | None = None,
         elif fmt == "jsonl":
             _read_jsonl(path, compressed, rows, opts)
         else:
-            _read_sitemap(path, compressed, rows, opts, parents=[])
-    return rows.corpus()
+            corpus_dir = os.path.realpath(os.path.dirname(os.path.abspath(path)))
+            _read_sitemap(path, compressed, rows, opts, corpus_dir, parents=[])
+    return rows.corpus(routes)
 
 
 @dataclass(frozen=True)
@@ -314,11 +404,13 @@ class _Options:
     provenance: int
     changefreq: Mapping[str, int]
     max_entries: int
+    base_url: str | None  # normalised; root-relative <loc>s in a urlset resolve against it
+    base_path: str  # its path, percent-decoded ("/" when none): the corpus directory's URL path
 
 
 class _Rows:
     """Columns under construction, and where each URL and sitemap file was first seen, so a
-    duplicate names both places."""
+    duplicate can be dropped yet named with both places."""
 
     def __init__(self) -> None:
         self.urls: list[str] = []
@@ -329,6 +421,8 @@ class _Rows:
         self._where: list[tuple[int, int]] = []  # (file, line) per row
         self._files: list[str] = []
         self.sitemaps: dict[str, str] = {}  # realpath -> where it was reached from
+        self.duplicates = 0
+        self._first_duplicate = ""  # "b.xml:12 repeats a.xml:3 (url)"
 
     def file(self, path: str) -> int:
         self._files.append(path)
@@ -338,18 +432,30 @@ class _Rows:
             due: int) -> None:
         row = self._first.setdefault(url, len(self.urls))
         if row != len(self.urls):
-            f, ln = self._where[row]
-            raise CorpusError(f"{self._files[file]}:{line}: duplicate url {url!r}, "
-                              f"first at {self._files[f]}:{ln}")
+            self.duplicates += 1
+            if self.duplicates == 1:
+                f, ln = self._where[row]
+                self._first_duplicate = (f"{self._files[file]}:{line} repeats "
+                                         f"{self._files[f]}:{ln} ({url})")
+            return
         self.urls.append(url)
         self.interval.append(interval)
         self.provenance.append(provenance)
         self.due.append(due)
         self._where.append((file, line))
 
-    def corpus(self) -> Corpus:
-        return Corpus._trusted(self.urls, np.array(self.interval, np.int64),
-                               np.array(self.provenance, np.uint8), np.array(self.due, np.int64))
+    def corpus(self, routes: Routes | None) -> Corpus:
+        interval = np.array(self.interval, np.int64)
+        provenance = np.array(self.provenance, np.uint8)
+        route = None
+        if routes is not None:
+            interval, provenance, route = routes.apply(self.urls, interval, provenance)
+        note = None
+        if self.duplicates:
+            dropped = f"{self.duplicates} duplicate{'s' if self.duplicates > 1 else ''} dropped"
+            note = f"{self._first_duplicate}; {dropped}"
+        return Corpus._trusted(self.urls, interval, provenance, np.array(self.due, np.int64),
+                               route, self.duplicates, note)
 
 
 def _default_provenance(value: object) -> int:
@@ -382,6 +488,20 @@ def _max_entries(value: object) -> int:
     return value
 
 
+def _base_url(value: object) -> tuple[str | None, str]:
+    """``base_url`` normalised, and its path percent-decoded with a trailing slash."""
+    if value is None:
+        return None, "/"
+    if not isinstance(value, str):
+        raise EngineTypeError(f"base_url must be a str, got {value!r}")
+    try:
+        base = _normal_url(value)
+    except _BadUrl as exc:
+        raise EngineValueError(f"base_url must be an absolute http(s) URL: {exc}") from None
+    path = unquote(urlsplit(base).path) or "/"
+    return base, path if path.endswith("/") else path + "/"
+
+
 def _format_of(path: str) -> tuple[str, bool]:
     name = os.path.basename(path).lower()
     compressed = name.endswith(".gz")
@@ -398,35 +518,99 @@ def _format_of(path: str) -> tuple[str, bool]:
 # -- checks shared by every format -------------------------------------------------------------
 
 
+def normalize_url(url: str) -> str:
+    """The one spelling of an absolute http(s) URL that the corpus, its duplicate check and the
+    routes use: scheme and host lowercased, a non-ASCII host IDNA-encoded (Python's ``idna``
+    codec, IDNA 2003), the default port (:80 for http, :443 for https) and an empty port
+    dropped, non-ASCII characters in userinfo, path, query and fragment percent-encoded as UTF-8,
+    and the hex digits of existing escapes uppercased (``%c3%a9`` -> ``%C3%A9``).
+
+    Nothing else changes: escapes are never decoded (``%2F`` is not ``/`` to every server),
+    reserved characters stay, the query keeps its order and the fragment stays. Idempotent.
+    Raises ``EngineValueError`` saying why for anything that is not such a URL, including one
+    with whitespace or a control character in it (percent-encode those).
+    """
+    if not isinstance(url, str):
+        raise EngineTypeError(f"normalize_url takes a str, got {url!r}")
+    try:
+        return _normal_url(url)
+    except _BadUrl as exc:
+        raise EngineValueError(str(exc)) from None
+
+
+class _BadUrl(ValueError):
+    """Why a URL was refused; the caller adds where (``path:line``) or not (normalize_url)."""
+
+
 def _check_url(where: str, value: object) -> str:
-    """An absolute http(s) URL with a host, as given (surrounding whitespace dropped)."""
+    """An absolute http(s) URL with a host, normalised (surrounding whitespace dropped)."""
     if not isinstance(value, str):
         raise CorpusError(f"{where}: url must be a string, got {value!r}")
-    url = value.strip()
-    if _PLAIN_URL.fullmatch(url) and len(url) <= MAX_URL_CHARS:
-        return url
-    return _check_url_fully(where, url)
+    try:
+        return _normal_url(value.strip())
+    except _BadUrl as exc:
+        raise CorpusError(f"{where}: {exc}") from None
 
 
-def _check_url_fully(where: str, url: str) -> str:
+def _normal_url(url: str) -> str:
+    """:func:`normalize_url` without the type check: the fast path, else the full one."""
+    if (_NORMAL_URL.fullmatch(url) and len(url) <= MAX_URL_CHARS
+            and ("%" not in url or not _ODD_ESCAPE.search(url))):
+        return url  # already normal: the fast path that keeps a million rows in seconds
+    return _normalize_fully(url)
+
+
+def _normalize_fully(url: str) -> str:
     if not url:
-        raise CorpusError(f"{where}: url is empty")
+        raise _BadUrl("url is empty")
     if len(url) > MAX_URL_CHARS:
-        raise CorpusError(f"{where}: url is {len(url)} characters long (at most {MAX_URL_CHARS})")
+        raise _BadUrl(f"url is {len(url)} characters long (at most {MAX_URL_CHARS})")
     bad = _BAD_URL_CHAR.search(url)
     if bad:
-        raise CorpusError(f"{where}: url {url!r} contains whitespace or a control character "
-                          f"({bad.group()!r}); percent-encode it")
+        raise _BadUrl(f"url {url!r} contains whitespace or a control character "
+                      f"({bad.group()!r}); percent-encode it")
     try:
         parts = urlsplit(url)
-        parts.port  # noqa: B018  # urlsplit defers the port check to this property
+        port = parts.port  # urlsplit defers the port check to this property
     except ValueError as exc:
-        raise CorpusError(f"{where}: url {url!r} is not a valid URL: {exc}") from None
-    if parts.scheme.lower() not in ("http", "https"):
-        raise CorpusError(f"{where}: url {url!r} is not an absolute http(s) URL")
-    if not parts.hostname:
-        raise CorpusError(f"{where}: url {url!r} has no host")
-    return url
+        raise _BadUrl(f"url {url!r} is not a valid URL: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORT:
+        raise _BadUrl(f"url {url!r} is not an absolute http(s) URL")
+    host = parts.hostname  # lowercased, brackets of an IPv6 literal dropped
+    if not host:
+        raise _BadUrl(f"url {url!r} has no host")
+    try:
+        if not host.isascii():
+            try:
+                host = host.encode("idna").decode("ascii")
+            except UnicodeError as exc:
+                raise _BadUrl(f"url {url!r}: its host cannot be IDNA-encoded ({exc})") from None
+        netloc = f"[{host}]" if ":" in host else host
+        if port is not None and port != _DEFAULT_PORT[scheme]:
+            netloc = f"{netloc}:{port}"
+        userinfo, at, _ = parts.netloc.rpartition("@")
+        if at:
+            netloc = f"{_encode_text(userinfo)}@{netloc}"
+        # The rest is everything after the authority, exactly as written (urlunsplit would
+        # drop an empty "?" or "#").
+        rest = url[len(parts.scheme) + 3 + len(parts.netloc):]
+        normal = f"{scheme}://{netloc}{_encode_text(rest)}"
+    except UnicodeEncodeError:
+        raise _BadUrl(f"url {url!r} is not valid Unicode (a lone surrogate)") from None
+    if len(normal) > MAX_URL_CHARS:
+        raise _BadUrl(f"url {url!r} is {len(normal)} characters long once percent-encoded (at "
+                      f"most {MAX_URL_CHARS})")
+    return normal
+
+
+def _encode_text(text: str) -> str:
+    """Non-ASCII percent-encoded as UTF-8 and escapes' hex uppercased; nothing decoded."""
+    if not text.isascii():
+        text = _NON_ASCII.sub(lambda m: quote(m.group(), safe="", errors="strict"), text)
+    if "%" in text:
+        text = _ESCAPE.sub(lambda m: m.group().upper(), text)
+    return text
 
 
 def _whole(where: str, what: str, value: object, lo: int, hi: int, unit: str, *,
@@ -621,10 +805,11 @@ class _SitemapHandler(ContentHandler):
     whose structure is not a sitemap. Elements of other namespaces (image:, xhtml:, news: ...)
     are skipped whole; elements without a namespace are read as sitemap elements."""
 
-    def __init__(self, path: str, max_entries: int) -> None:
+    def __init__(self, path: str, max_entries: int, skipped_lines: int) -> None:
         super().__init__()
         self.path = path
         self.max_entries = max_entries
+        self.skipped_lines = skipped_lines  # lines before the XML that the parser never saw
         self.kind = ""
         self.root_line = 0
         self.entries: list[_Entry] = []
@@ -641,7 +826,7 @@ class _SitemapHandler(ContentHandler):
     def line(self) -> int:
         if self._locator is None:
             return 0
-        return self._locator.getLineNumber() or 0
+        return (self._locator.getLineNumber() or 0) + self.skipped_lines
 
     def _fail(self, what: str) -> CorpusError:
         return CorpusError(f"{self.path}:{self.line()}: {what}")
@@ -715,20 +900,37 @@ def _read_xml_bytes(path: str, compressed: bool) -> bytes:
     return data
 
 
+_UTF8_BOM: Final = b"\xef\xbb\xbf"
+
+
+def _skip_leading_space(data: bytes) -> tuple[bytes, int]:
+    """The document from its first non-blank byte, and how many lines came before it. Expat
+    refuses anything before ``<?xml``, yet generators emit a BOM, blank lines or indentation."""
+    body = data[len(_UTF8_BOM):] if data.startswith(_UTF8_BOM) else data
+    stripped = body.lstrip(b" \t\r\n")
+    if len(stripped) == len(data):
+        return data, 0
+    skipped = body[:len(body) - len(stripped)]
+    # CR LF, LF and a lone CR each end a line, as expat counts them.
+    return stripped, skipped.count(b"\n") + skipped.count(b"\r") - skipped.count(b"\r\n")
+
+
 def _parse_sitemap(path: str, data: bytes, max_entries: int) -> _SitemapHandler:
     try:
         from defusedxml import DefusedXmlException
         from defusedxml.expatreader import DefusedExpatParser
     except ImportError as exc:
         raise ImportError(f"reading sitemap {path} needs defusedxml: {_PIP_HINT}") from exc
-    handler = _SitemapHandler(path, max_entries)
+    data, skipped_lines = _skip_leading_space(data)
+    handler = _SitemapHandler(path, max_entries, skipped_lines)
     parser = DefusedExpatParser(forbid_dtd=True, forbid_entities=True, forbid_external=True)
     parser.setFeature(feature_namespaces, True)
     parser.setContentHandler(handler)
     try:
         parser.parse(io.BytesIO(data))
     except SAXParseException as exc:
-        raise CorpusError(f"{path}:{exc.getLineNumber()}: malformed XML: {exc.getMessage()} "
+        line = (exc.getLineNumber() or 0) + skipped_lines
+        raise CorpusError(f"{path}:{line}: malformed XML: {exc.getMessage()} "
                           f"(column {(exc.getColumnNumber() or 0) + 1})") from None
     except DefusedXmlException as exc:
         # DTDs are forbidden outright: every entity-expansion and XXE attack needs one.
@@ -738,11 +940,12 @@ def _parse_sitemap(path: str, data: bytes, max_entries: int) -> _SitemapHandler:
     return handler
 
 
-def _read_sitemap(path: str, compressed: bool, rows: _Rows, opts: _Options,
+def _read_sitemap(path: str, compressed: bool, rows: _Rows, opts: _Options, corpus_dir: str,
                   parents: list[str]) -> None:
     """A ``<urlset>`` adds its URLs (submitted, due now, interval from ``<changefreq>``); a
-    ``<sitemapindex>`` reads each child found on disk (see :func:`_child_path`). An error in a
-    child names the child's line, then each index line that led there."""
+    ``<sitemapindex>`` reads each child found on disk inside ``corpus_dir`` (see
+    :func:`_child_path`). An error in a child names the child's line, then each index line
+    that led there."""
     real = os.path.realpath(path)
     if not parents:
         if real in rows.sitemaps:
@@ -754,8 +957,14 @@ def _read_sitemap(path: str, compressed: bool, rows: _Rows, opts: _Options,
     if handler.kind == "urlset":
         for entry in handler.entries:
             loc_line, loc = entry.fields["loc"]
+            where = f"{path}:{loc_line}"
             cf_line, word = entry.fields.get("changefreq", (loc_line, MISSING_CHANGEFREQ))
-            url = _check_url(f"{path}:{loc_line}", loc)
+            if loc.startswith("/"):
+                if opts.base_url is None:
+                    raise CorpusError(f"{where}: <loc> {loc!r} is root-relative; say which site "
+                                      "it belongs to with --base-url (base_url=)")
+                loc = urljoin(opts.base_url, loc)
+            url = _check_url(where, loc)
             interval = opts.changefreq.get(word.lower())
             if interval is None:
                 raise CorpusError(f"{path}:{cf_line}: unknown changefreq {word!r} (known: "
@@ -769,24 +978,27 @@ def _read_sitemap(path: str, compressed: bool, rows: _Rows, opts: _Options,
     for entry in handler.entries:
         loc_line, loc = entry.fields["loc"]
         where = f"{path}:{loc_line}"
-        child = _child_path(path, where, loc)
-        child_real = os.path.realpath(child)
-        if child_real in chain:
-            cycle = " -> ".join([*chain[chain.index(child_real):], child_real])
+        child = _child_path(path, where, loc, corpus_dir, opts.base_path, chain)
+        if child in chain:
+            cycle = " -> ".join([*chain[chain.index(child):], child])
             raise CorpusError(f"{where}: sitemap index cycle: {cycle}")
-        if child_real in rows.sitemaps:
+        if child in rows.sitemaps:
             raise CorpusError(f"{where}: sitemap {loc!r} ({child}) was already read"
-                              f"{rows.sitemaps[child_real]}; a file is read once")
-        rows.sitemaps[child_real] = f" (via {where})"
+                              f"{rows.sitemaps[child]}; a file is read once")
+        rows.sitemaps[child] = f" (via {where})"
         try:
-            _read_sitemap(child, child.lower().endswith(".gz"), rows, opts, chain)
+            _read_sitemap(child, child.lower().endswith(".gz"), rows, opts, corpus_dir, chain)
         except CorpusError as exc:
             raise CorpusError(f"{exc} (listed at {where})") from None
 
 
-def _child_path(index: str, where: str, loc: str) -> str:
-    """Where a ``<sitemap><loc>`` lives on disk: a path relative to the index (or absolute), a
-    ``file://`` URL, or an http(s) URL whose basename sits next to the index. Never fetched."""
+def _child_path(index: str, where: str, loc: str, corpus_dir: str, base_path: str,
+                chain: Sequence[str]) -> str:
+    """The real path of a ``<sitemap><loc>``, inside ``corpus_dir`` (which mirrors the site
+    root, or ``base_path`` of it): an http(s) URL or a root-relative path by its URL path,
+    else by its basename next to the index (a flat download) unless that is the index or an
+    ancestor (``chain``); a relative path from the index; a local ``file://`` URL as given.
+    Anything resolving outside ``corpus_dir`` is refused before it is opened. Never fetched."""
     if not loc:
         raise CorpusError(f"{where}: <loc> is empty")
     try:
@@ -794,22 +1006,41 @@ def _child_path(index: str, where: str, loc: str) -> str:
     except ValueError as exc:
         raise CorpusError(f"{where}: {loc!r} is not a valid URL or path: {exc}") from None
     scheme = parts.scheme.lower()
-    base = os.path.dirname(index)
+    index_dir = os.path.dirname(index)
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise CorpusError(f"{where}: {loc!r} names another host; only local files are read")
-        candidate = unquote(parts.path)
-    elif scheme in ("http", "https"):
-        name = posixpath.basename(unquote(parts.path))
-        if name in ("", ".", "..") or "/" in name or os.sep in name:
-            raise CorpusError(f"{where}: {loc!r} names no file to look for next to the index")
-        candidate = os.path.join(base, name)
-    elif scheme == "":
-        candidate = os.path.join(base, loc)
+        candidates = [unquote(parts.path)]
+    elif scheme in ("http", "https") or (not scheme and loc.startswith("/")):
+        url_path = unquote(parts.path)
+        name = posixpath.basename(url_path)
+        if name in ("", ".", ".."):
+            raise CorpusError(f"{where}: {loc!r} names no file to look for in the corpus "
+                              "directory")
+        if url_path.startswith(base_path):
+            url_path = url_path[len(base_path):]
+        candidates = [os.path.join(corpus_dir, url_path.lstrip("/")),
+                      os.path.join(index_dir, name)]
+    elif not scheme:
+        candidates = [os.path.join(index_dir, unquote(parts.path))]
     else:
-        raise CorpusError(f"{where}: {loc!r}: only relative paths, file:// and http(s) URLs "
-                          "(looked up next to the index) are followed")
-    if not os.path.isfile(candidate):
-        raise CorpusError(f"{where}: sitemap {loc!r} is not on disk (looked for {candidate}); "
-                          "sitemap indexes are followed on disk only, never fetched")
-    return candidate
+        raise CorpusError(f"{where}: {loc!r}: only relative paths (root-relative too), file:// "
+                          "and http(s) URLs (looked up in the corpus directory) are followed")
+    looked = []
+    for i, candidate in enumerate(candidates):
+        if "\x00" in candidate:
+            raise CorpusError(f"{where}: {loc!r} names a path with a NUL byte")
+        real = os.path.realpath(candidate)
+        if os.path.commonpath([corpus_dir, real]) != corpus_dir:
+            raise CorpusError(f"{where}: sitemap {loc!r} resolves to {real}, outside the corpus "
+                              f"directory {corpus_dir} (the directory of the file given to "
+                              "read); refused, nothing outside it is opened")
+        if i and real in chain:
+            looked.append(f"{candidate} (the index itself or an ancestor, not a child)")
+        elif os.path.isfile(real):
+            return real
+        else:
+            looked.append(candidate)
+    raise CorpusError(f"{where}: sitemap {loc!r} is not on disk (looked for "
+                      f"{' and '.join(looked)}); sitemap indexes are followed on disk only, "
+                      "never fetched")
