@@ -49,9 +49,9 @@ from ..policy import LanePolicy
 from ..segment import Segment, is_running, process_start_ms
 from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, Board, Clock, record_render
 from .failures import FailureLog
-from .ingest import Corpus
 from .grow import PARKED_MS, Added, add_corpus, store_routes, unlink_routes
 from .hosts import HostGate
+from .ingest import Corpus
 from .progress import format_due
 from .render import RenderSpec
 from .routes import Routes
@@ -235,15 +235,17 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
                 if leaving():
                     break
                 url = urls[c.row]
-                ticket = gate.try_enter(url) if gate is not None else None
-                if gate is not None and ticket is None:
+                if gate is None:
+                    worker.render_one(c, url, held, done)
+                    continue
+                ticket = gate.try_enter(url)
+                if ticket is None:
                     later.append(c.row)  # its host is busy: given back below, due as it was
                     continue
                 try:
                     worker.render_one(c, url, held, done)
                 finally:
-                    if ticket is not None:
-                        gate.leave(ticket)
+                    gate.leave(ticket)
             slot[F_LEASE_LOST] += held.drain_lost()
             rows, tokens = held.take(done)
             if rows:
@@ -394,20 +396,21 @@ class Pool:
         """
         options = options or PoolOptions()
         ck = checkpoint.read(path)
-        if ck.urls is None:
+        urls = ck.urls
+        if urls is None:
             raise EngineValueError(f"{path} holds no URLs: not a pool checkpoint")
         if routes is not None:
-            interval, prov, _ = routes.apply(ck.urls, ck.interval_s, ck.provenance)
+            interval, prov, _ = routes.apply(urls, ck.interval_s, ck.provenance)
             ck = replace(ck, interval_s=interval, provenance=prov.astype(np.int64))
         if capacity is None and corpus is not None:
             capacity = max(ck.capacity, len(ck) + len(corpus))
         clear_stale(name)
         eng = checkpoint.create_from(ck, name, capacity, policy)
         try:
-            pool = cls._around(eng, ck.urls, render, options, routes)
+            pool = cls._around(eng, urls, render, options, routes)
             restored = ck.extra.get("failures")
             if restored:
-                pool.failures.import_(restored, {u: r for r, u in enumerate(ck.urls)})
+                pool.failures.import_(restored, {u: r for r, u in enumerate(urls)})
             if corpus is not None:
                 pool.added = add_corpus(eng, pool.urls, corpus)
             return pool
