@@ -226,8 +226,7 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _failures(args: argparse.Namespace) -> int:
-    from .pool.failures import FailureLog
-    from .pool.grow import PARKED_MS
+    from .pool.failures import PARKED_MS, FailureLog
     from .pool.progress import format_due
     from .pool.view import print_table
 
@@ -249,7 +248,7 @@ def _failures(args: argparse.Namespace) -> int:
             due = info["due_ms"]
             retry = ("removed" if due is None else "parked (rush or re-add)"
                      if due == PARKED_MS else format_due(due, now))
-            rows.append({"row": e.row, "url": e.url, "failures": info["failures"],
+            rows.append({"row": e.row, "url": e.url, "failures": e.failures,
                          "lane": None if lane is None else eng.lane_name(lane),
                          "last_error": e.reason, "permanent": e.permanent,
                          "last_failed_ms": e.last_ms, "next_retry_ms": due, "next_retry": retry})
@@ -330,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _sim_arguments(p)
     p.set_defaults(fn=_sim)
-    from .pool.supervisor import START_METHODS, PoolOptions
+    from .pool.supervisor import GROWTH_ROOM, START_METHODS, PoolOptions
 
     DEFAULTS = PoolOptions()  # the pool's own defaults, not a copy of them
     p = sub.add_parser("pool", help="run a forked render pool over a corpus or a checkpoint",
@@ -352,7 +351,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--grace", type=float, default=DEFAULTS.grace_s,
                    help="seconds to finish at a stop (a second signal ends it)")
     p.add_argument("--seconds", type=float, default=None, help="stop after this long")
-    p.add_argument("--capacity", type=int, default=None, help="rows the segment can hold")
+    p.add_argument("--capacity", type=int, default=None,
+                   help="rows the segment can hold (None: room for the corpus twice over, and"
+                        f" at least {GROWTH_ROOM}, for `lanes add`)")
     p.add_argument("--no-lanes", dest="lanes", action="store_false",
                    help="one EDF queue (lanes disabled)")
     p.add_argument("--metrics-port", type=int, default=None, help="also serve /metrics")

@@ -57,7 +57,7 @@ from ..errors import (
     SegmentExists,
     SegmentMissing,
 )
-from ..keys import is_int
+from ..keys import STRIDE, is_int
 from . import shmfile
 from .render import KINDS, Failure
 
@@ -92,6 +92,7 @@ ON CONFLICT (row) DO UPDATE SET
     first_ms = CASE WHEN url = excluded.url THEN first_ms ELSE excluded.first_ms END,
     url = excluded.url, last_ms = excluded.last_ms, reason = excluded.reason,
     kind = excluded.kind, permanent = excluded.permanent, http_status = excluded.http_status
+RETURNING failures
 """
 
 _RESTORE = f"""
@@ -107,6 +108,10 @@ _IN_ROWS = "row IN (SELECT value FROM json_each(?))"  # any number of rows, one 
 EXPORT_FIELDS = ("url", "failures", "first_ms", "last_ms", "reason", "kind", "permanent",
                  "http_status")
 """The fields of each tuple :meth:`FailureLog.export` returns (plain JSON-able values)."""
+
+
+PARKED_MS = STRIDE - 1
+"""The due time of a row parked after ``--max-failures``: never due, until a rush or a re-add."""
 
 
 @dataclass(frozen=True)
@@ -210,8 +215,9 @@ class FailureLog:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def record(self, row: int, url: str, failure: Failure, at_ms: int) -> None:
+    def record(self, row: int, url: str, failure: Failure, at_ms: int) -> int:
         """A render of ``url`` at ``row`` failed at ``at_ms``: count it, keep its reason.
+        Returns how many renders of it failed since it last rendered (this one included).
 
         The count restarts at 1 when the row now holds another URL."""
         if not (is_int(row) and row >= 0 and is_int(at_ms) and isinstance(url, str)
@@ -219,8 +225,10 @@ class FailureLog:
             raise EngineValueError(f"record needs a row >= 0, a URL, a Failure and an int time,"
                                    f" got {row!r}, {url!r}, {failure!r}, {at_ms!r}")
         with self._sql("record a failure") as db:
-            db.execute(_RECORD, (row, url, at_ms, at_ms, failure.reason, failure.kind,
-                                 int(failure.permanent), failure.http_status))
+            (count,) = db.execute(_RECORD, (row, url, at_ms, at_ms, failure.reason,
+                                            failure.kind, int(failure.permanent),
+                                            failure.http_status)).fetchone()
+        return int(count)
 
     def clear(self, rows: Sequence[int]) -> None:
         """``rows`` rendered fine: their entries go. Cheap when none of them has one."""

@@ -24,15 +24,12 @@ import numpy as np
 from .. import checkpoint
 from ..engine import Engine
 from ..errors import CapacityError, EngineError, SegmentMissing
-from ..keys import STRIDE
 from . import shmfile
 from .board import Board
+from .failures import PARKED_MS
 from .ingest import Corpus
 from .routes import Routes
 from .urls import UrlTable
-
-PARKED_MS = STRIDE - 1
-"""The due time of a row parked after ``--max-failures``: never due, until a rush or a re-add."""
 
 ROUTES_SUFFIX = "routes"
 

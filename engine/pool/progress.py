@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import checkpoint
 from .board import DURATION_BUCKETS
+from .failures import PARKED_MS
 
 if TYPE_CHECKING:
     from ..engine import Engine
@@ -201,7 +202,7 @@ def next_due(eng: Engine, now_ms: int) -> dict[int, int | None]:
     key, so rows an older policy placed are counted where they sit)."""
     out: dict[int, int | None] = {ln["lane"]: None for ln in eng.stats(now_ms=now_ms)["lanes"]}
     _, cols = checkpoint.snapshot(eng)
-    future = cols["due_ms"] > now_ms
+    future = (cols["due_ms"] > now_ms) & (cols["due_ms"] < PARKED_MS)  # parked: never due
     due, lanes = cols["due_ms"][future], cols["lane"][future]
     if not len(due):
         return out

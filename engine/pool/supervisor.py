@@ -48,8 +48,8 @@ from ..keys import is_int, is_number
 from ..policy import LanePolicy
 from ..segment import Segment, is_running, process_start_ms
 from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, Board, Clock, record_render
-from .failures import FailureLog
-from .grow import PARKED_MS, Added, add_corpus, store_routes, unlink_routes
+from .failures import PARKED_MS, FailureLog
+from .grow import Added, add_corpus, store_routes, unlink_routes
 from .hosts import HostGate
 from .ingest import Corpus
 from .progress import format_due
@@ -58,6 +58,9 @@ from .routes import Routes
 from .urls import UrlTable
 
 START_METHODS = ("fork", "spawn", "forkserver")
+GROWTH_ROOM = 100_000
+"""A new pool's segment holds its corpus twice over and at least this many rows (about 50 bytes
+a row), so ``lanes add`` has room; ``capacity=`` sets it exactly."""
 log = logging.getLogger("engine.pool")
 LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(message)s"
 
@@ -303,8 +306,7 @@ class _Worker:
             log.warning("%s (row %d) failed: %s; its lease was lost meanwhile", url, c.row,
                         failure.reason)
             return  # the renewer already found this lease lost (and counted it)
-        count = max(info["failures"] + 1,
-                    eng.policy.cold_after if failure.permanent else 0)
+        count = self.failures.record(c.row, url, failure, wall_ms())  # renders that failed
         park = self.spec.max_failures is not None and count >= self.spec.max_failures
         try:
             eng.fail(c.row, tokens[0], retry_at_ms=PARKED_MS if park else None,
@@ -312,7 +314,6 @@ class _Worker:
         except LeaseLost:
             self.slot[F_LEASE_LOST] += 1
             return
-        self.failures.record(c.row, url, failure, wall_ms())
         if park:
             then = f"parked after {count} failures (a rush or a re-add retries it)"
         else:
@@ -362,8 +363,9 @@ class Pool:
                render: RenderSpec, options: PoolOptions | None = None, *,
                policy: LanePolicy | None = None, capacity: int | None = None,
                failures: Any = None, routes: Routes | None = None) -> Pool:
-        """A new engine filled with a corpus (row ``r`` renders ``urls[r]``). ``routes`` (the
-        ones the corpus was read with) are kept for the rows ``lanes add`` adds later."""
+        """A new engine filled with a corpus (row ``r`` renders ``urls[r]``), with room for it
+        to grow (``GROWTH_ROOM``) unless ``capacity`` is given. ``routes`` (the ones the corpus
+        was read with) are kept for the rows ``lanes add`` adds later."""
         options = options or PoolOptions()
         n = len(urls)
         if n == 0:
@@ -372,7 +374,7 @@ class Pool:
                           ("provenance", provenance), ("failures", failures)):
             if col is not None and np.ndim(col) == 1 and len(col) != n:
                 raise EngineValueError(f"{what} has {len(col)} entries for {n} URLs")
-        eng = _create_engine(name, capacity or n, policy)
+        eng = _create_engine(name, capacity or max(2 * n, GROWTH_ROOM), policy)
         try:
             rows = eng.add_many(due_ms, interval_s, provenance, failures)
             if not np.array_equal(rows, np.arange(n)):
@@ -403,7 +405,7 @@ class Pool:
             interval, prov, _ = routes.apply(urls, ck.interval_s, ck.provenance)
             ck = replace(ck, interval_s=interval, provenance=prov.astype(np.int64))
         if capacity is None and corpus is not None:
-            capacity = max(ck.capacity, len(ck) + len(corpus))
+            capacity = max(ck.capacity, 2 * (len(ck) + len(corpus)), GROWTH_ROOM)
         clear_stale(name)
         eng = checkpoint.create_from(ck, name, capacity, policy)
         try:

@@ -176,6 +176,8 @@ class UrlTable:
         return (self[r] for r in range(len(self)))
 
     def urls(self) -> list[str]:
+        """Every URL, row order, including files published since the last look."""
+        self.refresh()
         return [u for part in self._parts for u in part.urls()]
 
     def find(self, url: str) -> int:
