@@ -20,6 +20,8 @@ from .segment import Segment
 def _stats(args: argparse.Namespace) -> int:
     from .pool import progress
     from .pool.board import Board
+    from .pool.grow import stored_routes
+    from .pool.urls import UrlTable
     from .pool.view import for_json, pool_report, print_pool_report, print_table
 
     eng = Engine.attach(args.name)
@@ -41,6 +43,14 @@ def _stats(args: argparse.Namespace) -> int:
                 report = pool_report(eng, board)
             finally:
                 board.close()
+            routes = stored_routes(args.name)
+            if routes is not None:
+                table = UrlTable.attach(args.name)
+                try:
+                    report["routes"] = progress.route_figures(eng, table.urls(), routes,
+                                                              report["pool"]["now_ms"])
+                finally:
+                    table.close()
         else:
             now = wall_ms()
             report = eng.stats(now_ms=now)
@@ -54,6 +64,14 @@ def _stats(args: argparse.Namespace) -> int:
         print(json.dumps(for_json(report), indent=2))
     elif board is not None:
         print_pool_report(report, plain=args.plain)
+        if "routes" in report:
+            print_table("per route (--routes; first match wins)", [
+                (r["route"], r["pattern"],
+                 "-" if r["interval_s"] is None else progress.format_duration(r["interval_s"]),
+                 *(str(r[c]) for c in ("rows", "due", "failing", "parked")))
+                for r in report["routes"]],
+                ("route", "pattern", "every", "rows", "due", "failing", "parked"),
+                plain=args.plain)
     else:
         now = report["now_ms"]
         cols = ("lane", "name", "floor", "queued", "due", "leased", "granted", "spilled",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from .failures import PARKED_MS
 
 if TYPE_CHECKING:
     from ..engine import Engine
+    from .routes import Routes
 
 QUANTILES = (0.5, 0.95, 0.99)
 _MINUTE, _HOUR, _DAY = 60.0, 3600.0, 86400.0
@@ -210,4 +211,29 @@ def next_due(eng: Engine, now_ms: int) -> dict[int, int | None]:
     np.minimum.at(earliest, lanes, due)
     for lane in np.unique(lanes).tolist():
         out[lane] = int(earliest[lane])
+    return out
+
+
+def route_figures(eng: Engine, urls: Sequence[str], routes: Routes, now_ms: int
+                  ) -> list[dict[str, Any]]:
+    """Per route (first match wins; ``(no route)`` for the rest): its pattern and interval, and
+    of its queued rows how many there are, how many are due (backlog), failing and parked."""
+    rows, cols = checkpoint.snapshot(eng)
+    ids = routes.match([urls[r] for r in rows.tolist()]) if len(rows) else np.empty(0, np.int16)
+    due, failing = cols["due_ms"], cols["failures"] > 0
+    out = []
+    for i, route in [*enumerate(routes.routes), (-1, None)]:
+        mine = ids == i
+        if route is None and not mine.any():
+            continue
+        parked = mine & (due == PARKED_MS)
+        out.append({
+            "route": "(no route)" if route is None else route.name,
+            "pattern": "" if route is None else route.pattern,
+            "interval_s": None if route is None else route.interval_s,
+            "rows": int(mine.sum()),
+            "due": int((mine & (due <= now_ms)).sum()),
+            "failing": int((mine & failing & ~parked).sum()),
+            "parked": int(parked.sum()),
+        })
     return out
