@@ -47,3 +47,16 @@ def hang(url: str, claim: Any) -> None:
     """Log the URL, then hang (a render that only a kill ends)."""
     _log(url)
     time.sleep(3600)
+
+
+class Gone(Exception):
+    """What a render raises for a page that no longer exists (named permanent by the tests)."""
+
+
+def gone_or_flaky(url: str, claim: Any) -> None:
+    """``.../gone/...`` raises Gone, ``.../flaky/...`` a RuntimeError; the rest render."""
+    if "/gone/" in url:
+        raise Gone(f"{url} is gone")
+    if "/flaky/" in url:
+        raise RuntimeError(f"{url} timed out upstream")
+    _log(url)

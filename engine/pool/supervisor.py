@@ -199,11 +199,12 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when the pool stops
     signal.signal(signal.SIGTERM, on_term)
     os.environ.update(spec.env)
-    if not log.handlers and not logging.getLogger().handlers:  # spawned: nothing configured
+    if not log.handlers:  # a worker's failure lines go to stderr whatever the parent set up
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+        log.propagate = False
     eng, urls, board = Engine.attach(spec.name), UrlTable.attach(spec.name), Board.attach(spec.name)
     failures = FailureLog.attach(spec.name)
     gate = HostGate.attach(spec.name) if spec.polite else None
