@@ -18,7 +18,7 @@ from pool_testlib import files_of, rendered
 from engine import CapacityError, EngineValueError
 from engine import checkpoint as ck
 from engine.pool import Pool, PoolOptions
-from engine.pool.failures import PARKED_MS, FailureLog
+from engine.pool.failures import PARKED_MS
 from engine.pool.grow import add_corpus
 from engine.pool.ingest import Corpus
 from engine.pool.render import RenderSpec
@@ -33,8 +33,9 @@ def _pool(name: str, urls: list[str], **options: object) -> Pool:
     env = {k: v for k, v in os.environ.items() if k == "RL_TEST_RENDER_LOG"}
     render = RenderSpec(callable="pool_renders:gone_or_flaky", permanent_errors=("Gone",))
     n = len(urls)
-    return Pool.create(name, urls, np.full(n, NOW - 1000), np.full(n, 3600), np.zeros(n, np.int64), render,
-                       PoolOptions(workers=2, grace_s=5.0, env=env, **options))  # type: ignore[arg-type]
+    options = {"workers": 2, "grace_s": 5.0, "env": env, **options}
+    return Pool.create(name, urls, np.full(n, NOW - 1000), np.full(n, 3600),
+                       np.zeros(n, np.int64), render, PoolOptions(**options))  # type: ignore[arg-type]
 
 
 def _failed(pool: Pool) -> int:
