@@ -10,10 +10,12 @@ import io
 import json
 import os
 import pickle
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -709,3 +711,263 @@ def test_examples_are_valid(tmp_path: Path) -> None:
     for name in os.listdir(EXAMPLES):
         if name.endswith((".csv", ".xml", ".jsonl")):
             assert len(read_corpus(EXAMPLES / name, now_ms=NOW)) > 0
+
+
+# -- URL normalisation -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spelling", "normal"), [
+    ("https://Shop.example:443/café", "https://shop.example/caf%C3%A9"),
+    ("https://shop.example/caf%c3%a9", "https://shop.example/caf%C3%A9"),
+    ("HTTP://SHOP.EXAMPLE:80/A?B=C#D", "http://shop.example/A?B=C#D"),
+    ("http://shop.example:8080/", "http://shop.example:8080/"),
+    ("https://shop.example:80/", "https://shop.example:80/"),  # 80 is not https's default
+    ("https://shop.example:/a", "https://shop.example/a"),
+    ("https://bücher.example/straße?q=ü#é",
+     "https://xn--bcher-kva.example/stra%C3%9Fe?q=%C3%BC#%C3%A9"),
+    ("http://[::1]:80/a", "http://[::1]/a"),
+    ("https://User:pä@Shop.example/", "https://User:p%C3%A4@shop.example/"),
+    ("https://shop.example/a%2fb?z=1&a=2", "https://shop.example/a%2Fb?z=1&a=2"),  # not decoded
+    ("https://shop.example/100%", "https://shop.example/100%"),  # a stray % stays
+    ("https://shop.example/a?", "https://shop.example/a?"),
+    ("https://shop.example/a#", "https://shop.example/a#"),
+    ("https://shop.example", "https://shop.example"),
+])
+def test_normalize_url_gives_one_spelling_and_changes_nothing_else(spelling: str,
+                                                                   normal: str) -> None:
+    assert normalize_url(spelling) == normal
+    assert normalize_url(normal) == normal
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("", "empty"),
+    ("https://shop.example/a b", "whitespace"),
+    ("https://shop.example/a\x7f", "control character"),
+    ("https://shop.example/a\u00a0", "whitespace"),
+    ("ftp://shop.example/", "not an absolute http(s) URL"),
+    ("/about/", "not an absolute http(s) URL"),
+    ("https:///a", "no host"),
+    ("https://shop.example:99999/", "not a valid URL"),
+    ("https://[oops/", "not a valid URL"),
+    ("https://" + "é" * 64 + ".example/", "IDNA"),
+    ("https://shop.example/\ud800", "lone surrogate"),
+    ("https://shop.example/" + "é" * 400, "once percent-encoded"),
+])
+def test_normalize_url_refuses_what_is_not_an_http_url_saying_why(url: str, reason: str) -> None:
+    with pytest.raises(EngineValueError, match=re.escape(reason)):
+        normalize_url(url)
+
+
+_LABEL = st.from_regex(r"[a-z][a-z0-9-]{0,8}", fullmatch=True)
+# A path as pieces: plain ASCII, a non-ASCII character, or a byte written as an escape.
+_PIECE = st.one_of(st.from_regex(r"[A-Za-z0-9/._~!$&'()*+,;=:@?-]{1,6}", fullmatch=True),
+                   st.characters(min_codepoint=0xA1, max_codepoint=0x2FFF,
+                                 blacklist_categories=("Cs", "Zs", "Zl", "Zp", "Cc")),
+                   st.integers(0, 255).map(lambda b: f"%{b:02x}"))
+
+
+def _spellings(scheme: str, labels: list[str], pieces: list[str], upper: list[bool]
+               ) -> tuple[str, str]:
+    """Two spellings of one URL: raw non-ASCII and lowercase escapes with the default port and
+    a mixed-case host, and everything encoded with uppercase escapes."""
+    host = ".".join(labels) + ".example"
+    mixed = "".join(c.upper() if u else c for c, u in zip(host, upper * len(host), strict=False))
+    port = {"http": 80, "https": 443}[scheme]
+    raw = "/" + "".join(pieces)
+    encoded = "/" + "".join(p.upper() if p.startswith("%") else
+                            p if p.isascii() else quote(p, safe="") for p in pieces)
+    return f"{scheme.upper()}://{mixed}:{port}{raw}", f"{scheme}://{host}{encoded}"
+
+
+@settings(max_examples=300)
+@given(scheme=st.sampled_from(["http", "https"]), labels=st.lists(_LABEL, min_size=1, max_size=3),
+       pieces=st.lists(_PIECE, max_size=12), upper=st.lists(st.booleans(), min_size=1))
+def test_normalize_url_is_idempotent_and_equal_on_equivalent_spellings(
+        scheme: str, labels: list[str], pieces: list[str], upper: list[bool]) -> None:
+    a, b = _spellings(scheme, labels, pieces, upper)
+    assert normalize_url(a) == normalize_url(b) == b
+    assert normalize_url(normalize_url(a)) == normalize_url(a)
+
+
+def test_every_reader_returns_normal_urls_and_merges_spellings(tmp_path: Path) -> None:
+    c = write(tmp_path / "c.csv", "url,interval_s\nhttps://Shop.example:443/café,60\n")
+    j = write(tmp_path / "j.jsonl", '{"url": "https://shop.example/caf%c3%a9", "interval_s": 5}\n'
+              '{"url": "HTTPS://shop.example/b", "interval_s": 5}\n')
+    s = write(tmp_path / "s.xml", urlset(url_entry("https://SHOP.example/b"),
+                                         url_entry("https://shop.example/ü")))
+    got = read_corpora([c, j, s], now_ms=NOW)
+    assert got.urls == ["https://shop.example/caf%C3%A9", "https://shop.example/b",
+                        "https://shop.example/%C3%BC"]
+    assert got.duplicates == 2
+    assert got.duplicate_note is not None and got.duplicate_note.startswith(f"{j}:1 repeats {c}:2")
+    assert Corpus(["HTTPS://Shop.example/é"], [60], [0], [NOW]).urls == [
+        "https://shop.example/%C3%A9"]
+    with pytest.raises(EngineValueError, match="duplicate url"):
+        Corpus(["https://shop.example/é", "https://shop.example/%c3%a9"], [60, 60], [0, 0],
+               [NOW, NOW])
+
+
+def test_a_url_with_whitespace_inside_is_refused_naming_file_and_line(tmp_path: Path) -> None:
+    refused(write(tmp_path / "c.csv", 'url,interval_s\n"https://shop.example/a b",60\n'), 2,
+            "whitespace")
+    refused(write(tmp_path / "s.xml", "<urlset>\n<url><loc>https://shop.example/a\tb</loc></url>"
+                                      "</urlset>"), 2, "whitespace")
+
+
+# -- leading whitespace, base_url --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("prefix", "skipped"), [
+    ("\n\n", 2), ("   \n\t", 1), ("\ufeff\n\n", 2), ("\r\n\r\n", 2), ("\r\r\n", 2), ("  ", 0)])
+def test_blank_lines_before_the_declaration_are_skipped_and_lines_still_count(
+        tmp_path: Path, prefix: str, skipped: int) -> None:
+    body = urlset(url_entry("https://example.com/a"))
+    p = tmp_path / "s.xml"
+    p.write_bytes((prefix + body).encode())
+    assert read_corpus(p, now_ms=NOW).urls == ["https://example.com/a"]
+    bad = prefix + '<?xml version="1.0"?>\n<urlset>\n<url><loc>nope</loc></url></urlset>'
+    p.write_bytes(bad.encode())
+    refused(p, skipped + 3, "not an absolute")
+    p.write_bytes((prefix + '<?xml version="1.0"?>\n<urlset>\n<url>\n</urlset>').encode())
+    refused(p, skipped + 4, "malformed XML")
+
+
+def test_root_relative_locs_need_base_url(tmp_path: Path) -> None:
+    p = write(tmp_path / "s.xml", "<urlset>\n<url><loc>https://site.test/a</loc></url>\n"
+                                  "<url><loc>/about/</loc></url></urlset>")
+    refused(p, 3, "'/about/' is root-relative", "--base-url")
+    c = read_corpus(p, now_ms=NOW, base_url="https://Site.test/blog/")
+    assert c.urls == ["https://site.test/a", "https://site.test/about/"]
+    for bad in ["site.test", "/blog/", "ftp://site.test/", "https:///x", ""]:
+        with pytest.raises(EngineValueError, match="base_url"):
+            read_corpus(p, now_ms=NOW, base_url=bad)
+    with pytest.raises(EngineTypeError):
+        read_corpus(p, now_ms=NOW, base_url=b"https://site.test/")  # type: ignore[arg-type]
+
+
+# -- the mirrored site (tests/data/site) -------------------------------------------------------
+
+SITE = Path(__file__).resolve().parent / "data" / "site"
+ESCAPE = Path(__file__).resolve().parent / "data" / "escape"
+
+
+def test_a_hugo_multilingual_index_reads_its_language_sitemaps() -> None:
+    c = read_corpus(SITE / "sitemap.xml", now_ms=NOW)
+    assert c.urls == [
+        "http://site.test/ca/", "http://site.test/ca/sobre/", "http://site.test/ca/c%C3%A0rrec/",
+        "http://site.test/ca/pla%C3%A7a/",  # read from a file with blank lines before <?xml
+        "http://site.test/en/", "http://site.test/en/about/", "http://site.test/en/posts/hello/"]
+    assert c.interval_s.tolist() == [3600, 30 * DAY, 7 * DAY, 7 * DAY, 3600, 30 * DAY, 7 * DAY]
+    assert c.duplicates == 0 and c.route.tolist() == [-1] * 7
+
+
+def test_a_yoast_index_with_root_relative_and_gzipped_children() -> None:
+    c = read_corpus(SITE / "sitemap_index.xml", now_ms=NOW)
+    assert c.urls == [
+        "http://site.test/blog/", "http://site.test/blog/hello-world/",
+        "http://site.test/blog/spring-sale/",
+        "http://site.test/", "http://site.test/contact/", "http://site.test/shipping/",
+        "http://site.test/p/kettle/", "http://site.test/p/toaster/", "http://site.test/c/kitchen/"]
+    assert c.interval_s.tolist() == [DAY] * 9  # no <changefreq>, or "daily"
+    assert c.duplicates == 1
+    assert c.duplicate_note == (f"{SITE / 'post-sitemap.xml'}:25 repeats "
+                                f"{SITE / 'post-sitemap.xml'}:8 "
+                                "(http://site.test/blog/hello-world/); 1 duplicate dropped")
+
+
+def test_a_urlset_of_root_relative_locs_reads_with_base_url() -> None:
+    p = SITE / "blog" / "sitemap.xml"
+    refused(p, 4, "root-relative", "--base-url")
+    c = read_corpus(p, now_ms=NOW, base_url="http://site.test/")
+    assert c.urls == ["http://site.test/blog/archive/2023/", "http://site.test/blog/archive/2024/"]
+
+
+def _opened_paths(monkeypatch: Any) -> list[str]:
+    """Record every file the ingest module opens, through open() or gzip.open()."""
+    import engine.pool.ingest as ingest
+
+    opened: list[str] = []
+    real_open, real_gzip_open = open, gzip.open
+
+    def spy_open(path: Any, *args: Any, **kw: Any) -> Any:
+        opened.append(os.path.realpath(path))
+        return real_open(path, *args, **kw)
+
+    def spy_gzip_open(path: Any, *args: Any, **kw: Any) -> Any:
+        opened.append(os.path.realpath(path))
+        return real_gzip_open(path, *args, **kw)
+
+    monkeypatch.setattr(ingest, "open", spy_open, raising=False)
+    monkeypatch.setattr(ingest.gzip, "open", spy_gzip_open)
+    return opened
+
+
+@pytest.mark.parametrize(("name", "fragments"), [
+    ("root-relative.xml", ["not on disk", f"looked for {ESCAPE / 'etc' / 'hostname'}"]),
+    ("dotdot.xml", ["outside the corpus directory", str(ESCAPE)]),
+    ("file-url.xml", ["outside the corpus directory", "/etc/hostname"]),
+    ("http-dotdot.xml", ["outside the corpus directory", "/etc/hostname"]),
+])
+def test_a_hostile_index_never_opens_a_file_outside_the_corpus_directory(
+        monkeypatch: Any, name: str, fragments: list[str]) -> None:
+    opened = _opened_paths(monkeypatch)
+    refused(ESCAPE / name, 4, *fragments)
+    assert opened == [str(ESCAPE / name)]
+
+
+def test_a_symlink_out_of_the_corpus_directory_is_refused(tmp_path: Path, monkeypatch: Any
+                                                          ) -> None:
+    site, outside = tmp_path / "site", tmp_path / "outside"
+    site.mkdir()
+    outside.mkdir()
+    write(outside / "secret.xml", urlset(url_entry("https://example.com/secret")))
+    (site / "evil.xml").symlink_to(outside / "secret.xml")
+    (site / "en").symlink_to(outside, target_is_directory=True)
+    write(outside / "sitemap.xml", urlset(url_entry("https://example.com/en")))
+    opened = _opened_paths(monkeypatch)
+    for loc in ["evil.xml", "http://site.test/evil.xml", "/evil.xml",
+                "http://site.test/en/sitemap.xml", "en/sitemap.xml"]:
+        err = refused(write(site / "i.xml", index(loc)), 3, "outside the corpus directory")
+        assert str(outside) in str(err)
+    assert all(p.startswith(str(site) + os.sep) for p in opened), opened
+    # Given directly, the target's own directory is the corpus directory: that is the operator's
+    # choice, not an index's.
+    assert read_corpus(site / "evil.xml", now_ms=NOW).urls == ["https://example.com/secret"]
+
+
+def test_url_children_map_to_their_path_under_the_corpus_directory(tmp_path: Path) -> None:
+    (tmp_path / "en").mkdir()
+    (tmp_path / "café").mkdir()
+    write(tmp_path / "en" / "sitemap.xml", urlset(url_entry("https://site.test/en/")))
+    write(tmp_path / "café" / "s.xml", urlset(url_entry("https://site.test/caf%C3%A9/")))
+    write(tmp_path / "en" / "more.xml", urlset(url_entry("https://site.test/en/more")))
+    write(tmp_path / "en" / "index.xml", index("more.xml", "/café/s.xml"))  # relative to en/
+    top = write(tmp_path / "sitemap.xml", index("https://site.test/en/sitemap.xml",
+                                                "//site.test/caf%C3%A9/s.xml"))
+    assert read_corpus(top, now_ms=NOW).urls == ["https://site.test/en/",
+                                                 "https://site.test/caf%C3%A9/"]
+    nested = write(tmp_path / "n.xml", index("en/index.xml"))
+    assert read_corpus(nested, now_ms=NOW).urls == ["https://site.test/en/more",
+                                                    "https://site.test/caf%C3%A9/"]
+
+
+def test_a_missing_url_child_falls_back_to_its_basename_next_to_the_index(tmp_path: Path
+                                                                          ) -> None:
+    write(tmp_path / "posts.xml", urlset(url_entry("https://site.test/p")))
+    flat = write(tmp_path / "sitemap_index.xml", index("https://site.test/en/posts.xml"))
+    assert read_corpus(flat, now_ms=NOW).urls == ["https://site.test/p"]
+    # A flat download of a Hugo index: the child's basename is the index itself, never read.
+    hugo = write(tmp_path / "sitemap.xml", index("https://site.test/en/sitemap.xml"))
+    refused(hugo, 3, f"looked for {tmp_path / 'en' / 'sitemap.xml'} and",
+            "the index itself or an ancestor", "never fetched")
+
+
+def test_base_url_with_a_path_maps_urls_below_it_to_the_corpus_directory(tmp_path: Path
+                                                                          ) -> None:
+    (tmp_path / "en").mkdir()
+    write(tmp_path / "en" / "s.xml", urlset(url_entry("https://site.test/blog/en/a")))
+    top = write(tmp_path / "sitemap.xml", index("https://site.test/blog/en/s.xml"))
+    refused(top, 3, f"looked for {tmp_path / 'blog' / 'en' / 's.xml'}")
+    c = read_corpus(top, now_ms=NOW, base_url="https://site.test/blog/")
+    assert c.urls == ["https://site.test/blog/en/a"]
+    assert len(read_corpus(top, now_ms=NOW, base_url="https://site.test/blog")) == 1

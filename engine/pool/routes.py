@@ -129,7 +129,8 @@ class Routes:
         for i, route in enumerate(self.routes):
             first = seen.setdefault(route.name, i)
             if first != i:
-                raise EngineValueError(f"route {i + 1} ({route.name!r}): name already used by "
+                raise EngineValueError(f"route {i + 1} ({json.dumps(route.name)}): name already "
+                                       f"used by "
                                        f"route {first + 1}; names must be unique")
         object.__setattr__(self, "_matcher", _Matcher(self.routes))
 
@@ -275,7 +276,8 @@ class _Matcher:
 
 def _route_place(where: str, i: int, table: object) -> str:
     name = table.get("name") if isinstance(table, dict) else None
-    return f"{where}: route {i + 1}" + (f" ({name!r})" if isinstance(name, str) else "")
+    return f"{where}: route {i + 1}" + (f" ({json.dumps(name)})" if isinstance(name, str)
+                                        else "")
 
 
 def _route_from_toml(place: str, table: Mapping[str, Any]) -> Route:
