@@ -204,3 +204,36 @@ def test_lanes_cleanup_refuses_a_running_pool_unless_forced(log: Path) -> None:
         assert shm_path(name) in files_of(name)
     finally:
         pool.close()
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    p = cli(*args)
+    out, err = p.communicate(timeout=60)
+    return p.returncode, out, err
+
+
+def test_cli_messages_say_what_to_do(tmp_path: Path) -> None:
+    from engine import Engine
+
+    name = unique_name()
+    code, _, err = _run("pool", name, "--resume", "--command", "true {url}")
+    assert code == 2 and "--resume needs --checkpoint FILE" in err and "--corpus" not in err
+    empty = tmp_path / "empty.csv"
+    empty.write_text("url,interval_s\n")
+    code, _, err = _run("pool", name, "--corpus", str(empty), "--command", "true {url}")
+    assert code == 2 and f"the corpus is empty: {empty}" in err
+    code, _, err = _run("pool", name, "--corpus", str(write_csv(tmp_path, 3)),
+                        "--command", "curl -w '%{http_code}' {url}")
+    assert code == 2 and "{{http_code}}" in err and "Traceback" not in err
+    with Engine.create(name, 10):  # what a crashed pool leaves behind
+        code, _, err = _run("pool", name, "--corpus", str(write_csv(tmp_path, 3)),
+                            "--command", "true {url}")
+        assert code == 2 and "--resume --checkpoint" in err and f"lanes cleanup {name}" in err
+    assert files_of(name) == []
+    code, out, _ = _run("pool", "--help")
+    assert code == 0 and "(default: 16)" in out and "(default: 30.0)" in out
+
+
+def test_lanes_add_refuses_without_a_pool(tmp_path: Path) -> None:
+    code, _, err = _run("add", unique_name(), "--corpus", str(write_csv(tmp_path, 3)))
+    assert code == 2 and "lanes add:" in err and "Traceback" not in err
