@@ -800,11 +800,12 @@ def test_every_reader_returns_normal_urls_and_merges_spellings(tmp_path: Path) -
                         "https://shop.example/%C3%BC"]
     assert got.duplicates == 2
     assert got.duplicate_note is not None and got.duplicate_note.startswith(f"{j}:1 repeats {c}:2")
-    assert Corpus(["HTTPS://Shop.example/é"], [60], [0], [NOW]).urls == [
+    one = np.array([60]), np.array([0], np.uint8), np.array([NOW])
+    assert Corpus(["HTTPS://Shop.example/é"], *one).urls == [
         "https://shop.example/%C3%A9"]
     with pytest.raises(EngineValueError, match="duplicate url"):
-        Corpus(["https://shop.example/é", "https://shop.example/%c3%a9"], [60, 60], [0, 0],
-               [NOW, NOW])
+        Corpus(["https://shop.example/é", "https://shop.example/%c3%a9"], np.array([60, 60]),
+               np.array([0, 0], np.uint8), np.array([NOW, NOW]))
 
 
 def test_a_url_with_whitespace_inside_is_refused_naming_file_and_line(tmp_path: Path) -> None:
@@ -898,7 +899,7 @@ def _opened_paths(monkeypatch: Any) -> list[str]:
         return real_gzip_open(path, *args, **kw)
 
     monkeypatch.setattr(ingest, "open", spy_open, raising=False)
-    monkeypatch.setattr(ingest.gzip, "open", spy_gzip_open)
+    monkeypatch.setattr(gzip, "open", spy_gzip_open)
     return opened
 
 

@@ -189,8 +189,10 @@ def test_a_missing_or_undecodable_routes_file_is_a_corpus_error(tmp_path: Path) 
 
 
 def test_route_and_routes_check_their_fields() -> None:
-    for args in [("", "*", False, 60), ("a", "", False, 60), ("a", "*", 1, 60),
-                 ("a", "*", False, 0), ("a", "*", False, 60, 2), ("a", "(", True, 60)]:
+    bad: list[tuple[Any, ...]] = [("", "*", False, 60), ("a", "", False, 60), ("a", "*", 1, 60),
+                                  ("a", "*", False, 0), ("a", "*", False, 60, 2),
+                                  ("a", "(", True, 60)]
+    for args in bad:
         with pytest.raises((EngineValueError, EngineTypeError)):
             Route(*args)
     with pytest.raises(EngineValueError, match="unique"):
