@@ -111,3 +111,28 @@ def test_an_index_pointing_outside_its_directory_is_refused_and_nothing_is_creat
     assert r.returncode == 2
     assert f"{ESCAPE / index}:4:" in r.stderr  # the file and the line of the <loc>
     assert files_of(name) == []
+
+
+def test_delay_ms_spaces_the_renders_to_one_host_across_workers(tmp_path: Path) -> None:
+    urls = [f"http://site.test/d/{i}/" for i in range(8)]
+    csv = tmp_path / "c.csv"
+    csv.write_text("url,interval_s\n" + "".join(f"{u},3600\n" for u in urls))
+    name = unique_name()
+    with SiteServer({urlsplit(u).path for u in urls}, delay_ms=(1, 5)) as site:
+        pool = cli("pool", name, "--corpus", str(csv), "--workers", "4", "--delay-ms", "150",
+                   "--command", f"curl -fsS --connect-to ::127.0.0.1:{site.port} -o /dev/null"
+                                " {url}", "--plain")
+        try:
+            _wait("every page", lambda: len(site.requests()) >= len(urls))
+        finally:
+            pool.send_signal(signal.SIGTERM)
+            _, err = pool.communicate(timeout=60)
+        starts = sorted(r.start_s for r in site.requests())
+    assert pool.returncode == 0, err
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    # The gate spaces the starts of renders by 150 ms; the server sees them after curl's own
+    # start-up, which varies by a few ms (tens on a loaded machine). Four workers without the
+    # delay would arrive together.
+    assert len(starts) == len(urls) and min(gaps) >= 0.05
+    assert starts[-1] - starts[0] >= 0.9 * 0.150 * (len(urls) - 1)
+    assert files_of(name) == []
