@@ -1,20 +1,25 @@
 """The forked render pool: a supervisor and N workers over one engine.
 
-Each worker loops: claim a batch, render each row, fail the rows that failed one by one and
-complete the rest in one ``complete_many``. A thread in the worker renews the leases of the rows
-it holds, so a render longer than its lease keeps its row; a row whose lease was lost anyway
-(the worker stalled past its lease) is not completed, since someone else holds it now.
+Each worker loops: claim a batch, render each row (after asking the host gate, when the pool is
+polite), fail the rows that failed one by one (their reasons logged and kept in the failure
+log; a permanent failure goes cold at once, a row that failed ``max_failures`` times is
+parked) and complete the rest in one ``complete_many``. A thread in the worker renews the
+leases of the rows it holds, so a render longer than its lease keeps its row; a row whose lease
+was lost anyway (the worker stalled past its lease) is not completed, since someone else holds
+it now.
 
-The supervisor owns the engine's segment, the URL table and the pool board. It restarts a worker
-that dies and reclaims the dead worker's leases at once (``Engine.reap``), checkpoints the
-schedule periodically, and on SIGINT/SIGTERM raises the board's stop flag: workers finish the
-render in hand, complete what they rendered, release what they did not and exit; after the
-grace period the rest are killed and their leases reclaimed. Then the last checkpoint is
-written and every shared file is removed. Workers watch the supervisor and exit if it dies, so
-a killed supervisor leaves no worker behind (its files stay for ``lanes pool --resume``).
+The supervisor owns the engine's segment and the pool's files beside it: the URL table, the
+pool board, the failure log, the host gate and the routes (``remove_pool_files``). It restarts
+a worker that dies and reclaims the dead worker's leases at once (``Engine.reap``),
+checkpoints the schedule periodically, and on SIGINT/SIGTERM raises the board's stop flag:
+workers finish the render in hand, complete what they rendered, release what they did not and
+exit; after the grace period the rest are killed and their leases reclaimed. Then the last
+checkpoint is written and every shared file is removed. Workers watch the supervisor and exit
+if it dies, so a killed supervisor leaves no worker behind (its files stay for ``lanes pool
+--resume``).
 
-Workers get only names and a picklable ``WorkerSpec``, and attach to the segment, the URL
-table and the board by name, so the pool runs the same under fork, spawn and forkserver.
+Workers get only names and a picklable ``WorkerSpec``, and attach to the pool's files by name,
+so the pool runs the same under fork, spawn and forkserver.
 """
 
 from __future__ import annotations
@@ -213,7 +218,7 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
     clock = board.clock
     lease_ms = clock.virtual_ms(spec.lease_s * 1000)
     render = spec.render.build()
-    worker = _Worker(spec, eng, urls, failures, render, clock, slot)
+    worker = _Worker(spec, eng, failures, render, clock, slot)
     held = _Held(eng, clock, lease_ms, slot)
     held.start(max(0.01, spec.lease_s / 3))
     # The supervisor is our parent (or, under forkserver, the server's, which exits with it).
@@ -279,9 +284,9 @@ def _give_back(eng: Engine, slot: Any, rows: list[int], tokens: list[int], at_st
 class _Worker:
     """What a worker needs to render one row and to account for how it went."""
 
-    def __init__(self, spec: WorkerSpec, eng: Engine, urls: UrlTable, failures: FailureLog,
+    def __init__(self, spec: WorkerSpec, eng: Engine, failures: FailureLog,
                  render: Callable[[str, Claim], object], clock: Clock, slot: Any) -> None:
-        self.spec, self.eng, self.urls, self.failures = spec, eng, urls, failures
+        self.spec, self.eng, self.failures = spec, eng, failures
         self.render, self.clock, self.slot = render, clock, slot
 
     def render_one(self, c: Claim, url: str, held: _Held, done: list[int]) -> None:
@@ -307,7 +312,11 @@ class _Worker:
             log.warning("%s (row %d) failed: %s; its lease was lost meanwhile", url, c.row,
                         failure.reason)
             return  # the renewer already found this lease lost (and counted it)
-        count = self.failures.record(c.row, url, failure, wall_ms())  # renders that failed
+        try:
+            count = self.failures.record(c.row, url, failure, wall_ms())  # renders that failed
+        except EngineError as exc:  # the log is advisory: the row is failed all the same
+            log.error("cannot record the failure of %s in the failure log: %s", url, exc)
+            count = 1
         park = self.spec.max_failures is not None and count >= self.spec.max_failures
         try:
             eng.fail(c.row, tokens[0], retry_at_ms=PARKED_MS if park else None,
@@ -438,7 +447,7 @@ class Pool:
         except BaseException:
             if table is not None:
                 table.close()
-            _remove(name)
+            remove_pool_files(name)  # the caller removes the engine
             raise
         return cls(eng, table, board, failures, render, options)
 
