@@ -4,6 +4,7 @@ segment is left behind."""
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -67,3 +68,28 @@ def no_segment_left_behind() -> Iterator[None]:
         except FileNotFoundError:
             pass
     assert left == [], f"test segments left in /dev/shm: {left}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def third_party_tools_without_the_sanitizer(tmp_path_factory: pytest.TempPathFactory
+                                            ) -> Iterator[None]:
+    """Under ``make test-sanitize`` the ASan runtime is preloaded into every process, so that
+    our instrumented C core can run in an uninstrumented interpreter. curl and wget, which the
+    render tests run, hang under it; they get wrappers (first on PATH, so a render's argv[0] and
+    its messages stay ``curl``/``wget``) that drop the preload before running the real tool."""
+    if "asan" not in os.environ.get("LD_PRELOAD", ""):
+        yield
+        return
+    shims = tmp_path_factory.mktemp("unsanitized-tools")
+    for tool in ("curl", "wget"):
+        real = shutil.which(tool)
+        if real is not None:
+            path = shims / tool
+            path.write_text(f'#!/bin/sh\nunset LD_PRELOAD\nexec {real} "$@"\n')
+            path.chmod(0o755)
+    old = os.environ["PATH"]
+    os.environ["PATH"] = f"{shims}{os.pathsep}{old}"
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
