@@ -42,6 +42,6 @@ __all__ = [
     "STRIDE", "AttachTimeout", "CapacityError", "Claim", "Claims", "CorpusError", "Engine",
     "EngineClosed",
     "EngineError", "EngineTypeError", "EngineValueError", "LanePolicy", "LayoutMismatch",
-    "LeaseLost", "NotAllowed", "RedisEngine", "SegmentExists", "SegmentMissing", "due_ms_of", "encode",
-    "lane_of",
+    "LeaseLost", "NotAllowed", "RedisEngine", "SegmentExists", "SegmentMissing", "due_ms_of",
+    "encode", "lane_of",
 ]

@@ -44,7 +44,7 @@ from engine.errors import (  # noqa: E402
     SegmentMissing,
 )
 from engine.policy import CLASSES, ONE, reference_pass  # noqa: E402
-from engine.redis import LIBRARY_VERSION, queue_keys  # noqa: E402
+from engine.redis import queue_keys  # noqa: E402
 
 pytestmark = pytest.mark.skipif(find_server() is None, reason="redis-server is not installed")
 
@@ -220,7 +220,7 @@ def test_describe_reports_the_documented_fields(q):
 
 def test_add_many_takes_arrays_and_codes_and_derives_lanes(q):
     due = np.array([NOW - 3, NOW - 2, NOW - 1, NOW])
-    rows = q.add_many(due, np.array(BAND_INTERVALS), ["submitted", "discovered", "submitted", "discovered"],
+    rows = q.add_many(due, np.array(BAND_INTERVALS), ["submitted", "discovered"] * 2,
                       failures=[0, 0, 3, 0])
     assert rows.dtype == np.int64 and rows.tolist() == [0, 1, 2, 3]
     assert [q.lane(int(r)) for r in rows] == [1, 6, 9, 8]
@@ -475,6 +475,7 @@ def test_stats_report_the_engines_keys_per_lane(q):
     assert lanes[5]["floor_minute"] == (NOW + HOUR) // MINUTE
     assert lanes[1]["floor_minute"] == (NOW - HOUR) // MINUTE
     assert lanes[0]["floor_minute"] == 0
+    assert q.floor_minute(5) == (NOW + HOUR) // MINUTE
     assert s["rows"] == 8 and s["queued"] == 8 and s["in_flight"] == 2
     assert s["owners"] == {q.owner: 2}
     assert q.stats(NOW + 10_000)["lanes"][1]["leased"] == 0  # lapsed
@@ -574,7 +575,7 @@ def test_rows_in_flight_are_never_read(make_queue, server):
 
     def timed(eng: RedisEngine) -> float:
         times = []
-        for i in range(60):
+        for _ in range(60):
             t0 = time.perf_counter()
             c = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
             times.append(time.perf_counter() - t0)
@@ -611,6 +612,24 @@ def test_concurrent_clients_never_share_a_row(make_queue, server):
     every = [r for mine in seen for r in mine]
     assert sorted(every) == list(range(2000))
     assert q.verify() == []
+
+
+def test_a_forked_child_keeps_using_the_parents_engine_as_a_new_owner(q):
+    q.add_many(np.full(4, NOW - HOUR), 600)
+    parent = q.owner
+    _claim_one(q)
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection (redis-py reconnects), its own owner id
+        code = 1
+        try:
+            c = q.claim(budget=2, now_ms=NOW)
+            code = 0 if len(c) == 2 and q.owner != parent else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    owners = q.stats(NOW)["owners"]
+    assert owners[parent] == 1 and sum(owners.values()) == 3 and len(owners) == 2
 
 
 def test_complete_and_claim_is_complete_many_then_claim(make_queue):

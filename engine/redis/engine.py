@@ -615,12 +615,17 @@ class RedisEngine:
     def floor_minute(self, lane: int) -> int:
         """The minute of the lane's earliest queued (ready) row; 0 when it has none."""
         lane = _int(lane, "lane", 0, MAX_LANES - 1)
-        return int(self.stats()["lanes_all"][lane]["floor_minute"])
+        return int(self._stats(None)[1][lane]["floor_minute"])
 
     def stats(self, now_ms: int | None = None) -> dict[str, Any]:
         """``Engine.stats`` where the keys mean something here: per lane ``floor_minute`` is
         the minute of its earliest ready row (a ZSET holds no stale entries, so there is no
-        floor to keep); ``spilled``, ``stale_skipped`` and ``lease_refused`` are always 0."""
+        floor to keep); ``spilled``, ``stale_skipped`` and ``lease_refused`` are always 0.
+        ``owners`` counts live leases per owner id."""
+        return self._stats(now_ms)[0]
+
+    def _stats(self, now_ms: object) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """(stats, every lane's entry up to MAX_LANES)."""
         now = self._now(now_ms)
         meta_all, reply = self._snapshot(
             ("hgetall", (self._keys[3],)),
@@ -663,8 +668,7 @@ class RedisEngine:
             "credits": {c: int(meta.get(f"c{i}", 0)) / ONE for i, c in enumerate(CLASSES)},
             "owners": owners,
             "lanes": shown,
-            "lanes_all": lanes,
-        }
+        }, lanes
 
     def verify(self) -> list[str]:
         """Read the whole queue in one MULTI/EXEC; one line per broken invariant (empty when
