@@ -189,6 +189,20 @@ def test_another_library_version_is_refused_unless_upgrading():
         r.close()
 
 
+def test_a_lost_server_is_an_engine_error_naming_the_url():
+    srv = RedisServer().start()
+    eng = Engine.connect(srv.url, "q", create=True, timeout=0.5)
+    eng.add(NOW, 60)
+    srv.stop()
+    with pytest.raises(EngineError, match=f"lost Redis at unix://{srv.socket}"):
+        eng.add(NOW, 60)  # a write is not replayed
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="lost Redis"):
+        eng.stats()  # a read is retried for `timeout` seconds
+    assert 0.2 < time.monotonic() - t0 < 5
+    eng.close()
+
+
 def test_the_helper_server_leaves_nothing_behind():
     srv = RedisServer().start()
     pid, where = srv.proc.pid, srv.dir

@@ -30,6 +30,8 @@ import numpy as np
 import numpy.typing as npt
 import redis as redis_py
 import redis.exceptions as redis_errors
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .. import _hot
 from ..engine import (
@@ -191,6 +193,7 @@ class RedisEngine:
         self._owner_pid = -1
         self._owner = ""
         self._created = False  # this object's connect made the queue
+        self._timeout = 10.0  # how long reads retry a lost connection (seconds)
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -222,10 +225,13 @@ class RedisEngine:
         if not is_number(timeout) or not 0 <= timeout < 86_400:
             raise EngineValueError("timeout must be a number of seconds in [0, 86400)")
         try:
-            client = redis_py.Redis.from_url(url)
+            # redis-py never replays a command by itself: a write whose reply was lost may have
+            # been applied (see _fcall). Reads are retried here, writes are not.
+            client = redis_py.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
         except ValueError as e:
             raise EngineValueError(f"bad Redis URL {redact(url)}: {e}") from None
         eng = cls(client, url, name)
+        eng._timeout = float(timeout)
         try:
             eng._reach(float(timeout))
             eng._check_server()
@@ -376,12 +382,20 @@ class RedisEngine:
         return EngineError(f"{what} at {redact(self._url)}: {text}")
 
     def _call_plain(self, fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
-            raise EngineError(f"lost Redis at {redact(self._url)}: {e}") from None
-        except redis_errors.ResponseError as e:
-            raise self._error(e, getattr(fn, "__name__", "call")) from None
+        """A read (or an idempotent command): retried on a lost connection, backing off, for
+        ``timeout`` seconds, then ``EngineError`` naming the URL."""
+        deadline = time.monotonic() + self._timeout
+        delay = 0.05
+        while True:
+            try:
+                return fn(*args)
+            except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
+                if time.monotonic() + delay > deadline:
+                    raise EngineError(f"lost Redis at {redact(self._url)}: {e}") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            except redis_errors.ResponseError as e:
+                raise self._error(e, getattr(fn, "__name__", "call")) from None
 
     def _fcall(self, fn: str, *args: Any) -> Any:
         """One FCALL of lanes.lua with the queue's keys; errors mapped to ours. Not retried:
@@ -552,10 +566,14 @@ class RedisEngine:
 
     def _snapshot(self, *commands: tuple[str, tuple[Any, ...]]) -> list[Any]:
         """Run read commands in one MULTI/EXEC (one consistent state)."""
-        pipe = self._live().pipeline(transaction=True)
-        for cmd, args in commands:
-            getattr(pipe, cmd)(*args)
-        return list(self._call_plain(pipe.execute))
+        def run() -> list[Any]:
+            pipe = self._live().pipeline(transaction=True)
+            for cmd, args in commands:
+                getattr(pipe, cmd)(*args)
+            return list(pipe.execute())
+
+        result: list[Any] = self._call_plain(run)
+        return result
 
     def describe(self, row: int, now_ms: int | None = None) -> dict[str, Any]:
         """Everything the row table holds about one row (true due time, never a raw key)."""
