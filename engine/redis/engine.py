@@ -44,6 +44,7 @@ from ..engine import (
     _int64_vector,
     _provenance_array,
     _provenance_code,
+    wall_ms,
 )
 from ..errors import (
     CapacityError,
@@ -115,8 +116,8 @@ def redact(url: str) -> str:
 def queue_keys(name: str) -> tuple[str, str, str, str, str]:
     """The five keys of queue ``name`` in the order every function takes them. One hash tag,
     so a queue is one Cluster slot."""
-    return tuple(f"lanes:{{{name}}}:{part}"  # type: ignore[return-value]
-                 for part in ("ready", "lease", "rows", "meta", "holder"))
+    tag = f"lanes:{{{name}}}:"
+    return f"{tag}ready", f"{tag}lease", f"{tag}rows", f"{tag}meta", f"{tag}holder"
 
 
 def _check_name(name: object) -> str:
@@ -845,10 +846,6 @@ def _write_atomically(path: str, arrays: dict[str, Any]) -> None:
         os.fsync(dfd)
     finally:
         os.close(dfd)
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 _RECORD_DTYPE = np.dtype([("due_lo", "<u4"), ("due_hi", "<u2"), ("lane", "u1"),
