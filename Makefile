@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py engine/_build.py $(wildcard csrc/*.c csrc/*.h)
 
-.PHONY: test demo bench bench-peers lint test-sanitize spin clean
+.PHONY: test demo bench bench-peers lint test-sanitize spin redis-server clean
 
 # A second venv whose C core is built with AddressSanitizer and UndefinedBehaviorSanitizer. The
 # interpreter is not instrumented, so the ASan runtime is preloaded and leak checking (which
@@ -33,7 +33,16 @@ spin:
 		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q spin >/dev/null 2>&1) || \
 		echo "warning: could not install spin; tests/test_model.py will fail"
 
-test: lint spin
+# redis-server (Debian's package, >= 7) runs the Redis backend's tests (tests/test_redis_engine.py
+# starts its own on a unix socket); without it those tests are skipped.
+redis-server:
+	@command -v redis-server >/dev/null || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1 || \
+		(apt-get update -q >/dev/null 2>&1 && \
+		 DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1) || \
+		echo "warning: could not install redis-server; tests/test_redis_engine.py will be skipped"
+
+test: lint spin redis-server
 	$(VENV)/bin/pytest -q
 
 demo: $(STAMP)

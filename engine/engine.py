@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,9 @@ from .segment import (
     lib,
     owner_state,
 )
+
+if TYPE_CHECKING:
+    from .redis import RedisEngine
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -159,6 +162,15 @@ class Engine(_hot.EngineBase):
                 math.isfinite(timeout) and timeout >= 0):
             raise EngineValueError("timeout must be a finite number of seconds >= 0")
         return cls(Segment.attach(_name(name), float(timeout)), None)
+
+    @classmethod
+    def connect(cls, url: str, name: str, policy: LanePolicy | None = None,
+                create: bool = False, **options: Any) -> RedisEngine:
+        """The same engine on a Redis server (``engine.redis.RedisEngine``, docs/redis.md):
+        queue ``name`` at ``url``, made when missing if ``create``. Needs redis-py."""
+        from .redis import RedisEngine
+
+        return RedisEngine.connect(url, name, policy, create, **options)
 
     @property
     def name(self) -> str:

@@ -1,0 +1,20 @@
+"""The engine on Redis (``RedisEngine``): the API of ``engine.Engine`` for a queue shared by
+many hosts, every write and claim pass one FCALL into the Lua library ``lanes.lua``.
+
+Needs redis-py (the ``test`` and ``bench`` extras install it) and a Redis >= 7 server. See
+docs/redis.md.
+"""
+
+from .engine import (
+    LIBRARY,
+    LIBRARY_VERSION,
+    MAX_ROWS,
+    RedisClaims,
+    RedisEngine,
+    library_source,
+    queue_keys,
+    redact,
+)
+
+__all__ = ["LIBRARY", "LIBRARY_VERSION", "MAX_ROWS", "RedisClaims", "RedisEngine",
+           "library_source", "queue_keys", "redact"]

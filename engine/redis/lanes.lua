@@ -1,0 +1,676 @@
+#!lua name=render_lanes
+--[[
+render-lanes on Redis: every write and every claim pass of one queue is one FCALL into this
+library, so each runs atomically on the server (Redis runs one function at a time).
+
+Keys of one queue (all carry the hash tag {name}, so a queue is one Cluster slot), always passed
+in this order as KEYS[1..5]:
+
+  ready   ZSET  member = row id, score = lane * 2^42 + due_ms: rows waiting to be claimed
+  lease   ZSET  member = row id, score = lease expiry (ms): rows in flight
+  rows    STRING  the row table: a fixed 20-byte record per row id at offset row * 20
+  meta    HASH  layout, counters (next_row, token), the policy, share credits, per-lane grants
+  holder  HASH  member = row id, value = the lease owner's id string (rows in flight only)
+
+A row is in exactly one of ready and lease while it is live; a removed row is in neither. A
+claimed row leaves ready, so a claim pass never reads a row in flight, and comes back (with the
+key its record holds) when its lease is completed, failed, released, or lapses: the first step
+of every claim pass moves lapsed leases back.
+
+Record (little endian, 20 bytes; struct format REC):
+  due_ms I6 | lane B | interval_s I4 | failures B | flags B | token I7
+flags: 1 = discovered (else submitted), 2 = urgent, 4 = live (not removed).
+token: the fencing token of the row's live lease, 0 when it holds none. Tokens come from the
+meta counter `token` (HINCRBY), so they never repeat within a queue, and every number stays
+below 2^53 (exact as a Lua number and as a ZSET score).
+
+Nothing from ARGV is ever evaluated: ARGV holds numbers and an owner string, nothing else.
+Every function checks ARGV[1] against VERSION, so a client built for another version of this
+library gets a clear error instead of a silent misreading.
+]]
+
+local VERSION = '1'
+local LAYOUT = '1'
+local STRIDE = 4398046511104 -- 2^42
+local HORIZON = STRIDE - 1
+local ONE = 65536 -- share credit unit (engine.policy.ONE)
+local REC = '<I6BI4BBI7'
+local RECLEN = 20
+local TOKEN_OFF = 13 -- byte offset of the token in a record
+local F_DISCOVERED, F_URGENT, F_LIVE = 1, 2, 4
+local EXPIRE_BATCH = 1000 -- lapsed leases put back per claim pass (the rest by the next ones)
+local CHUNK = 1000 -- members per variadic call (unpack() has a C stack limit)
+
+-- redis.call is not there while the library loads: look it up at call time.
+local function rcall(...)
+  return redis.call(...)
+end
+
+local function fmt(x) -- numbers go to Redis as exact integers, never as %.14g
+  return string.format('%.0f', x)
+end
+
+local function fail(code, text)
+  return error({err = code .. ' ' .. text})
+end
+
+local function has(flags, bit)
+  return flags % (bit * 2) >= bit
+end
+
+local function check_version(argv)
+  if argv[1] ~= VERSION then
+    fail('VERSION', 'library render_lanes is version ' .. VERSION .. ', the client needs '
+      .. tostring(argv[1]))
+  end
+end
+
+local function now_of(arg)
+  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+  local t = rcall('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Variadic commands in chunks: cmd(key, prefix..., items[i..j]...).
+local function chunked(cmd, key, items)
+  for i = 1, #items, CHUNK do
+    local j = math.min(i + CHUNK - 1, #items)
+    rcall(cmd, key, unpack(items, i, j))
+  end
+end
+
+-- ---------------------------------------------------------------- queue, rows, policy -----
+
+local function queue_meta(K)
+  local v = rcall('HMGET', K[4], 'layout', 'next_row', 'p_on', 'p_bands', 'p_cold', 'p_urgent',
+    'p_s1', 'p_s2', 'p_s3', 'p_edf', 'lanes_high')
+  if not v[1] then fail('MISSING', 'no queue at ' .. K[4]) end
+  if v[1] ~= LAYOUT then fail('LAYOUT', 'queue layout ' .. v[1] .. ', library ' .. LAYOUT) end
+  local bands = {}
+  for b in string.gmatch(v[4] or '', '%d+') do bands[#bands + 1] = tonumber(b) end
+  local bpc = #bands + 1
+  return {
+    next_row = tonumber(v[2]), on = v[3] == '1', bands = bands, bpc = bpc,
+    lane_count = 2 * bpc + 2, cold_after = tonumber(v[5]), urgent = tonumber(v[6]),
+    shares = {tonumber(v[7]), tonumber(v[8]), tonumber(v[9])}, edf = v[10] == '1',
+    lanes_high = tonumber(v[11]),
+  }
+end
+
+local function lane_for(P, discovered, interval, failures, urgent)
+  if not P.on or urgent then return 0 end
+  if failures >= P.cold_after then return P.lane_count - 1 end
+  local band = 0 -- bisect_left: bands strictly below the interval
+  while band < #P.bands and P.bands[band + 1] < interval do band = band + 1 end
+  return (discovered and 1 + P.bpc or 1) + band
+end
+
+-- Class of a lane: 0 urgent, 1 submitted, 2 discovered, 3 cold (and lanes past the layout).
+local function class_of(P, lane)
+  if lane == 0 then return 0 end
+  if lane <= P.bpc then return 1 end
+  if lane <= 2 * P.bpc then return 2 end
+  return 3
+end
+
+local function check_row(K, P, row)
+  if row == nil or row ~= math.floor(row) or row < 0 or row >= P.next_row then
+    fail('RANGE', 'row ' .. tostring(row) .. ' does not exist')
+  end
+end
+
+local function get(K, row)
+  local s = rcall('GETRANGE', K[3], fmt(row * RECLEN), fmt(row * RECLEN + RECLEN - 1))
+  local due, lane, interval, failures, flags, token = struct.unpack(REC, s)
+  return {due = due, lane = lane, interval = interval, failures = failures, flags = flags,
+          token = token}
+end
+
+local function pack(r)
+  return struct.pack(REC, r.due, r.lane, r.interval, r.failures, r.flags, r.token)
+end
+
+local function put(K, row, r)
+  rcall('SETRANGE', K[3], fmt(row * RECLEN), pack(r))
+end
+
+local function set_token(K, row, token)
+  rcall('SETRANGE', K[3], fmt(row * RECLEN + TOKEN_OFF), struct.pack('<I7', token))
+end
+
+local function note_lane(K, P, lane)
+  if lane > P.lanes_high then
+    P.lanes_high = lane
+    rcall('HSET', K[4], 'lanes_high', lane)
+  end
+end
+
+-- Store a row's new schedule and make it claimable at once (unless it is in flight: then the
+-- end of its lease puts it back with this key).
+local function reschedule(K, P, row, r, in_flight)
+  put(K, row, r)
+  note_lane(K, P, r.lane)
+  if not in_flight then rcall('ZADD', K[1], fmt(r.lane * STRIDE + r.due), row) end
+end
+
+local function clamp(ms)
+  if ms > HORIZON then return HORIZON end
+  return ms
+end
+
+-- ---------------------------------------------------------------- leases -----
+
+-- The record of a row whose lease `token` is live at `now`, else nil (a stale token).
+local function leased(K, row, token, now)
+  local r = get(K, row)
+  if token == 0 or r.token ~= token or not has(r.flags, F_LIVE) then return nil end
+  local exp = rcall('ZSCORE', K[2], row)
+  if not exp or tonumber(exp) <= now then return nil end
+  return r
+end
+
+local function lease_end(K, row)
+  rcall('ZREM', K[2], row)
+  rcall('HDEL', K[5], row)
+end
+
+-- Put lapsed leases back into ready with the key their record holds (expiry <= now).
+local function expire(K, now)
+  local lapsed = rcall('ZRANGE', K[2], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, EXPIRE_BATCH)
+  if #lapsed == 0 then return 0 end
+  local back = {}
+  for _, m in ipairs(lapsed) do
+    local row = tonumber(m)
+    local r = get(K, row)
+    set_token(K, row, 0)
+    if has(r.flags, F_LIVE) then
+      back[#back + 1] = fmt(r.lane * STRIDE + r.due)
+      back[#back + 1] = m
+    end
+  end
+  chunked('ZREM', K[2], lapsed)
+  chunked('HDEL', K[5], lapsed)
+  if #back > 0 then chunked('ZADD', K[1], back) end
+  return #lapsed
+end
+
+-- ---------------------------------------------------------------- the claim pass -----
+
+--[[ One claim pass, exactly as engine.policy.reference_pass:
+  1. each share class with a due row accrues share * budget credit, capped at that plus ONE;
+  2. urgent (lane 0) takes at most its credit while capped;
+  3. each min_share class, its lanes in order, takes up to its credit (a floor);
+  4. the remainder in lane order, or by global due time (edf); what a floor class gets from it
+     counts against its credit.
+Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT 0 n. `window` bounds the
+rows one lane grants in one pass. Returns {rows, lanes, dues, tokens}. ]]
+local function claim_pass(K, P, now, budget, lease_ms, window, owner)
+  local nl = P.lanes_high + 1
+  local remaining = budget
+  local grants, taken = {}, {}
+  local rows, lanes, dues = {}, {}, {}
+  for l = 0, nl - 1 do grants[l] = 0; taken[l] = 0 end
+
+  local function lo(lane) return fmt(lane * STRIDE) end
+  local function hi(lane) return fmt(lane * STRIDE + now) end
+
+  local function take(lane, want)
+    if lane >= nl then return 0 end -- never written: empty
+    local n = math.min(want, remaining, window - taken[lane])
+    if n <= 0 then return 0 end
+    local got = rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
+    local members = {}
+    for i = 1, #got, 2 do
+      members[#members + 1] = got[i]
+      rows[#rows + 1] = tonumber(got[i])
+      lanes[#lanes + 1] = lane
+      dues[#dues + 1] = tonumber(got[i + 1]) - lane * STRIDE
+    end
+    local k = #members
+    if k > 0 then chunked('ZREM', K[1], members) end
+    taken[lane] = taken[lane] + k
+    grants[lane] = grants[lane] + k
+    remaining = remaining - k
+    return k
+  end
+
+  local function has_due(lane)
+    return #rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', 0, 1) > 0
+  end
+
+  if not P.on then
+    for l = 0, nl - 1 do take(l, remaining) end
+  else
+    local c = rcall('HMGET', K[4], 'c0', 'c1', 'c2', 'c3')
+    local cred = {}
+    for i = 0, 3 do cred[i] = tonumber(c[i + 1]) or 0 end
+    local old = {cred[0], cred[1], cred[2], cred[3]}
+    local capped = P.urgent < ONE
+    local lanes_of = {[0] = {}, {}, {}, {}}
+    for l = 0, nl - 1 do
+      local t = lanes_of[class_of(P, l)]
+      t[#t + 1] = l
+    end
+    -- 1. accrue: urgent while capped (even at share 0: it sheds credit banked under an earlier
+    -- policy), the floor classes with a share
+    for cls = 0, 3 do
+      local fp = cls == 0 and (capped and P.urgent or -1) or P.shares[cls]
+      if fp > 0 or (cls == 0 and fp == 0) then
+        for _, l in ipairs(lanes_of[cls]) do
+          if has_due(l) then
+            cred[cls] = math.min(cred[cls] + fp * budget, fp * budget + ONE)
+            break
+          end
+        end
+      end
+    end
+    -- 2. urgent, capped
+    if capped then
+      local want = math.max(0, math.floor(cred[0] / ONE))
+      cred[0] = cred[0] - take(0, want) * ONE
+    end
+    -- 3. floors
+    for cls = 1, 3 do
+      if P.shares[cls] > 0 then
+        local want = math.max(0, math.floor(cred[cls] / ONE))
+        for _, l in ipairs(lanes_of[cls]) do
+          local got = take(l, want)
+          want = want - got
+          cred[cls] = cred[cls] - got * ONE
+        end
+      end
+    end
+    -- 4. remainder
+    local before = {}
+    for l = 0, nl - 1 do before[l] = grants[l] end
+    local first = capped and 1 or 0
+    if not P.edf then
+      for l = first, nl - 1 do take(l, remaining) end
+    elseif remaining > 0 then
+      local heads = {}
+      for l = first, nl - 1 do
+        local n = math.min(remaining, window - taken[l])
+        if n > 0 then
+          local got = rcall('ZRANGE', K[1], lo(l), hi(l), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
+          for i = 2, #got, 2 do heads[#heads + 1] = {tonumber(got[i]) - l * STRIDE, l} end
+        end
+      end
+      table.sort(heads, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+      local want = {}
+      for i = 1, math.min(remaining, #heads) do
+        local l = heads[i][2]
+        want[l] = (want[l] or 0) + 1
+      end
+      for l = first, nl - 1 do
+        if want[l] then take(l, want[l]) end
+      end
+    end
+    for cls = 1, 3 do
+      if P.shares[cls] > 0 then
+        local extra = 0
+        for _, l in ipairs(lanes_of[cls]) do extra = extra + grants[l] - before[l] end
+        if extra > 0 and cred[cls] > 0 then cred[cls] = math.max(0, cred[cls] - extra * ONE) end
+      end
+    end
+    for i = 0, 3 do
+      if cred[i] ~= old[i + 1] then rcall('HSET', K[4], 'c' .. i, fmt(cred[i])) end
+    end
+  end
+
+  local n = #rows
+  local tokens = {}
+  if n > 0 then
+    local last = rcall('HINCRBY', K[4], 'token', n)
+    local exp = clamp(now + lease_ms)
+    local z, h = {}, {}
+    for i = 1, n do
+      local tok = last - n + i
+      tokens[i] = tok
+      set_token(K, rows[i], tok)
+      z[#z + 1] = fmt(exp)
+      z[#z + 1] = rows[i]
+      h[#h + 1] = rows[i]
+      h[#h + 1] = owner
+    end
+    chunked('ZADD', K[2], z)
+    chunked('HSET', K[5], h)
+    for l = 0, nl - 1 do
+      if grants[l] > 0 then rcall('HINCRBY', K[4], 'g' .. l, grants[l]) end
+    end
+  end
+  return {rows, lanes, dues, tokens}
+end
+
+-- ---------------------------------------------------------------- leased writes -----
+
+-- Complete rows[i] with tokens[i] (next due: nexts[i] >= 0, else now + interval). Every row id
+-- is checked before anything changes; a stale token reports 0 and changes nothing.
+local function complete_many(K, P, now, rows, tokens, nexts)
+  for i = 1, #rows do check_row(K, P, rows[i]) end
+  local ok = {}
+  for i = 1, #rows do
+    local row = rows[i]
+    local r = leased(K, row, tokens[i], now)
+    if r then
+      local discovered = has(r.flags, F_DISCOVERED)
+      r.failures = 0
+      r.flags = F_LIVE + (discovered and F_DISCOVERED or 0)
+      r.token = 0
+      r.lane = lane_for(P, discovered, r.interval, 0, false)
+      r.due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + r.interval * 1000)
+      lease_end(K, row)
+      reschedule(K, P, row, r, false)
+      ok[i] = 1
+    else
+      ok[i] = 0
+    end
+  end
+  return ok
+end
+
+local function release_many(K, P, now, rows, tokens)
+  for i = 1, #rows do check_row(K, P, rows[i]) end
+  local ok = {}
+  for i = 1, #rows do
+    local row = rows[i]
+    local r = leased(K, row, tokens[i], now)
+    if r then
+      set_token(K, row, 0)
+      lease_end(K, row)
+      rcall('ZADD', K[1], fmt(r.lane * STRIDE + r.due), row)
+      ok[i] = 1
+    else
+      ok[i] = 0
+    end
+  end
+  return ok
+end
+
+-- ARGV: version, now, n, rows[n], tokens[n], then from `at` on whatever the caller adds.
+local function rows_tokens(argv, at)
+  local n = tonumber(argv[at])
+  local rows, tokens = {}, {}
+  for i = 1, n do
+    rows[i] = tonumber(argv[at + i])
+    tokens[i] = tonumber(argv[at + n + i])
+  end
+  return rows, tokens, at + 2 * n + 1
+end
+
+-- ---------------------------------------------------------------- registered functions -----
+
+local function f_version(K, A)
+  return {VERSION, LAYOUT}
+end
+
+-- ARGV: version, policy fields (on, bands, cold, urgent, s1, s2, s3, edf), policy json,
+-- capacity, created_ms. Returns 1 if created, 0 if the queue already existed.
+local function f_create(K, A)
+  check_version(A)
+  if rcall('EXISTS', K[4]) == 1 then return 0 end
+  rcall('HSET', K[4], 'layout', LAYOUT, 'next_row', 0, 'token', 0, 'lanes_high', -1,
+    'p_on', A[2], 'p_bands', A[3], 'p_cold', A[4], 'p_urgent', A[5], 'p_s1', A[6],
+    'p_s2', A[7], 'p_s3', A[8], 'p_edf', A[9], 'policy', A[10], 'capacity', A[11],
+    'created_ms', A[12], 'c0', 0, 'c1', 0, 'c2', 0, 'c3', 0)
+  return 1
+end
+
+local function f_set_policy(K, A)
+  check_version(A)
+  queue_meta(K)
+  rcall('HSET', K[4], 'p_on', A[2], 'p_bands', A[3], 'p_cold', A[4], 'p_urgent', A[5],
+    'p_s1', A[6], 'p_s2', A[7], 'p_s3', A[8], 'p_edf', A[9], 'policy', A[10])
+  return 1
+end
+
+-- ARGV: version, blob of n rows packed '<I6I4BB' (due, interval, provenance, failures).
+-- Returns the first row id; the rows take consecutive ids.
+local function f_add(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local blob = A[2]
+  local n = #blob / 12
+  local cap = tonumber(rcall('HGET', K[4], 'capacity'))
+  if P.next_row + n > cap then
+    fail('CAPACITY', 'queue holds ' .. P.next_row .. ' rows of ' .. cap)
+  end
+  local first = P.next_row
+  local recs, z = {}, {}
+  local high = P.lanes_high
+  for i = 0, n - 1 do
+    local due, interval, prov, failures = struct.unpack('<I6I4BB', blob, i * 12 + 1)
+    local lane = lane_for(P, prov == 1, interval, failures, false)
+    if lane > high then high = lane end
+    recs[#recs + 1] = struct.pack(REC, due, lane, interval, failures,
+      F_LIVE + (prov == 1 and F_DISCOVERED or 0), 0)
+    z[#z + 1] = fmt(lane * STRIDE + due)
+    z[#z + 1] = fmt(first + i)
+  end
+  rcall('SETRANGE', K[3], fmt(first * RECLEN), table.concat(recs))
+  rcall('HSET', K[4], 'next_row', fmt(first + n))
+  note_lane(K, P, high)
+  chunked('ZADD', K[1], z)
+  return first
+end
+
+-- ARGV: version, now, budget, lease_ms, window, owner.
+local function f_claim(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local now = now_of(A[2])
+  expire(K, now)
+  return claim_pass(K, P, now, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]), A[6])
+end
+
+-- ARGV: version, now, n, rows[n], tokens[n], has_next, nexts[n] (if has_next).
+local function f_complete(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local now = now_of(A[2])
+  local rows, tokens, at = rows_tokens(A, 3)
+  local nexts = nil
+  if A[at] == '1' then
+    nexts = {}
+    for i = 1, #rows do nexts[i] = tonumber(A[at + i]) end
+  end
+  return complete_many(K, P, now, rows, tokens, nexts)
+end
+
+-- ARGV: version, now, budget, lease_ms, window, owner, n, rows[n], tokens[n].
+-- One worker cycle in one round trip: complete the batch, then one claim pass.
+local function f_complete_claim(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local now = now_of(A[2])
+  local rows, tokens = rows_tokens(A, 7)
+  local ok = complete_many(K, P, now, rows, tokens, nil)
+  expire(K, now)
+  local got = claim_pass(K, P, now, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]), A[6])
+  got[5] = ok
+  return got
+end
+
+-- ARGV: version, now, n, rows[n], tokens[n].
+local function f_release(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local rows, tokens = rows_tokens(A, 3)
+  return release_many(K, P, now_of(A[2]), rows, tokens)
+end
+
+-- ARGV: version, now, row, token, retry_at (-1: back-off), permanent (0/1).
+local function f_fail(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local now, row, token = now_of(A[2]), tonumber(A[3]), tonumber(A[4])
+  local retry_at = tonumber(A[5])
+  check_row(K, P, row)
+  local r = leased(K, row, token, now)
+  if not r then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
+  local f = r.failures + 1
+  if A[6] == '1' and f < P.cold_after then f = P.cold_after end -- a 404 will not heal
+  if f > 255 then f = 255 end
+  -- Back-off: 30 s doubling per failure, never longer than the row's own interval.
+  local backoff = 30000 * 2 ^ math.min(f - 1, 20)
+  if backoff > r.interval * 1000 then backoff = r.interval * 1000 end
+  local discovered = has(r.flags, F_DISCOVERED)
+  r.failures = f
+  r.flags = F_LIVE + (discovered and F_DISCOVERED or 0)
+  r.token = 0
+  r.lane = lane_for(P, discovered, r.interval, f, false)
+  r.due = retry_at >= 0 and retry_at or clamp(now + backoff)
+  lease_end(K, row)
+  reschedule(K, P, row, r, false)
+  return 1
+end
+
+-- ARGV: version, now, row, token, lease_ms. Returns the new token (the old one is stale).
+local function f_renew(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local now, row, token = now_of(A[2]), tonumber(A[3]), tonumber(A[4])
+  check_row(K, P, row)
+  if not leased(K, row, token, now) then
+    fail('LEASE', 'renew row ' .. row .. ': the token is stale')
+  end
+  local tok = rcall('HINCRBY', K[4], 'token', 1)
+  set_token(K, row, tok)
+  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), row)
+  return tok
+end
+
+-- ARGV: version, now, row, rush (0/1).
+local function f_prioritize(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local now, row, rush = now_of(A[2]), tonumber(A[3]), A[4] == '1'
+  check_row(K, P, row)
+  local r = get(K, row)
+  if not has(r.flags, F_LIVE) then fail('VALUE', 'row ' .. row .. ' was removed') end
+  local discovered = has(r.flags, F_DISCOVERED)
+  r.flags = F_LIVE + (discovered and F_DISCOVERED or 0) + (rush and F_URGENT or 0)
+  r.lane = lane_for(P, discovered, r.interval, r.failures, rush)
+  r.due = now
+  local in_flight = r.token ~= 0
+  if not in_flight then rcall('ZREM', K[1], row) end
+  reschedule(K, P, row, r, in_flight)
+  return 1
+end
+
+-- ARGV: version, row.
+local function f_remove(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local row = tonumber(A[2])
+  check_row(K, P, row)
+  local r = get(K, row)
+  if not has(r.flags, F_LIVE) then fail('VALUE', 'row ' .. row .. ' was removed') end
+  r.flags = r.flags - F_LIVE
+  if has(r.flags, F_URGENT) then r.flags = r.flags - F_URGENT end
+  r.token = 0 -- its holder's token is stale from now on
+  put(K, row, r)
+  rcall('ZREM', K[1], row)
+  lease_end(K, row)
+  return 1
+end
+
+-- ARGV: version, limit. Re-encode up to `limit` rows written with lanes disabled (lane 0, not
+-- urgent) into their derived lanes, due times untouched. Refused while lanes are enabled.
+local function f_restamp(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  if P.on then fail('NOTALLOWED', 'restamp is refused while lanes are enabled') end
+  local limit = tonumber(A[2])
+  local on = {}
+  for k, v in pairs(P) do on[k] = v end
+  on.on = true
+  local done, skip, left = 0, 0, false
+  while true do
+    local batch = rcall('ZRANGE', K[1], 0, fmt(HORIZON), 'BYSCORE', 'LIMIT', skip, 256,
+      'WITHSCORES')
+    if #batch == 0 then break end
+    for i = 1, #batch, 2 do
+      local row = tonumber(batch[i])
+      local r = get(K, row)
+      local lane = lane_for(on, has(r.flags, F_DISCOVERED), r.interval, r.failures,
+        has(r.flags, F_URGENT))
+      if lane == 0 then
+        skip = skip + 1
+      elseif done == limit then
+        left = true
+        break
+      else
+        r.lane = lane
+        reschedule(K, P, row, r, false)
+        done = done + 1
+      end
+    end
+    if left then break end
+  end
+  if not left then -- rows in flight keep their key in the record only
+    for _, m in ipairs(rcall('ZRANGE', K[2], 0, -1)) do
+      local row = tonumber(m)
+      local r = get(K, row)
+      local lane = lane_for(on, has(r.flags, F_DISCOVERED), r.interval, r.failures,
+        has(r.flags, F_URGENT))
+      if r.lane == 0 and lane ~= 0 then
+        if done == limit then
+          left = true
+          break
+        end
+        r.lane = lane
+        reschedule(K, P, row, r, true)
+        done = done + 1
+      end
+    end
+  end
+  return {done, left and 0 or 1}
+end
+
+-- ARGV: version, now, lanes. Per lane: ready rows, ready rows due, the due time of the first
+-- ready row (-1: none); then, per row in flight: row, lane, due, expiry, owner.
+local function f_stats(K, A)
+  check_version(A)
+  queue_meta(K)
+  local now, nl = now_of(A[2]), tonumber(A[3])
+  local per = {}
+  for l = 0, nl - 1 do
+    local lo, top = fmt(l * STRIDE), '(' .. fmt((l + 1) * STRIDE)
+    local first = rcall('ZRANGE', K[1], lo, top, 'BYSCORE', 'LIMIT', 0, 1, 'WITHSCORES')
+    per[#per + 1] = rcall('ZCOUNT', K[1], lo, top)
+    per[#per + 1] = rcall('ZCOUNT', K[1], lo, fmt(l * STRIDE + now))
+    per[#per + 1] = #first > 0 and tonumber(first[2]) - l * STRIDE or -1
+  end
+  local flight = {}
+  local leases = rcall('ZRANGE', K[2], 0, -1, 'WITHSCORES')
+  for i = 1, #leases, 2 do
+    local row = tonumber(leases[i])
+    local r = get(K, row)
+    flight[#flight + 1] = row
+    flight[#flight + 1] = r.lane
+    flight[#flight + 1] = r.due
+    flight[#flight + 1] = tonumber(leases[i + 1])
+    flight[#flight + 1] = rcall('HGET', K[5], row) or ''
+  end
+  return {now, per, flight}
+end
+
+local function register(name, fn, ro)
+  redis.register_function{function_name = name, callback = fn,
+    flags = ro and {'no-writes'} or {}}
+end
+
+register('lanes_version', f_version, true)
+register('lanes_create', f_create)
+register('lanes_set_policy', f_set_policy)
+register('lanes_add', f_add)
+register('lanes_claim', f_claim)
+register('lanes_complete', f_complete)
+register('lanes_complete_claim', f_complete_claim)
+register('lanes_release', f_release)
+register('lanes_fail', f_fail)
+register('lanes_renew', f_renew)
+register('lanes_prioritize', f_prioritize)
+register('lanes_remove', f_remove)
+register('lanes_restamp', f_restamp)
+register('lanes_stats', f_stats, true)

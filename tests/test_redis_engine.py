@@ -1,0 +1,873 @@
+"""The engine on Redis (engine/redis, docs/redis.md): every method's meaning on a real server,
+the claim FCALL held to ``reference_pass``, rows in flight never read, lapsed leases back,
+stale tokens changing nothing, bad input refused before anything is sent, the library version
+and server version checks, and no server left running."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lanes_testlib import (
+    BAND_INTERVALS,
+    DAY,
+    HOUR,
+    MINUTE,
+    NOW,
+    dispose,
+    lane_counts,
+    share_policies,
+    unique_name,
+)
+
+redis = pytest.importorskip("redis")
+
+from redis_server import RedisServer, find_server  # noqa: E402
+
+from engine import Claim, Engine, LanePolicy, LeaseLost, RedisEngine, checkpoint  # noqa: E402
+from engine.errors import (  # noqa: E402
+    CapacityError,
+    EngineError,
+    EngineTypeError,
+    EngineValueError,
+    LayoutMismatch,
+    NotAllowed,
+    SegmentMissing,
+)
+from engine.policy import CLASSES, ONE, reference_pass  # noqa: E402
+from engine.redis import queue_keys  # noqa: E402
+
+pytestmark = pytest.mark.skipif(find_server() is None, reason="redis-server is not installed")
+
+DESCRIBE_KEYS = {"row", "due_ms", "lane", "interval_s", "failures", "provenance", "queued",
+                 "leased", "lease_expiry_ms", "urgent"}
+STATS_LANE_KEYS = {"lane", "name", "floor_minute", "queued", "due", "leased", "granted",
+                   "spilled", "stale_skipped", "lease_refused"}
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[RedisServer]:
+    srv = RedisServer().start()
+    yield srv
+    srv.stop()
+    assert srv.proc is not None and srv.proc.poll() is not None
+    assert not os.path.exists(srv.dir)
+
+
+def _qname() -> str:
+    return f"rl-test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def make_queue(server: RedisServer) -> Iterator[Any]:
+    """A factory of fresh queues (a new name each), dropped and closed afterwards."""
+    made: list[RedisEngine] = []
+
+    def make(policy: LanePolicy | None = None, **kw: Any) -> RedisEngine:
+        eng = Engine.connect(server.url, _qname(), policy, create=True, **kw)
+        made.append(eng)
+        return eng
+
+    yield make
+    for eng in made:
+        if eng._r is None:
+            eng = RedisEngine.connect(server.url, eng.name)
+        eng.drop()
+        eng.close()
+
+
+@pytest.fixture
+def q(make_queue: Any) -> RedisEngine:
+    return make_queue()
+
+
+def _claim_one(eng: RedisEngine, now: int = NOW, lease_ms: int = 30_000) -> tuple[int, int]:
+    c = eng.claim(budget=1, now_ms=now, lease_ms=lease_ms)
+    assert len(c) == 1
+    return int(c.rows[0]), int(c.tokens[0])
+
+
+def _dump(eng: RedisEngine) -> tuple[Any, ...]:
+    """Everything the queue holds on the server, for 'nothing changed' checks."""
+    r = redis.Redis.from_url(eng._url)
+    try:
+        ready, lease, rows, meta, holder = queue_keys(eng.name)
+        return (r.zrange(ready, 0, -1, withscores=True), r.zrange(lease, 0, -1, withscores=True),
+                r.get(rows), r.hgetall(meta), r.hgetall(holder))
+    finally:
+        r.close()
+
+
+# -- connecting ---------------------------------------------------------------------------------
+
+
+def test_connect_is_one_line_and_a_second_client_sees_the_same_queue(server, make_queue):
+    eng = make_queue()
+    assert isinstance(eng, RedisEngine)
+    row = eng.add(NOW - MINUTE, 3600)
+    with Engine.connect(server.url, eng.name) as other:
+        assert other.describe(row) == eng.describe(row)
+        r, tok = _claim_one(other)
+        assert r == row
+        eng.complete(row, tok, now_ms=NOW)  # a token works from any client
+    assert eng.due_ms(row) == NOW + 3600 * 1000
+    assert all(k.startswith(f"lanes:{{{eng.name}}}:") for k in eng.keys)  # one hash tag
+
+
+def test_a_missing_queue_is_refused_without_create(server):
+    with pytest.raises(SegmentMissing, match="create=True"):
+        Engine.connect(server.url, _qname())
+
+
+def test_attaching_with_another_policy_is_refused(server, make_queue):
+    eng = make_queue(LanePolicy(cold_after=5))
+    with pytest.raises(EngineValueError, match="set_policy"):
+        Engine.connect(server.url, eng.name, LanePolicy(cold_after=4))
+    with Engine.connect(server.url, eng.name, LanePolicy(cold_after=5)) as same:
+        assert same.policy == LanePolicy(cold_after=5)
+
+
+@pytest.mark.parametrize("name", ["", "a{b}", "x" * 201, 5])
+def test_bad_queue_names_are_refused(server, name):
+    with pytest.raises((EngineValueError, EngineTypeError)):
+        Engine.connect(server.url, name, create=True)
+
+
+def test_an_unreachable_server_is_named_without_its_password():
+    url = "redis://alice:s3cret-pw@127.0.0.1:1/0"
+    t0 = time.monotonic()
+    with pytest.raises(EngineError) as info:
+        Engine.connect(url, "q", timeout=0.3)
+    assert time.monotonic() - t0 < 5
+    assert "s3cret-pw" not in str(info.value)
+    assert "alice:***@127.0.0.1:1" in str(info.value)
+
+
+def test_a_server_without_functions_is_refused_naming_its_version(server, monkeypatch):
+    real = redis.Redis.info
+
+    def old_info(self, section=None, *args, **kw):
+        out = real(self, section, *args, **kw)
+        if section == "server":
+            out = {**out, "redis_version": "6.2.14"}
+        return out
+
+    monkeypatch.setattr(redis.Redis, "info", old_info)
+    with pytest.raises(EngineError, match=r"version 6\.2\.14.*Redis >= 7"):
+        Engine.connect(server.url, _qname(), create=True)
+
+
+def test_another_library_version_is_refused_unless_upgrading():
+    old = ("#!lua name=render_lanes\n"
+           "redis.register_function{function_name='lanes_version', "
+           "callback=function() return {'0', '1'} end, flags={'no-writes'}}\n")
+    with RedisServer() as srv:
+        r = redis.Redis(unix_socket_path=srv.socket)
+        eng = Engine.connect(srv.url, "q", create=True)
+        eng.add(NOW, 60)
+        r.function_load(old, replace=True)  # another deployment's library
+        with pytest.raises(LayoutMismatch, match="version 0.*upgrade=True"):
+            Engine.connect(srv.url, "q")
+        with pytest.raises(LayoutMismatch):  # the running client fails clearly too
+            eng.add(NOW, 60)
+        with Engine.connect(srv.url, "q", upgrade=True) as up:
+            assert up.add(NOW, 60) == 1
+        assert eng.add(NOW, 60) == 2  # the library is ours again
+        # A client of another version calling the current library is refused by it.
+        with pytest.raises(redis.ResponseError, match="VERSION"):
+            r.fcall("lanes_add", 5, *queue_keys("q"), "999", b"")
+        eng.close()
+        r.close()
+
+
+def test_a_lost_server_is_an_engine_error_naming_the_url():
+    srv = RedisServer().start()
+    eng = Engine.connect(srv.url, "q", create=True, timeout=0.5)
+    eng.add(NOW, 60)
+    srv.stop()
+    with pytest.raises(EngineError, match=f"lost Redis at unix://{srv.socket}"):
+        eng.add(NOW, 60)  # a write is not replayed
+    t0 = time.monotonic()
+    with pytest.raises(EngineError, match="lost Redis"):
+        eng.stats()  # a read is retried for `timeout` seconds
+    assert 0.2 < time.monotonic() - t0 < 5
+    eng.close()
+
+
+def test_the_helper_server_leaves_nothing_behind():
+    srv = RedisServer().start()
+    pid, where = srv.proc.pid, srv.dir
+    assert srv.ping()
+    srv.stop()
+    assert srv.proc.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert not os.path.exists(where)
+
+
+# -- writes and reads ---------------------------------------------------------------------------
+
+
+def test_describe_reports_the_documented_fields(q):
+    row = q.add(NOW - MINUTE, 7200, provenance="discovered", failures=1)
+    d = q.describe(row, now_ms=NOW)
+    assert set(d) >= DESCRIBE_KEYS
+    assert d == {**d, "row": row, "due_ms": NOW - MINUTE, "interval_s": 7200, "failures": 1,
+                 "provenance": "discovered", "queued": True, "leased": False,
+                 "lease_expiry_ms": None, "urgent": False,
+                 "lane": LanePolicy().lane_for("discovered", 7200, 1)}
+    _claim_one(q, lease_ms=45_000)
+    d = q.describe(row, now_ms=NOW)
+    assert d["leased"] and d["lease_expiry_ms"] == NOW + 45_000 and d["owner"] == q.owner
+    assert d["due_ms"] == NOW - MINUTE  # claiming does not move the due time
+    assert not q.describe(row, now_ms=NOW + 45_000)["leased"]  # lapsed
+
+
+def test_add_many_takes_arrays_and_codes_and_derives_lanes(q):
+    due = np.array([NOW - 3, NOW - 2, NOW - 1, NOW])
+    rows = q.add_many(due, np.array(BAND_INTERVALS), ["submitted", "discovered"] * 2,
+                      failures=[0, 0, 3, 0])
+    assert rows.dtype == np.int64 and rows.tolist() == [0, 1, 2, 3]
+    assert [q.lane(int(r)) for r in rows] == [1, 6, 9, 8]
+    assert q.add_many([NOW], 60, [1]).tolist() == [4]  # codes too
+    assert [q.due_ms(int(r)) for r in rows] == due.tolist()
+    assert q.add_many([], 60).tolist() == []
+    assert q.verify() == []
+
+
+def test_add_many_in_chunks_keeps_every_row(q):
+    n = 25_000  # three FCALLs
+    rows = q.add_many(np.arange(n) + NOW - DAY, 600)
+    assert rows.tolist() == list(range(n))
+    assert q.stats(NOW)["queued"] == n and q.verify() == []
+
+
+def test_a_queue_may_be_bounded(make_queue):
+    eng = make_queue(capacity=5)
+    eng.add_many([NOW] * 4, 60)
+    before = _dump(eng)
+    with pytest.raises(CapacityError):
+        eng.add_many([NOW] * 2, 60)
+    assert _dump(eng) == before
+    eng.add(NOW, 60)
+    assert eng.stats()["capacity"] == 5
+
+
+def test_complete_reschedules_at_now_plus_interval_and_releases(q):
+    row = q.add(NOW - HOUR, 7200)
+    lane = q.lane(row)
+    _, tok = _claim_one(q)
+    q.complete(row, tok, now_ms=NOW + 5)
+    d = q.describe(row, now_ms=NOW)
+    assert d["due_ms"] == NOW + 5 + 7200 * 1000 and d["lane"] == lane and not d["leased"]
+    assert len(q.claim(budget=5, now_ms=NOW + HOUR)) == 0
+    assert q.claim(budget=5, now_ms=NOW + 5 + 7200 * 1000).rows.tolist() == [row]
+    assert q.verify() == []
+
+
+def test_complete_with_explicit_next_due_and_failures_reset(q):
+    row = q.add(NOW - HOUR, 7200, failures=2)
+    _, tok = _claim_one(q)
+    q.complete(row, tok, next_due_ms=NOW + 123_456, now_ms=NOW)
+    assert q.describe(row)["due_ms"] == NOW + 123_456
+    assert q.describe(row)["failures"] == 0
+
+
+def test_complete_many_reports_which_tokens_were_live(q):
+    q.add_many(np.full(4, NOW - HOUR), 3600)
+    c = q.claim(budget=4, now_ms=NOW)
+    tokens = c.tokens.copy()
+    tokens[1] += 1000
+    ok = q.complete_many(c.rows, tokens, now_ms=NOW)
+    assert ok.tolist() == [True, False, True, True]
+    assert q.describe(int(c.rows[1]), now_ms=NOW)["leased"]
+    assert q.complete_many([], [], now_ms=NOW).tolist() == []
+
+
+def test_stale_token_raises_lease_lost_and_changes_nothing(q):
+    row = q.add(NOW - MINUTE, 3600)
+    _, old = _claim_one(q, lease_ms=1000)
+    r2, new = _claim_one(q, now=NOW + 1001, lease_ms=60_000)  # lapsed, claimed again
+    assert r2 == row and new != old
+    before = _dump(q)
+    for attempt in (
+        lambda: q.complete(row, old, now_ms=NOW + 2000),
+        lambda: q.complete(row, old, next_due_ms=NOW + DAY, now_ms=NOW + 2000),
+        lambda: q.fail(row, old, now_ms=NOW + 2000),
+        lambda: q.fail(row, old, retry_at_ms=NOW, now_ms=NOW + 2000),
+        lambda: q.release(row, old, now_ms=NOW + 2000),
+        lambda: q.renew(row, old, lease_ms=600_000, now_ms=NOW + 2000),
+        lambda: q.complete(row, 0, now_ms=NOW + 2000),
+        lambda: q.complete(row, -5, now_ms=NOW + 2000),
+        lambda: q.complete(row, 2**62, now_ms=NOW + 2000),
+    ):
+        with pytest.raises(LeaseLost):
+            attempt()
+        assert _dump(q) == before
+    q.complete(row, new, now_ms=NOW + 2000)  # the current holder is unaffected
+    assert q.due_ms(row) == NOW + 2000 + 3600 * 1000
+    assert q.verify() == []
+
+
+def test_a_lapsed_token_is_stale_even_before_anyone_claims_again(q):
+    row = q.add(NOW - MINUTE, 3600)
+    _, tok = _claim_one(q, lease_ms=1000)
+    before = _dump(q)
+    with pytest.raises(LeaseLost):
+        q.complete(row, tok, now_ms=NOW + 1000)  # expiry <= now: lapsed
+    assert _dump(q) == before
+    q.complete(row, tok, now_ms=NOW + 999)
+
+
+def test_a_token_is_spent_by_complete(q):
+    row = q.add(NOW - MINUTE, 3600)
+    _, tok = _claim_one(q)
+    q.complete(row, tok, now_ms=NOW)
+    after = _dump(q)
+    for attempt in (lambda: q.complete(row, tok, now_ms=NOW),
+                    lambda: q.release(row, tok, now_ms=NOW)):
+        with pytest.raises(LeaseLost):
+            attempt()
+    assert _dump(q) == after
+
+
+def test_fail_backs_off_doubling_capped_at_the_interval_then_goes_cold(q):
+    row = q.add(NOW - MINUTE, 600)
+    now = NOW
+    for backoff_ms in (30_000, 60_000, 120_000):
+        r, tok = _claim_one(q, now=now)
+        q.fail(r, tok, now_ms=now)
+        assert q.due_ms(row) == now + backoff_ms
+        now += backoff_ms
+    d = q.describe(row)
+    assert d["failures"] == 3 and d["lane"] == LanePolicy().cold_lane  # cold_after = 3
+    capped = q.add(NOW - MINUTE, 40)  # an interval of 40 s caps the back-off
+    now = NOW
+    for backoff_ms in (30_000, 40_000):
+        r, tok = _claim_one(q, now=now)
+        assert r == capped
+        q.fail(r, tok, now_ms=now)
+        assert q.due_ms(r) == now + backoff_ms
+        now += backoff_ms
+
+
+def test_fail_with_retry_at_and_permanent(q):
+    row = q.add(NOW - MINUTE, 3600)
+    _, tok = _claim_one(q)
+    q.fail(row, tok, retry_at_ms=NOW + 5, now_ms=NOW)
+    d = q.describe(row)
+    assert d["due_ms"] == NOW + 5 and d["failures"] == 1 and d["lane"] == 1
+    _, tok = _claim_one(q, now=NOW + 5)
+    q.fail(row, tok, now_ms=NOW + 5, permanent=True)
+    d = q.describe(row)
+    assert d["failures"] == 3 and d["lane"] == LanePolicy().cold_lane
+
+
+def test_release_gives_the_row_back_unchanged(q):
+    row = q.add(NOW - MINUTE, 3600)
+    _, tok = _claim_one(q)
+    q.release(row, tok, now_ms=NOW)
+    d = q.describe(row, now_ms=NOW)
+    assert d["due_ms"] == NOW - MINUTE and not d["leased"]
+    assert _claim_one(q)[0] == row
+    c = q.claim(budget=1, now_ms=NOW)
+    assert len(c) == 0
+    assert q.release_many([row], [0], now_ms=NOW).tolist() == [False]
+
+
+def test_renew_extends_and_replaces_the_token(q):
+    row = q.add(NOW - MINUTE, 3600)
+    _, tok = _claim_one(q, lease_ms=10_000)
+    new = q.renew(row, tok, lease_ms=80_000, now_ms=NOW + 5_000)
+    assert new != tok
+    assert q.describe(row, now_ms=NOW)["lease_expiry_ms"] == NOW + 85_000
+    assert len(q.claim(budget=1, now_ms=NOW + 20_000)) == 0  # past the first expiry
+    with pytest.raises(LeaseLost):
+        q.complete(row, tok, now_ms=NOW + 20_000)
+    q.complete(row, new, now_ms=NOW + 20_000)
+    assert q.verify() == []
+
+
+def test_prioritize_rush_and_wait(q):
+    a = q.add(NOW + DAY, 7200, provenance="discovered")
+    q.prioritize(a, "rush", now_ms=NOW)
+    d = q.describe(a)
+    assert d["lane"] == 0 and d["due_ms"] == NOW and d["urgent"]
+    q.prioritize(a, "wait", now_ms=NOW + 1)
+    d = q.describe(a)
+    assert d["lane"] == 6 and d["due_ms"] == NOW + 1 and not d["urgent"]
+    # a row in flight keeps its lease; its new key takes effect when the lease ends
+    r, tok = _claim_one(q, now=NOW + 1)
+    q.prioritize(a, "rush", now_ms=NOW + 2)
+    assert q.describe(a, now_ms=NOW)["leased"] and len(q.claim(1, now_ms=NOW + 3)) == 0
+    q.release(a, tok, now_ms=NOW + 3)
+    c = q.claim(5, now_ms=NOW + 3)  # 5 x 0.2: one urgent grant
+    assert c.lanes.tolist() == [0] and c.due_ms.tolist() == [NOW + 2]
+    assert q.verify() == []
+
+
+def test_remove_makes_a_lease_stale_and_a_second_remove_is_refused(q):
+    row = q.add(NOW - MINUTE, 3600)
+    _, tok = _claim_one(q)
+    q.remove(row)
+    d = q.describe(row)
+    assert not d["queued"] and d["due_ms"] is None and d["lane"] is None and not d["leased"]
+    with pytest.raises(LeaseLost):
+        q.complete(row, tok, now_ms=NOW)
+    for again in (lambda: q.remove(row), lambda: q.prioritize(row, "rush", now_ms=NOW)):
+        with pytest.raises(EngineValueError):
+            again()
+    assert len(q.claim(5, now_ms=NOW + DAY)) == 0
+    assert q.verify() == []
+
+
+def test_a_row_that_does_not_exist_is_refused_and_nothing_changes(q):
+    q.add(NOW, 60)
+    before = _dump(q)
+    for attempt in (lambda: q.describe(1), lambda: q.remove(7),
+                    lambda: q.complete_many([0, 9], [1, 1], now_ms=NOW),
+                    lambda: q.prioritize(3, "rush", now_ms=NOW)):
+        with pytest.raises(EngineValueError, match="does not exist"):
+            attempt()
+    assert _dump(q) == before
+
+
+def test_set_policy_is_live_and_rewrites_no_row(make_queue, server):
+    q = make_queue()
+    q.add_many(np.arange(50) + NOW - HOUR, 600, "discovered")
+    scores = _dump(q)[0]
+    new = LanePolicy(min_share={"discovered": 0.5}, urgent_max_share=0.1)
+    with Engine.connect(server.url, q.name) as other:
+        other.set_policy(new)
+    assert q.policy == new
+    assert _dump(q)[0] == scores
+    with pytest.raises(EngineTypeError):
+        q.set_policy({"cold_after": 3})
+
+
+def test_restamp_moves_lane_zero_rows_into_their_lanes_in_bounded_steps(make_queue):
+    q = make_queue(LanePolicy(lanes_enabled=False))
+    rows = q.add_many(np.arange(30) + NOW - HOUR, 7200, "discovered")
+    urgent = q.add(NOW, 600)
+    q.prioritize(urgent, "rush", now_ms=NOW)
+    r, tok = _claim_one(q)  # one in flight
+    assert {q.lane(int(x)) for x in rows} == {0}
+    assert q.restamp(limit=20) == {"restamped": 20, "done": False}
+    assert q.restamp(limit=20) == {"restamped": 10, "done": True}
+    assert q.restamp(limit=20) == {"restamped": 0, "done": True}
+    assert {q.lane(int(x)) for x in rows} == {6}
+    assert [q.due_ms(int(x)) for x in rows] == (np.arange(30) + NOW - HOUR).tolist()
+    assert q.lane(urgent) == 0
+    q.set_policy(LanePolicy())
+    with pytest.raises(NotAllowed):
+        q.restamp()
+    q.release(r, tok, now_ms=NOW)
+    assert q.verify() == []
+
+
+def test_stats_report_the_engines_keys_per_lane(q):
+    q.add_many(np.full(5, NOW - HOUR), 600)  # lane 1
+    q.add_many(np.full(3, NOW + HOUR), 600, "discovered")  # lane 5, not due
+    c = q.claim(budget=2, now_ms=NOW, lease_ms=10_000)
+    s = q.stats(NOW)
+    assert {"name", "layout_version", "capacity", "rows", "lanes"} <= set(s)
+    lanes = {ln["lane"]: ln for ln in s["lanes"]}
+    assert all(STATS_LANE_KEYS <= set(ln) for ln in s["lanes"])
+    assert len(s["lanes"]) == LanePolicy().lane_count
+    assert (lanes[1]["queued"], lanes[1]["due"], lanes[1]["leased"], lanes[1]["granted"]) == (
+        5, 5, 2, 2)
+    assert (lanes[5]["queued"], lanes[5]["due"]) == (3, 0)
+    assert lanes[5]["floor_minute"] == (NOW + HOUR) // MINUTE
+    assert lanes[1]["floor_minute"] == (NOW - HOUR) // MINUTE
+    assert lanes[0]["floor_minute"] == 0
+    assert q.floor_minute(5) == (NOW + HOUR) // MINUTE
+    assert s["rows"] == 8 and s["queued"] == 8 and s["in_flight"] == 2
+    assert s["owners"] == {q.owner: 2}
+    assert q.stats(NOW + 10_000)["lanes"][1]["leased"] == 0  # lapsed
+    q.complete_many(c.rows, c.tokens, now_ms=NOW)
+    assert q.stats(NOW)["owners"] == {}
+
+
+def test_verify_finds_a_broken_queue(q, server):
+    rows = q.add_many(np.full(3, NOW - HOUR), 600)
+    c = q.claim(1, now_ms=NOW)
+    assert q.verify() == []
+    r = redis.Redis(unix_socket_path=server.socket)
+    ready, lease, *_ = q.keys
+    r.zadd(ready, {str(int(rows[1])): 5})
+    r.zadd(ready, {str(int(c.rows[0])): 7})
+    r.zrem(ready, str(int(rows[2])))
+    problems = "\n".join(q.verify())
+    assert f"row {int(rows[1])}: ready score 5" in problems
+    assert f"live row {int(c.rows[0])} is in 1 ready and 1 lease" in problems
+    assert f"live row {int(rows[2])} is in 0 ready and 0 lease" in problems
+    r.close()
+
+
+# -- claims -------------------------------------------------------------------------------------
+
+
+def test_deep_backlog_in_slow_lane_does_not_hide_fast_lane(q):
+    q.add_many(np.full(60, NOW - 3 * DAY), 43200, "discovered")
+    home = q.add(NOW - 2 * HOUR, 600)
+    c = q.claim(budget=1, now_ms=NOW)
+    assert c.rows.tolist() == [home]
+
+
+def test_claims_are_int64_arrays_and_iterate_as_claims(q):
+    q.add_many(np.arange(3) + NOW - HOUR, 600)
+    c = q.claim(budget=5, now_ms=NOW)
+    for arr in (c.rows, c.lanes, c.due_ms, c.tokens):
+        assert arr.dtype == np.int64 and len(arr) == 3
+    assert len(c) == 3 and all(isinstance(x, Claim) for x in c)
+    assert [x.due_ms for x in c] == (np.arange(3) + NOW - HOUR).tolist()
+    assert len(set(c.tokens.tolist())) == 3
+
+
+def test_a_row_is_not_claimed_before_it_is_due_and_not_twice(q):
+    row = q.add(NOW + 1, 600)
+    assert len(q.claim(5, now_ms=NOW)) == 0
+    assert q.claim(5, now_ms=NOW + 1).rows.tolist() == [row]
+    assert len(q.claim(5, now_ms=NOW + 2)) == 0
+
+
+def test_claim_without_now_uses_the_servers_clock(q):
+    wall = time.time_ns() // 1_000_000
+    due_now = q.add(wall - MINUTE, 600)
+    q.add(wall + HOUR, 600)
+    c = q.claim(budget=5, lease_ms=30_000)
+    assert c.rows.tolist() == [due_now]
+    expiry = q.describe(due_now)["lease_expiry_ms"]
+    assert abs(expiry - (wall + 30_000)) < 5_000
+
+
+def test_window_bounds_what_one_lane_grants_in_one_pass(q):
+    q.add_many(np.full(10, NOW - HOUR), 600)
+    assert len(q.claim(budget=10, now_ms=NOW, window=4)) == 4
+
+
+def test_lapsed_leases_are_claimable_after_expiry(q):
+    row = q.add(NOW - MINUTE, 3600)
+    _, tok = _claim_one(q, lease_ms=10_000)
+    assert len(q.claim(budget=5, now_ms=NOW + 9_999)) == 0
+    r2, tok2 = _claim_one(q, now=NOW + 10_000, lease_ms=10_000)
+    assert r2 == row and tok2 != tok
+    assert q.describe(row, now_ms=NOW)["lease_expiry_ms"] == NOW + 20_000
+    assert q.verify() == []
+
+
+def test_a_dead_workers_many_leases_all_come_back(q):
+    n = 2500  # more than one pass puts back (EXPIRE_BATCH)
+    q.add_many(np.full(n, NOW - HOUR), 600)
+    assert len(q.claim(budget=n, now_ms=NOW, lease_ms=1000, window=n)) == n
+    got: set[int] = set()
+    for _ in range(20):
+        got |= set(q.claim(budget=500, now_ms=NOW + 1000, lease_ms=HOUR, window=500)
+                   .rows.tolist())
+        assert q.verify() == []
+    assert got == set(range(n))
+
+
+def test_rows_in_flight_are_never_read(make_queue, server):
+    """10k rows leased cost a claim nothing: they are not in the ready ZSET. The claim answers
+    in about the time it takes with none in flight, and grants the one due row at once."""
+    idle, busy = make_queue(), make_queue()
+    for eng in (idle, busy):
+        eng.add_many(np.full(200, NOW - HOUR), 600)
+    busy.add_many(np.full(10_000, NOW - DAY), 600)  # earlier: the first to be claimed
+    assert len(busy.claim(budget=10_000, now_ms=NOW, lease_ms=DAY, window=10_000)) == 10_000
+    assert busy.stats(NOW)["in_flight"] == 10_000
+
+    def timed(eng: RedisEngine) -> float:
+        times = []
+        for _ in range(60):
+            t0 = time.perf_counter()
+            c = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
+            times.append(time.perf_counter() - t0)
+            assert len(c) == 1
+            eng.release(int(c.rows[0]), int(c.tokens[0]), now_ms=NOW)
+        return statistics.median(times)
+
+    timed(idle), timed(busy)  # warm up
+    t_idle, t_busy = timed(idle), timed(busy)
+    assert t_busy < 2.5 * t_idle + 0.0005, (t_idle, t_busy)
+    assert busy.verify() == []
+
+
+def test_concurrent_clients_never_share_a_row(make_queue, server):
+    q = make_queue()
+    q.add_many(np.full(2000, NOW - HOUR), 600)
+    seen: list[list[int]] = []
+
+    def worker() -> None:
+        with Engine.connect(server.url, q.name) as eng:
+            mine: list[int] = []
+            while True:
+                c = eng.claim(budget=7, now_ms=NOW, lease_ms=DAY)
+                if not len(c):
+                    break
+                mine += c.rows.tolist()
+            seen.append(mine)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [r for mine in seen for r in mine]
+    assert sorted(every) == list(range(2000))
+    assert q.verify() == []
+
+
+def test_a_forked_child_keeps_using_the_parents_engine_as_a_new_owner(q):
+    q.add_many(np.full(4, NOW - HOUR), 600)
+    parent = q.owner
+    _claim_one(q)
+    pid = os.fork()
+    if pid == 0:  # the child: its own connection (redis-py reconnects), its own owner id
+        code = 1
+        try:
+            c = q.claim(budget=2, now_ms=NOW)
+            code = 0 if len(c) == 2 and q.owner != parent else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    owners = q.stats(NOW)["owners"]
+    assert owners[parent] == 1 and sum(owners.values()) == 3 and len(owners) == 2
+
+
+def test_complete_and_claim_is_complete_many_then_claim(make_queue):
+    policy = LanePolicy(min_share={"discovered": 0.25, "cold": 0.05})
+    a, b = make_queue(policy), make_queue(policy)
+    rng = np.random.default_rng(11)
+    due = NOW - rng.integers(MINUTE, 40 * HOUR, 300)
+    interval = rng.choice(np.array(BAND_INTERVALS), 300)
+    prov = rng.integers(0, 2, 300)
+    fails = np.where(rng.random(300) < 0.1, 5, 0)
+    for eng in (a, b):
+        eng.add_many(due, interval, prov, fails)
+    ca, cb = a.claim(budget=5, now_ms=NOW), b.claim(budget=5, now_ms=NOW)
+    for step in range(30):
+        now = NOW + step * 1000
+        ok_a = a.complete_many(ca.rows, ca.tokens, now_ms=now)
+        ca = a.claim(budget=5, now_ms=now)
+        ok_b, cb = b.complete_and_claim(cb.rows, cb.tokens, budget=5, now_ms=now)
+        assert ok_a.tolist() == ok_b.tolist() and ok_b.all()
+        assert ca.rows.tolist() == cb.rows.tolist() and ca.lanes.tolist() == cb.lanes.tolist()
+    sa, sb = a.stats(NOW), b.stats(NOW)
+    assert sa["credits"] == sb["credits"] and sa["lanes"] == sb["lanes"]
+    ok, c = b.complete_and_claim(cb.rows.tolist(), (cb.tokens + 1).tolist(), budget=2,
+                                 now_ms=NOW + 31_000)
+    assert not ok.any()
+
+
+def test_urgent_cap_holds_for_one_row_claims(q):
+    """§4.4: shares are of the capacity offered over time, so 100 claims of one row with only
+    urgent rows due grant about 20."""
+    for i in range(200):
+        r = q.add(NOW + DAY, 600)
+        q.prioritize(r, "rush", now_ms=NOW - i)
+    granted = sum(len(q.claim(budget=1, now_ms=NOW, lease_ms=DAY)) for _ in range(100))
+    assert 19 <= granted <= 21
+
+
+def test_lanes_disabled_is_one_edf_queue(make_queue):
+    q = make_queue(LanePolicy(lanes_enabled=False))
+    old = q.add(NOW - DAY, 172800, "discovered")
+    q.add(NOW - HOUR, 600)
+    assert q.lane(old) == 0
+    assert q.claim(budget=1, now_ms=NOW).rows.tolist() == [old]
+
+
+def _add_to_lane(eng: RedisEngine, lane: int, due: int) -> int:
+    if lane == 0:
+        row = eng.add(NOW + DAY, 600)
+        eng.prioritize(row, "rush", now_ms=due)
+        return row
+    if lane == 9:
+        return eng.add(due, 600, provenance="submitted", failures=3)
+    prov = "submitted" if lane <= 4 else "discovered"
+    return eng.add(due, BAND_INTERVALS[(lane - 1) % 4], provenance=prov)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    policy=share_policies(),
+    rows=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 5 * DAY)), max_size=100),
+    budgets=st.lists(st.integers(1, 40), min_size=1, max_size=10),
+    credits=st.lists(st.integers(-ONE, 3 * ONE), min_size=4, max_size=4),
+)
+def test_claim_grants_what_the_reference_pass_grants(server, policy, rows, budgets, credits):
+    """Per lane grants, EDF inside a lane and the share credits after every pass equal
+    ``reference_pass`` for the same state, from random starting credits."""
+    eng = Engine.connect(server.url, _qname(), policy, create=True)
+    try:
+        remaining: dict[int, dict[int, int]] = {lane: {} for lane in range(10)}
+        for target, age in rows:
+            row = _add_to_lane(eng, target, NOW - age)
+            remaining[target if policy.lanes_enabled else 0][row] = NOW - age
+        r = redis.Redis(unix_socket_path=server.socket)
+        r.hset(eng.keys[3], mapping={f"c{i}": v for i, v in enumerate(credits)})
+        r.close()
+        cred = dict(zip(CLASSES, credits, strict=True))
+        for budget in budgets:
+            due_lists = [sorted(remaining[lane].values()) for lane in range(10)]
+            expected, cred = reference_pass(policy, budget, due_lists, cred)
+            c = eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY)
+            assert lane_counts(c, 10) == expected, (budget, due_lists)
+            for lane in range(10):
+                got = sorted(d for d, ln in zip(c.due_ms.tolist(), c.lanes.tolist(),
+                                                strict=True) if ln == lane)
+                assert got == due_lists[lane][: expected[lane]]
+            for row, lane in zip(c.rows.tolist(), c.lanes.tolist(), strict=True):
+                del remaining[lane][row]
+            assert eng.stats(NOW)["credits"] == {k: v / ONE for k, v in cred.items()}
+        assert eng.verify() == []
+    finally:
+        eng.drop()
+        eng.close()
+
+
+# -- bad input ----------------------------------------------------------------------------------
+
+
+BAD_CALLS = [
+    ("add", lambda q: q.add(None, 60)),
+    ("add", lambda q: q.add(float("nan"), 60)),
+    ("add", lambda q: q.add(-1, 60)),
+    ("add", lambda q: q.add(2**42, 60)),
+    ("add", lambda q: q.add(NOW, 0)),
+    ("add", lambda q: q.add(NOW, 60, provenance="sitemap")),
+    ("add", lambda q: q.add(NOW, 60, failures=256)),
+    ("add", lambda q: q.add(NOW, True)),
+    ("add_many", lambda q: q.add_many([NOW, None], 60)),
+    ("add_many", lambda q: q.add_many([NOW, NOW], [60])),
+    ("add_many", lambda q: q.add_many([NOW, NOW + 0.5], 60)),
+    ("add_many", lambda q: q.add_many([NOW], 60, ["submitted", "x"])),
+    ("claim", lambda q: q.claim(budget=0)),
+    ("claim", lambda q: q.claim(budget=1.5)),
+    ("claim", lambda q: q.claim(budget=1, window=0)),
+    ("claim", lambda q: q.claim(budget=1, lease_ms=0)),
+    ("claim", lambda q: q.claim(budget=1, now_ms=float("inf"))),
+    ("claim", lambda q: q.claim(budget=10**6)),
+    ("complete", lambda q: q.complete(0, 1, next_due_ms=float("nan"))),
+    ("complete", lambda q: q.complete(0.0, 1)),
+    ("complete", lambda q: q.complete(-1, 1)),
+    ("complete", lambda q: q.complete(0, "1")),
+    ("complete_many", lambda q: q.complete_many([0, 1], [1])),
+    ("complete_many", lambda q: q.complete_many([[0]], [1])),
+    ("complete_many", lambda q: q.complete_many([0], [1], next_due_ms=[1, 2])),
+    ("complete_and_claim", lambda q: q.complete_and_claim([0], [1], budget=0)),
+    ("fail", lambda q: q.fail(0, 1, retry_at_ms=-5)),
+    ("fail", lambda q: q.fail(0, 1, permanent=1)),
+    ("release", lambda q: q.release(None, 1)),
+    ("release_many", lambda q: q.release_many([0], [1, 2])),
+    ("renew", lambda q: q.renew(0, 1, lease_ms=0)),
+    ("prioritize", lambda q: q.prioritize(0, "now")),
+    ("prioritize", lambda q: q.prioritize(0, "rush", now_ms=-1)),
+    ("remove", lambda q: q.remove(True)),
+    ("set_policy", lambda q: q.set_policy(None)),
+    ("restamp", lambda q: q.restamp(limit=0)),
+    ("describe", lambda q: q.describe("0")),
+    ("lane_name", lambda q: q.lane_name(64)),
+    ("stats", lambda q: q.stats(now_ms=-3)),
+]
+
+
+def _fcalls(server: RedisServer) -> int:
+    r = redis.Redis(unix_socket_path=server.socket)
+    try:
+        return int(r.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0))
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("what,call", BAD_CALLS, ids=[f"{w}-{i}" for i, (w, _) in
+                                                    enumerate(BAD_CALLS)])
+def test_bad_input_is_refused_before_anything_is_sent(q, server, what, call):
+    q.add(NOW - MINUTE, 60)
+    before, fcalls = _dump(q), _fcalls(server)
+    sent: list[tuple[Any, ...]] = []
+    real = q._r.execute_command
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        sent.append(args)
+        return real(*args, **kw)
+
+    q._r.execute_command = spy
+    with pytest.raises((EngineValueError, EngineTypeError)):
+        call(q)
+    q._r.execute_command = real
+    assert sent == []
+    assert _fcalls(server) == fcalls
+    assert _dump(q) == before
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+
+
+def test_save_and_load_round_trip_and_cross_into_shared_memory(q, server, tmp_path):
+    rows = q.add_many(np.arange(6) + NOW - HOUR, [600, 7200, 600, 43200, 600, 172800],
+                      ["submitted", "discovered"] * 3, failures=[0, 1, 0, 0, 4, 0])
+    q.remove(int(rows[2]))
+    q.prioritize(int(rows[3]), "rush", now_ms=NOW - 7)
+    _claim_one(q, now=NOW - 7)  # leases are not saved: the row comes back due
+    urls = [f"https://example.test/{i}" for i in range(6)]
+    path = tmp_path / "q.ckpt"
+    assert q.save(path, urls=urls) == 5
+    ck = checkpoint.read(path)
+    assert ck.urls == [urls[i] for i in (0, 1, 3, 4, 5)]
+    assert ck.urgent.tolist() == [0, 0, 1, 0, 0] and ck.failures.tolist() == [0, 1, 0, 4, 0]
+    assert ck.policy == q.policy
+
+    name = _qname()
+    back = RedisEngine.load(path, server.url, name)
+    try:
+        kept = [int(r) for r in rows if int(r) != 2]
+        for new, old in enumerate(kept):
+            a, b = back.describe(new, now_ms=NOW), q.describe(old, now_ms=NOW)
+            for k in ("due_ms", "lane", "interval_s", "failures", "provenance", "urgent"):
+                assert a[k] == b[k], (k, a, b)
+        assert back.verify() == []
+        with pytest.raises(EngineValueError, match="already exists"):
+            RedisEngine.load(path, server.url, name)
+    finally:
+        back.drop()
+        back.close()
+
+    shm = unique_name()
+    eng = Engine.load(path, shm)
+    try:
+        for new, old in enumerate(kept):
+            assert eng.describe(new)["due_ms"] == q.describe(old)["due_ms"]
+            assert eng.lane(new) == q.lane(old)
+    finally:
+        dispose(eng, shm)
+
+
+# -- memory -------------------------------------------------------------------------------------
+
+
+def test_memory_per_row_is_within_budget():
+    """docs/redis.md: about 120 bytes per row at 100k rows (goal <= 160), default settings."""
+    with RedisServer() as srv:
+        r = redis.Redis(unix_socket_path=srv.socket)
+        base = r.info("memory")["used_memory"]
+        with Engine.connect(srv.url, "mem", create=True) as eng:
+            rng = np.random.default_rng(3)
+            n = 100_000
+            eng.add_many(NOW + rng.integers(-DAY, DAY, n), rng.choice(BAND_INTERVALS, n),
+                         rng.integers(0, 2, n))
+            per_row = (r.info("memory")["used_memory"] - base) / n
+        r.close()
+    assert per_row <= 160, per_row
