@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py engine/_build.py $(wildcard csrc/*.c csrc/*.h)
 
-.PHONY: test demo bench bench-peers lint test-sanitize spin redis-server clean
+.PHONY: test demo bench bench-peers lint test-sanitize tools clean
 
 # A second venv whose C core is built with AddressSanitizer and UndefinedBehaviorSanitizer. The
 # interpreter is not instrumented, so the ASan runtime is preloaded and leak checking (which
@@ -27,22 +27,19 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check engine
 	$(VENV)/bin/mypy engine
 
-# spin (Debian's package) model-checks the floor protocol in tests/test_model.py.
-spin:
-	@command -v spin >/dev/null || apt-get install -y -q spin >/dev/null 2>&1 || \
-		(apt-get update -q >/dev/null 2>&1 && apt-get install -y -q spin >/dev/null 2>&1) || \
-		echo "warning: could not install spin; tests/test_model.py will fail"
-
-# redis-server (Debian's package, >= 7) runs the Redis backend's tests (tests/test_redis_engine.py
-# starts its own on a unix socket); without it those tests are skipped.
-redis-server:
-	@command -v redis-server >/dev/null || \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1 || \
+# Debian packages the tests run: spin model-checks the floor protocol (tests/test_model.py),
+# redis-server (>= 7) serves the Redis backend's tests (they start their own on a unix socket),
+# curl and wget are the renders of the pool's end-to-end tests. Whatever is missing is installed
+# (root, apt reachable); when that fails the tests that need it fail and say so.
+tools:
+	@pkgs=""; for t in spin redis-server curl wget; do command -v $$t >/dev/null || pkgs="$$pkgs $$t"; done; \
+	[ -z "$$pkgs" ] && exit 0; \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkgs >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null 2>&1 && \
-		 DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server >/dev/null 2>&1) || \
-		echo "warning: could not install redis-server; tests/test_redis_engine.py will be skipped"
+		 DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkgs >/dev/null 2>&1) || \
+		echo "warning: could not install$$pkgs; the tests that need them will fail"
 
-test: lint spin redis-server
+test: lint tools
 	$(VENV)/bin/pytest -q
 
 demo: $(STAMP)
@@ -73,13 +70,13 @@ $(SAN_STAMP): $(SOURCES) Makefile
 	rm -rf $(SAN_VENV)/src/engine/_core*.so $(SAN_VENV)/src/engine/_hot*.so $(SAN_VENV)/src/engine/_core.c
 	cd $(SAN_VENV)/src && RL_SANITIZE=address,undefined ../bin/python -m pip install -q \
 		--no-build-isolation --target ../core --no-deps .
-	$(SAN_PY) -m pip install -q numpy psutil pytest hypothesis defusedxml rich prometheus_client \
+	$(SAN_PY) -m pip install -q numpy psutil pytest hypothesis defusedxml rich prometheus_client redis \
 		matplotlib
 	touch $@
 
 # The unit, property, pool and simulator tests against the sanitized core (installed apart, put
 # first on the path). The benchmark smoke test builds its own module and is left out.
-test-sanitize: $(SAN_STAMP)
+test-sanitize: $(SAN_STAMP) tools
 	nm -D $(SAN_VENV)/core/engine/_core*.so | grep -q __ubsan_handle  # really instrumented
 	$(SAN_ENV) PYTHONPATH=$(SAN_VENV)/core $(SAN_VENV)/bin/pytest -q -p no:cacheprovider \
 		-m "not slow" --ignore=tests/test_model.py --ignore=tests/test_bench_smoke.py

@@ -45,7 +45,8 @@ class RedisServer:
             [self.binary, "--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700",
              "--save", "", "--appendonly", "no", "--dir", self.dir, "--daemonize", "no",
              "--logfile", os.path.join(self.dir, "redis.log"), *self.extra],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})  # not sanitized
         deadline = time.monotonic() + timeout
         while not self.ping():
             if self.proc.poll() is not None or time.monotonic() > deadline:

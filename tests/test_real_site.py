@@ -9,7 +9,6 @@ pages, a per-host cap, `lanes add` growing the corpus while it runs, `lanes fail
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import time
@@ -31,7 +30,6 @@ CORPUS = [SITE / "sitemap.xml", SITE / "sitemap_index.xml", SITE / "blog" / "sit
 BASE = "http://site.test/"
 GROWN = [f"http://other.test/new/{i}/" for i in range(4)]
 
-pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="needs curl")
 
 
 def _wait(what: str, done: object, timeout: float = 60.0) -> None:

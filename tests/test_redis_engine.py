@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lanes_testlib import (
@@ -28,9 +29,6 @@ from lanes_testlib import (
     share_policies,
     unique_name,
 )
-
-redis = pytest.importorskip("redis")
-
 from redis_server import RedisServer, find_server  # noqa: E402
 
 from engine import Claim, Engine, LanePolicy, LeaseLost, RedisEngine, checkpoint  # noqa: E402
@@ -46,7 +44,7 @@ from engine.errors import (  # noqa: E402
 from engine.policy import CLASSES, ONE, reference_pass  # noqa: E402
 from engine.redis import queue_keys  # noqa: E402
 
-pytestmark = pytest.mark.skipif(find_server() is None, reason="redis-server is not installed")
+assert find_server() is not None, "redis-server is not installed (make test installs it)"
 
 DESCRIBE_KEYS = {"row", "due_ms", "lane", "interval_s", "failures", "provenance", "queued",
                  "leased", "lease_expiry_ms", "urgent"}
