@@ -63,9 +63,13 @@ class Checkpoint:
 
 
 def snapshot(eng: Engine) -> tuple[IntArray, dict[str, IntArray]]:
-    """(row ids, columns) of every queued row of ``eng``, read from the row table in one pass:
-    the saved columns and each row's ``lane`` (which a checkpoint does not keep: a restore
-    derives it again)."""
+    """(row ids, columns) of every queued row of ``eng``, read in one pass: the saved columns
+    and each row's ``lane`` (which a checkpoint does not keep: a restore derives it again).
+    A Redis queue reads them in one transaction (``RedisEngine.export_rows``)."""
+    export = getattr(eng, "export_rows", None)
+    if export is not None:
+        rows_cols: tuple[IntArray, dict[str, IntArray]] = export()
+        return rows_cols
     n = int(eng._seg.info().rows_used)
     cols = {c: np.empty(n, np.int64) for c in (*_COLUMNS, "lane")}
     if n:
@@ -82,18 +86,26 @@ def save(eng: Engine, path: str | os.PathLike[str], urls: Sequence[str] | None =
     ``urls``, if given, maps row id to URL (``urls[row]``) and is saved beside the rows;
     ``extra`` (JSON-serialisable) is saved as is and read back as ``Checkpoint.extra``.
     """
-    path = os.fspath(path)
     rows, cols = snapshot(eng)
+    return write(path, eng.name, rows, cols, eng.stats()["capacity"], eng.policy, urls, extra)
+
+
+def write(path: str | os.PathLike[str], name: str, rows: IntArray, cols: dict[str, IntArray],
+          capacity: int, policy: LanePolicy, urls: Sequence[str] | None = None,
+          extra: dict[str, Any] | None = None) -> int:
+    """Write rows ``rows`` (their ``cols``, as ``snapshot`` gives them) of a queue named
+    ``name`` to ``path``: to a temporary file in the same directory, fsynced, renamed over the
+    old one, and the directory fsynced, so a crash leaves the old checkpoint or the new one."""
+    path = os.fspath(path)
     arrays: dict[str, Any] = {c: cols[c] for c in _COLUMNS}
     if urls is not None:
         if len(rows) and int(rows[-1]) >= len(urls):
             raise EngineValueError(f"urls holds {len(urls)} entries, row {int(rows[-1])} is queued")
         blob = "\n".join(urls[int(r)] for r in rows).encode()
         arrays["urls"] = np.frombuffer(blob, np.uint8)
-    meta = {"format": FORMAT, "version": VERSION, "name": eng.name,
+    meta = {"format": FORMAT, "version": VERSION, "name": name,
             "saved_at_ms": time.time_ns() // 1_000_000, "rows": len(rows),
-            "capacity": int(eng._seg.info().row_capacity), "policy": asdict(eng.policy),
-            "has_urls": urls is not None}
+            "capacity": int(capacity), "policy": asdict(policy), "has_urls": urls is not None}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     if extra:
         arrays["extra"] = np.frombuffer(json.dumps(extra).encode(), np.uint8)

@@ -768,36 +768,27 @@ class RedisEngine:
 
     # -- checkpoints (engine/checkpoint.py's format) ----------------------------------------------
 
-    def save(self, path: str | os.PathLike[str], urls: Any = None) -> int:
+    def export_rows(self) -> tuple[IntArray, dict[str, IntArray]]:
+        """(row ids, columns) of every queued row, read in one transaction: the columns of
+        ``checkpoint.snapshot`` (due_ms, interval_s, failures, provenance, urgent, lane)."""
+        meta_all, table = self._snapshot(("hgetall", (self._keys[3],)), ("get", (self._keys[2],)))
+        if not meta_all:
+            raise SegmentMissing(f"queue {self._name!r} is gone")
+        n = int(meta_all[b"next_row"])
+        f = _records((table or b"")[:n * RECORD])
+        rows = np.flatnonzero(f["flags"] & 4)
+        cols = {"due_ms": f["due"], "interval_s": f["interval"], "failures": f["failures"],
+                "provenance": f["flags"] & 1, "urgent": (f["flags"] >> 1) & 1, "lane": f["lane"]}
+        return rows, {c: np.ascontiguousarray(v[rows], np.int64) for c, v in cols.items()}
+
+    def save(self, path: str | os.PathLike[str], urls: Any = None,
+             extra: dict[str, Any] | None = None) -> int:
         """Write the queue's schedule to ``path`` in engine/checkpoint.py's format, atomically
         (read with ``checkpoint.read``, restored by ``load`` or ``Engine.load``); returns the
         rows saved. ``urls`` (row id -> URL), if given, is saved with it. Leases are not."""
         from .. import checkpoint
 
-        meta_all, table = self._snapshot(("hgetall", (self._keys[3],)), ("get", (self._keys[2],)))
-        if not meta_all:
-            raise SegmentMissing(f"queue {self._name!r} is gone")
-        meta = {k.decode(): v.decode() for k, v in meta_all.items()}
-        n = int(meta["next_row"])
-        f = _records((table or b"")[:n * RECORD])
-        rows = np.flatnonzero(f["flags"] & 4)
-        cols = {"due_ms": f["due"], "interval_s": f["interval"], "failures": f["failures"],
-                "provenance": f["flags"] & 1, "urgent": (f["flags"] >> 1) & 1}
-        arrays: dict[str, Any] = {c: np.ascontiguousarray(cols[c][rows], np.int64)
-                                  for c in checkpoint._COLUMNS}
-        if urls is not None:
-            if len(rows) and int(rows[-1]) >= len(urls):
-                raise EngineValueError(f"urls holds {len(urls)} entries, row {int(rows[-1])} "
-                                       "is queued")
-            arrays["urls"] = np.frombuffer("\n".join(urls[int(r)] for r in rows).encode(),
-                                           np.uint8)
-        header = {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "name": self._name,
-                  "saved_at_ms": wall_ms(), "rows": len(rows), "capacity": int(meta["capacity"]),
-                  "policy": _policy_dict(_policy_from(meta["policy"])),
-                  "has_urls": urls is not None}
-        arrays["meta"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
-        _write_atomically(os.fspath(path), arrays)
-        return len(rows)
+        return checkpoint.save(cast(Any, self), path, urls, extra)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], url: str, name: str,
@@ -824,28 +815,6 @@ class RedisEngine:
             eng.close()
             raise
         return eng
-
-
-def _write_atomically(path: str, arrays: dict[str, Any]) -> None:
-    """An .npz at ``path`` that is either the old file or the whole new one after a crash
-    (temporary file, fsync, rename, fsync of the directory), as engine/checkpoint.py writes."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 _RECORD_DTYPE = np.dtype([("due_lo", "<u4"), ("due_hi", "<u2"), ("lane", "u1"),
