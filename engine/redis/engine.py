@@ -145,6 +145,17 @@ def queue_keys(name: str) -> tuple[str, str, str, str, str]:
     return f"{tag}ready", f"{tag}lease", f"{tag}rows", f"{tag}meta", f"{tag}holder"
 
 
+def _back_off(deadline: float, delay: float) -> float:
+    """Sleep before the next attempt, never past ``deadline`` (so the last attempt is made at
+    the deadline); returns the next delay (doubling, at most 1 s), or -1 once the deadline
+    has passed: then the caller gives up."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return -1.0
+    time.sleep(min(delay, left))
+    return min(delay * 2, 1.0)
+
+
 def _check_name(name: object) -> str:
     if not isinstance(name, str):
         raise EngineTypeError("name must be a str")
@@ -326,15 +337,16 @@ class RedisEngine:
             try:
                 self._r.ping()
                 return
+            except redis_errors.AuthenticationError as e:  # a ConnectionError: caught first
+                raise self._refused(e) from None
             except _LOST as e:
-                if time.monotonic() + delay > deadline:
+                delay = _back_off(deadline, delay)
+                if delay < 0:
                     raise EngineError(f"cannot reach Redis at {redact(self._url)} "
                                       f"(tried for {timeout:g} s): {e}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            except redis_errors.AuthenticationError as e:
-                raise EngineError(f"Redis at {redact(self._url)} refused the credentials: "
-                                  f"{e}") from None
+
+    def _refused(self, e: Exception) -> EngineError:
+        return EngineError(f"Redis at {redact(self._url)} refused the credentials: {e}")
 
     def _check_server(self) -> None:
         version = str(self._call_plain(self._r.info, "server").get("redis_version", "0"))
@@ -477,11 +489,10 @@ class RedisEngine:
             try:
                 return fn(*args)
             except _LOST as e:
-                if time.monotonic() + delay > deadline:
+                delay = _back_off(deadline, delay)
+                if delay < 0:
                     raise EngineError(f"lost Redis at {redact(self._url)} (retried for "
                                       f"{self._timeout:g} s): {e}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
                 fn = self._after_lost(fn)
             except redis_errors.ResponseError as e:
                 if self._moved(e) and moved < MOVED_RETRIES:
@@ -491,7 +502,7 @@ class RedisEngine:
                 raise self._error(e, getattr(fn, "__name__", "call")) from None
 
     def _moved(self, e: redis_errors.ResponseError) -> bool:
-        if self._cluster is None or not str(e).startswith("MOVED"):
+        if self._cluster is None or not isinstance(e, redis_errors.MovedError):
             return False
         self._reroute()
         return True
@@ -523,12 +534,13 @@ class RedisEngine:
             pool = self._live().connection_pool
             try:
                 conn = pool.get_connection()
+            except redis_errors.AuthenticationError as e:
+                raise self._refused(e) from None
             except _LOST as e:
-                if time.monotonic() + delay > deadline:
+                delay = _back_off(deadline, delay)
+                if delay < 0:
                     raise EngineError(f"lost Redis at {redact(self._url)}: cannot reconnect "
                                       f"(tried for {self._timeout:g} s): {e}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
                 self._after_lost(None)
                 continue
             pool.release(conn)
