@@ -1,7 +1,7 @@
 """Throwaway redis-servers for the tests and benchmarks (a helper, not a test file).
 
-``RedisServer`` starts one on a unix socket (or a loopback TCP port) in a fresh temporary
-directory, with no snapshots and no AOF unless asked (``aof=True``: ``appendonly yes``,
+``RedisServer`` starts one on a unix socket (and a loopback TCP port if asked) in a fresh
+temporary directory, with no snapshots and no AOF unless asked (``aof=True``: ``appendonly yes``,
 ``appendfsync always``), so nothing it does reaches the network or outlives it. ``kill`` is
 the crash (SIGKILL, the directory kept), ``start`` again restarts it on the same directory and
 socket, so it reloads its AOF. ``stop`` ends the process (SIGTERM, then SIGKILL) and removes the
@@ -45,27 +45,33 @@ def free_port(also_free: int = 0) -> int:
 
 
 class RedisServer:
-    """One redis-server process; ``url`` is what ``Engine.connect`` takes."""
+    """One redis-server process on a unix socket, and on a loopback TCP port too when
+    ``port`` is given; ``url`` (TCP when there is a port) is what ``Engine.connect`` takes."""
 
     def __init__(self, binary: str | None = None, extra: tuple[str, ...] = (), *,
-                 aof: bool = False, port: int | None = None) -> None:
+                 aof: bool = False, port: int | None = None, prefix: str = "rl-redis-") -> None:
         self.binary = binary or find_server()
         if self.binary is None:
             raise FileNotFoundError("redis-server is not installed (make test installs it)")
         self.extra = extra
+        self.prefix = prefix  # of the temporary directory (the benchmarks' is rl-bench-)
         self.aof = aof
-        self.port = port  # None: unix socket only
+        self.port = port  # None: the unix socket only
         self.dir = ""
         self.socket = ""
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"unix://{self.socket}" if self.port is None else f"redis://127.0.0.1:{self.port}"
+        return self.unix_url if self.port is None else f"redis://127.0.0.1:{self.port}"
+
+    @property
+    def unix_url(self) -> str:
+        return f"unix://{self.socket}"
 
     def _args(self) -> list[str]:
-        where = (["--port", "0", "--unixsocket", self.socket, "--unixsocketperm", "700"]
-                 if self.port is None else ["--port", str(self.port), "--bind", "127.0.0.1"])
+        where = ["--port", str(self.port or 0), "--bind", "127.0.0.1", "--unixsocket",
+                 self.socket, "--unixsocketperm", "700"]
         persist = (["--appendonly", "yes", "--appendfsync", "always"] if self.aof
                    else ["--appendonly", "no"])
         assert self.binary is not None
@@ -76,7 +82,7 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start; a second start (after ``kill``) reuses the directory, so it reloads its AOF."""
         if not self.dir:
-            self.dir = tempfile.mkdtemp(prefix="rl-redis-")
+            self.dir = tempfile.mkdtemp(prefix=self.prefix)
             self.socket = os.path.join(self.dir, "redis.sock")
         self.proc = subprocess.Popen(
             self._args(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -91,10 +97,13 @@ class RedisServer:
             time.sleep(0.02)
         return self
 
-    def client(self, **kw: object) -> object:
+    def client(self, tcp: bool | None = None, **kw: object) -> object:
+        """A redis-py client: over TCP when ``tcp`` (default: when there is a port)."""
         import redis
 
-        if self.port is None:
+        if tcp is None:
+            tcp = self.port is not None
+        if not tcp:
             return redis.Redis(unix_socket_path=self.socket, **kw)  # type: ignore[arg-type]
         return redis.Redis(host="127.0.0.1", port=self.port, **kw)  # type: ignore[arg-type]
 

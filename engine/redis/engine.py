@@ -74,7 +74,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "1"
+LIBRARY_VERSION = "2"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
 LAYOUT_VERSION = 1
@@ -199,8 +199,10 @@ class RedisClaims:
         self.rows, self.lanes, self.due_ms, self.tokens = rows, lanes, due_ms, tokens
 
     @classmethod
-    def _from_reply(cls, reply: list[Any]) -> RedisClaims:
-        return cls(*(np.array(col, dtype=np.int64) for col in reply[:4]))
+    def _from_reply(cls, reply: bytes) -> RedisClaims:
+        """The batch as lanes.lua packs it: int64 row, lane, due_ms, token per row."""
+        table = np.frombuffer(reply, "<i8").reshape(-1, 4)
+        return cls(*(np.ascontiguousarray(table[:, k], np.int64) for k in range(4)))
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -718,7 +720,8 @@ class RedisEngine:
         now = self._now(now_ms)
         reply = self._fcall("lanes_complete_claim", now, b, lease, win, self.owner, len(r),
                             *r.tolist(), *t.tolist())
-        return np.array(reply[4], dtype=np.bool_), RedisClaims._from_reply(reply)
+        return np.frombuffer(reply[1], np.uint8).astype(np.bool_), RedisClaims._from_reply(
+            reply[0])
 
     # -- reading ---------------------------------------------------------------------------------
 
