@@ -25,7 +25,7 @@ from common import describe, fmt, machine
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = ["bench_engine", "bench_inflight", "bench_constraints", "bench_python_peers",
-           "bench_servers"]
+           "bench_servers", "bench_redis"]
 
 # figure id -> (comparison, value, how the README states the target)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -44,6 +44,13 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "engine.bytes_per_row.n1600000": ("<=", 48, "≤ 48 bytes"),
     "engine.bytes_per_row.n16000000": ("<=", 48, "≤ 48 bytes"),
     "engine.merge_ms.n1600000": ("<=", 20, "≤ 20 ms"),
+    # the Redis backend (issue "Past one machine"), on both transports
+    **{f"redis.{t}.{k}": v for t in ("unix", "tcp") for k, v in {
+        "ratio_zpopmin.p1": (">=", 1, "≥ 1× ZPOPMIN"),
+        "ratio_lua.p1": (">=", 2, "≥ 2× naive Lua"),
+        "claim_vs_ping": ("<=", 1.5, "≤ 1.5× PING"),
+    }.items()},
+    "redis.bytes_per_row.n1000000": ("<=", 160, "≤ 160 bytes"),
 }
 
 

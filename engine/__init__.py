@@ -19,6 +19,7 @@ from .errors import (
     LayoutMismatch,
     LeaseLost,
     NotAllowed,
+    OutcomeUnknown,
     SegmentExists,
     SegmentMissing,
 )
@@ -42,6 +43,6 @@ __all__ = [
     "STRIDE", "AttachTimeout", "CapacityError", "Claim", "Claims", "CorpusError", "Engine",
     "EngineClosed",
     "EngineError", "EngineTypeError", "EngineValueError", "LanePolicy", "LayoutMismatch",
-    "LeaseLost", "NotAllowed", "RedisEngine", "SegmentExists", "SegmentMissing", "due_ms_of",
-    "encode", "lane_of",
+    "LeaseLost", "NotAllowed", "OutcomeUnknown", "RedisEngine", "SegmentExists",
+    "SegmentMissing", "due_ms_of", "encode", "lane_of",
 ]

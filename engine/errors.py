@@ -42,6 +42,11 @@ class CapacityError(EngineError):
     """The segment has no room left (rows, or owner slots)."""
 
 
+class OutcomeUnknown(EngineError):
+    """A write reached a Redis connection that was lost before its reply: it may or may not
+    have been applied (docs/redis.md, "Lost connections"). Never replayed by the engine."""
+
+
 class EngineClosed(EngineError):
     """The engine was closed in this process."""
 

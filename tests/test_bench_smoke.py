@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["bench_engine", "bench_inflight", "bench_constraints", "bench_python_peers",
-           "bench_servers"]
+           "bench_servers", "bench_redis"]
 
 # Figure ids each script must report, measured (or, for server peers, skipped with a reason).
 EXPECTED = {
@@ -55,6 +55,13 @@ EXPECTED = {
                            for p in (1, 2)]
     + [f"pypeers.ratio_{s}.p{p}" for s in ("numpy", "heapq") for p in (1, 2)],
     "bench_servers": [f"servers.engine.p{p}" for p in (1, 2)],
+    # the Redis backend starts its own redis-server (make test installs it): never skipped
+    "bench_redis": [f"redis.shm.engine.p{p}" for p in (1, 2)]
+    + [f"redis.{t}.{s}.p{p}" for t in ("unix", "tcp")
+       for s in ("engine", "lua", "zpopmin", "ratio_zpopmin", "ratio_lua") for p in (1, 2)]
+    + [f"redis.{t}.{k}" for t in ("unix", "tcp")
+       for k in ("ping_p50_us", "claim_p50_us", "claim_server_us", "claim_vs_ping")]
+    + ["redis.bytes_per_row.n20000"],
 }
 SERVER_PEERS = [f"servers.{s}.p{p}" for s in ("redis_lua", "redis_zpopmin", "postgres")
                 for p in (1, 2)] + [f"servers.ratio_{s}.p{p}" for s in

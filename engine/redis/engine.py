@@ -12,6 +12,14 @@ logic (``describe``, ``verify``, ``save``) are plain commands in one MULTI/EXEC,
 one consistent state.
 
 Time is the server's (``TIME`` inside the function) unless ``now_ms`` is given.
+
+Connections: ``self._r`` is a plain client of the one server that holds the queue. On a
+Redis Cluster that is the primary serving the queue's slot (every key carries the hash tag
+``{name}``), found through a ``RedisCluster`` kept for the topology only; FCALLs go straight
+to that node, so one code path serves both and redis-py never asks the server for an FCALL's
+keys. A call first gets a connected connection (retried with back-off: nothing was sent
+yet), then sends; a connection lost after sending makes the outcome unknown, and a write is
+then never replayed (``OutcomeUnknown``, docs/redis.md "Lost connections").
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import numpy.typing as npt
 import redis as redis_py
 import redis.exceptions as redis_errors
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from .. import _hot
@@ -55,6 +64,7 @@ from ..errors import (
     LayoutMismatch,
     LeaseLost,
     NotAllowed,
+    OutcomeUnknown,
     SegmentMissing,
 )
 from ..keys import STRIDE, check_due_array, check_due_ms, is_number
@@ -64,7 +74,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "1"
+LIBRARY_VERSION = "2"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
 LAYOUT_VERSION = 1
@@ -81,6 +91,12 @@ TOKEN_LIMIT = 1 << 53
 ADD_CHUNK = 10_000
 """Rows per FCALL of add_many: a big batch never blocks the server for long."""
 _ADD_ROW = np.dtype([("due", "<u8"), ("interval", "<u4"), ("prov", "u1"), ("failures", "u1")])
+
+_LOST = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+"""What a lost or refused connection raises (redis-py wraps most socket errors, not all)."""
+MOVED_RETRIES = 3
+"""A Cluster slot that moved: re-read the topology and send again this many times (a MOVED
+reply means the node did not run the call, so sending again is safe)."""
 
 _ERRORS: dict[str, type[EngineError]] = {
     "LEASE": LeaseLost,
@@ -99,18 +115,27 @@ def library_source() -> str:
 
 
 def redact(url: str) -> str:
-    """The URL without its password (safe to put in an error message or a log)."""
+    """The URL without its password, in the authority or in the query as redis-py also
+    takes it (``unix:///path?password=...``): safe to put in an error message or a log."""
     try:
         parts = urllib.parse.urlsplit(url)
+        query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     except ValueError:
         return "<unparsable URL>"
-    if parts.password is None:
+    in_query = any(k.lower() == "password" for k, _ in query)
+    if parts.password is None and not in_query:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    netloc = parts.netloc
+    if parts.password is not None:
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+        netloc = f"{parts.username or ''}:***@{host}"
+    text = f"{parts.scheme}://{netloc}{parts.path}"  # urlunsplit would drop unix:// 's "//"
+    if query:
+        text += "?" + "&".join(f"{k}=***" if k.lower() == "password"
+                               else urllib.parse.urlencode({k: v}) for k, v in query)
+    return text
 
 
 def queue_keys(name: str) -> tuple[str, str, str, str, str]:
@@ -118,6 +143,17 @@ def queue_keys(name: str) -> tuple[str, str, str, str, str]:
     so a queue is one Cluster slot."""
     tag = f"lanes:{{{name}}}:"
     return f"{tag}ready", f"{tag}lease", f"{tag}rows", f"{tag}meta", f"{tag}holder"
+
+
+def _back_off(deadline: float, delay: float) -> float:
+    """Sleep before the next attempt, never past ``deadline`` (so the last attempt is made at
+    the deadline); returns the next delay (doubling, at most 1 s), or -1 once the deadline
+    has passed: then the caller gives up."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return -1.0
+    time.sleep(min(delay, left))
+    return min(delay * 2, 1.0)
 
 
 def _check_name(name: object) -> str:
@@ -163,8 +199,10 @@ class RedisClaims:
         self.rows, self.lanes, self.due_ms, self.tokens = rows, lanes, due_ms, tokens
 
     @classmethod
-    def _from_reply(cls, reply: list[Any]) -> RedisClaims:
-        return cls(*(np.array(col, dtype=np.int64) for col in reply[:4]))
+    def _from_reply(cls, reply: bytes) -> RedisClaims:
+        """The batch as lanes.lua packs it: int64 row, lane, due_ms, token per row."""
+        table = np.frombuffer(reply, "<i8").reshape(-1, 4)
+        return cls(*(np.ascontiguousarray(table[:, k], np.int64) for k in range(4)))
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -187,7 +225,8 @@ class RedisEngine:
     """
 
     def __init__(self, client: Any, url: str, name: str) -> None:
-        self._r: Any = client
+        self._r: Any = client  # a plain client of the server (or Cluster node) holding the queue
+        self._cluster: Any = None  # the RedisCluster the node was found through, or None
         self._url = url
         self._name = name
         self._keys = queue_keys(name)
@@ -201,7 +240,7 @@ class RedisEngine:
     @classmethod
     def connect(cls, url: str, name: str, policy: LanePolicy | None = None,
                 create: bool = False, *, capacity: int | None = None, upgrade: bool = False,
-                timeout: float = 10.0) -> RedisEngine:
+                timeout: float = 10.0, cluster: bool | None = None) -> RedisEngine:
         """Connect to queue ``name`` on the Redis server at ``url`` (any URL redis-py takes:
         ``redis://``, ``rediss://``, ``unix://``, with credentials).
 
@@ -213,6 +252,12 @@ class RedisEngine:
         ``upgrade`` is true, else ``LayoutMismatch``. Connection errors are retried with
         back-off for ``timeout`` seconds, then raise ``EngineError`` naming the URL (never its
         password).
+
+        ``cluster``: ``None`` (default) asks the server (``INFO cluster``) and goes through
+        Redis Cluster when it is a cluster node; ``True`` requires one, ``False`` treats the
+        server as standalone. On a cluster the URL names any node (``redis://`` or
+        ``rediss://``); the function library is loaded on every primary and each call goes
+        to the primary serving the queue's slot.
         """
         if not isinstance(url, str):
             raise EngineTypeError("url must be a str")
@@ -225,6 +270,8 @@ class RedisEngine:
         cap = MAX_ROWS if capacity is None else _int(capacity, "capacity", 1, MAX_ROWS)
         if not is_number(timeout) or not 0 <= timeout < 86_400:
             raise EngineValueError("timeout must be a number of seconds in [0, 86400)")
+        if cluster is not None and not isinstance(cluster, bool):
+            raise EngineTypeError(f"cluster must be a bool or None, got {cluster!r}")
         try:
             # redis-py never replays a command by itself: a write whose reply was lost may have
             # been applied (see _fcall). Reads are retried here, writes are not.
@@ -236,12 +283,53 @@ class RedisEngine:
         try:
             eng._reach(float(timeout))
             eng._check_server()
+            if cluster is None:
+                cluster = eng._is_cluster_node()
+            if cluster:
+                eng._join_cluster()
             eng._ensure_library(replace=create or upgrade)
             eng._ensure_queue(policy, create, cap)
         except BaseException:
-            client.close()
+            eng.close()
             raise
         return eng
+
+    # -- Redis Cluster ---------------------------------------------------------------------------
+
+    def _is_cluster_node(self) -> bool:
+        info = self._call_plain(self._r.info, "cluster")
+        return bool(int(info.get("cluster_enabled", 0)))
+
+    def _join_cluster(self) -> None:
+        """Read the cluster's topology through the node at the URL and bind ``self._r`` to the
+        primary serving the queue's slot."""
+        if not self._is_cluster_node():
+            raise EngineError(f"Redis at {redact(self._url)} is not a cluster node "
+                              "(connect with cluster=False or None)")
+        try:
+            self._cluster = RedisCluster.from_url(self._url, retry=Retry(NoBackoff(), 0))
+        except (redis_errors.RedisError, ValueError, OSError) as e:
+            raise EngineError(f"cannot read the cluster at {redact(self._url)}: {e}") from None
+        self._route()
+
+    def _route(self) -> None:
+        """(Re)bind ``self._r`` to the primary that serves the queue's slot now."""
+        node = self._cluster.get_node_from_key(self._keys[0])
+        client = node.redis_connection
+        # redis-py's node clients may retry by themselves; ours never replay a write.
+        client.connection_pool.set_retry(Retry(NoBackoff(), 0))
+        self._r = client
+
+    def _reroute(self) -> None:
+        """The slot moved or its node is gone: read the topology again (from any node)."""
+        self._cluster.nodes_manager.initialize()
+        self._route()
+
+    def _primaries(self) -> list[Any]:
+        """A client per primary: every node the function library must be on."""
+        if self._cluster is None:
+            return [self._r]
+        return [n.redis_connection for n in self._cluster.get_primaries()]
 
     def _reach(self, timeout: float) -> None:
         """PING until it answers, backing off, for at most ``timeout`` seconds."""
@@ -251,15 +339,16 @@ class RedisEngine:
             try:
                 self._r.ping()
                 return
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as e:
-                if time.monotonic() + delay > deadline:
+            except redis_errors.AuthenticationError as e:  # a ConnectionError: caught first
+                raise self._refused(e) from None
+            except _LOST as e:
+                delay = _back_off(deadline, delay)
+                if delay < 0:
                     raise EngineError(f"cannot reach Redis at {redact(self._url)} "
                                       f"(tried for {timeout:g} s): {e}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
-            except redis_errors.AuthenticationError as e:
-                raise EngineError(f"Redis at {redact(self._url)} refused the credentials: "
-                                  f"{e}") from None
+
+    def _refused(self, e: Exception) -> EngineError:
+        return EngineError(f"Redis at {redact(self._url)} refused the credentials: {e}")
 
     def _check_server(self) -> None:
         version = str(self._call_plain(self._r.info, "server").get("redis_version", "0"))
@@ -272,9 +361,9 @@ class RedisEngine:
                 f"Redis at {redact(self._url)} is version {version}: render-lanes needs Redis "
                 f">= {MIN_REDIS[0]}.{MIN_REDIS[1]} (Functions: FUNCTION LOAD / FCALL)")
 
-    def _server_library_version(self) -> str | None:
+    def _server_library_version(self, client: Any = None) -> str | None:
         try:
-            reply = self._r.fcall_ro("lanes_version", 0)
+            reply = (client or self._r).fcall_ro("lanes_version", 0)
         except redis_errors.ResponseError as e:
             if "function not found" in str(e).lower():
                 return None
@@ -282,7 +371,13 @@ class RedisEngine:
         return str(reply[0].decode() if isinstance(reply[0], bytes) else reply[0])
 
     def _ensure_library(self, replace: bool) -> None:
-        have = self._call_plain(self._server_library_version)
+        """The library of this version on every primary (one server, or each Cluster primary:
+        a function runs on the node that holds its keys, and FUNCTION LOAD is per node)."""
+        for client in self._primaries():
+            self._load_library(client, replace)
+
+    def _load_library(self, client: Any, replace: bool) -> None:
+        have = self._call_plain(self._server_library_version, client)
         if have == LIBRARY_VERSION:
             return
         if have is not None and not replace:
@@ -291,11 +386,11 @@ class RedisEngine:
                 f"this client needs version {LIBRARY_VERSION}. Connect with upgrade=True (or "
                 "create=True) to replace it: clients of the other version then get errors.")
         try:
-            self._r.function_load(library_source(), replace=have is not None)
+            client.function_load(library_source(), replace=have is not None)
         except redis_errors.ResponseError as e:
             if "already exists" not in str(e):  # another client loaded it meanwhile
                 raise EngineError(f"FUNCTION LOAD failed at {redact(self._url)}: {e}") from None
-            if self._server_library_version() != LIBRARY_VERSION:
+            if self._server_library_version(client) != LIBRARY_VERSION:
                 raise LayoutMismatch(f"{LIBRARY} changed under us at {redact(self._url)}") \
                     from None
 
@@ -343,9 +438,12 @@ class RedisEngine:
 
     def close(self) -> None:
         """Drop the connection. The queue stays on the server (see ``drop``)."""
-        if self._r is not None:
+        if self._cluster is not None:
+            self._cluster.close()  # and with it the node clients
+            self._cluster = None
+        elif self._r is not None:
             self._r.close()
-            self._r = None
+        self._r = None
 
     def drop(self) -> None:
         """Delete the queue's keys from the server: every row, lease and counter."""
@@ -384,31 +482,92 @@ class RedisEngine:
 
     def _call_plain(self, fn: Any, *args: Any) -> Any:
         """A read (or an idempotent command): retried on a lost connection, backing off, for
-        ``timeout`` seconds, then ``EngineError`` naming the URL."""
+        ``timeout`` seconds, then ``EngineError`` naming the URL. ``fn`` is looked up again
+        after a Cluster slot moved when it is a method of ``self._r``."""
         deadline = time.monotonic() + self._timeout
         delay = 0.05
+        moved = 0
         while True:
             try:
                 return fn(*args)
-            except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
-                if time.monotonic() + delay > deadline:
-                    raise EngineError(f"lost Redis at {redact(self._url)}: {e}") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 1.0)
+            except _LOST as e:
+                delay = _back_off(deadline, delay)
+                if delay < 0:
+                    raise EngineError(f"lost Redis at {redact(self._url)} (retried for "
+                                      f"{self._timeout:g} s): {e}") from None
+                fn = self._after_lost(fn)
             except redis_errors.ResponseError as e:
+                if self._moved(e) and moved < MOVED_RETRIES:
+                    moved += 1
+                    fn = self._rebind(fn)
+                    continue
                 raise self._error(e, getattr(fn, "__name__", "call")) from None
 
+    def _moved(self, e: redis_errors.ResponseError) -> bool:
+        if self._cluster is None or not isinstance(e, redis_errors.MovedError):
+            return False
+        self._reroute()
+        return True
+
+    def _rebind(self, fn: Any) -> Any:
+        """``fn`` on the current node client if it was a method of the previous one."""
+        owner = getattr(fn, "__self__", None)
+        if owner is not None and owner is not self._r and hasattr(owner, "connection_pool"):
+            return getattr(self._r, fn.__name__)
+        return fn
+
+    def _after_lost(self, fn: Any) -> Any:
+        """After a lost connection on a Cluster, the slot may have a new primary."""
+        if self._cluster is not None:
+            try:
+                self._reroute()
+            except _LOST + (redis_errors.RedisError,):
+                return fn  # the topology is unreadable too: try again after the back-off
+            return self._rebind(fn)
+        return fn
+
+    def _connection(self) -> None:
+        """Make sure the next command goes out on a connected connection: connect (nothing is
+        sent, so this is retried with back-off for ``timeout`` seconds) and give it back to
+        the pool, whose next ``get_connection`` hands the same one out again."""
+        deadline = time.monotonic() + self._timeout
+        delay = 0.05
+        while True:
+            pool = self._live().connection_pool
+            try:
+                conn = pool.get_connection()
+            except redis_errors.AuthenticationError as e:
+                raise self._refused(e) from None
+            except _LOST as e:
+                delay = _back_off(deadline, delay)
+                if delay < 0:
+                    raise EngineError(f"lost Redis at {redact(self._url)}: cannot reconnect "
+                                      f"(tried for {self._timeout:g} s): {e}") from None
+                self._after_lost(None)
+                continue
+            pool.release(conn)
+            return
+
     def _fcall(self, fn: str, *args: Any) -> Any:
-        """One FCALL of lanes.lua with the queue's keys; errors mapped to ours. Not retried:
-        a write whose reply was lost may have been applied (a retried complete would then
-        report LeaseLost, a retried add would add twice)."""
-        r = self._live()
-        try:
-            return r.fcall(fn, 5, *self._keys, LIBRARY_VERSION, *args)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
-            raise EngineError(f"lost Redis at {redact(self._url)} during {fn}: {e}") from None
-        except redis_errors.ResponseError as e:
-            raise self._error(e, fn) from None
+        """One FCALL of lanes.lua with the queue's keys; errors mapped to ours.
+
+        Never replayed once sent: a write whose reply was lost may have been applied (a
+        replayed add would add twice, a replayed claim would lease rows nobody holds). A
+        connection lost after sending raises ``OutcomeUnknown``; what a worker does then is
+        in docs/redis.md. Connecting (before anything is sent) is retried, see
+        ``_connection``; a MOVED reply (the node did not run it) is sent again to the new
+        primary of the slot."""
+        for _ in range(MOVED_RETRIES + 1):
+            self._connection()
+            try:
+                return self._r.fcall(fn, 5, *self._keys, LIBRARY_VERSION, *args)
+            except _LOST as e:
+                raise OutcomeUnknown(f"lost Redis at {redact(self._url)} during {fn}: {e}; "
+                                     "it may or may not have been applied") from None
+            except redis_errors.ResponseError as e:
+                if not self._moved(e):
+                    raise self._error(e, fn) from None
+        raise EngineError(f"{fn}: the queue's slot kept moving at {redact(self._url)}")
 
     @staticmethod
     def _now(now_ms: object) -> int | str:
@@ -561,7 +720,8 @@ class RedisEngine:
         now = self._now(now_ms)
         reply = self._fcall("lanes_complete_claim", now, b, lease, win, self.owner, len(r),
                             *r.tolist(), *t.tolist())
-        return np.array(reply[4], dtype=np.bool_), RedisClaims._from_reply(reply)
+        return np.frombuffer(reply[1], np.uint8).astype(np.bool_), RedisClaims._from_reply(
+            reply[0])
 
     # -- reading ---------------------------------------------------------------------------------
 
