@@ -20,7 +20,7 @@ import json
 import os
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -79,14 +79,20 @@ def snapshot(eng: Engine) -> tuple[IntArray, dict[str, IntArray]]:
     return rows, {c: v[rows] for c, v in cols.items()}
 
 
-def save(eng: Engine, path: str | os.PathLike[str], urls: Sequence[str] | None = None,
+def save(eng: Engine, path: str | os.PathLike[str],
+         urls: Sequence[str] | Callable[[], Sequence[str]] | None = None,
          extra: dict[str, Any] | None = None) -> int:
     """Write ``eng``'s schedule to ``path`` atomically; returns the number of rows saved.
 
-    ``urls``, if given, maps row id to URL (``urls[row]``) and is saved beside the rows;
-    ``extra`` (JSON-serialisable) is saved as is and read back as ``Checkpoint.extra``.
+    ``urls``, if given, maps row id to URL (``urls[row]``) and is saved beside the rows; a
+    callable is called after the rows are read, so that rows added meanwhile (by ``lanes add``,
+    or a pool on another host) are never saved without their URL: URLs are published before,
+    or with, their rows. ``extra`` (JSON-serialisable) is saved as is and read back as
+    ``Checkpoint.extra``.
     """
     rows, cols = snapshot(eng)
+    if callable(urls):
+        urls = urls()
     return write(path, eng.name, rows, cols, eng.stats()["capacity"], eng.policy, urls, extra)
 
 
