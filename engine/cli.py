@@ -37,7 +37,8 @@ def _url_source(args: argparse.Namespace, eng: Any) -> Any:
 
 def _local(args: argparse.Namespace) -> str:
     """The name of this host's pool files in /dev/shm (``--local-name``, else NAME)."""
-    return getattr(args, "local_name", None) or args.name
+    local: str = getattr(args, "local_name", None) or args.name
+    return local
 
 
 def _routes(args: argparse.Namespace, eng: Any) -> Any:

@@ -66,7 +66,7 @@ from .routes import Routes
 from .urls import UrlTable
 
 if TYPE_CHECKING:
-    from ..redis import RedisEngine
+    from ..redis import RedisClaims, RedisEngine
     from ..redis.urls import RedisUrls
 
     AnyEngine = Engine | RedisEngine
@@ -172,7 +172,7 @@ class _Held:
         if self._thread.is_alive():
             self._thread.join()
 
-    def hold(self, batch: Claims) -> None:
+    def hold(self, batch: Claims | RedisClaims) -> None:
         with self._lock:
             self._tokens.update(zip(batch.rows.tolist(), batch.tokens.tolist(), strict=True))
 
@@ -303,7 +303,8 @@ def _server_time() -> None:
     return None
 
 
-def _give_back(eng: AnyEngine, slot: Any, rows: list[int], tokens: list[int], at_stop: bool) -> None:
+def _give_back(eng: AnyEngine, slot: Any, rows: list[int], tokens: list[int],
+               at_stop: bool) -> None:
     """Release rows unrendered (due as they were); those given back at a stop are counted."""
     if rows:
         ok = eng.release_many(rows, tokens)
@@ -707,7 +708,7 @@ class Pool:
         self.urls.close()
         self.board.close()
         self.failures.close()
-        if self.redis is None:
+        if isinstance(self.engine, Engine):
             _remove(self.engine.name, self.engine)
         else:
             self.engine.close()
