@@ -28,6 +28,7 @@ from engine.errors import CapacityError, EngineValueError, SegmentExists, Segmen
 from engine.pool import Pool, PoolOptions
 from engine.pool.failures import PARKED_MS
 from engine.pool.render import RenderSpec
+from engine.pool.routes import Route, Routes
 from engine.redis import queue_keys
 from engine.redis.urls import RedisUrls, pool_keys
 
@@ -275,7 +276,7 @@ def test_two_hosts_share_one_queue_and_survive_one_killed_whole(
         b.send_signal(signal.SIGTERM)
         out, err = b.communicate(timeout=60)
         assert b.returncode == 0, err
-        assert "invariants: hold" in out
+        assert "invariants: hold" in out and "0 new URL(s) added, 240 known" in out
     finally:
         for p in pools:
             if p.poll() is None:
@@ -325,11 +326,11 @@ def test_two_hosts_share_one_queue_and_survive_one_killed_whole(
         assert stats_after["rows"] == 300 and stats_after["queued"] == 300  # queued or leased
     finally:
         eng.close()
-    # The dead host's files stay until it is cleaned up (or started again); nothing else.
+    # The dead host's files stay until it starts again (or `lanes cleanup`); nothing else.
     assert files_of(locals_[0]) != [] and files_of(locals_[1]) == []
-    cleanup = cli("cleanup", locals_[0])
-    _, err = cleanup.communicate(timeout=60)
-    assert cleanup.returncode == 0, err
+    again = Pool.join(server.url, queue, RenderSpec(callable="pool_renders:record"),
+                      local=locals_[0])
+    again.close()
     assert files_of(locals_[0]) == [] and files_of(queue) == []
     assert running({pid for pid, _ in renders} | a_pids) == set()
 
@@ -339,10 +340,12 @@ def test_cli_commands_work_against_the_redis_queue(server: RedisServer, queue: s
     local = unique_name()
     urls = _urls(6) + ["https://shop.example/gone/1"]
     c = corpus(len(urls))
+    routes = Routes((Route("fast", "https://shop.example/fast/*", False, 120),))
     pool = Pool.create(queue, urls, c["due_ms"], c["interval_s"], c["provenance"],
                        RenderSpec(callable="pool_renders:gone_or_flaky",
                                   permanent_errors=("Gone",)),
-                       PoolOptions(env=_env(), workers=1), redis=server.url, local=local)
+                       PoolOptions(env=_env(), workers=1), redis=server.url, local=local,
+                       routes=routes)
     try:
         pool.start()
         wait_for(lambda: len(rendered(log)) >= 6 and pool.board.totals()["failures"] >= 1)
@@ -355,11 +358,16 @@ def test_cli_commands_work_against_the_redis_queue(server: RedisServer, queue: s
                 (("failures", queue, *redis, "--local-name", local), "gone/1"),
                 (("prioritize", queue, *redis, "--url", urls[2]), "rush"),
                 (("add", queue, *redis, "--corpus", str(_csv(tmp_path / "c.csv", urls[:2]))),
-                 "0 new URL(s) added")):
+                 "0 new URL(s) added"),
+                (("add", queue, *redis, "--corpus",  # the routes the pool started with apply
+                  str(_csv(tmp_path / "d.csv", ["https://shop.example/fast/1"]))),
+                 "1 new URL(s) added as rows 7..7")):
             p = cli(*args)
             out, err = p.communicate(timeout=60)
             assert p.returncode == 0, (args, err)
             assert expect in out, (args, out)
+        assert pool.engine.describe(7)["interval_s"] == 120
+        assert pool.urls[7] == "https://shop.example/fast/1"
     finally:
         pool.shutdown()
     assert files_of(local) == []

@@ -508,11 +508,14 @@ class Pool:
         eng: RedisEngine | None = None
         try:
             try:
-                eng = Engine.connect(redis, name, policy, create=corpus is not None,
-                                     capacity=capacity)
+                # Not create=True first: that would also replace another version of the
+                # function library under the pools of other hosts (RedisEngine.connect).
+                eng = Engine.connect(redis, name, policy)
             except SegmentMissing as e:
-                raise SegmentMissing(f"{e}: start the first pool with --corpus FILE, which"
-                                     " creates it") from None
+                if corpus is None:
+                    raise SegmentMissing(f"{e}: start the first pool with --corpus FILE, which"
+                                         " creates it") from None
+                eng = Engine.connect(redis, name, policy, create=True, capacity=capacity)
             table = RedisUrls(eng)
             added = add_to_redis(table, *corpus) if corpus is not None else None
             if routes is not None:
@@ -606,7 +609,7 @@ class Pool:
         now = time.monotonic()
         dead = [i for i, p in enumerate(self._procs) if p is not None and not p.is_alive()]
         if dead and not self.board.stopping:
-            self.engine.reap()  # the dead workers' leases are claimable from here on
+            self._reap()  # the dead workers' leases are claimable from here on
             for i in dead:
                 self._procs[i].join()
                 self._procs[i] = None
@@ -622,6 +625,17 @@ class Pool:
         if (self.options.checkpoint is not None and time.monotonic() - self._last_checkpoint
                 >= self.options.checkpoint_every_s):
             self.checkpoint()
+
+    def _reap(self) -> None:
+        """Reclaim the leases of dead workers. On Redis a server out of reach is no reason to
+        stop the pool: those leases come back when they expire."""
+        try:
+            self.engine.reap()
+        except EngineError as e:
+            if self.redis is None:
+                raise
+            log.warning("cannot reclaim the leases of dead workers now (they come back when"
+                        " they expire): %s", e)
 
     def checkpoint(self) -> int:
         """Save the schedule and URLs now (atomically); returns the rows saved."""
@@ -654,7 +668,7 @@ class Pool:
                         break
                     p.join(min(0.05, left))  # short waits, so a second signal cuts in
             killed = self._kill_workers()
-            self.engine.reap()  # leases of killed workers, and of any that died holding one
+            self._reap()  # leases of killed workers, and of any that died holding one
             if self.options.checkpoint is not None:
                 self.checkpoint()
             self._summary = self.summary()

@@ -77,7 +77,8 @@ class RedisUrls:
         self.name = eng.name
         self._urls, self._url_rows, self._routes = pool_keys(eng.name)
 
-    def _read(self, fn: str, *args: Any) -> Any:
+    def _plain(self, fn: str, *args: Any) -> Any:
+        """A plain command (a read, or an idempotent write): retried on a lost connection."""
         eng = self.engine
         return eng._call_plain(getattr(eng._live(), fn), *args)
 
@@ -105,21 +106,21 @@ class RedisUrls:
 
     def store_routes(self, text: str) -> None:
         """Keep the routes (``Routes.to_json``) a pool was started with; the last one wins."""
-        self._read("set", self._routes, text)
+        self._plain("set", self._routes, text)
 
     def routes(self) -> str | None:
         """The stored routes JSON, or None."""
-        text = self._read("get", self._routes)
+        text = self._plain("get", self._routes)
         return None if text is None else bytes(text).decode()
 
     def drop(self) -> None:
         """Delete the URL keys and the routes (``RedisEngine.drop`` deletes the queue's)."""
-        self._read("delete", self._urls, self._url_rows, self._routes)
+        self._plain("delete", self._urls, self._url_rows, self._routes)
 
     # -- reading ---------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return int(self._read("hlen", self._urls))
+        return int(self._plain("hlen", self._urls))
 
     def __getitem__(self, row: int) -> str:
         return self.many([row])[0]
@@ -128,7 +129,7 @@ class RedisUrls:
         """The URLs of ``rows``, in one round trip; ``EngineValueError`` if one has none."""
         if not len(rows):
             return []
-        got = self._read("hmget", self._urls, [int(r) for r in rows])
+        got = self._plain("hmget", self._urls, [int(r) for r in rows])
         missing = [int(r) for r, u in zip(rows, got, strict=True) if u is None]
         if missing:
             raise EngineValueError(f"row {missing[0]} has no URL in {self._urls} (added"
@@ -153,7 +154,7 @@ class RedisUrls:
 
     def find(self, url: str) -> int:
         """The row of ``url``; ``EngineValueError`` if the queue does not hold it."""
-        row = self._read("hget", self._url_rows, url)
+        row = self._plain("hget", self._url_rows, url)
         if row is None:
             raise EngineValueError(f"no row has URL {url!r}")
         return int(row)
