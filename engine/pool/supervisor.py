@@ -390,7 +390,7 @@ class Pool:
         self.engine, self.urls, self.board, self.failures = eng, urls, board, failures
         self.local = local or eng.name  # the name of the pool's files in /dev/shm
         self.redis = redis  # the queue's Redis URL; None: the shared-memory engine
-        self.added: Added | None = None  # what --resume --corpus added
+        self.added: Added | None = None  # what --resume --corpus (or, on Redis, --corpus) added
         self.render, self.options = render, options
         self.clock = board.clock
         self._ctx: Any = mp.get_context(options.start_method)
