@@ -20,9 +20,9 @@ import json
 import os
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,7 @@ from .segment import check, ffi, lib
 
 if TYPE_CHECKING:
     from .engine import Engine
+    from .redis import RedisEngine
 
 FORMAT = "render-lanes-checkpoint"
 VERSION = 1
@@ -62,7 +63,7 @@ class Checkpoint:
         return len(self.due_ms)
 
 
-def snapshot(eng: Engine) -> tuple[IntArray, dict[str, IntArray]]:
+def snapshot(eng: Engine | RedisEngine) -> tuple[IntArray, dict[str, IntArray]]:
     """(row ids, columns) of every queued row of ``eng``, read in one pass: the saved columns
     and each row's ``lane`` (which a checkpoint does not keep: a restore derives it again).
     A Redis queue reads them in one transaction (``RedisEngine.export_rows``)."""
@@ -70,6 +71,7 @@ def snapshot(eng: Engine) -> tuple[IntArray, dict[str, IntArray]]:
     if export is not None:
         rows_cols: tuple[IntArray, dict[str, IntArray]] = export()
         return rows_cols
+    eng = cast("Engine", eng)
     n = int(eng._seg.info().rows_used)
     cols = {c: np.empty(n, np.int64) for c in (*_COLUMNS, "lane")}
     if n:
@@ -79,14 +81,20 @@ def snapshot(eng: Engine) -> tuple[IntArray, dict[str, IntArray]]:
     return rows, {c: v[rows] for c, v in cols.items()}
 
 
-def save(eng: Engine, path: str | os.PathLike[str], urls: Sequence[str] | None = None,
+def save(eng: Engine | RedisEngine, path: str | os.PathLike[str],
+         urls: Sequence[str] | Callable[[], Sequence[str]] | None = None,
          extra: dict[str, Any] | None = None) -> int:
     """Write ``eng``'s schedule to ``path`` atomically; returns the number of rows saved.
 
-    ``urls``, if given, maps row id to URL (``urls[row]``) and is saved beside the rows;
-    ``extra`` (JSON-serialisable) is saved as is and read back as ``Checkpoint.extra``.
+    ``urls``, if given, maps row id to URL (``urls[row]``) and is saved beside the rows; a
+    callable is called after the rows are read, so that rows added meanwhile (by ``lanes add``,
+    or a pool on another host) are never saved without their URL: URLs are published before,
+    or with, their rows. ``extra`` (JSON-serialisable) is saved as is and read back as
+    ``Checkpoint.extra``.
     """
     rows, cols = snapshot(eng)
+    if callable(urls):
+        urls = urls()
     return write(path, eng.name, rows, cols, eng.stats()["capacity"], eng.policy, urls, extra)
 
 

@@ -17,22 +17,53 @@ from .policy import LanePolicy
 from .segment import Segment
 
 
+def _engine(args: argparse.Namespace) -> Any:
+    """Engine NAME: the shared-memory segment, or with ``--redis URL`` the Redis queue."""
+    if args.redis is None:
+        return Engine.attach(args.name)
+    return Engine.connect(args.redis, args.name)
+
+
+def _url_source(args: argparse.Namespace, eng: Any) -> Any:
+    """The URLs of NAME's rows: the pool's URL table, or those stored with the Redis queue."""
+    if args.redis is None:
+        from .pool.urls import UrlTable
+
+        return UrlTable.attach(args.name)
+    from .redis.urls import RedisUrls
+
+    return RedisUrls(eng)
+
+
+def _local(args: argparse.Namespace) -> str:
+    """The name of this host's pool files in /dev/shm (``--local-name``, else NAME)."""
+    local: str = getattr(args, "local_name", None) or args.name
+    return local
+
+
+def _routes(args: argparse.Namespace, eng: Any) -> Any:
+    """The routes NAME's pool was started with (kept in /dev/shm, or with the Redis queue)."""
+    from .pool.grow import stored_routes
+
+    if args.redis is None:
+        return stored_routes(args.name)
+    return stored_routes(args.name, _url_source(args, eng))
+
+
 def _stats(args: argparse.Namespace) -> int:
     from .pool import progress
     from .pool.board import Board
-    from .pool.grow import stored_routes
-    from .pool.urls import UrlTable
     from .pool.view import for_json, pool_report, print_pool_report, print_table
 
-    eng = Engine.attach(args.name)
+    eng = _engine(args)
     try:
         if args.prometheus:
             from .pool.metrics import exposition
 
-            sys.stdout.write(exposition(eng))
+            sys.stdout.write(exposition(eng, _local(args)))
             return 0
         try:
-            board: Board | None = Board.attach(args.name)
+            board: Board | None = Board.attach(_local(args))
         except SegmentMissing:
             board = None
         except LayoutMismatch as e:
@@ -43,9 +74,9 @@ def _stats(args: argparse.Namespace) -> int:
                 report = pool_report(eng, board)
             finally:
                 board.close()
-            routes = stored_routes(args.name)
+            routes = _routes(args, eng)
             if routes is not None:
-                table = UrlTable.attach(args.name)
+                table = _url_source(args, eng)
                 try:
                     report["routes"] = progress.route_figures(eng, table.urls(), routes,
                                                               report["pool"]["now_ms"])
@@ -88,7 +119,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    eng = Engine.attach(args.name)
+    eng = _engine(args)
     try:
         problems = eng.verify()
     finally:
@@ -119,14 +150,13 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 def _prioritize(args: argparse.Namespace) -> int:
     from .pool.progress import format_due
-    from .pool.urls import UrlTable
 
     if (args.url is None) == (args.row is None):
         raise EngineValueError("give the page as --url U or as --row N")
-    eng = Engine.attach(args.name)
+    eng = _engine(args)
     try:
         if args.url is not None:
-            table = UrlTable.attach(args.name)
+            table = _url_source(args, eng)
             try:
                 row = table.find(args.url)
             finally:
@@ -146,7 +176,7 @@ def _prioritize(args: argparse.Namespace) -> int:
 def _serve_metrics(args: argparse.Namespace) -> int:
     from .pool.metrics import serve
 
-    serve(args.name, args.port, args.host, args.seconds)
+    serve(args.name, args.port, args.host, args.seconds, args.redis, _local(args))
     return 0
 
 
@@ -180,16 +210,19 @@ def _pool(args: argparse.Namespace) -> int:
     policy = None if args.lanes else LanePolicy(lanes_enabled=False)
     routes = Routes.load(args.routes) if args.routes else None
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
-    if args.resume:
+    if args.redis is not None:
+        pool = _pool_on_redis(args, render, options, policy, routes)
+    elif args.local_name is not None:
+        raise EngineValueError("--local-name is for pools on Redis (--redis URL): a pool on"
+                               " shared memory names its files after its engine")
+    elif args.resume:
         if args.checkpoint is None:
             raise EngineValueError("--resume needs --checkpoint FILE: the checkpoint to go on"
                                    " from")
         corpus = _read_corpus(args, routes) if args.corpus else None
         pool = Pool.resume(args.name, args.checkpoint, render, options, policy=policy,
                            capacity=args.capacity, routes=routes, corpus=corpus)
-        if pool.added is not None:
-            print(f"--corpus: {pool.added.added} new URL(s) added, {pool.added.known} known"
-                  f" left alone ({pool.added.unparked} parked one(s) made due)", flush=True)
+        _print_added(pool.added)
     else:
         if not args.corpus:
             raise EngineValueError("give the pages as --corpus FILE (CSV, JSONL, sitemap)"
@@ -206,9 +239,10 @@ def _pool(args: argparse.Namespace) -> int:
             from .pool.metrics import start_server
 
             # Its own handle: a scrape in flight must never read a segment the pool unmapped.
-            scraped = Engine.attach(args.name)
-            server = start_server(scraped, args.metrics_port, args.metrics_host)
-        print(f"pool {args.name!r}: {len(pool.urls)} pages, {args.workers} workers"
+            scraped = _engine(args)
+            server = start_server(scraped, args.metrics_port, args.metrics_host, pool.local)
+        where = "" if args.redis is None else f" on Redis {pool.engine.url}"
+        print(f"pool {args.name!r}{where}: {len(pool.urls)} pages, {args.workers} workers"
               f" ({args.start_method}); SIGINT/SIGTERM stop it", flush=True)
         summary = pool.run(seconds=args.seconds, on_tick=view.update)
     finally:
@@ -222,15 +256,40 @@ def _pool(args: argparse.Namespace) -> int:
     return 0 if not summary["problems"] else 1
 
 
-def _add(args: argparse.Namespace) -> int:
-    from .pool.grow import add_corpus, stored_routes
-    from .pool.urls import UrlTable
+def _print_added(added: Any) -> None:
+    """What --corpus added to a resumed pool or to a Redis queue."""
+    if added is not None:
+        print(f"--corpus: {added.added} new URL(s) added, {added.known} known left alone"
+              f" ({added.unparked} parked one(s) made due)", flush=True)
 
-    eng = Engine.attach(args.name)
+
+def _pool_on_redis(args: argparse.Namespace, render: Any, options: Any, policy: Any,
+                   routes: Any) -> Any:
+    """``lanes pool NAME --redis URL``: create or grow the queue from --corpus, or join it."""
+    from .pool import Pool
+
+    if args.resume:
+        raise EngineValueError("--resume is for pools on shared memory: a Redis queue outlives"
+                               " its pools (restore a checkpoint with RedisEngine.load)")
+    if not args.corpus:
+        return Pool.join(args.redis, args.name, render, options, local=args.local_name,
+                         policy=policy)
+    c = _read_corpus(args, routes)
+    pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
+                       options, policy=policy, capacity=args.capacity, routes=routes,
+                       redis=args.redis, local=args.local_name)
+    _print_added(pool.added)
+    return pool
+
+
+def _add(args: argparse.Namespace) -> int:
+    from .pool.grow import add_corpus
+
+    eng = _engine(args)
     try:
-        table = UrlTable.attach(args.name)
+        table = _url_source(args, eng)
         try:
-            corpus = _read_corpus(args, stored_routes(args.name))
+            corpus = _read_corpus(args, _routes(args, eng))
             added = add_corpus(eng, table, corpus)
         finally:
             table.close()
@@ -248,9 +307,9 @@ def _failures(args: argparse.Namespace) -> int:
     from .pool.progress import format_due
     from .pool.view import print_table
 
-    eng = Engine.attach(args.name)
+    eng = _engine(args)
     try:
-        log = FailureLog.attach(args.name)
+        log = FailureLog.attach(_local(args))
         try:
             entries = log.entries()
         finally:
@@ -296,7 +355,7 @@ def _lane_number(eng: Engine, lane: str) -> int:
 
 
 def _restamp(args: argparse.Namespace) -> int:
-    eng = Engine.attach(args.name)
+    eng = _engine(args)
     try:
         print(json.dumps(eng.restamp(args.limit)))
     finally:
@@ -331,6 +390,16 @@ def _corpus_arguments(p: argparse.ArgumentParser, routes: bool) -> None:
                             " wins over the corpus's own interval")
 
 
+def _redis_arguments(p: argparse.ArgumentParser, local: bool) -> None:
+    p.add_argument("--redis", metavar="URL",
+                   help="the queue NAME on this Redis server (redis://, rediss://, unix://)"
+                        " instead of the shared-memory engine NAME")
+    if local:  # what names this host's pool files (board, failure log, host gate)
+        p.add_argument("--local-name", metavar="NAME",
+                       help="with --redis: the name of this host's pool files in /dev/shm"
+                            " (default NAME; two pools on one host need two)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lanes", description=__doc__,
                                      formatter_class=SHOW_DEFAULTS)
@@ -352,7 +421,9 @@ def main(argv: list[str] | None = None) -> int:
     DEFAULTS = PoolOptions()  # the pool's own defaults, not a copy of them
     p = sub.add_parser("pool", help="run a forked render pool over a corpus or a checkpoint",
                        formatter_class=SHOW_DEFAULTS)
-    p.add_argument("name", help="the engine's segment name (created; removed at the end)")
+    p.add_argument("name", help="the engine's segment name (created; removed at the end), or"
+                                " with --redis the queue's (created or grown from --corpus,"
+                                " joined without; never removed)")
     how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--render", metavar="MODULE:FUNCTION", help="called with (url, claim)")
     how.add_argument("--command", dest="command_template", metavar="TEMPLATE",
@@ -391,11 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--permanent-error", action="append", default=[], metavar="EXCEPTION",
                    help="an exception type (name or module.Name) a render raises for a"
                         " permanent failure; repeatable")
+    _redis_arguments(p, local=True)
     p.set_defaults(fn=_pool)
     p = sub.add_parser("add", help="add URLs to a running pool (known URLs left alone)",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     _corpus_arguments(p, routes=False)
+    _redis_arguments(p, local=False)
     p.set_defaults(fn=_add)
     p = sub.add_parser("failures", help="failing URLs: count, last error, next retry",
                        formatter_class=SHOW_DEFAULTS)
@@ -403,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lane", help="only this lane (name or number), e.g. cold")
     p.add_argument("--limit", type=int, default=50, help="at most this many, most recent first")
     p.add_argument("--json", action="store_true")
+    _redis_arguments(p, local=True)
     p.set_defaults(fn=_failures)
     p = sub.add_parser("stats", help="per-lane statistics of an engine",
                        formatter_class=SHOW_DEFAULTS)
@@ -411,10 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--prometheus", action="store_true", help="Prometheus text exposition")
     fmt.add_argument("--plain", action="store_true", help="plain text even on a terminal")
+    _redis_arguments(p, local=True)
     p.set_defaults(fn=_stats)
     p = sub.add_parser("check", help="verify every invariant of an engine",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
+    _redis_arguments(p, local=False)
     p.set_defaults(fn=_check)
     p = sub.add_parser("cleanup", help="remove a segment left by a crashed owner",
                        formatter_class=SHOW_DEFAULTS)
@@ -425,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     p.add_argument("--limit", type=int, default=5000)
+    _redis_arguments(p, local=False)
     p.set_defaults(fn=_restamp)
     p = sub.add_parser("prioritize", help="rush a page to the urgent lane, or make it due now",
                        formatter_class=SHOW_DEFAULTS)
@@ -432,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--url", help="the page's URL (needs a pool's URL table)")
     p.add_argument("--row", type=int, help="the page's row id")
     p.add_argument("--mode", choices=("rush", "wait"), default="rush")
+    _redis_arguments(p, local=False)
     p.set_defaults(fn=_prioritize)
     p = sub.add_parser("serve-metrics", help="serve Prometheus metrics of an engine over HTTP",
                        formatter_class=SHOW_DEFAULTS)
@@ -439,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=9464)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     p.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
+    _redis_arguments(p, local=True)
     p.set_defaults(fn=_serve_metrics)
     args: Any = parser.parse_args(argv)
     # SIGTERM before a command installs its own handling (a pool that is still starting) unwinds

@@ -60,3 +60,27 @@ def gone_or_flaky(url: str, claim: Any) -> None:
     if "/flaky/" in url:
         raise RuntimeError(f"{url} timed out upstream")
     _log(url)
+
+
+_QUEUE: list[Any] = []  # this process's connection for leased(), made on first use
+
+
+def leased(url: str, claim: Any) -> None:
+    """Log the lease this render runs under, as the Redis queue ``RL_TEST_QUEUE`` at
+    ``RL_TEST_REDIS`` holds it, to ``RL_TEST_RENDER_LOG.leases``: ``<pid> <row> <token>
+    <start ms> <lease expiry ms> <url>``; then render slowly (50 ms) and log as ``record``."""
+    start = time.time_ns() // 1_000_000
+    if not _QUEUE:
+        from engine import Engine
+
+        _QUEUE.append(Engine.connect(os.environ["RL_TEST_REDIS"], os.environ["RL_TEST_QUEUE"]))
+    expiry = _QUEUE[0].describe(claim.row)["lease_expiry_ms"]
+    line = f"{os.getpid()} {claim.row} {claim.token} {start} {expiry} {url}\n"
+    fd = os.open(os.environ["RL_TEST_RENDER_LOG"] + ".leases",
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    time.sleep(0.05)
+    _log(url)

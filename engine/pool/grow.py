@@ -9,6 +9,10 @@ while it runs, so the new rows' ids follow the table's last row.
 
 The pool's routes (``--routes``) are kept beside its files (``<name>.routes``), so rows added
 later get the intervals the pool started with.
+
+On Redis (pools on several hosts) the URLs and the routes live with the queue, and one FCALL
+adds the new URLs and their rows together (``RedisUrls.add``): no lock, no file, the same
+rules (known URLs left alone, parked ones made due), from any host.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,6 +35,9 @@ from .failures import PARKED_MS
 from .ingest import Corpus
 from .routes import Routes
 from .urls import UrlTable
+
+if TYPE_CHECKING:
+    from ..redis.urls import RedisUrls
 
 ROUTES_SUFFIX = "routes"
 
@@ -50,8 +58,12 @@ def store_routes(name: str, routes: Routes | None) -> None:
         shmfile.create(name, ROUTES_SUFFIX, routes.to_json().encode())
 
 
-def stored_routes(name: str) -> Routes | None:
-    """The routes pool ``name`` was started with, or None."""
+def stored_routes(name: str, urls: RedisUrls | None = None) -> Routes | None:
+    """The routes pool ``name`` was started with, or None; on Redis (``urls`` given), those
+    stored with the queue."""
+    if urls is not None:
+        text = urls.routes()
+        return None if text is None else Routes.from_json(text)
     try:
         buf = shmfile.attach(name, ROUTES_SUFFIX, min_size=2)
     except SegmentMissing:
@@ -80,8 +92,12 @@ def _adding(name: str) -> Iterator[None]:
         os.close(fd)
 
 
-def add_corpus(eng: Engine, urls: UrlTable, corpus: Corpus) -> Added:
-    """Add ``corpus``'s new URLs to the pool over ``eng`` (whose URL table is ``urls``)."""
+def add_corpus(eng: Any, urls: Any, corpus: Corpus) -> Added:
+    """Add ``corpus``'s new URLs to the pool over ``eng`` (whose URL table is ``urls``: a
+    ``UrlTable``, or on Redis the queue's ``RedisUrls``)."""
+    if not isinstance(eng, Engine):
+        return add_to_redis(urls, corpus.urls, corpus.due_ms, corpus.interval_s,
+                            corpus.provenance)
     with _adding(eng.name):
         urls.refresh()
         known = {u: r for r, u in enumerate(urls.urls())}
@@ -111,6 +127,17 @@ def add_corpus(eng: Engine, urls: UrlTable, corpus: Corpus) -> Added:
             raise EngineError(f"engine {eng.name!r} gave rows {rows[:3].tolist()}... for the"
                               f" URLs of rows {rows_used}..: rows were added outside the pool")
         return Added(len(new), len(again), unparked, rows_used)
+
+
+def add_to_redis(urls: RedisUrls, new_urls: list[str], due_ms: Any, interval_s: Any,
+                 provenance: Any, failures: Any = None) -> Added:
+    """Add the URLs not known yet to a Redis queue, with their rows (``RedisUrls.add``).
+    ``first_row`` is set when the new rows are consecutive (another host adding meanwhile may
+    interleave its own)."""
+    got = urls.add(new_urls, due_ms, interval_s, provenance, failures)
+    new = np.sort(got.rows[got.new])
+    dense = len(new) > 0 and int(new[-1] - new[0]) == len(new) - 1
+    return Added(got.added, got.known, got.unparked, int(new[0]) if dense else None)
 
 
 def _unpark(eng: Engine, rows: list[int]) -> int:

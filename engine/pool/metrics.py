@@ -39,14 +39,16 @@ def _client() -> Any:
 
 
 class LanesCollector:
-    """A prometheus_client collector over one engine (and its pool board, if any)."""
+    """A prometheus_client collector over one engine (and its pool board, if any: the board
+    named ``local``, by default the engine's name; on Redis, this host's pool's)."""
 
-    def __init__(self, eng: Engine) -> None:
+    def __init__(self, eng: Any, local: str | None = None) -> None:
         self.engine = eng
+        self.local = local or eng.name
 
     def _board(self) -> Board | None:
         try:
-            return Board.attach(self.engine.name)
+            return Board.attach(self.local)
         except SegmentMissing:
             return None
 
@@ -123,24 +125,25 @@ def _cumulative(counts: Any) -> list[tuple[str, int]]:
     return buckets
 
 
-def registry(eng: Engine) -> Any:
+def registry(eng: Any, local: str | None = None) -> Any:
     reg = _client().CollectorRegistry()
-    reg.register(LanesCollector(eng))
+    reg.register(LanesCollector(eng, local))
     return reg
 
 
-def exposition(eng: Engine) -> str:
+def exposition(eng: Any, local: str | None = None) -> str:
     """The Prometheus text exposition of ``eng`` (and its pool) right now."""
-    text: bytes = _client().generate_latest(registry(eng))
+    text: bytes = _client().generate_latest(registry(eng, local))
     return text.decode()
 
 
-def start_server(eng: Engine, port: int, host: str = "127.0.0.1") -> Any:
+def start_server(eng: Any, port: int, host: str = "127.0.0.1", local: str | None = None) -> Any:
     """Serve ``/metrics`` of ``eng`` from a daemon thread; returns the server (``shutdown()``)."""
     if not is_int(port) or not 0 <= port <= 65535:
         raise EngineValueError(f"port must lie in [0, 65535], got {port!r}")
     try:
-        server, _thread = _client().start_http_server(port, addr=host, registry=registry(eng))
+        server, _thread = _client().start_http_server(port, addr=host,
+                                                      registry=registry(eng, local))
     except OSError as e:
         raise EngineError(f"cannot serve metrics on {host}:{port}: {e}") from None
     print(f"serving metrics of {eng.name!r} on http://{host}:{server.server_port}/metrics",
@@ -148,11 +151,13 @@ def start_server(eng: Engine, port: int, host: str = "127.0.0.1") -> Any:
     return server
 
 
-def serve(name: str, port: int, host: str = "127.0.0.1", seconds: float | None = None) -> None:
-    """Serve ``/metrics`` for engine ``name`` until interrupted (or for ``seconds``)."""
-    eng = Engine.attach(name)
+def serve(name: str, port: int, host: str = "127.0.0.1", seconds: float | None = None,
+          redis: str | None = None, local: str | None = None) -> None:
+    """Serve ``/metrics`` for engine ``name`` (or the Redis queue ``name`` at ``redis``, with
+    this host's pool ``local``) until interrupted (or for ``seconds``)."""
+    eng: Any = Engine.attach(name) if redis is None else Engine.connect(redis, name)
     try:
-        server = start_server(eng, port, host)
+        server = start_server(eng, port, host, local)
         try:
             deadline = None if seconds is None else time.monotonic() + seconds
             while deadline is None or time.monotonic() < deadline:

@@ -9,8 +9,11 @@ was lost anyway (the worker stalled past its lease) is not completed, since some
 it now.
 
 The supervisor owns the engine's segment and the pool's files beside it: the URL table, the
-pool board, the failure log, the host gate and the routes (``remove_pool_files``). It restarts
-a worker that dies and reclaims the dead worker's leases at once (``Engine.reap``),
+pool board, the failure log, the host gate and the routes (``remove_pool_files``). On Redis
+(``redis=URL``: pools on several hosts share one queue, docs/redis.md) the queue, its URLs and
+its routes live in Redis and outlive every pool; each host keeps only its local files (board,
+failure log, host gate) under the pool's local name. It restarts a worker that dies and
+reclaims the dead worker's leases at once (``Engine.reap``, ``RedisEngine.reap``),
 checkpoints the schedule periodically, and on SIGINT/SIGTERM raises the board's stop flag:
 workers finish the render in hand, complete what they rendered, release what they did not and
 exit; after the grace period the rest are killed and their leases reclaimed. Then the last
@@ -34,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import psutil
@@ -61,6 +64,13 @@ from .progress import format_due
 from .render import RenderSpec
 from .routes import Routes
 from .urls import UrlTable
+
+if TYPE_CHECKING:
+    from ..redis import RedisClaims, RedisEngine
+    from ..redis.urls import RedisUrls
+
+    AnyEngine = Engine | RedisEngine
+    AnyUrls = UrlTable | RedisUrls
 
 START_METHODS = ("fork", "spawn", "forkserver")
 GROWTH_ROOM = 100_000
@@ -133,6 +143,9 @@ class WorkerSpec:
     env: dict[str, str] = field(default_factory=dict)
     max_failures: int | None = None
     polite: bool = False  # a host gate (per-host cap or delay) is in force
+    local: str = ""  # the name of the pool's files in /dev/shm ("": the engine's name)
+    redis: str | None = field(default=None, repr=False)  # the queue's Redis URL (may hold a
+    # password, hence not in the repr); None: the shared-memory engine ``name``
 
 
 # -- the worker --------------------------------------------------------------------------------
@@ -141,8 +154,9 @@ class WorkerSpec:
 class _Held:
     """The tokens of the rows a worker holds, renewed by a thread while renders run long."""
 
-    def __init__(self, eng: Engine, clock: Clock, lease_ms: int, slot: Any) -> None:
-        self._eng, self._clock, self._lease_ms, self._slot = eng, clock, lease_ms, slot
+    def __init__(self, eng: AnyEngine, now: Callable[[], int | None], lease_ms: int,
+                 slot: Any) -> None:
+        self._eng, self._now, self._lease_ms, self._slot = eng, now, lease_ms, slot
         self._lock = threading.Lock()
         self._tokens: dict[int, int] = {}
         self.lost = 0
@@ -158,7 +172,7 @@ class _Held:
         if self._thread.is_alive():
             self._thread.join()
 
-    def hold(self, batch: Claims) -> None:
+    def hold(self, batch: Claims | RedisClaims) -> None:
         with self._lock:
             self._tokens.update(zip(batch.rows.tolist(), batch.tokens.tolist(), strict=True))
 
@@ -185,7 +199,7 @@ class _Held:
                 for row, token in list(self._tokens.items()):
                     try:
                         self._tokens[row] = self._eng.renew(row, token, self._lease_ms,
-                                                            now_ms=self._clock.now_ms())
+                                                            now_ms=self._now())
                         self._slot[F_RENEWED] += 1
                     except LeaseLost:
                         del self._tokens[row]  # someone else holds it now; do not complete it
@@ -210,16 +224,28 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    eng, urls, board = Engine.attach(spec.name), UrlTable.attach(spec.name), Board.attach(spec.name)
-    failures = FailureLog.attach(spec.name)
-    gate = HostGate.attach(spec.name) if spec.polite else None
+    local = spec.local or spec.name
+    board = Board.attach(local)
+    clock = board.clock
+    eng: AnyEngine
+    urls: AnyUrls
+    now: Callable[[], int | None]
+    if spec.redis is None:
+        eng, urls, now = Engine.attach(spec.name), UrlTable.attach(spec.name), clock.now_ms
+    else:
+        from ..redis.urls import RedisUrls
+
+        # Its own owner id (host:pid:start); the server's clock, which every host shares.
+        eng = Engine.connect(spec.redis, spec.name)
+        urls, now = RedisUrls(eng), _server_time
+    failures = FailureLog.attach(local)
+    gate = HostGate.attach(local) if spec.polite else None
     slot = board.slot(slot_index)
     slot[F_PID] = os.getpid()
-    clock = board.clock
     lease_ms = clock.virtual_ms(spec.lease_s * 1000)
     render = spec.render.build()
-    worker = _Worker(spec, eng, failures, render, clock, slot)
-    held = _Held(eng, clock, lease_ms, slot)
+    worker = _Worker(spec, eng, failures, render, clock, now, slot)
+    held = _Held(eng, now, lease_ms, slot)
     held.start(max(0.01, spec.lease_s / 3))
     # The supervisor is our parent (or, under forkserver, the server's, which exits with it).
     # A dead parent that is not reaped yet still answers kill(pid, 0); being re-parented is
@@ -233,17 +259,16 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
 
     try:
         while not leaving():
-            batch = eng.claim(spec.batch, now_ms=clock.now_ms(), lease_ms=lease_ms)
+            batch = eng.claim(spec.batch, now_ms=now(), lease_ms=lease_ms)
             if not len(batch):
                 time.sleep(spec.idle_s)
                 continue
             held.hold(batch)
             done: list[int] = []
             later: list[int] = []
-            for c in batch:
+            for c, url in zip(batch, urls.many(batch.rows.tolist()), strict=True):
                 if leaving():
                     break
-                url = urls[c.row]
                 if gate is None:
                     worker.render_one(c, url, held, done)
                     continue
@@ -258,7 +283,7 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
             slot[F_LEASE_LOST] += held.drain_lost()
             rows, tokens = held.take(done)
             if rows:
-                ok = eng.complete_many(rows, tokens, now_ms=clock.now_ms())
+                ok = eng.complete_many(rows, tokens, now_ms=now())
                 slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
                 failures.clear(rows)
             _give_back(eng, slot, *held.take(later), at_stop=False)
@@ -273,7 +298,13 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
         eng.close()
 
 
-def _give_back(eng: Engine, slot: Any, rows: list[int], tokens: list[int], at_stop: bool) -> None:
+def _server_time() -> None:
+    """The time a worker on Redis passes: None, the server's clock (hosts' clocks differ)."""
+    return None
+
+
+def _give_back(eng: AnyEngine, slot: Any, rows: list[int], tokens: list[int],
+               at_stop: bool) -> None:
     """Release rows unrendered (due as they were); those given back at a stop are counted."""
     if rows:
         ok = eng.release_many(rows, tokens)
@@ -284,10 +315,11 @@ def _give_back(eng: Engine, slot: Any, rows: list[int], tokens: list[int], at_st
 class _Worker:
     """What a worker needs to render one row and to account for how it went."""
 
-    def __init__(self, spec: WorkerSpec, eng: Engine, failures: FailureLog,
-                 render: Callable[[str, Claim], object], clock: Clock, slot: Any) -> None:
+    def __init__(self, spec: WorkerSpec, eng: AnyEngine, failures: FailureLog,
+                 render: Callable[[str, Claim], object], clock: Clock,
+                 now: Callable[[], int | None], slot: Any) -> None:
         self.spec, self.eng, self.failures = spec, eng, failures
-        self.render, self.clock, self.slot = render, clock, slot
+        self.render, self.clock, self.now, self.slot = render, clock, now, slot
 
     def render_one(self, c: Claim, url: str, held: _Held, done: list[int]) -> None:
         """Render ``c``; on success add its row to ``done``, on failure fail it at once (with its
@@ -320,7 +352,7 @@ class _Worker:
         park = self.spec.max_failures is not None and count >= self.spec.max_failures
         try:
             eng.fail(c.row, tokens[0], retry_at_ms=PARKED_MS if park else None,
-                     now_ms=clock.now_ms(), permanent=failure.permanent)
+                     now_ms=self.now(), permanent=failure.permanent)
         except LeaseLost:
             self.slot[F_LEASE_LOST] += 1
             return
@@ -347,12 +379,18 @@ def _alive(pid: int) -> bool:
 
 
 class Pool:
-    """A supervisor: owns the engine, its URL table and its board; runs the workers."""
+    """A supervisor: owns the engine, its URL table and its board; runs the workers.
 
-    def __init__(self, eng: Engine, urls: UrlTable, board: Board, failures: FailureLog,
-                 render: RenderSpec, options: PoolOptions) -> None:
+    On Redis (``redis`` set) it owns only its connection and its local files (``local``):
+    the queue and its URLs belong to every pool that shares them."""
+
+    def __init__(self, eng: AnyEngine, urls: AnyUrls, board: Board, failures: FailureLog,
+                 render: RenderSpec, options: PoolOptions, *, local: str | None = None,
+                 redis: str | None = None) -> None:
         self.engine, self.urls, self.board, self.failures = eng, urls, board, failures
-        self.added: Added | None = None  # what --resume --corpus added
+        self.local = local or eng.name  # the name of the pool's files in /dev/shm
+        self.redis = redis  # the queue's Redis URL; None: the shared-memory engine
+        self.added: Added | None = None  # what --resume --corpus (or, on Redis, --corpus) added
         self.render, self.options = render, options
         self.clock = board.clock
         self._ctx: Any = mp.get_context(options.start_method)
@@ -372,10 +410,17 @@ class Pool:
     def create(cls, name: str, urls: list[str], due_ms: Any, interval_s: Any, provenance: Any,
                render: RenderSpec, options: PoolOptions | None = None, *,
                policy: LanePolicy | None = None, capacity: int | None = None,
-               failures: Any = None, routes: Routes | None = None) -> Pool:
+               failures: Any = None, routes: Routes | None = None, redis: str | None = None,
+               local: str | None = None) -> Pool:
         """A new engine filled with a corpus (row ``r`` renders ``urls[r]``), with room for it
         to grow (``GROWTH_ROOM``) unless ``capacity`` is given. ``routes`` (the ones the corpus
-        was read with) are kept for the rows ``lanes add`` adds later."""
+        was read with) are kept for the rows ``lanes add`` adds later.
+
+        With ``redis`` (a URL), the pool runs over Redis queue ``name`` instead, created if
+        missing (with ``policy`` and ``capacity``, default ``MAX_ROWS``); the corpus's URLs not
+        in it yet are added (``Pool.added`` says what happened), so the pool of every host
+        starts with the same call. Its files in /dev/shm are named ``local`` (default
+        ``name``): two pools on one host need two local names."""
         options = options or PoolOptions()
         n = len(urls)
         if n == 0:
@@ -384,6 +429,12 @@ class Pool:
                           ("provenance", provenance), ("failures", failures)):
             if col is not None and np.ndim(col) == 1 and len(col) != n:
                 raise EngineValueError(f"{what} has {len(col)} entries for {n} URLs")
+        if redis is not None:
+            return cls._on_redis(redis, name, render, options, local, policy, capacity, routes,
+                                 (urls, due_ms, interval_s, provenance, failures))
+        if local is not None and local != name:
+            raise EngineValueError("a local name is for pools on Redis: a pool on shared memory"
+                                   " names its files after its engine")
         eng = _create_engine(name, capacity or max(2 * n, GROWTH_ROOM), policy)
         try:
             rows = eng.add_many(due_ms, interval_s, provenance, failures)
@@ -431,18 +482,64 @@ class Pool:
             raise
 
     @classmethod
+    def join(cls, redis: str, name: str, render: RenderSpec, options: PoolOptions | None = None,
+             *, local: str | None = None, policy: LanePolicy | None = None) -> Pool:
+        """A pool over the existing Redis queue ``name`` at ``redis`` (another host's pool made
+        it, or ``create`` did); ``SegmentMissing`` if there is none."""
+        return cls._on_redis(redis, name, render, options or PoolOptions(), local, policy, None,
+                             None, None)
+
+    @classmethod
+    def _on_redis(cls, redis: str, name: str, render: RenderSpec, options: PoolOptions,
+                  local: str | None, policy: LanePolicy | None, capacity: int | None,
+                  routes: Routes | None, corpus: tuple[Any, ...] | None) -> Pool:
+        """A pool over a Redis queue: its local files first (a clash with a running pool is
+        found before Redis is touched), then the queue (made and filled when ``corpus`` is
+        given). Nothing is left on this host if it fails; the queue is never dropped."""
+        from ..redis.urls import RedisUrls
+        from .grow import add_to_redis
+
+        if options.time_scale != 1.0:
+            raise EngineValueError("a pool on Redis runs on the server's clock: time_scale"
+                                   " must be 1")
+        local = local or name
+        _clear_stale_local(local)
+        board, failures = _local_files(local, options)
+        eng: RedisEngine | None = None
+        try:
+            try:
+                # Not create=True first: that would also replace another version of the
+                # function library under the pools of other hosts (RedisEngine.connect).
+                eng = Engine.connect(redis, name, policy)
+            except SegmentMissing as e:
+                if corpus is None:
+                    raise SegmentMissing(f"{e}: start the first pool with --corpus FILE, which"
+                                         " creates it") from None
+                eng = Engine.connect(redis, name, policy, create=True, capacity=capacity)
+            table = RedisUrls(eng)
+            added = add_to_redis(table, *corpus) if corpus is not None else None
+            if routes is not None:
+                table.store_routes(routes.to_json())
+            pool = cls(eng, table, board, failures, render, options, local=local, redis=redis)
+            pool.added = added
+            return pool
+        except BaseException:
+            board.close()
+            failures.close()
+            if eng is not None:
+                eng.close()
+            remove_local_files(local)
+            raise
+
+    @classmethod
     def _around(cls, eng: Engine, urls: list[str], render: RenderSpec, options: PoolOptions,
                 routes: Routes | None) -> Pool:
         """The pool's files around a filled engine (all of them removed if one fails)."""
-        clock = Clock.wall(options.time_scale)
         name = eng.name
         table: UrlTable | None = None
         try:
             table = UrlTable.create(name, urls)
-            board = Board.create(name, options.workers, clock, os.getpid(), process_start_ms())
-            failures = FailureLog.create(name)
-            if _polite(options):
-                HostGate.create(name, options.per_host, options.delay_ms).close()
+            board, failures = _local_files(name, options)
             store_routes(name, routes)
         except BaseException:
             if table is not None:
@@ -456,7 +553,7 @@ class Pool:
     def start(self) -> None:
         o = self.options
         spec = WorkerSpec(self.engine.name, self.render, o.batch, o.lease_s, o.idle_s,
-                          dict(o.env), o.max_failures, _polite(o))
+                          dict(o.env), o.max_failures, _polite(o), self.local, self.redis)
         self._spec = spec
         for i in range(self.options.workers):
             self._start_worker(i)
@@ -512,7 +609,7 @@ class Pool:
         now = time.monotonic()
         dead = [i for i, p in enumerate(self._procs) if p is not None and not p.is_alive()]
         if dead and not self.board.stopping:
-            self.engine.reap()  # the dead workers' leases are claimable from here on
+            self._reap()  # the dead workers' leases are claimable from here on
             for i in dead:
                 self._procs[i].join()
                 self._procs[i] = None
@@ -529,12 +626,25 @@ class Pool:
                 >= self.options.checkpoint_every_s):
             self.checkpoint()
 
+    def _reap(self) -> None:
+        """Reclaim the leases of dead workers. On Redis a server out of reach is no reason to
+        stop the pool: those leases come back when they expire."""
+        try:
+            self.engine.reap()
+        except EngineError as e:
+            if self.redis is None:
+                raise
+            log.warning("cannot reclaim the leases of dead workers now (they come back when"
+                        " they expire): %s", e)
+
     def checkpoint(self) -> int:
         """Save the schedule and URLs now (atomically); returns the rows saved."""
         if self.options.checkpoint is None:
             raise EngineValueError("this pool has no checkpoint path")
         try:
-            n = checkpoint.save(self.engine, self.options.checkpoint, self.urls.urls(),
+            # The URLs are read after the rows (a callable): rows another host or `lanes add`
+            # adds meanwhile come with their URLs, never after them.
+            n = checkpoint.save(self.engine, self.options.checkpoint, self.urls.urls,
                                 {"failures": self.failures.export()})
         except OSError as e:
             raise EngineError(f"cannot write checkpoint {self.options.checkpoint}: {e}") from None
@@ -558,7 +668,7 @@ class Pool:
                         break
                     p.join(min(0.05, left))  # short waits, so a second signal cuts in
             killed = self._kill_workers()
-            self.engine.reap()  # leases of killed workers, and of any that died holding one
+            self._reap()  # leases of killed workers, and of any that died holding one
             if self.options.checkpoint is not None:
                 self.checkpoint()
             self._summary = self.summary()
@@ -603,7 +713,8 @@ class Pool:
                 "problems": self.engine.verify()}
 
     def close(self) -> None:
-        """Remove the engine's segment, URL table and board (the supervisor's job)."""
+        """Remove the engine's segment, URL table and board (the supervisor's job). On Redis
+        only this host's files go: the queue is every pool's."""
         if self._closed:
             return
         self._closed = True
@@ -611,7 +722,11 @@ class Pool:
         self.urls.close()
         self.board.close()
         self.failures.close()
-        _remove(self.engine.name, self.engine)
+        if isinstance(self.engine, Engine):
+            _remove(self.engine.name, self.engine)
+        else:
+            self.engine.close()
+            remove_local_files(self.local)
 
     def __enter__(self) -> Pool:
         return self
@@ -632,10 +747,45 @@ def _remove(name: str, eng: Engine | None = None) -> None:
         pass
 
 
+def _local_files(local: str, options: PoolOptions) -> tuple[Board, FailureLog]:
+    """The files every pool keeps on its host: board, failure log, host gate (if polite)."""
+    clock = Clock.wall(options.time_scale)
+    board = Board.create(local, options.workers, clock, os.getpid(), process_start_ms())
+    try:
+        failures = FailureLog.create(local)
+        if _polite(options):
+            HostGate.create(local, options.per_host, options.delay_ms).close()
+    except BaseException:
+        board.close()
+        remove_local_files(local)
+        raise
+    return board, failures
+
+
+LOCAL_FILES = (("pool", Board.unlink), ("failures", FailureLog.unlink), ("hosts", HostGate.unlink))
+"""The files a pool keeps on its host whatever its backend (on Redis, all it keeps there)."""
+
+
+def remove_local_files(local: str) -> list[str]:
+    """Remove a pool's files on this host (``LOCAL_FILES``); returns those removed."""
+    return [f"/dev/shm/{local}.{what}" for what, unlink in LOCAL_FILES if unlink(local)]
+
+
+def _clear_stale_local(local: str) -> None:
+    """Remove the local files a killed pool on Redis left under ``local``; refuse if its
+    supervisor still runs (two pools on one host need two local names)."""
+    if not os.path.exists(Board.path(local)):
+        return
+    pid = supervisor_running(local)
+    if pid is not None:
+        raise SegmentExists(f"a pool with local name {local!r} runs on this host (supervisor pid"
+                            f" {pid}): give this one another --local-name")
+    remove_local_files(local)
+
+
 def remove_pool_files(name: str) -> list[str]:
     """Remove the files a pool keeps beside engine ``name``'s segment; returns those removed."""
-    files = (("urls", UrlTable.unlink), ("pool", Board.unlink), ("failures", FailureLog.unlink),
-             ("hosts", HostGate.unlink), ("routes", unlink_routes))
+    files = (("urls", UrlTable.unlink), *LOCAL_FILES, ("routes", unlink_routes))
     return [f"/dev/shm/{name}.{what}" for what, unlink in files if unlink(name)]
 
 

@@ -172,6 +172,10 @@ class UrlTable:
         i = bisect.bisect_right(self._first, row) - 1
         return self._parts[i][row - self._first[i]]
 
+    def many(self, rows: Sequence[int]) -> list[str]:
+        """The URLs of ``rows`` (a claimed batch), as ``[row]`` gives each."""
+        return [self[int(r)] for r in rows]
+
     def __iter__(self) -> Iterator[str]:
         return (self[r] for r in range(len(self)))
 

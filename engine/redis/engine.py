@@ -977,6 +977,42 @@ class RedisEngine:
         return eng
 
 
+    # -- pools on several hosts (engine/pool, docs/redis.md "Pools on several hosts") -----------
+
+    def reap(self) -> int:
+        """Put back at once the leases of owners on this host whose process is gone (an owner id
+        is ``host:pid:start_ms``: pid and start time tell a live process from a reused pid), as
+        ``Engine.reap`` does on shared memory. Returns how many dead owners were found.
+
+        Owners on other hosts are not judged: no host can see another's processes, so their
+        rows come back when their leases expire."""
+        from ..segment import is_running
+
+        host = socket.gethostname()
+        holders = self._call_plain(self._live().hvals, self._keys[4])
+        dead = []
+        for owner in sorted({h.decode() if isinstance(h, bytes) else str(h) for h in holders}):
+            parts = owner.rsplit(":", 2)
+            if len(parts) != 3 or parts[0] != host or not (parts[1].isdigit()
+                                                          and parts[2].isdigit()):
+                continue
+            if owner != self.owner and not is_running(int(parts[1]), int(parts[2])):
+                dead.append(owner)
+        if dead:
+            self._fcall("lanes_reap", *dead)
+        return len(dead)
+
+    def _fcall_with(self, fn: str, extra_keys: tuple[str, ...], *args: Any) -> Any:
+        """``_fcall`` with more keys after the queue's five (each with the queue's hash tag)."""
+        r = self._live()
+        keys = (*self._keys, *extra_keys)
+        try:
+            return r.fcall(fn, len(keys), *keys, LIBRARY_VERSION, *args)
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
+            raise EngineError(f"lost Redis at {redact(self._url)} during {fn}: {e}") from None
+        except redis_errors.ResponseError as e:
+            raise self._error(e, fn) from None
+
 _RECORD_DTYPE = np.dtype([("due_lo", "<u4"), ("due_hi", "<u2"), ("lane", "u1"),
                           ("interval", "<u4"), ("failures", "u1"), ("flags", "u1"),
                           ("tok_lo", "<u4"), ("tok_hi", "<u2"), ("tok_top", "u1")])
@@ -995,3 +1031,18 @@ def _records(raw: bytes) -> dict[str, npt.NDArray[np.int64]]:
         "token": (a["tok_lo"].astype(np.int64) | (a["tok_hi"].astype(np.int64) << 32)
                   | (a["tok_top"].astype(np.int64) << 48)),
     }
+
+
+def packed_rows(due_ms: Any, interval_s: Any, provenance: Any = "submitted",
+                failures: Any = None) -> npt.NDArray[np.uint8]:
+    """Rows checked (every element, before anything is sent) and packed as lanes.lua's
+    ``lanes_add`` takes them: one 12-byte row ``<I6I4BB`` per row, an (n, 12) uint8 array."""
+    due = check_due_array(due_ms)
+    n = len(due)
+    packed = np.empty(n, _ADD_ROW)
+    packed["due"] = due
+    packed["interval"] = _broadcast(interval_s, n, "interval_s", 1, MAX_INTERVAL_S)
+    packed["prov"] = _provenance_array(provenance, n)
+    packed["failures"] = 0 if failures is None else _broadcast(failures, n, "failures", 0, 255)
+    raw = packed.view(np.uint8).reshape(n, _ADD_ROW.itemsize)
+    return np.ascontiguousarray(np.concatenate([raw[:, :6], raw[:, 8:]], axis=1))

@@ -732,3 +732,103 @@ register('lanes_prioritize', f_prioritize)
 register('lanes_remove', f_remove)
 register('lanes_restamp', f_restamp)
 register('lanes_stats', f_stats, true)
+
+-- ---------------------------------------------------------------- pools on several hosts -----
+--[[ A render pool whose workers run on many hosts keeps every row's URL in Redis, so any host's
+worker renders any row. Two more keys of the queue (same hash tag), passed as KEYS[6..7]:
+
+  urls      HASH  row id -> URL
+  url_rows  HASH  URL -> row id
+
+A URL and its row are added in one FCALL (lanes_add_urls), so a worker never claims a row whose
+URL it cannot find, and URLs are never removed or changed (a reader scanning them sees every
+URL that existed when it began). ]]
+
+-- KEYS: the five queue keys, urls, url_rows. ARGV: version, now ('' = server time), a blob of n
+-- rows as lanes_add takes them, then the n URLs. A URL already known (or given twice) is left
+-- alone, except that a parked row (due = HORIZON, see --max-failures) is made due now in its own
+-- lane, as lanes_prioritize 'wait' does. Returns {rows[n], states[n]}: per URL its row id and 1
+-- (added), 0 (known) or 2 (known, unparked). Capacity is checked before anything changes.
+local function f_add_urls(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local blob = A[3]
+  local n = #blob / 12
+  if n ~= math.floor(n) or #A ~= 3 + n then
+    fail('VALUE', 'add_urls needs 12 bytes of row and one URL per row')
+  end
+  local rows, states, parts, fresh = {}, {}, {}, {}
+  local seen = {}
+  for i = 1, n do
+    local url = A[3 + i]
+    local row = seen[url] or rcall('HGET', K[7], url)
+    if row then
+      rows[i], states[i] = tonumber(row), 0
+    else
+      local new = P.next_row + #parts
+      parts[#parts + 1] = string.sub(blob, (i - 1) * 12 + 1, i * 12)
+      fresh[#fresh + 1] = fmt(new)
+      fresh[#fresh + 1] = url
+      seen[url] = new
+      rows[i], states[i] = new, 1
+    end
+  end
+  local cap = tonumber(rcall('HGET', K[4], 'capacity'))
+  if P.next_row + #parts > cap then
+    fail('CAPACITY', 'queue holds ' .. P.next_row .. ' rows of ' .. cap .. ', '
+      .. #parts .. ' new URLs')
+  end
+  for i = 1, n do
+    if states[i] == 0 and rows[i] < P.next_row then -- not one this call adds
+      local r = get(K, rows[i])
+      if has(r.flags, F_LIVE) and r.due == HORIZON then
+        f_prioritize(K, {A[1], A[2], fmt(rows[i]), '0'})
+        states[i] = 2
+      end
+    end
+  end
+  if #parts > 0 then
+    f_add(K, {A[1], table.concat(parts)})
+    chunked('HSET', K[6], fresh)
+    local back = {}
+    for j = 1, #fresh, 2 do
+      back[#back + 1] = fresh[j + 1]
+      back[#back + 1] = fresh[j]
+    end
+    chunked('HSET', K[7], back)
+  end
+  return {rows, states}
+end
+
+-- ARGV: version, then owner ids whose process is gone (RedisEngine.reap checks that). Their
+-- leases end now: each row goes back to ready with the key its record holds, as a release
+-- would put it, so it is claimable at once. Returns how many rows came back.
+local function f_reap(K, A)
+  check_version(A)
+  queue_meta(K)
+  local dead = {}
+  for i = 2, #A do dead[A[i]] = true end
+  local held = rcall('HGETALL', K[5])
+  local back, gone = {}, {}
+  for i = 1, #held, 2 do
+    if dead[held[i + 1]] then
+      local row = tonumber(held[i])
+      local r = get(K, row)
+      set_token(K, row, 0)
+      gone[#gone + 1] = held[i]
+      if has(r.flags, F_LIVE) then
+        back[#back + 1] = fmt(r.lane * STRIDE + r.due)
+        back[#back + 1] = held[i]
+      end
+    end
+  end
+  if #gone > 0 then
+    chunked('ZREM', K[2], gone)
+    chunked('HDEL', K[5], gone)
+  end
+  if #back > 0 then chunked('ZADD', K[1], back) end
+  return #gone
+end
+
+register('lanes_add_urls', f_add_urls)
+register('lanes_reap', f_reap)

@@ -1,0 +1,170 @@
+"""The URL of every row of a Redis queue, for render pools on several hosts.
+
+Why in Redis: a pool on one host keeps its URLs in /dev/shm (``engine.pool.urls``), which no
+other host can read. Pools on several hosts share one queue, and any host's worker may claim
+any row, so the row -> URL map must live beside the queue: two more keys with the queue's hash
+tag (one Cluster slot with it), ``lanes:{name}:urls`` (HASH row -> URL) and
+``lanes:{name}:url_rows`` (HASH URL -> row). ``lanes:{name}:routes`` keeps the routes a pool
+was started with, so ``lanes add --redis`` on any host applies them.
+
+Rows and their URLs are added together in one FCALL (``lanes_add_urls``), so a row is never
+claimable without its URL, and a URL already known is left alone (a parked one is made due
+now): adding the same corpus from every host is harmless, and a second host's pool starts with
+the same command as the first. URLs are never removed or changed, so a scan that runs while
+others add sees every URL that existed when it began (``urls``).
+
+``RedisUrls`` has the interface of the shared-memory ``UrlTable`` that the pool uses:
+``[row]``, ``many(rows)`` (one HMGET per claimed batch), ``urls()`` in row order (for
+checkpoints), ``find(url)``, ``refresh()``, ``close()``, ``len()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import EngineError, EngineValueError
+from .engine import RedisEngine, packed_rows
+
+URL_CHUNK = 1000
+"""URLs per FCALL of ``add``: a big corpus never blocks the server for long (each chunk is
+atomic; a failed add leaves whole chunks, and adding the corpus again adds the rest)."""
+SCAN_COUNT = 10_000
+"""Entries per HSCAN step of ``urls()``."""
+
+
+def pool_keys(name: str) -> tuple[str, str, str]:
+    """The keys a pool keeps beside queue ``name``: urls, url_rows, routes (same hash tag)."""
+    tag = f"lanes:{{{name}}}:"
+    return f"{tag}urls", f"{tag}url_rows", f"{tag}routes"
+
+
+@dataclass(frozen=True)
+class UrlsAdded:
+    """What ``RedisUrls.add`` did, per URL given: its row and whether it was new."""
+
+    rows: npt.NDArray[np.int64]
+    new: npt.NDArray[np.bool_]
+    unparked: int
+
+    @property
+    def added(self) -> int:
+        return int(self.new.sum())
+
+    @property
+    def known(self) -> int:
+        return len(self.new) - self.added
+
+
+def _checked_url(i: int, url: object) -> bytes:
+    if not isinstance(url, str) or not url or "\n" in url or "\r" in url:
+        raise EngineValueError(f"urls[{i}] = {url!r} is not a one-line, non-empty string")
+    try:
+        return url.encode()
+    except UnicodeEncodeError:
+        raise EngineValueError(f"urls[{i}] = {url!r} cannot be written as UTF-8") from None
+
+
+class RedisUrls:
+    """Row id <-> URL of the Redis queue ``eng`` (which this object uses, never closes)."""
+
+    def __init__(self, eng: RedisEngine) -> None:
+        self.engine = eng
+        self.name = eng.name
+        self._urls, self._url_rows, self._routes = pool_keys(eng.name)
+
+    def _plain(self, fn: str, *args: Any) -> Any:
+        """A plain command (a read, or an idempotent write): retried on a lost connection."""
+        eng = self.engine
+        return eng._call_plain(getattr(eng._live(), fn), *args)
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def add(self, urls: Sequence[str], due_ms: Any, interval_s: Any, provenance: Any = "submitted",
+            failures: Any = None, now_ms: int | None = None) -> UrlsAdded:
+        """Queue a row for each URL not known yet (``urls[i]`` with ``due_ms[i]``...); known
+        URLs are left alone, except parked rows, made due now. Every URL and row is checked
+        before anything is sent; each chunk of ``URL_CHUNK`` is one atomic FCALL."""
+        encoded = [_checked_url(i, u) for i, u in enumerate(urls)]
+        blob = packed_rows(due_ms, interval_s, provenance, failures)
+        if len(blob) != len(encoded):
+            raise EngineValueError(f"{len(blob)} rows for {len(encoded)} URLs")
+        now = self.engine._now(now_ms)
+        rows = np.empty(len(encoded), np.int64)
+        states = np.empty(len(encoded), np.int64)
+        for start in range(0, len(encoded), URL_CHUNK):
+            stop = min(len(encoded), start + URL_CHUNK)
+            got, state = self.engine._fcall_with(
+                "lanes_add_urls", (self._urls, self._url_rows), now,
+                blob[start:stop].tobytes(), *encoded[start:stop])
+            rows[start:stop], states[start:stop] = got, state
+        return UrlsAdded(rows, states == 1, int((states == 2).sum()))
+
+    def store_routes(self, text: str) -> None:
+        """Keep the routes (``Routes.to_json``) a pool was started with; the last one wins."""
+        self._plain("set", self._routes, text)
+
+    def routes(self) -> str | None:
+        """The stored routes JSON, or None."""
+        text = self._plain("get", self._routes)
+        return None if text is None else bytes(text).decode()
+
+    def drop(self) -> None:
+        """Delete the URL keys and the routes (``RedisEngine.drop`` deletes the queue's)."""
+        self._plain("delete", self._urls, self._url_rows, self._routes)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return int(self._plain("hlen", self._urls))
+
+    def __getitem__(self, row: int) -> str:
+        return self.many([row])[0]
+
+    def many(self, rows: Sequence[int]) -> list[str]:
+        """The URLs of ``rows``, in one round trip; ``EngineValueError`` if one has none."""
+        if not len(rows):
+            return []
+        got = self._plain("hmget", self._urls, [int(r) for r in rows])
+        missing = [int(r) for r, u in zip(rows, got, strict=True) if u is None]
+        if missing:
+            raise EngineValueError(f"row {missing[0]} has no URL in {self._urls} (added"
+                                   " outside a pool?)")
+        return [bytes(u).decode() for u in got]
+
+    def urls(self) -> list[str]:
+        """Every URL in row order (an HSCAN, so the server is never blocked for long).
+
+        ``EngineError`` if a row below the last one has no URL (rows added outside a pool)."""
+        def scan() -> dict[int, str]:
+            return {int(r): bytes(u).decode() for r, u in
+                    self.engine._live().hscan_iter(self._urls, count=SCAN_COUNT)}
+
+        by_row: dict[int, str] = self.engine._call_plain(scan)
+        out = [by_row.get(r, "") for r in range(len(by_row))]
+        if len(by_row) and max(by_row) != len(by_row) - 1:
+            gap = next(r for r in range(len(by_row)) if r not in by_row)
+            raise EngineError(f"queue {self.name!r}: row {gap} has no URL (rows were added"
+                              " outside a pool)")
+        return out
+
+    def find(self, url: str) -> int:
+        """The row of ``url``; ``EngineValueError`` if the queue does not hold it."""
+        row = self._plain("hget", self._url_rows, url)
+        if row is None:
+            raise EngineValueError(f"no row has URL {url!r}")
+        return int(row)
+
+    def refresh(self) -> None:
+        """Nothing to map: every read goes to the server."""
+
+    def close(self) -> None:
+        """Nothing of its own to close (the engine's connection is the caller's)."""
+
+    def statistics(self) -> dict[str, Any]:
+        return {"queue": self.name, "urls": len(self), "url_key": self._urls,
+                "routes": self.routes() is not None}
