@@ -548,8 +548,9 @@ class RedisEngine:
             pool.release(conn)
             return
 
-    def _fcall(self, fn: str, *args: Any) -> Any:
-        """One FCALL of lanes.lua with the queue's keys; errors mapped to ours.
+    def _fcall(self, fn: str, *args: Any, extra_keys: tuple[str, ...] = ()) -> Any:
+        """One FCALL of lanes.lua with the queue's keys (then ``extra_keys``, each with the
+        queue's hash tag); errors mapped to ours.
 
         Never replayed once sent: a write whose reply was lost may have been applied (a
         replayed add would add twice, a replayed claim would lease rows nobody holds). A
@@ -560,7 +561,8 @@ class RedisEngine:
         for _ in range(MOVED_RETRIES + 1):
             self._connection()
             try:
-                return self._r.fcall(fn, 5, *self._keys, LIBRARY_VERSION, *args)
+                keys = (*self._keys, *extra_keys)
+                return self._r.fcall(fn, len(keys), *keys, LIBRARY_VERSION, *args)
             except _LOST as e:
                 raise OutcomeUnknown(f"lost Redis at {redact(self._url)} during {fn}: {e}; "
                                      "it may or may not have been applied") from None
@@ -611,19 +613,9 @@ class RedisEngine:
                  failures: Any = None) -> IntArray:
         """Queue many rows; every element is checked before any row is sent. Rows go in chunks
         of ``ADD_CHUNK`` per FCALL (each chunk takes consecutive row ids)."""
-        due = check_due_array(due_ms)
-        n = len(due)
-        interval = _broadcast(interval_s, n, "interval_s", 1, MAX_INTERVAL_S)
-        prov = _provenance_array(provenance, n)
-        fails = np.zeros(n, np.int64) if failures is None else _broadcast(
-            failures, n, "failures", 0, 255)
+        blob = packed_rows(due_ms, interval_s, provenance, failures)
+        n = len(blob)
         out = np.empty(n, np.int64)
-        packed = np.empty(n, _ADD_ROW)
-        packed["due"], packed["interval"] = due, interval
-        packed["prov"], packed["failures"] = prov, fails
-        # '<I6I4BB' for lanes.lua: drop the two high bytes of each due time (< 2**42)
-        raw = packed.view(np.uint8).reshape(n, _ADD_ROW.itemsize)
-        blob = np.ascontiguousarray(np.concatenate([raw[:, :6], raw[:, 8:]], axis=1))
         for start in range(0, n, ADD_CHUNK):
             stop = min(n, start + ADD_CHUNK)
             first = int(self._fcall("lanes_add", blob[start:stop].tobytes()))
@@ -1002,16 +994,6 @@ class RedisEngine:
             self._fcall("lanes_reap", *dead)
         return len(dead)
 
-    def _fcall_with(self, fn: str, extra_keys: tuple[str, ...], *args: Any) -> Any:
-        """``_fcall`` with more keys after the queue's five (each with the queue's hash tag)."""
-        r = self._live()
-        keys = (*self._keys, *extra_keys)
-        try:
-            return r.fcall(fn, len(keys), *keys, LIBRARY_VERSION, *args)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as e:
-            raise EngineError(f"lost Redis at {redact(self._url)} during {fn}: {e}") from None
-        except redis_errors.ResponseError as e:
-            raise self._error(e, fn) from None
 
 _RECORD_DTYPE = np.dtype([("due_lo", "<u4"), ("due_hi", "<u2"), ("lane", "u1"),
                           ("interval", "<u4"), ("failures", "u1"), ("flags", "u1"),

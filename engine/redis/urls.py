@@ -98,9 +98,9 @@ class RedisUrls:
         states = np.empty(len(encoded), np.int64)
         for start in range(0, len(encoded), URL_CHUNK):
             stop = min(len(encoded), start + URL_CHUNK)
-            got, state = self.engine._fcall_with(
-                "lanes_add_urls", (self._urls, self._url_rows), now,
-                blob[start:stop].tobytes(), *encoded[start:stop])
+            got, state = self.engine._fcall(
+                "lanes_add_urls", now, blob[start:stop].tobytes(), *encoded[start:stop],
+                extra_keys=(self._urls, self._url_rows))
             rows[start:stop], states[start:stop] = got, state
         return UrlsAdded(rows, states == 1, int((states == 2).sum()))
 
