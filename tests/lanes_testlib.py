@@ -65,15 +65,34 @@ def leftover_segments(session: str | None = SESSION) -> list[str]:
 
 
 def dispose(eng: Any, name: str) -> None:
-    """Close and unlink ``eng`` whatever state it is in; never raises."""
+    """Close and unlink ``eng`` whatever state it is in (a Redis queue is dropped, through a new
+    connection if the test closed its own); never raises."""
     from engine.errors import EngineError
 
+    if is_redis(eng) and eng._r is None:
+        with contextlib.suppress(EngineError, OSError):
+            eng = type(eng).connect(eng._url, eng.name)
     with contextlib.suppress(EngineError, OSError):
         eng.unlink()
     with contextlib.suppress(EngineError, OSError):
         eng.close()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(shm_path(name))
+
+
+def is_redis(eng: Any) -> bool:
+    """Whether ``eng`` is a RedisEngine (without importing redis-py for the shm-only tests)."""
+    return type(eng).__name__ == "RedisEngine"
+
+
+def another_handle(eng: Any) -> Any:
+    """A second handle on the same engine, as another process would open it: ``attach`` of the
+    segment, or a new connection to the Redis queue. The caller closes it."""
+    from engine import Engine
+
+    if is_redis(eng):
+        return type(eng).connect(eng._url, eng.name)
+    return Engine.attach(eng.name)
 
 
 @contextlib.contextmanager

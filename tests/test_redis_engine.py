@@ -53,12 +53,9 @@ STATS_LANE_KEYS = {"lane", "name", "floor_minute", "queued", "due", "leased", "g
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[RedisServer]:
-    srv = RedisServer().start()
-    yield srv
-    srv.stop()
-    assert srv.proc is not None and srv.proc.poll() is not None
-    assert not os.path.exists(srv.dir)
+def server(redis_server: RedisServer) -> RedisServer:
+    """The session's server (tests/conftest.py), shared with the contract suites."""
+    return redis_server
 
 
 def _qname() -> str:
