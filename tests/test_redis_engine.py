@@ -313,14 +313,22 @@ def test_stale_token_raises_lease_lost_and_changes_nothing(q):
     assert q.verify() == []
 
 
-def test_a_lapsed_token_is_stale_even_before_anyone_claims_again(q):
-    row = q.add(NOW - MINUTE, 3600)
+def test_a_lapsed_lease_put_back_keeps_its_token_until_the_row_is_granted_again(q):
+    """The Redis side of tests/test_leases.py's contract test: a pass that puts a lapsed row
+    back into ready without granting it (budget spent elsewhere) leaves the token valid."""
+    row = q.add(NOW - MINUTE, 3600, provenance="discovered")  # lane 5
     _, tok = _claim_one(q, lease_ms=1000)
-    before = _dump(q)
-    with pytest.raises(LeaseLost):
-        q.complete(row, tok, now_ms=NOW + 1000)  # expiry <= now: lapsed
-    assert _dump(q) == before
-    q.complete(row, tok, now_ms=NOW + 999)
+    first = q.add(NOW - DAY, 600)  # lane 1: the next pass grants this one, not the lapsed row
+    assert q.claim(budget=1, now_ms=NOW + 5000).rows.tolist() == [first]
+    assert q.describe(row, now_ms=NOW + 5000)["leased"] is False
+    assert q.verify() == []
+    new = q.renew(row, tok, lease_ms=60_000, now_ms=NOW + 5000)  # taken out of ready again
+    assert q.describe(row, now_ms=NOW + 5000)["owner"] == q.owner
+    assert q.claim(budget=5, now_ms=NOW + 6000).rows.tolist() == []
+    assert q.verify() == []
+    q.complete(row, new, now_ms=NOW + 7000)
+    assert q.due_ms(row) == NOW + 7000 + 3600 * 1000
+    assert q.verify() == []
 
 
 def test_a_token_is_spent_by_complete(q):

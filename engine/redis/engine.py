@@ -64,7 +64,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "1"
+LIBRARY_VERSION = "2"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
 LAYOUT_VERSION = 1
@@ -508,7 +508,9 @@ class RedisEngine:
         self._fcall("lanes_fail", self._now(now_ms), r, t, retry, int(permanent))
 
     def release(self, row: int, token: int, now_ms: int | None = None) -> None:
-        """Give the row back unrendered; its schedule is unchanged. ``LeaseLost`` if stale."""
+        """Give the row back unrendered; its schedule is unchanged. ``LeaseLost`` if stale.
+        (``now_ms`` is accepted for symmetry with the other writes; a token's validity does not
+        depend on the time: it holds until the row is granted again or the lease ends.)"""
         r, t = self._row(row), self._token(token)
         if not self.release_many([r], [t], now_ms)[0]:
             raise LeaseLost(f"release row {r}: the token is stale")
@@ -527,7 +529,7 @@ class RedisEngine:
         """Extend a lease to ``now + lease_ms``; returns the new token (the old one is stale)."""
         r, t = self._row(row), self._token(token)
         lease = _int(lease_ms, "lease_ms", 1, STRIDE - 1)
-        return int(self._fcall("lanes_renew", self._now(now_ms), r, t, lease))
+        return int(self._fcall("lanes_renew", self._now(now_ms), r, t, lease, self.owner))
 
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
         """``"rush"``: urgent lane, due now. ``"wait"``: own lane, due now."""
@@ -692,8 +694,9 @@ class RedisEngine:
     def verify(self) -> list[str]:
         """Read the whole queue in one MULTI/EXEC; one line per broken invariant (empty when
         all hold): every live row is in exactly one of ready and lease, a removed row in
-        neither; a ready row's score is the key its record holds; a row holds a token exactly
-        while it is in lease, with an owner, below the token counter, unique."""
+        neither; a ready row's score is the key its record holds; a row in lease holds a token
+        and has an owner (a ready row may still hold the token of a lapsed lease nobody claimed
+        again), a removed row none; tokens are below the counter and unique."""
         meta_all, table, ready, lease, holder = self._snapshot(*self._dump_commands())
         if not meta_all:
             return [f"queue {self._name!r} does not exist"]
@@ -729,9 +732,10 @@ class RedisEngine:
                             f"{int(in_lease[row])} lease entries")
         for row in np.flatnonzero(~live & (in_ready + in_lease != 0)).tolist():
             problems.append(f"removed row {row} is still queued")
-        for row in np.flatnonzero((tokens != 0) != (in_lease == 1)).tolist():
-            problems.append(f"row {row}: token {int(tokens[row])} but "
-                            f"{'in' if in_lease[row] else 'not in'} lease")
+        for row in np.flatnonzero((tokens == 0) & (in_lease == 1)).tolist():
+            problems.append(f"row {row}: in lease without a token")
+        for row in np.flatnonzero(~live & (tokens != 0)).tolist():
+            problems.append(f"removed row {row} holds token {int(tokens[row])}")
         for row in np.flatnonzero(tokens > counter).tolist():
             problems.append(f"row {row}: token {int(tokens[row])} past the counter {counter}")
         held = tokens[tokens != 0]

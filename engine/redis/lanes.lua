@@ -17,10 +17,16 @@ claimed row leaves ready, so a claim pass never reads a row in flight, and comes
 key its record holds) when its lease is completed, failed, released, or lapses: the first step
 of every claim pass moves lapsed leases back.
 
+A token is valid while the row's record holds it, as in shared memory: an expired lease nobody
+has claimed again can still be completed, failed, released or renewed by its holder. So a
+lapsed lease put back into ready keeps its token in the record (the row is claimable; its
+holder is forgotten) until the next grant of the row replaces it or a write ends it.
+
 Record (little endian, 20 bytes; struct format REC):
   due_ms I6 | lane B | interval_s I4 | failures B | flags B | token I7
 flags: 1 = discovered (else submitted), 2 = urgent, 4 = live (not removed).
-token: the fencing token of the row's live lease, 0 when it holds none. Tokens come from the
+token: the fencing token of the row's lease (in flight, or lapsed and not yet claimed again),
+0 when it holds none. Tokens come from the
 meta counter `token` (HINCRBY), so they never repeat within a queue, and every number stays
 below 2^53 (exact as a Lua number and as a ZSET score).
 
@@ -29,7 +35,7 @@ Every function checks ARGV[1] against VERSION, so a client built for another ver
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '1'
+local VERSION = '2'
 local LAYOUT = '1'
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1
@@ -160,13 +166,16 @@ end
 
 -- ---------------------------------------------------------------- leases -----
 
--- The record of a row whose lease `token` is live at `now`, else nil (a stale token).
-local function leased(K, row, token, now)
+-- The record of a row whose lease `token` still holds, else nil (a stale token). A lapsed
+-- lease holds until the row is granted again (that replaces the token), as in shared memory.
+local function leased(K, row, token)
   local r = get(K, row)
   if token == 0 or r.token ~= token or not has(r.flags, F_LIVE) then return nil end
-  local exp = rcall('ZSCORE', K[2], row)
-  if not exp or tonumber(exp) <= now then return nil end
   return r
+end
+
+local function in_lease(K, row) -- in flight (its lease may have lapsed, not yet put back)
+  return rcall('ZSCORE', K[2], row) ~= false
 end
 
 local function lease_end(K, row)
@@ -174,7 +183,8 @@ local function lease_end(K, row)
   rcall('HDEL', K[5], row)
 end
 
--- Put lapsed leases back into ready with the key their record holds (expiry <= now).
+-- Put lapsed leases back into ready with the key their record holds (expiry <= now). The
+-- record keeps the token: its holder may still end the lease until the row is granted again.
 local function expire(K, now)
   local lapsed = rcall('ZRANGE', K[2], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, EXPIRE_BATCH)
   if #lapsed == 0 then return 0 end
@@ -182,7 +192,6 @@ local function expire(K, now)
   for _, m in ipairs(lapsed) do
     local row = tonumber(m)
     local r = get(K, row)
-    set_token(K, row, 0)
     if has(r.flags, F_LIVE) then
       back[#back + 1] = fmt(r.lane * STRIDE + r.due)
       back[#back + 1] = m
@@ -350,7 +359,7 @@ local function complete_many(K, P, now, rows, tokens, nexts)
   local ok = {}
   for i = 1, #rows do
     local row = rows[i]
-    local r = leased(K, row, tokens[i], now)
+    local r = leased(K, row, tokens[i])
     if r then
       local discovered = has(r.flags, F_DISCOVERED)
       r.failures = 0
@@ -373,7 +382,7 @@ local function release_many(K, P, now, rows, tokens)
   local ok = {}
   for i = 1, #rows do
     local row = rows[i]
-    local r = leased(K, row, tokens[i], now)
+    local r = leased(K, row, tokens[i])
     if r then
       set_token(K, row, 0)
       lease_end(K, row)
@@ -505,7 +514,7 @@ local function f_fail(K, A)
   local now, row, token = now_of(A[2]), tonumber(A[3]), tonumber(A[4])
   local retry_at = tonumber(A[5])
   check_row(K, P, row)
-  local r = leased(K, row, token, now)
+  local r = leased(K, row, token)
   if not r then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
   local f = r.failures + 1
   if A[6] == '1' and f < P.cold_after then f = P.cold_after end -- a 404 will not heal
@@ -524,14 +533,19 @@ local function f_fail(K, A)
   return 1
 end
 
--- ARGV: version, now, row, token, lease_ms. Returns the new token (the old one is stale).
+-- ARGV: version, now, row, token, lease_ms, owner. Returns the new token (the old one is
+-- stale). A lapsed lease put back into ready is taken out of it again, held by `owner`.
 local function f_renew(K, A)
   check_version(A)
   local P = queue_meta(K)
   local now, row, token = now_of(A[2]), tonumber(A[3]), tonumber(A[4])
   check_row(K, P, row)
-  if not leased(K, row, token, now) then
+  if not leased(K, row, token) then
     fail('LEASE', 'renew row ' .. row .. ': the token is stale')
+  end
+  if not in_lease(K, row) then
+    rcall('ZREM', K[1], row)
+    rcall('HSET', K[5], row, A[6])
   end
   local tok = rcall('HINCRBY', K[4], 'token', 1)
   set_token(K, row, tok)
@@ -551,9 +565,9 @@ local function f_prioritize(K, A)
   r.flags = F_LIVE + (discovered and F_DISCOVERED or 0) + (rush and F_URGENT or 0)
   r.lane = lane_for(P, discovered, r.interval, r.failures, rush)
   r.due = now
-  local in_flight = r.token ~= 0
-  if not in_flight then rcall('ZREM', K[1], row) end
-  reschedule(K, P, row, r, in_flight)
+  local held = in_lease(K, row)
+  if not held then rcall('ZREM', K[1], row) end
+  reschedule(K, P, row, r, held)
   return 1
 end
 
