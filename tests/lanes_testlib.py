@@ -85,14 +85,21 @@ def is_redis(eng: Any) -> bool:
     return type(eng).__name__ == "RedisEngine"
 
 
-def another_handle(eng: Any) -> Any:
+def address(eng: Any) -> tuple[str, ...]:
+    """Where another process finds ``eng`` (picklable): ``("shm", name)`` or
+    ``("redis", url, name)``; :func:`another_handle` opens it."""
+    return ("redis", eng._url, eng.name) if is_redis(eng) else ("shm", eng.name)
+
+
+def another_handle(eng_or_address: Any) -> Any:
     """A second handle on the same engine, as another process would open it: ``attach`` of the
     segment, or a new connection to the Redis queue. The caller closes it."""
     from engine import Engine
 
-    if is_redis(eng):
-        return type(eng).connect(eng._url, eng.name)
-    return Engine.attach(eng.name)
+    where = eng_or_address if isinstance(eng_or_address, tuple) else address(eng_or_address)
+    if where[0] == "redis":
+        return Engine.connect(where[1], where[2])
+    return Engine.attach(where[1])
 
 
 @contextlib.contextmanager
@@ -291,14 +298,13 @@ def child_churn(name: str, seed: int, q: Any) -> None:
             eng.compact()
 
 
-def child_worker_lanes(name: str, now_ms: int, calls: int, budget: int, q: Any) -> None:
-    """A worker: ``calls`` claims of ``budget``, each grant completed far in the future; reports
-    the lane of every grant."""
+def child_worker_lanes(where: tuple[str, ...], now_ms: int, calls: int, budget: int,
+                       q: Any) -> None:
+    """A worker on the engine at ``where`` (:func:`address`): ``calls`` claims of ``budget``,
+    each grant completed far in the future; reports the lane of every grant."""
 
     def body() -> list[int]:
-        from engine import Engine
-
-        eng = Engine.attach(name)
+        eng = another_handle(where)
         lanes: list[int] = []
         for k in range(calls):
             c = eng.claim(budget=budget, now_ms=now_ms + k, lease_ms=3_600_000)
