@@ -766,9 +766,11 @@ class RedisEngine:
         return {"restamped": int(done), "done": bool(finished)}
 
     def compact(self, full: bool = False) -> None:
-        """Nothing to merge: a ZSET is always in order (kept for API parity)."""
+        """Nothing to merge: a ZSET is always in order (kept for API parity). Refused, as every
+        call is, on a closed engine."""
         if not isinstance(full, bool):
             raise EngineTypeError(f"full must be a bool, got {full!r}")
+        self._live()
 
     # -- checkpoints (engine/checkpoint.py's format) ----------------------------------------------
 
