@@ -42,7 +42,7 @@ from engine.errors import (  # noqa: E402
     SegmentMissing,
 )
 from engine.policy import CLASSES, ONE, reference_pass  # noqa: E402
-from engine.redis import queue_keys  # noqa: E402
+from engine.redis.engine import member, queue_keys  # noqa: E402
 
 assert find_server() is not None, "redis-server is not installed (make test installs it)"
 
@@ -506,9 +506,9 @@ def test_verify_finds_a_broken_queue(q, server):
     assert q.verify() == []
     r = redis.Redis(unix_socket_path=server.socket)
     ready, lease, *_ = q.keys
-    r.zadd(ready, {str(int(rows[1])): 5})
-    r.zadd(ready, {str(int(c.rows[0])): 7})
-    r.zrem(ready, str(int(rows[2])))
+    r.zadd(ready, {member(int(rows[1])): 5})
+    r.zadd(ready, {member(int(c.rows[0])): 7})
+    r.zrem(ready, member(int(rows[2])))
     problems = "\n".join(q.verify())
     assert f"row {int(rows[1])}: ready score 5" in problems
     assert f"live row {int(c.rows[0])} is in 1 ready and 1 lease" in problems

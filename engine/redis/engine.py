@@ -64,11 +64,12 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "2"
+LIBRARY_VERSION = "3"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
-LAYOUT_VERSION = 1
-"""The data model of a queue's keys (lanes.lua LAYOUT): bump when a record or key changes."""
+LAYOUT_VERSION = 2
+"""The data model of a queue's keys (lanes.lua LAYOUT): bump when a record or key changes.
+2: members are zero-padded row ids (``member``)."""
 MIN_REDIS = (7, 0)
 RECORD = 20
 """Bytes per row in the row table (lanes.lua REC)."""
@@ -92,6 +93,13 @@ _ERRORS: dict[str, type[EngineError]] = {
     "LAYOUT": LayoutMismatch,
     "VERSION": LayoutMismatch,
 }
+
+
+def member(row: int) -> str:
+    """Row ``row`` as a member of the ready/lease ZSETs and the holder hash (lanes.lua MEMBER):
+    8 zero-padded digits, so equal scores order by row id, as the shared-memory engine serves
+    rows due at the same millisecond."""
+    return f"{row:08d}"
 
 
 def library_source() -> str:
@@ -584,7 +592,7 @@ class RedisEngine:
         ready, lease, rows, meta, holder = self._keys
         used, rec, expiry, owner, t = self._snapshot(
             ("hget", (meta, "next_row")), ("getrange", (rows, r * RECORD, r * RECORD + RECORD - 1)),
-            ("zscore", (lease, r)), ("hget", (holder, r)), ("time", ()))
+            ("zscore", (lease, member(r))), ("hget", (holder, member(r))), ("time", ()))
         if used is None:
             raise SegmentMissing(f"queue {self._name!r} is gone")
         if r >= int(used):

@@ -22,6 +22,10 @@ has claimed again can still be completed, failed, released or renewed by its hol
 lapsed lease put back into ready keeps its token in the record (the row is claimable; its
 holder is forgotten) until the next grant of the row replaces it or a write ends it.
 
+A member (in ready, lease and holder) is the row id in 8 zero-padded digits (MEMBER): a ZSET
+orders equal scores by member bytes, and padded ids sort as numbers, so rows due at the same
+millisecond are served in row order, as by the shared-memory engine ("10" would precede "9").
+
 Record (little endian, 20 bytes; struct format REC):
   due_ms I6 | lane B | interval_s I4 | failures B | flags B | token I7
 flags: 1 = discovered (else submitted), 2 = urgent, 4 = live (not removed).
@@ -35,8 +39,8 @@ Every function checks ARGV[1] against VERSION, so a client built for another ver
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '2'
-local LAYOUT = '1'
+local VERSION = '3'
+local LAYOUT = '2'
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1
 local ONE = 65536 -- share credit unit (engine.policy.ONE)
@@ -46,6 +50,7 @@ local TOKEN_OFF = 13 -- byte offset of the token in a record
 local F_DISCOVERED, F_URGENT, F_LIVE = 1, 2, 4
 local EXPIRE_BATCH = 1000 -- lapsed leases put back per claim pass (the rest by the next ones)
 local CHUNK = 1000 -- members per variadic call (unpack() has a C stack limit)
+local MEMBER = '%08d' -- a row id as a member: sorts as a number (MAX_ROWS < 10^8)
 
 -- redis.call is not there while the library loads: look it up at call time.
 local function rcall(...)
@@ -54,6 +59,10 @@ end
 
 local function fmt(x) -- numbers go to Redis as exact integers, never as %.14g
   return string.format('%.0f', x)
+end
+
+local function mem(row) -- a row id as a member of ready, lease and holder
+  return string.format(MEMBER, row)
 end
 
 local function fail(code, text)
@@ -156,7 +165,7 @@ end
 local function reschedule(K, P, row, r, in_flight)
   put(K, row, r)
   note_lane(K, P, r.lane)
-  if not in_flight then rcall('ZADD', K[1], fmt(r.lane * STRIDE + r.due), row) end
+  if not in_flight then rcall('ZADD', K[1], fmt(r.lane * STRIDE + r.due), mem(row)) end
 end
 
 local function clamp(ms)
@@ -175,12 +184,12 @@ local function leased(K, row, token)
 end
 
 local function in_lease(K, row) -- in flight (its lease may have lapsed, not yet put back)
-  return rcall('ZSCORE', K[2], row) ~= false
+  return rcall('ZSCORE', K[2], mem(row)) ~= false
 end
 
 local function lease_end(K, row)
-  rcall('ZREM', K[2], row)
-  rcall('HDEL', K[5], row)
+  rcall('ZREM', K[2], mem(row))
+  rcall('HDEL', K[5], mem(row))
 end
 
 -- Put lapsed leases back into ready with the key their record holds (expiry <= now). The
@@ -213,6 +222,22 @@ end
      counts against its credit.
 Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT 0 n. `window` bounds the
 rows one lane grants in one pass. Returns {rows, lanes, dues, tokens}. ]]
+-- Grants from position `start` + 1 on, as the remainder took them lane by lane, put in the
+-- order it serves them: by due time, ties to the lower lane, a lane's own order kept (as the
+-- shared-memory pass grants with remainder = edf, one global earliest row after another).
+local function in_due_order(rows, lanes, dues, start)
+  local idx = {}
+  for i = start + 1, #rows do idx[#idx + 1] = i end
+  table.sort(idx, function(a, b)
+    if dues[a] ~= dues[b] then return dues[a] < dues[b] end
+    if lanes[a] ~= lanes[b] then return lanes[a] < lanes[b] end
+    return a < b
+  end)
+  local r, l, d = {}, {}, {}
+  for k, i in ipairs(idx) do r[k], l[k], d[k] = rows[i], lanes[i], dues[i] end
+  for k = 1, #idx do rows[start + k], lanes[start + k], dues[start + k] = r[k], l[k], d[k] end
+end
+
 local function claim_pass(K, P, now, budget, lease_ms, window, owner)
   local nl = P.lanes_high + 1
   local remaining = budget
@@ -310,9 +335,11 @@ local function claim_pass(K, P, now, budget, lease_ms, window, owner)
         local l = heads[i][2]
         want[l] = (want[l] or 0) + 1
       end
+      local start = #rows
       for l = first, nl - 1 do
         if want[l] then take(l, want[l]) end
       end
+      in_due_order(rows, lanes, dues, start)
     end
     for cls = 1, 3 do
       if P.shares[cls] > 0 then
@@ -337,8 +364,8 @@ local function claim_pass(K, P, now, budget, lease_ms, window, owner)
       tokens[i] = tok
       set_token(K, rows[i], tok)
       z[#z + 1] = fmt(exp)
-      z[#z + 1] = rows[i]
-      h[#h + 1] = rows[i]
+      z[#z + 1] = mem(rows[i])
+      h[#h + 1] = mem(rows[i])
       h[#h + 1] = owner
     end
     chunked('ZADD', K[2], z)
@@ -386,7 +413,7 @@ local function release_many(K, P, now, rows, tokens)
     if r then
       set_token(K, row, 0)
       lease_end(K, row)
-      rcall('ZADD', K[1], fmt(r.lane * STRIDE + r.due), row)
+      rcall('ZADD', K[1], fmt(r.lane * STRIDE + r.due), mem(row))
       ok[i] = 1
     else
       ok[i] = 0
@@ -453,7 +480,7 @@ local function f_add(K, A)
     recs[#recs + 1] = struct.pack(REC, due, lane, interval, failures,
       F_LIVE + (prov == 1 and F_DISCOVERED or 0), 0)
     z[#z + 1] = fmt(lane * STRIDE + due)
-    z[#z + 1] = fmt(first + i)
+    z[#z + 1] = mem(first + i)
   end
   rcall('SETRANGE', K[3], fmt(first * RECLEN), table.concat(recs))
   rcall('HSET', K[4], 'next_row', fmt(first + n))
@@ -544,12 +571,12 @@ local function f_renew(K, A)
     fail('LEASE', 'renew row ' .. row .. ': the token is stale')
   end
   if not in_lease(K, row) then
-    rcall('ZREM', K[1], row)
-    rcall('HSET', K[5], row, A[6])
+    rcall('ZREM', K[1], mem(row))
+    rcall('HSET', K[5], mem(row), A[6])
   end
   local tok = rcall('HINCRBY', K[4], 'token', 1)
   set_token(K, row, tok)
-  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), row)
+  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), mem(row))
   return tok
 end
 
@@ -566,7 +593,7 @@ local function f_prioritize(K, A)
   r.lane = lane_for(P, discovered, r.interval, r.failures, rush)
   r.due = now
   local held = in_lease(K, row)
-  if not held then rcall('ZREM', K[1], row) end
+  if not held then rcall('ZREM', K[1], mem(row)) end
   reschedule(K, P, row, r, held)
   return 1
 end
@@ -583,7 +610,7 @@ local function f_remove(K, A)
   if has(r.flags, F_URGENT) then r.flags = r.flags - F_URGENT end
   r.token = 0 -- its holder's token is stale from now on
   put(K, row, r)
-  rcall('ZREM', K[1], row)
+  rcall('ZREM', K[1], mem(row))
   lease_end(K, row)
   return 1
 end
@@ -664,7 +691,7 @@ local function f_stats(K, A)
     flight[#flight + 1] = r.lane
     flight[#flight + 1] = r.due
     flight[#flight + 1] = tonumber(leases[i + 1])
-    flight[#flight + 1] = rcall('HGET', K[5], row) or ''
+    flight[#flight + 1] = rcall('HGET', K[5], mem(row)) or ''
   end
   return {now, per, flight}
 end
