@@ -36,17 +36,18 @@ CONTRACT_KEYS = ("row", "queued", "due_ms", "lane", "interval_s", "failures", "p
                  "urgent", "leased", "lease_expiry_ms")
 
 
-def _outcome(fn: Any) -> Any:
-    """What a call did, comparable across backends: its result, or that it was stale."""
+def _outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """What ``fn(*args, **kwargs)`` did, comparable across backends: its result, or that the
+    token was stale."""
     try:
-        return ("ok", fn())
+        return ("ok", fn(*args, **kwargs))
     except LeaseLost:
         return ("stale", None)
 
 
-@settings(max_examples=300, deadline=None)
-@given(policy=share_policies(), corpus=st.lists(ADD, max_size=30),
-       ops=st.lists(OPS, min_size=1, max_size=40))
+@settings(max_examples=100, deadline=None)
+@given(policy=share_policies(), corpus=st.lists(ADD, min_size=1, max_size=30),
+       ops=st.lists(OPS, min_size=5, max_size=40))
 def test_both_backends_grant_the_same_rows_in_the_same_order(redis_server, policy, corpus, ops):
     name = unique_name()
     shm = Engine.create(name, 256, policy)
@@ -74,28 +75,33 @@ def test_both_backends_grant_the_same_rows_in_the_same_order(redis_server, polic
                 used = shm.stats()["rows"]
                 if used:
                     row = op[1] % used
-                    assert _outcome(lambda: shm.prioritize(row, op[2], now_ms=now)) == \
-                        _outcome(lambda: red.prioritize(row, op[2], now_ms=now))
+                    assert _outcome(shm.prioritize, row, op[2], now_ms=now) == \
+                        _outcome(red.prioritize, row, op[2], now_ms=now)
             elif grants:  # a write with the token of some earlier grant (live or stale)
                 row, ta, tb = grants[op[1] % len(grants)]
+                both = ((shm, ta), (red, tb))
                 if kind == "complete":
                     nd = None if op[2] is None else now + op[2]
-                    got = [_outcome(lambda e=e, t=t: e.complete(row, t, next_due_ms=nd,
-                                                                now_ms=now))
-                           for e, t in ((shm, ta), (red, tb))]
+                    got = [_outcome(e.complete, row, t, next_due_ms=nd, now_ms=now)
+                           for e, t in both]
                 elif kind == "fail":
                     retry = None if op[2] is None else now + op[2]
-                    got = [_outcome(lambda e=e, t=t: e.fail(row, t, retry_at_ms=retry,
-                                                            now_ms=now, permanent=op[3]))
-                           for e, t in ((shm, ta), (red, tb))]
+                    got = [_outcome(e.fail, row, t, retry_at_ms=retry, now_ms=now,
+                                    permanent=op[3]) for e, t in both]
                 elif kind == "release":
-                    got = [_outcome(lambda e=e, t=t: e.release(row, t))
-                           for e, t in ((shm, ta), (red, tb))]
+                    got = [_outcome(e.release, row, t) for e, t in both]
                 else:
-                    got = [_outcome(lambda e=e, t=t: e.renew(row, t, lease_ms=op[2], now_ms=now))
-                           for e, t in ((shm, ta), (red, tb))]
+                    got = [_outcome(e.renew, row, t, lease_ms=op[2], now_ms=now)
+                           for e, t in both]
                     if got[0][0] == "ok" and got[1][0] == "ok":
-                        grants.append((row, got[0][1], got[1][1]))
+                        new_a, new_b = got[0][1], got[1][1]
+                        if new_a == ta:
+                            # A shared-memory token is the lease word: a renew to the same
+                            # expiry keeps it, where Redis hands out a new one. Both retire
+                            # what they replace, so that grant now stands for the new one.
+                            grants = [(r, a, new_b if (r, a) == (row, ta) else b)
+                                      for r, a, b in grants]
+                        grants.append((row, new_a, new_b))
                         got = [("ok", None), ("ok", None)]  # tokens differ by design
                 assert got[0] == got[1], (op, row, got)
             rows = shm.stats()["rows"]

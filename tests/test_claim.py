@@ -372,7 +372,7 @@ def test_reading_into_the_next_lane_ends_the_lane_and_counts_no_spill(eng):
     assert eng.verify() == []
 
 
-@pytest.mark.shm_only("the spill counter: a ZSET seek reads no entry past its range, Redis reports 0")
+@pytest.mark.shm_only("the spill counter: a ZSET seek reads nothing past its range (Redis: 0)")
 def test_due_entries_past_the_window_are_counted_as_spilled(eng):
     rows = [eng.add(NOW - HOUR - i, HOME_INTERVAL) for i in range(30)]  # lane 1, all due
     later = [eng.add(NOW + HOUR + i, HOME_INTERVAL) for i in range(5)]  # lane 1, not due
