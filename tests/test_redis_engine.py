@@ -42,7 +42,7 @@ from engine.errors import (  # noqa: E402
     SegmentMissing,
 )
 from engine.policy import CLASSES, ONE, reference_pass  # noqa: E402
-from engine.redis import queue_keys  # noqa: E402
+from engine.redis.engine import member, queue_keys  # noqa: E402
 
 assert find_server() is not None, "redis-server is not installed (make test installs it)"
 
@@ -53,12 +53,9 @@ STATS_LANE_KEYS = {"lane", "name", "floor_minute", "queued", "due", "leased", "g
 
 
 @pytest.fixture(scope="session")
-def server() -> Iterator[RedisServer]:
-    srv = RedisServer().start()
-    yield srv
-    srv.stop()
-    assert srv.proc is not None and srv.proc.poll() is not None
-    assert not os.path.exists(srv.dir)
+def server(redis_server: RedisServer) -> RedisServer:
+    """The session's server (tests/conftest.py), shared with the contract suites."""
+    return redis_server
 
 
 def _qname() -> str:
@@ -316,14 +313,22 @@ def test_stale_token_raises_lease_lost_and_changes_nothing(q):
     assert q.verify() == []
 
 
-def test_a_lapsed_token_is_stale_even_before_anyone_claims_again(q):
-    row = q.add(NOW - MINUTE, 3600)
+def test_a_lapsed_lease_put_back_keeps_its_token_until_the_row_is_granted_again(q):
+    """The Redis side of tests/test_leases.py's contract test: a pass that puts a lapsed row
+    back into ready without granting it (budget spent elsewhere) leaves the token valid."""
+    row = q.add(NOW - MINUTE, 3600, provenance="discovered")  # lane 5
     _, tok = _claim_one(q, lease_ms=1000)
-    before = _dump(q)
-    with pytest.raises(LeaseLost):
-        q.complete(row, tok, now_ms=NOW + 1000)  # expiry <= now: lapsed
-    assert _dump(q) == before
-    q.complete(row, tok, now_ms=NOW + 999)
+    first = q.add(NOW - DAY, 600)  # lane 1: the next pass grants this one, not the lapsed row
+    assert q.claim(budget=1, now_ms=NOW + 5000).rows.tolist() == [first]
+    assert q.describe(row, now_ms=NOW + 5000)["leased"] is False
+    assert q.verify() == []
+    new = q.renew(row, tok, lease_ms=60_000, now_ms=NOW + 5000)  # taken out of ready again
+    assert q.describe(row, now_ms=NOW + 5000)["owner"] == q.owner
+    assert q.claim(budget=5, now_ms=NOW + 6000).rows.tolist() == []
+    assert q.verify() == []
+    q.complete(row, new, now_ms=NOW + 7000)
+    assert q.due_ms(row) == NOW + 7000 + 3600 * 1000
+    assert q.verify() == []
 
 
 def test_a_token_is_spent_by_complete(q):
@@ -501,9 +506,9 @@ def test_verify_finds_a_broken_queue(q, server):
     assert q.verify() == []
     r = redis.Redis(unix_socket_path=server.socket)
     ready, lease, *_ = q.keys
-    r.zadd(ready, {str(int(rows[1])): 5})
-    r.zadd(ready, {str(int(c.rows[0])): 7})
-    r.zrem(ready, str(int(rows[2])))
+    r.zadd(ready, {member(int(rows[1])): 5})
+    r.zadd(ready, {member(int(c.rows[0])): 7})
+    r.zrem(ready, member(int(rows[2])))
     problems = "\n".join(q.verify())
     assert f"row {int(rows[1])}: ready score 5" in problems
     assert f"live row {int(c.rows[0])} is in 1 ready and 1 lease" in problems

@@ -74,11 +74,12 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "2"
+LIBRARY_VERSION = "4"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
-LAYOUT_VERSION = 1
-"""The data model of a queue's keys (lanes.lua LAYOUT): bump when a record or key changes."""
+LAYOUT_VERSION = 2
+"""The data model of a queue's keys (lanes.lua LAYOUT): bump when a record or key changes.
+2: members are zero-padded row ids (``member``)."""
 MIN_REDIS = (7, 0)
 RECORD = 20
 """Bytes per row in the row table (lanes.lua REC)."""
@@ -108,6 +109,13 @@ _ERRORS: dict[str, type[EngineError]] = {
     "LAYOUT": LayoutMismatch,
     "VERSION": LayoutMismatch,
 }
+
+
+def member(row: int) -> str:
+    """Row ``row`` as a member of the ready/lease ZSETs and the holder hash (lanes.lua MEMBER):
+    8 zero-padded digits, so equal scores order by row id, as the shared-memory engine serves
+    rows due at the same millisecond."""
+    return f"{row:08d}"
 
 
 def library_source() -> str:
@@ -659,7 +667,9 @@ class RedisEngine:
         self._fcall("lanes_fail", self._now(now_ms), r, t, retry, int(permanent))
 
     def release(self, row: int, token: int, now_ms: int | None = None) -> None:
-        """Give the row back unrendered; its schedule is unchanged. ``LeaseLost`` if stale."""
+        """Give the row back unrendered; its schedule is unchanged. ``LeaseLost`` if stale.
+        (``now_ms`` is accepted for symmetry with the other writes; a token's validity does not
+        depend on the time: it holds until the row is granted again or the lease ends.)"""
         r, t = self._row(row), self._token(token)
         if not self.release_many([r], [t], now_ms)[0]:
             raise LeaseLost(f"release row {r}: the token is stale")
@@ -678,7 +688,7 @@ class RedisEngine:
         """Extend a lease to ``now + lease_ms``; returns the new token (the old one is stale)."""
         r, t = self._row(row), self._token(token)
         lease = _int(lease_ms, "lease_ms", 1, STRIDE - 1)
-        return int(self._fcall("lanes_renew", self._now(now_ms), r, t, lease))
+        return int(self._fcall("lanes_renew", self._now(now_ms), r, t, lease, self.owner))
 
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
         """``"rush"``: urgent lane, due now. ``"wait"``: own lane, due now."""
@@ -734,7 +744,7 @@ class RedisEngine:
         ready, lease, rows, meta, holder = self._keys
         used, rec, expiry, owner, t = self._snapshot(
             ("hget", (meta, "next_row")), ("getrange", (rows, r * RECORD, r * RECORD + RECORD - 1)),
-            ("zscore", (lease, r)), ("hget", (holder, r)), ("time", ()))
+            ("zscore", (lease, member(r))), ("hget", (holder, member(r))), ("time", ()))
         if used is None:
             raise SegmentMissing(f"queue {self._name!r} is gone")
         if r >= int(used):
@@ -844,8 +854,9 @@ class RedisEngine:
     def verify(self) -> list[str]:
         """Read the whole queue in one MULTI/EXEC; one line per broken invariant (empty when
         all hold): every live row is in exactly one of ready and lease, a removed row in
-        neither; a ready row's score is the key its record holds; a row holds a token exactly
-        while it is in lease, with an owner, below the token counter, unique."""
+        neither; a ready row's score is the key its record holds; a row in lease holds a token
+        and has an owner (a ready row may still hold the token of a lapsed lease nobody claimed
+        again), a removed row none; tokens are below the counter and unique."""
         meta_all, table, ready, lease, holder = self._snapshot(*self._dump_commands())
         if not meta_all:
             return [f"queue {self._name!r} does not exist"]
@@ -881,9 +892,10 @@ class RedisEngine:
                             f"{int(in_lease[row])} lease entries")
         for row in np.flatnonzero(~live & (in_ready + in_lease != 0)).tolist():
             problems.append(f"removed row {row} is still queued")
-        for row in np.flatnonzero((tokens != 0) != (in_lease == 1)).tolist():
-            problems.append(f"row {row}: token {int(tokens[row])} but "
-                            f"{'in' if in_lease[row] else 'not in'} lease")
+        for row in np.flatnonzero((tokens == 0) & (in_lease == 1)).tolist():
+            problems.append(f"row {row}: in lease without a token")
+        for row in np.flatnonzero(~live & (tokens != 0)).tolist():
+            problems.append(f"removed row {row} holds token {int(tokens[row])}")
         for row in np.flatnonzero(tokens > counter).tolist():
             problems.append(f"row {row}: token {int(tokens[row])} past the counter {counter}")
         held = tokens[tokens != 0]
@@ -914,9 +926,11 @@ class RedisEngine:
         return {"restamped": int(done), "done": bool(finished)}
 
     def compact(self, full: bool = False) -> None:
-        """Nothing to merge: a ZSET is always in order (kept for API parity)."""
+        """Nothing to merge: a ZSET is always in order (kept for API parity). Refused, as every
+        call is, on a closed engine."""
         if not isinstance(full, bool):
             raise EngineTypeError(f"full must be a bool, got {full!r}")
+        self._live()
 
     # -- checkpoints (engine/checkpoint.py's format) ----------------------------------------------
 

@@ -17,10 +17,20 @@ claimed row leaves ready, so a claim pass never reads a row in flight, and comes
 key its record holds) when its lease is completed, failed, released, or lapses: the first step
 of every claim pass moves lapsed leases back.
 
+A token is valid while the row's record holds it, as in shared memory: an expired lease nobody
+has claimed again can still be completed, failed, released or renewed by its holder. So a
+lapsed lease put back into ready keeps its token in the record (the row is claimable; its
+holder is forgotten) until the next grant of the row replaces it or a write ends it.
+
+A member (in ready, lease and holder) is the row id in 8 zero-padded digits (MEMBER): a ZSET
+orders equal scores by member bytes, and padded ids sort as numbers, so rows due at the same
+millisecond are served in row order, as by the shared-memory engine ("10" would precede "9").
+
 Record (little endian, 20 bytes; struct format REC):
   due_ms I6 | lane B | interval_s I4 | failures B | flags B | token I7
 flags: 1 = discovered (else submitted), 2 = urgent, 4 = live (not removed).
-token: the fencing token of the row's live lease, 0 when it holds none. Tokens come from the
+token: the fencing token of the row's lease (in flight, or lapsed and not yet claimed again),
+0 when it holds none. Tokens come from the
 meta counter `token` (HINCRBY), so they never repeat within a queue, and every number stays
 below 2^53 (exact as a Lua number and as a ZSET score).
 
@@ -29,8 +39,8 @@ Every function checks ARGV[1] against VERSION, so a client built for another ver
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '2'
-local LAYOUT = '1'
+local VERSION = '4'
+local LAYOUT = '2'
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1
 local ONE = 65536 -- share credit unit (engine.policy.ONE)
@@ -40,6 +50,7 @@ local TOKEN_OFF = 13 -- byte offset of the token in a record
 local F_DISCOVERED, F_URGENT, F_LIVE = 1, 2, 4
 local EXPIRE_BATCH = 1000 -- lapsed leases put back per claim pass (the rest by the next ones)
 local CHUNK = 1000 -- members per variadic call (unpack() has a C stack limit)
+local MEMBER = '%08d' -- a row id as a member: sorts as a number (MAX_ROWS < 10^8)
 
 -- redis.call is not there while the library loads: look it up at call time.
 local function rcall(...)
@@ -48,6 +59,10 @@ end
 
 local function fmt(x) -- numbers go to Redis as exact integers, never as %.14g
   return string.format('%.0f', x)
+end
+
+local function mem(row) -- a row id as a member of ready, lease and holder
+  return string.format(MEMBER, row)
 end
 
 local function fail(code, text)
@@ -150,7 +165,7 @@ end
 local function reschedule(K, P, row, r, in_flight)
   put(K, row, r)
   note_lane(K, P, r.lane)
-  if not in_flight then rcall('ZADD', K[1], fmt(r.lane * STRIDE + r.due), row) end
+  if not in_flight then rcall('ZADD', K[1], fmt(r.lane * STRIDE + r.due), mem(row)) end
 end
 
 local function clamp(ms)
@@ -160,46 +175,30 @@ end
 
 -- ---------------------------------------------------------------- leases -----
 
--- The record of a row whose lease `token` is live at `now`, else nil (a stale token).
-local function leased(K, row, token, now)
+-- The record of a row whose lease `token` still holds, else nil (a stale token). A lapsed
+-- lease holds until the row is granted again (that replaces the token), as in shared memory.
+local function leased(K, row, token)
   local r = get(K, row)
   if token == 0 or r.token ~= token or not has(r.flags, F_LIVE) then return nil end
-  local exp = rcall('ZSCORE', K[2], row)
-  if not exp or tonumber(exp) <= now then return nil end
   return r
 end
 
-local function lease_end(K, row)
-  rcall('ZREM', K[2], row)
-  rcall('HDEL', K[5], row)
+local function in_lease(K, row) -- in flight (its lease may have lapsed, not yet put back)
+  return rcall('ZSCORE', K[2], mem(row)) ~= false
 end
 
 --[[ Batches: a redis.call costs about as much as the work of a small command (argument and
-reply conversion; ~1-2 us on a slow core), so a batch of n leases reads every expiry with one
-ZMSCORE and ends them with one ZREM, one HDEL and one ZADD, instead of 4n calls. Only the
-record of each row is read and written one by one (GETRANGE/SETRANGE), in order, so a row
-listed twice in one batch sees the token the first occurrence cleared and is stale. ]]
+reply conversion; ~1-2 us on a slow core), so a batch of n leases ends them with one ZREM, one
+HDEL and one ZADD, instead of 3n calls. Only the record of each row is read and written one by
+one (GETRANGE/SETRANGE), in order, so a row listed twice in one batch sees the token the first
+occurrence cleared and is stale. ]]
 
--- The lease expiry of each of rows[1..n] (false where there is none), one ZMSCORE per CHUNK.
-local function expiries(K, rows)
-  local out = {}
-  for i = 1, #rows, CHUNK do
-    local j = math.min(i + CHUNK - 1, #rows)
-    local got = rcall('ZMSCORE', K[2], unpack(rows, i, j))
-    for k = 1, #got do out[i + k - 1] = got[k] and tonumber(got[k]) or false end
-  end
-  return out
+local function lease_end(K, row)
+  rcall('ZREM', K[2], mem(row))
+  rcall('HDEL', K[5], mem(row))
 end
 
--- The record of a row whose lease `token` is live at `now` given its expiry, else nil.
-local function live_lease(K, row, token, exp, now)
-  if token == 0 or not exp or exp <= now then return nil end
-  local r = get(K, row)
-  if r.token ~= token or not has(r.flags, F_LIVE) then return nil end
-  return r
-end
-
--- End the leases of `ended` and put `back` (score, row pairs) into ready: the batched tail.
+-- End the leases of `ended` (members) and put `back` (score, member pairs) into ready.
 local function leases_end(K, ended, back)
   if #ended == 0 then return end
   chunked('ZREM', K[2], ended)
@@ -207,7 +206,8 @@ local function leases_end(K, ended, back)
   if #back > 0 then chunked('ZADD', K[1], back) end
 end
 
--- Put lapsed leases back into ready with the key their record holds (expiry <= now).
+-- Put lapsed leases back into ready with the key their record holds (expiry <= now). The
+-- record keeps the token: its holder may still end the lease until the row is granted again.
 local function expire(K, now)
   local lapsed = rcall('ZRANGE', K[2], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, EXPIRE_BATCH)
   if #lapsed == 0 then return 0 end
@@ -215,7 +215,6 @@ local function expire(K, now)
   for _, m in ipairs(lapsed) do
     local row = tonumber(m)
     local r = get(K, row)
-    set_token(K, row, 0)
     if has(r.flags, F_LIVE) then
       back[#back + 1] = fmt(r.lane * STRIDE + r.due)
       back[#back + 1] = m
@@ -237,6 +236,22 @@ end
      counts against its credit.
 Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT 0 n. `window` bounds the
 rows one lane grants in one pass. Returns {rows, lanes, dues, tokens}. ]]
+-- Grants from position `start` + 1 on, as the remainder took them lane by lane, put in the
+-- order it serves them: by due time, ties to the lower lane, a lane's own order kept (as the
+-- shared-memory pass grants with remainder = edf, one global earliest row after another).
+local function in_due_order(rows, lanes, dues, start)
+  local idx = {}
+  for i = start + 1, #rows do idx[#idx + 1] = i end
+  table.sort(idx, function(a, b)
+    if dues[a] ~= dues[b] then return dues[a] < dues[b] end
+    if lanes[a] ~= lanes[b] then return lanes[a] < lanes[b] end
+    return a < b
+  end)
+  local r, l, d = {}, {}, {}
+  for k, i in ipairs(idx) do r[k], l[k], d[k] = rows[i], lanes[i], dues[i] end
+  for k = 1, #idx do rows[start + k], lanes[start + k], dues[start + k] = r[k], l[k], d[k] end
+end
+
 local function claim_pass(K, P, now, budget, lease_ms, window, owner)
   local nl = P.lanes_high + 1
   local remaining = budget
@@ -334,9 +349,11 @@ local function claim_pass(K, P, now, budget, lease_ms, window, owner)
         local l = heads[i][2]
         want[l] = (want[l] or 0) + 1
       end
+      local start = #rows
       for l = first, nl - 1 do
         if want[l] then take(l, want[l]) end
       end
+      in_due_order(rows, lanes, dues, start)
     end
     for cls = 1, 3 do
       if P.shares[cls] > 0 then
@@ -361,8 +378,8 @@ local function claim_pass(K, P, now, budget, lease_ms, window, owner)
       tokens[i] = tok
       set_token(K, rows[i], tok)
       z[#z + 1] = fmt(exp)
-      z[#z + 1] = rows[i]
-      h[#h + 1] = rows[i]
+      z[#z + 1] = mem(rows[i])
+      h[#h + 1] = mem(rows[i])
       h[#h + 1] = owner
     end
     chunked('ZADD', K[2], z)
@@ -381,11 +398,10 @@ end
 local function complete_many(K, P, now, rows, tokens, nexts)
   for i = 1, #rows do check_row(K, P, rows[i]) end
   local ok, ended, back = {}, {}, {}
-  local exp = #rows > 0 and expiries(K, rows) or {}
   local high = P.lanes_high
   for i = 1, #rows do
     local row = rows[i]
-    local r = live_lease(K, row, tokens[i], exp[i], now)
+    local r = leased(K, row, tokens[i])
     if r then
       local discovered = has(r.flags, F_DISCOVERED)
       r.failures = 0
@@ -395,9 +411,9 @@ local function complete_many(K, P, now, rows, tokens, nexts)
       r.due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + r.interval * 1000)
       if r.lane > high then high = r.lane end
       put(K, row, r)
-      ended[#ended + 1] = row
+      ended[#ended + 1] = mem(row)
       back[#back + 1] = fmt(r.lane * STRIDE + r.due)
-      back[#back + 1] = row
+      back[#back + 1] = mem(row)
       ok[i] = 1
     else
       ok[i] = 0
@@ -411,15 +427,14 @@ end
 local function release_many(K, P, now, rows, tokens)
   for i = 1, #rows do check_row(K, P, rows[i]) end
   local ok, ended, back = {}, {}, {}
-  local exp = #rows > 0 and expiries(K, rows) or {}
   for i = 1, #rows do
     local row = rows[i]
-    local r = live_lease(K, row, tokens[i], exp[i], now)
+    local r = leased(K, row, tokens[i])
     if r then
       set_token(K, row, 0)
-      ended[#ended + 1] = row
+      ended[#ended + 1] = mem(row)
       back[#back + 1] = fmt(r.lane * STRIDE + r.due)
-      back[#back + 1] = row
+      back[#back + 1] = mem(row)
       ok[i] = 1
     else
       ok[i] = 0
@@ -487,7 +502,7 @@ local function f_add(K, A)
     recs[#recs + 1] = struct.pack(REC, due, lane, interval, failures,
       F_LIVE + (prov == 1 and F_DISCOVERED or 0), 0)
     z[#z + 1] = fmt(lane * STRIDE + due)
-    z[#z + 1] = fmt(first + i)
+    z[#z + 1] = mem(first + i)
   end
   rcall('SETRANGE', K[3], fmt(first * RECLEN), table.concat(recs))
   rcall('HSET', K[4], 'next_row', fmt(first + n))
@@ -563,7 +578,7 @@ local function f_fail(K, A)
   local now, row, token = now_of(A[2]), tonumber(A[3]), tonumber(A[4])
   local retry_at = tonumber(A[5])
   check_row(K, P, row)
-  local r = leased(K, row, token, now)
+  local r = leased(K, row, token)
   if not r then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
   local f = r.failures + 1
   if A[6] == '1' and f < P.cold_after then f = P.cold_after end -- a 404 will not heal
@@ -582,18 +597,23 @@ local function f_fail(K, A)
   return 1
 end
 
--- ARGV: version, now, row, token, lease_ms. Returns the new token (the old one is stale).
+-- ARGV: version, now, row, token, lease_ms, owner. Returns the new token (the old one is
+-- stale). A lapsed lease put back into ready is taken out of it again, held by `owner`.
 local function f_renew(K, A)
   check_version(A)
   local P = queue_meta(K)
   local now, row, token = now_of(A[2]), tonumber(A[3]), tonumber(A[4])
   check_row(K, P, row)
-  if not leased(K, row, token, now) then
+  if not leased(K, row, token) then
     fail('LEASE', 'renew row ' .. row .. ': the token is stale')
+  end
+  if not in_lease(K, row) then
+    rcall('ZREM', K[1], mem(row))
+    rcall('HSET', K[5], mem(row), A[6])
   end
   local tok = rcall('HINCRBY', K[4], 'token', 1)
   set_token(K, row, tok)
-  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), row)
+  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), mem(row))
   return tok
 end
 
@@ -609,9 +629,9 @@ local function f_prioritize(K, A)
   r.flags = F_LIVE + (discovered and F_DISCOVERED or 0) + (rush and F_URGENT or 0)
   r.lane = lane_for(P, discovered, r.interval, r.failures, rush)
   r.due = now
-  local in_flight = r.token ~= 0
-  if not in_flight then rcall('ZREM', K[1], row) end
-  reschedule(K, P, row, r, in_flight)
+  local held = in_lease(K, row)
+  if not held then rcall('ZREM', K[1], mem(row)) end
+  reschedule(K, P, row, r, held)
   return 1
 end
 
@@ -627,7 +647,7 @@ local function f_remove(K, A)
   if has(r.flags, F_URGENT) then r.flags = r.flags - F_URGENT end
   r.token = 0 -- its holder's token is stale from now on
   put(K, row, r)
-  rcall('ZREM', K[1], row)
+  rcall('ZREM', K[1], mem(row))
   lease_end(K, row)
   return 1
 end
@@ -708,7 +728,7 @@ local function f_stats(K, A)
     flight[#flight + 1] = r.lane
     flight[#flight + 1] = r.due
     flight[#flight + 1] = tonumber(leases[i + 1])
-    flight[#flight + 1] = rcall('HGET', K[5], row) or ''
+    flight[#flight + 1] = rcall('HGET', K[5], mem(row)) or ''
   end
   return {now, per, flight}
 end
