@@ -5,6 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SOURCES := pyproject.toml setup.py engine/_build.py $(wildcard csrc/*.c csrc/*.h)
+# The sanitized core is installed apart with a copy of the package: a change to it reinstalls.
+PACKAGE := $(shell find engine -name '*.py' -o -name '*.lua' -o -name '*.pyi')
 
 .PHONY: test demo bench bench-peers lint test-sanitize tools clean
 
@@ -62,7 +64,7 @@ bench-peers:
 bench: $(STAMP) bench-peers
 	$(PY) bench/run_all.py
 
-$(SAN_STAMP): $(SOURCES) Makefile
+$(SAN_STAMP): $(SOURCES) $(PACKAGE) Makefile
 	test -x $(SAN_PY) || $(PYTHON) -m venv $(SAN_VENV)
 	$(SAN_PY) -m pip install -q --upgrade pip setuptools wheel cffi
 	rm -rf $(SAN_VENV)/src $(SAN_VENV)/core && mkdir -p $(SAN_VENV)/src
