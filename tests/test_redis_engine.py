@@ -41,6 +41,7 @@ from engine.errors import (  # noqa: E402
     NotAllowed,
     SegmentMissing,
 )
+from engine.keys import STRIDE  # noqa: E402
 from engine.policy import CLASSES, ONE, reference_pass  # noqa: E402
 from engine.redis import queue_keys  # noqa: E402
 
@@ -501,11 +502,11 @@ def test_verify_finds_a_broken_queue(q, server):
     assert q.verify() == []
     r = redis.Redis(unix_socket_path=server.socket)
     ready, lease, *_ = q.keys
-    r.zadd(ready, {str(int(rows[1])): 5})
+    r.zadd(ready, {str(int(rows[1])): 64 * STRIDE + 5})  # a key lives in one place (layout 2)
     r.zadd(ready, {str(int(c.rows[0])): 7})
     r.zrem(ready, str(int(rows[2])))
     problems = "\n".join(q.verify())
-    assert f"row {int(rows[1])}: ready score 5" in problems
+    assert "a row's lane is past the 64 a policy can make" in problems
     assert f"live row {int(c.rows[0])} is in 1 ready and 1 lease" in problems
     assert f"live row {int(rows[2])} is in 0 ready and 0 lease" in problems
     r.close()
