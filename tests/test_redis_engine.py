@@ -396,6 +396,42 @@ def test_renew_extends_and_replaces_the_token(q):
     assert q.verify() == []
 
 
+def test_tokens_survive_a_lost_second_of_writes(q, server):
+    """A claim lost with the server's last second (everysec, host crash) rolls the token
+    counter back; tokens seeded from the server clock are still never issued twice, so the
+    lost grant's holder cannot complete the row under the new grant's lease."""
+    row = q.add(NOW - MINUTE, 3600)
+    r = redis.Redis(unix_socket_path=server.socket)
+    before = {k: r.dump(k) for k in q.keys if r.exists(k)}
+    got, lost = _claim_one(q)  # virtual time, but tokens follow the server's clock
+    assert got == row and lost > (time.time() * 1000 - MINUTE) * 1024
+    for k in q.keys:  # the server comes back as it was before that claim
+        r.delete(k)
+    for k, v in before.items():
+        r.restore(k, 0, v)
+    time.sleep(0.005)
+    again, tok = _claim_one(q)
+    assert again == row and tok > lost
+    with pytest.raises(LeaseLost):
+        q.complete(row, lost, now_ms=NOW)
+    q.complete(row, tok, now_ms=NOW)
+    assert q.verify() == []
+    r.close()
+
+
+def test_a_layout_1_queue_is_refused_not_misread(q, server):
+    q.add(NOW - MINUTE, 3600)
+    r = redis.Redis(unix_socket_path=server.socket)
+    r.hset(q.keys[3], "layout", "1")  # what a queue written by library version 2 holds
+    with pytest.raises(LayoutMismatch, match="layout 1"):
+        Engine.connect(server.url, q.name)
+    with pytest.raises(LayoutMismatch, match="layout 1"):  # a client already connected
+        q.claim(budget=1, now_ms=NOW)
+    r.hset(q.keys[3], "layout", "2")
+    assert len(q.claim(budget=1, now_ms=NOW)) == 1
+    r.close()
+
+
 def test_prioritize_rush_and_wait(q):
     a = q.add(NOW + DAY, 7200, provenance="discovered")
     q.prioritize(a, "rush", now_ms=NOW)
