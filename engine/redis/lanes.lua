@@ -155,7 +155,8 @@ local function put(K, row, r)
   rcall('SETRANGE', K[3], fmt(row * RECLEN), struct.pack(REC, r.interval, r.failures, r.flags))
 end
 
--- The records of rows[1..n] with one BITFIELD_RO per CHUNK (a record is one u48).
+-- The records of rows[1..n] (row ids as strings) with one BITFIELD_RO per CHUNK (a record is
+-- one u48).
 local function get_many(K, rows)
   local out = {}
   for i = 1, #rows, CHUNK do
@@ -164,7 +165,7 @@ local function get_many(K, rows)
     for k = i, j do
       args[#args + 1] = 'GET'
       args[#args + 1] = 'u48'
-      args[#args + 1] = '#' .. fmt(rows[k])
+      args[#args + 1] = '#' .. rows[k]
     end
     local got = rcall('BITFIELD_RO', K[3], unpack(args))
     for k = 1, #got do
@@ -187,9 +188,10 @@ local function split(key)
   return lane, key - lane * STRIDE
 end
 
--- A holder entry: the lease's token, the key the row goes back with, the owner id.
+-- A holder entry: the lease's token, the key the row goes back with (both as exact decimal
+-- strings), the owner id.
 local function holder_value(token, key, owner)
-  return fmt(token) .. ':' .. fmt(key) .. ':' .. owner
+  return token .. ':' .. key .. ':' .. owner
 end
 
 -- {token, key, owner} of a holder entry, or nil (no entry).
@@ -221,7 +223,7 @@ local function reschedule(K, P, row, r, lane, due, h)
   put(K, row, r)
   note_lane(K, P, lane)
   if h then
-    rcall('HSET', K[5], row, holder_value(h.token, key_of(lane, due), h.owner))
+    rcall('HSET', K[5], row, holder_value(fmt(h.token), fmt(key_of(lane, due)), h.owner))
   else
     rcall('ZADD', K[1], fmt(key_of(lane, due)), row)
   end
@@ -265,7 +267,9 @@ local function per_row(cmd, key, rows)
   return out
 end
 
--- The holding of each of rows[1..n] whose tokens[i] is its live lease at `now`, else false.
+-- The holder entry of each of rows[1..n] whose tokens[i] is its live lease at `now`, else
+-- false. Row ids and tokens are ARGV's decimal strings, compared and passed on as they are
+-- (a number handed to redis.call is formatted again: that costs more than the call).
 local function live_leases(K, rows, tokens, now)
   local out = {}
   if #rows == 0 then return out end
@@ -273,11 +277,11 @@ local function live_leases(K, rows, tokens, now)
   local held = per_row('HMGET', K[5], rows)
   local ended = {}
   for i = 1, #rows do
-    local h = holding(held[i])
-    local ok = h and tokens[i] ~= 0 and h.token == tokens[i] and exp[i]
+    local v, t = held[i], tokens[i] .. ':'
+    local ok = v and t ~= '0:' and string.sub(v, 1, #t) == t and exp[i]
       and tonumber(exp[i]) > now and not ended[rows[i]]
     if ok then ended[rows[i]] = true end
-    out[i] = ok and h or false
+    out[i] = ok and v or false
   end
   return out
 end
@@ -323,7 +327,7 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
   local nl = P.lanes_high + 1
   local remaining = budget
   local grants, taken = {}, {}
-  local rows, lanes, dues, members = {}, {}, {}, {}
+  local rows, lanes, dues, members, keys = {}, {}, {}, {}, {}
   for l = 0, nl - 1 do grants[l] = 0; taken[l] = 0 end
 
   local function lo(lane) return fmt(lane * STRIDE) end
@@ -341,6 +345,7 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
       lanes[#lanes + 1] = lane
       dues[#dues + 1] = tonumber(got[i + 1]) - lane * STRIDE
     end
+    for i = 2, #got, 2 do keys[#keys + 1] = got[i] end -- %.17g: exact decimal below 2^53
     local k = #got / 2
     taken[lane] = taken[lane] + k
     grants[lane] = grants[lane] + k
@@ -450,7 +455,7 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
       z[#z + 1] = exp
       z[#z + 1] = members[i]
       h[#h + 1] = members[i]
-      h[#h + 1] = holder_value(tok, key_of(lanes[i], dues[i]), owner)
+      h[#h + 1] = holder_value(fmt(tok), keys[i], owner)
     end
     chunked('ZADD', K[2], z)
     chunked('HSET', K[5], h)
@@ -468,7 +473,7 @@ end
 -- is checked before anything changes; a stale token reports 0 and changes nothing. A record is
 -- written only when the complete clears its failures or its urgency.
 local function complete_many(K, P, now, rows, tokens, nexts)
-  for i = 1, #rows do check_row(K, P, rows[i]) end
+  for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
   local live = live_leases(K, rows, tokens, now)
   local which = {}
   for i = 1, #rows do
@@ -507,14 +512,13 @@ end
 
 -- Give rows[i] back with the key their holder entry keeps: no record is read or written.
 local function release_many(K, P, now, rows, tokens)
-  for i = 1, #rows do check_row(K, P, rows[i]) end
+  for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
   local live = live_leases(K, rows, tokens, now)
   local ok, ended, back = {}, {}, {}
   for i = 1, #rows do
-    local h = live[i]
-    if h then
+    if live[i] then
       ended[#ended + 1] = rows[i]
-      back[#back + 1] = fmt(h.key)
+      back[#back + 1] = string.match(live[i], '^%d+:(%d+):')
       back[#back + 1] = rows[i]
       ok[i] = 1
     else
@@ -525,13 +529,14 @@ local function release_many(K, P, now, rows, tokens)
   return ok
 end
 
--- ARGV: version, now, n, rows[n], tokens[n], then from `at` on whatever the caller adds.
+-- ARGV: version, now, n, rows[n], tokens[n], then from `at` on whatever the caller adds. Row
+-- ids and tokens stay ARGV's decimal strings (see live_leases).
 local function rows_tokens(argv, at)
   local n = tonumber(argv[at])
   local rows, tokens = {}, {}
   for i = 1, n do
-    rows[i] = tonumber(argv[at + i])
-    tokens[i] = tonumber(argv[at + n + i])
+    rows[i] = argv[at + i]
+    tokens[i] = argv[at + n + i]
   end
   return rows, tokens, at + 2 * n + 1
 end
@@ -688,7 +693,7 @@ local function f_renew(K, A)
   if not h then fail('LEASE', 'renew row ' .. row .. ': the token is stale') end
   local tok = next_tokens(P, 1, clock_ms())
   rcall('HSET', K[4], 'token', fmt(tok))
-  rcall('HSET', K[5], row, holder_value(tok, h.key, h.owner))
+  rcall('HSET', K[5], row, holder_value(fmt(tok), fmt(h.key), h.owner))
   rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), row)
   return tok
 end
