@@ -800,7 +800,7 @@ local function f_stats(K, A)
   local leases = rcall('ZRANGE', K[2], 0, -1, 'WITHSCORES')
   for i = 1, #leases, 2 do
     local row = tonumber(leases[i])
-    local h = holding(rcall('HGET', K[5], row))
+    local h = holding(rcall('HGET', K[5], row)) or {key = 0, owner = ''} -- verify() reports it
     local lane, due = split(h.key)
     flight[#flight + 1] = row
     flight[#flight + 1] = lane
