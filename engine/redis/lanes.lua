@@ -899,7 +899,7 @@ local function f_add_urls(K, A)
 end
 
 -- ARGV: version, then owner ids whose process is gone (RedisEngine.reap checks that). Their
--- leases end now: each row goes back to ready with the key its record holds, as a release
+-- leases end now: each row goes back to ready with the key its holder entry keeps, as a release
 -- would put it, so it is claimable at once. Returns how many rows came back.
 local function f_reap(K, A)
   check_version(A)
