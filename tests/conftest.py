@@ -1,8 +1,9 @@
-"""Fixtures: a fresh engine per test, the pool tests' render log, and a session check that no test
-segment is left behind."""
+"""Fixtures: a fresh engine per test (on every backend in the contract modules), the pool tests'
+render log, and a session check that no test segment is left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -22,16 +23,83 @@ settings.register_profile(
 settings.load_profile("lanes")
 
 
+# -- one contract, every backend (DESIGN.md §8, invariant 10) ----------------------------------
+#
+# A module marked ``pytestmark = pytest.mark.contract`` runs each of its tests that takes an
+# engine (``eng``, ``make_engine``, ``fresh``, or ``backend`` itself) once per backend, with ids
+# ``[shm]`` and ``[redis]``; a test there about shared-memory mechanics only is marked
+# ``@pytest.mark.shm_only("why")`` and runs as ``[shm]``. Elsewhere ``backend`` is "shm".
+
+BACKENDS = ("shm", "redis")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "contract: the module's engine tests run once per backend "
+                                       "(shm, redis)")
+    config.addinivalue_line("markers", "shm_only(why): in a contract module, a test about the "
+                                       "shared-memory engine's own mechanics; runs as [shm] only")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" not in metafunc.fixturenames:
+        return
+    if metafunc.definition.get_closest_marker("contract") is None:
+        return
+    only = metafunc.definition.get_closest_marker("shm_only")
+    if only is not None and not (only.args and isinstance(only.args[0], str)):
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: shm_only needs its reason")
+    metafunc.parametrize("backend", ["shm"] if only else list(BACKENDS), indirect=True)
+
+
 @pytest.fixture
-def make_engine() -> Iterator[Callable[..., Any]]:
-    """A factory: ``make_engine(policy=None, capacity=4096, **kw)``; every engine is disposed."""
+def backend(request: pytest.FixtureRequest) -> str:
+    """"shm" or "redis": the backend this test runs on (see ``contract`` above)."""
+    return str(getattr(request, "param", "shm"))
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[Any]:
+    """One redis-server for the session (unix socket, temp dir), started on first use, stopped
+    and removed at the end. Never skipped: ``make test`` installs redis-server."""
+    from redis_server import RedisServer
+
+    srv = RedisServer().start()
+    yield srv
+    srv.stop()
+    assert srv.proc is not None and srv.proc.poll() is not None
+    assert not os.path.exists(srv.dir)
+
+
+def _opener(request: pytest.FixtureRequest, backend: str) -> Callable[..., tuple[Any, str]]:
+    """``open(policy, capacity, **kw) -> (engine, name)`` on ``backend``: a new segment, or a
+    new queue on the session's server (bounded to ``capacity`` rows like a segment)."""
     from engine import Engine
 
+    if backend == "shm":
+        def open_shm(policy: Any, capacity: int, **kw: Any) -> tuple[Any, str]:
+            name = unique_name()
+            return Engine.create(name, capacity, policy, **kw), name
+
+        return open_shm
+    assert backend == "redis", backend
+    url = request.getfixturevalue("redis_server").url
+
+    def open_redis(policy: Any, capacity: int, **kw: Any) -> tuple[Any, str]:
+        name = unique_name()
+        return Engine.connect(url, name, policy, create=True, capacity=capacity, **kw), name
+
+    return open_redis
+
+
+@pytest.fixture
+def make_engine(request: pytest.FixtureRequest, backend: str) -> Iterator[Callable[..., Any]]:
+    """A factory: ``make_engine(policy=None, capacity=4096, **kw)``; every engine is disposed
+    (a segment unlinked, a Redis queue dropped)."""
+    open_engine = _opener(request, backend)
     made: list[tuple[Any, str]] = []
 
     def make(policy: Any = None, capacity: int = 4096, **kw: Any) -> Any:
-        name = unique_name()
-        eng = Engine.create(name, capacity, policy, **kw)
+        eng, name = open_engine(policy, capacity, **kw)
         made.append((eng, name))
         return eng
 
@@ -44,6 +112,23 @@ def make_engine() -> Iterator[Callable[..., Any]]:
 def eng(make_engine: Callable[..., Any]) -> Any:
     """An engine with the default policy and room for 4096 rows."""
     return make_engine()
+
+
+@pytest.fixture
+def fresh(request: pytest.FixtureRequest, backend: str) -> Callable[..., Any]:
+    """``with fresh(policy=None, capacity=4096, **kw) as eng:``, lanes_testlib.fresh_engine on
+    this test's backend: one engine per hypothesis example, disposed at the block's end."""
+    open_engine = _opener(request, backend)
+
+    @contextlib.contextmanager
+    def fresh_on_backend(policy: Any = None, capacity: int = 4096, **kw: Any) -> Iterator[Any]:
+        eng, name = open_engine(policy, capacity, **kw)
+        try:
+            yield eng
+        finally:
+            dispose(eng, name)
+
+    return fresh_on_backend
 
 
 @pytest.fixture

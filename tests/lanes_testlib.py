@@ -65,15 +65,41 @@ def leftover_segments(session: str | None = SESSION) -> list[str]:
 
 
 def dispose(eng: Any, name: str) -> None:
-    """Close and unlink ``eng`` whatever state it is in; never raises."""
+    """Close and unlink ``eng`` whatever state it is in (a Redis queue is dropped, through a new
+    connection if the test closed its own); never raises."""
     from engine.errors import EngineError
 
+    if is_redis(eng) and eng._r is None:
+        with contextlib.suppress(EngineError, OSError):
+            eng = type(eng).connect(eng._url, eng.name)
     with contextlib.suppress(EngineError, OSError):
         eng.unlink()
     with contextlib.suppress(EngineError, OSError):
         eng.close()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(shm_path(name))
+
+
+def is_redis(eng: Any) -> bool:
+    """Whether ``eng`` is a RedisEngine (without importing redis-py for the shm-only tests)."""
+    return type(eng).__name__ == "RedisEngine"
+
+
+def address(eng: Any) -> tuple[str, ...]:
+    """Where another process finds ``eng`` (picklable): ``("shm", name)`` or
+    ``("redis", url, name)``; :func:`another_handle` opens it."""
+    return ("redis", eng._url, eng.name) if is_redis(eng) else ("shm", eng.name)
+
+
+def another_handle(eng_or_address: Any) -> Any:
+    """A second handle on the same engine, as another process would open it: ``attach`` of the
+    segment, or a new connection to the Redis queue. The caller closes it."""
+    from engine import Engine
+
+    where = eng_or_address if isinstance(eng_or_address, tuple) else address(eng_or_address)
+    if where[0] == "redis":
+        return Engine.connect(where[1], where[2])
+    return Engine.attach(where[1])
 
 
 @contextlib.contextmanager
@@ -272,14 +298,13 @@ def child_churn(name: str, seed: int, q: Any) -> None:
             eng.compact()
 
 
-def child_worker_lanes(name: str, now_ms: int, calls: int, budget: int, q: Any) -> None:
-    """A worker: ``calls`` claims of ``budget``, each grant completed far in the future; reports
-    the lane of every grant."""
+def child_worker_lanes(where: tuple[str, ...], now_ms: int, calls: int, budget: int,
+                       q: Any) -> None:
+    """A worker on the engine at ``where`` (:func:`address`): ``calls`` claims of ``budget``,
+    each grant completed far in the future; reports the lane of every grant."""
 
     def body() -> list[int]:
-        from engine import Engine
-
-        eng = Engine.attach(name)
+        eng = another_handle(where)
         lanes: list[int] = []
         for k in range(calls):
             c = eng.claim(budget=budget, now_ms=now_ms + k, lease_ms=3_600_000)

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine
+from lanes_testlib import DAY, HOUR, MINUTE, NOW
 
 from engine import STRIDE, LanePolicy, encode
 from engine.errors import EngineError, EngineTypeError, EngineValueError
+
+pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 PRODUCT_INTERVAL = 48 * 3600
 HOME_INTERVAL = 3600
@@ -160,8 +162,8 @@ def test_bad_claim_arguments_are_rejected_and_change_nothing(eng, kwargs):
     budgets=st.lists(st.integers(1, 8), min_size=1, max_size=20),
     compacted=st.booleans(),
 )
-def test_rows_of_one_lane_are_claimed_in_due_order(offsets, budgets, compacted):
-    with fresh_engine(capacity=128) as eng:
+def test_rows_of_one_lane_are_claimed_in_due_order(fresh, offsets, budgets, compacted):
+    with fresh(capacity=128) as eng:
         rows = {eng.add(NOW + off, 600): NOW + off for off in offsets}
         assert {eng.lane(r) for r in rows} == {1}
         if compacted:
@@ -193,8 +195,8 @@ def test_rows_of_one_lane_are_claimed_in_due_order(offsets, budgets, compacted):
     ),
     budget=st.integers(1, 50),
 )
-def test_lanes_disabled_behaves_as_one_edf_queue(spec, budget):
-    with fresh_engine(LanePolicy(lanes_enabled=False), capacity=128) as eng:
+def test_lanes_disabled_behaves_as_one_edf_queue(fresh, spec, budget):
+    with fresh(LanePolicy(lanes_enabled=False), capacity=128) as eng:
         for off, interval, prov, failures in spec:
             eng.add(NOW + off, interval, provenance=prov, failures=failures)
         c = eng.claim(budget=budget, now_ms=NOW)
@@ -217,8 +219,8 @@ def test_lanes_disabled_behaves_as_one_edf_queue(spec, budget):
     ),
     budget=st.integers(1, 50),
 )
-def test_remainder_edf_grants_the_globally_earliest_rows(spec, budget):
-    with fresh_engine(LanePolicy(remainder="edf", min_share={}), capacity=128) as eng:
+def test_remainder_edf_grants_the_globally_earliest_rows(fresh, spec, budget):
+    with fresh(LanePolicy(remainder="edf", min_share={}), capacity=128) as eng:
         for off, interval, prov in spec:
             eng.add(NOW + off, interval, provenance=prov)
         c = eng.claim(budget=budget, now_ms=NOW)
@@ -258,6 +260,8 @@ def test_wedged_lane_does_not_strand_another_lane(make_engine):
     assert eng.verify() == []
 
 
+@pytest.mark.shm_only("floors as stored words: Redis has none and reports its earliest ready row "
+                      "(docs/redis.md, Why no floors)")
 def test_floor_rises_past_rows_in_flight_and_their_return_lowers_it(eng):
     """A granted row is taken out of the index until its lease ends, so it holds no floor; what
     ends the lease (release, expiry) puts it back and lowers the floor to it again."""
@@ -324,6 +328,8 @@ def test_floor_is_lowered_by_a_reschedule_below_it(eng):
     assert eng.verify() == []
 
 
+@pytest.mark.shm_only("floors as stored words: Redis has none and reports its earliest ready row "
+                      "(docs/redis.md, Why no floors)")
 def test_floor_of_zero_stays_zero_when_lowered(eng):
     for lane_interval in (HOME_INTERVAL, PRODUCT_INTERVAL):
         eng.add(NOW - HOUR, lane_interval)
@@ -366,6 +372,7 @@ def test_reading_into_the_next_lane_ends_the_lane_and_counts_no_spill(eng):
     assert eng.verify() == []
 
 
+@pytest.mark.shm_only("the spill counter: a ZSET seek reads nothing past its range (Redis: 0)")
 def test_due_entries_past_the_window_are_counted_as_spilled(eng):
     rows = [eng.add(NOW - HOUR - i, HOME_INTERVAL) for i in range(30)]  # lane 1, all due
     later = [eng.add(NOW + HOUR + i, HOME_INTERVAL) for i in range(5)]  # lane 1, not due
@@ -381,6 +388,17 @@ def test_due_entries_past_the_window_are_counted_as_spilled(eng):
     assert eng.verify() == []
 
 
+def test_window_caps_what_one_lane_grants_in_one_pass(eng):
+    rows = [eng.add(NOW - HOUR - i, HOME_INTERVAL) for i in range(30)]  # lane 1, all due
+    eng.compact()
+    first = eng.claim(budget=30, now_ms=NOW, lease_ms=DAY, window=10)
+    assert first.due_ms.tolist() == sorted(eng.due_ms(r) for r in rows)[:10]
+    second = eng.claim(budget=30, now_ms=NOW, lease_ms=DAY, window=10)
+    assert second.due_ms.tolist() == sorted(eng.due_ms(r) for r in rows)[10:20]
+    assert eng.verify() == []
+
+
+@pytest.mark.shm_only("stale index entries: a ZSET rewrites a row's score in place, there are none")
 def test_stale_index_entries_are_skipped_and_counted(eng):
     rows = [eng.add(NOW - HOUR + i * MINUTE, HOME_INTERVAL) for i in range(5)]
     eng.compact()

@@ -11,11 +11,13 @@ import threading
 
 import numpy as np
 import pytest
-from lanes_testlib import HOUR, MINUTE, NOW, fresh_engine, snapshot
+from lanes_testlib import HOUR, MINUTE, NOW, snapshot
 
 from engine import Claims, Engine, LanePolicy
 from engine.engine import DEFAULT_LEASE_MS, DEFAULT_WINDOW
 from engine.errors import EngineClosed, EngineError, EngineTypeError, EngineValueError
+
+pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 ROWS = 300
 
@@ -42,9 +44,9 @@ def _batch(c) -> list[tuple[int, int, int]]:
 
 
 @pytest.mark.parametrize("budget", [1, 5, 16])
-def test_complete_and_claim_grants_and_counts_exactly_as_complete_many_then_claim(budget):
+def test_complete_and_claim_grants_and_counts_exactly_as_complete_many_then_claim(fresh, budget):
     policy = LanePolicy(min_share={"discovered": 0.25, "cold": 0.05})
-    with fresh_engine(policy) as a, fresh_engine(policy) as b:
+    with fresh(policy) as a, fresh(policy) as b:
         rows_a, rows_b = _fill(a), _fill(b)
         assert rows_a.tolist() == rows_b.tolist()
         ca = a.claim(budget=budget, now_ms=NOW)
@@ -62,8 +64,8 @@ def test_complete_and_claim_grants_and_counts_exactly_as_complete_many_then_clai
         assert a.verify() == [] and b.verify() == []
 
 
-def test_complete_and_claim_takes_plain_arrays_and_reports_stale_tokens():
-    with fresh_engine() as eng:
+def test_complete_and_claim_takes_plain_arrays_and_reports_stale_tokens(fresh):
+    with fresh() as eng:
         _fill(eng)
         c = eng.claim(budget=4, now_ms=NOW)
         rows, tokens = c.rows.tolist(), c.tokens.tolist()
@@ -77,8 +79,8 @@ def test_complete_and_claim_takes_plain_arrays_and_reports_stale_tokens():
         assert eng.verify() == []
 
 
-def test_complete_many_of_a_claims_arrays_equals_completing_copies():
-    with fresh_engine() as a, fresh_engine() as b:
+def test_complete_many_of_a_claims_arrays_equals_completing_copies(fresh):
+    with fresh() as a, fresh() as b:
         _fill(a), _fill(b)
         for step in range(30):
             now = NOW + step * 1000
@@ -99,8 +101,8 @@ def test_complete_many_of_a_claims_arrays_equals_completing_copies():
     {"budget": 2**40}, {"lease_ms": 0}, {"lease_ms": "1"}, {"window": 0}, {"window": 2.0},
     {"now_ms": float("nan")}, {"now_ms": -1}, {"now_ms": 2**42},
 ])
-def test_bad_claim_arguments_complete_nothing_and_claim_nothing(kwargs):
-    with fresh_engine() as eng:
+def test_bad_claim_arguments_complete_nothing_and_claim_nothing(fresh, kwargs):
+    with fresh() as eng:
         rows = _fill(eng)
         c = eng.claim(budget=4, now_ms=NOW)
         before, counters = snapshot(eng, rows), _counters(eng)
@@ -114,8 +116,8 @@ def test_bad_claim_arguments_complete_nothing_and_claim_nothing(kwargs):
     ([ROWS + 5], [1]), ([0, 1], [1]), ([[0]], [[1]]), (["a"], [1]), ([0.5], [1]),
     ([None], [1]), ([0], [2**64]), ([-1], [1]),
 ])
-def test_bad_rows_or_tokens_complete_nothing_and_claim_nothing(rows_tokens):
-    with fresh_engine() as eng:
+def test_bad_rows_or_tokens_complete_nothing_and_claim_nothing(fresh, rows_tokens):
+    with fresh() as eng:
         rows = _fill(eng)
         c = eng.claim(budget=4, now_ms=NOW)
         before, counters = snapshot(eng, rows), _counters(eng)
@@ -130,8 +132,8 @@ def test_bad_rows_or_tokens_complete_nothing_and_claim_nothing(rows_tokens):
         assert snapshot(eng, rows) == before and _counters(eng) == counters
 
 
-def test_a_closed_engine_refuses_complete_and_claim():
-    with fresh_engine() as eng:
+def test_a_closed_engine_refuses_complete_and_claim(fresh):
+    with fresh() as eng:
         _fill(eng)
         c = eng.claim(budget=2, now_ms=NOW)
         eng.close()
@@ -143,10 +145,10 @@ def test_a_closed_engine_refuses_complete_and_claim():
             eng.complete_many(c.rows, c.tokens, now_ms=NOW)
 
 
-def test_a_refused_complete_and_claim_does_not_break_completing_the_previous_batch():
+def test_a_refused_complete_and_claim_does_not_break_completing_the_previous_batch(fresh):
     # The refusal may have replaced the claim arena; the earlier batch's arrays must still be
     # completed as themselves, not read from the new arena.
-    with fresh_engine() as eng:
+    with fresh() as eng:
         _fill(eng)
         batch = eng.claim(4, now_ms=NOW)
         assert len(batch) == 4
@@ -158,7 +160,8 @@ def test_a_refused_complete_and_claim_does_not_break_completing_the_previous_bat
         assert eng.verify() == []
 
 
-def test_the_hot_calls_show_their_signatures_and_defaults():
+@pytest.mark.shm_only("the C base class's methods (csrc/hot.c); RedisEngine's are Python functions")
+def test_the_hot_calls_show_their_signatures_and_defaults(backend):
     sig = inspect.signature(Engine.claim)
     assert [(p.name, p.default) for p in list(sig.parameters.values())[1:]] == [
         ("budget", 16), ("now_ms", None), ("lease_ms", DEFAULT_LEASE_MS),
@@ -170,8 +173,8 @@ def test_the_hot_calls_show_their_signatures_and_defaults():
     assert "Lease up to" in (Engine.claim.__doc__ or "")
 
 
-def test_the_hot_calls_parse_arguments_as_a_python_function_would():
-    with fresh_engine() as eng:
+def test_the_hot_calls_parse_arguments_as_a_python_function_would(fresh):
+    with fresh() as eng:
         rows = _fill(eng)
         before, counters = snapshot(eng, rows), _counters(eng)
         for call in (lambda: eng.claim(4, NOW, 1000, 140, 5),
@@ -202,10 +205,11 @@ def test_the_hot_calls_parse_arguments_as_a_python_function_would():
         assert eng.verify() == []
 
 
-def test_claims_are_made_only_by_the_engine():
+@pytest.mark.shm_only("Claims are views of the C claim arena; RedisClaims are plain arrays")
+def test_claims_are_made_only_by_the_engine(fresh):
     with pytest.raises(TypeError):
         Claims()
-    with fresh_engine() as eng:
+    with fresh() as eng:
         _fill(eng)
         c = eng.claim(3, now_ms=NOW)
         assert isinstance(c, Claims) and len(c) == 3 and bool(c)
@@ -215,8 +219,8 @@ def test_claims_are_made_only_by_the_engine():
             c._o = 0  # the arena offsets are not the caller's to move
 
 
-def test_a_batch_edited_before_completion_is_checked_like_any_input():
-    with fresh_engine() as eng:
+def test_a_batch_edited_before_completion_is_checked_like_any_input(fresh):
+    with fresh() as eng:
         rows = _fill(eng)
         c = eng.claim(4, now_ms=NOW)
         before, counters = snapshot(eng, rows), _counters(eng)
@@ -232,8 +236,8 @@ def test_a_batch_edited_before_completion_is_checked_like_any_input():
         assert eng.verify() == []
 
 
-def test_old_batches_complete_after_their_arena_was_replaced():
-    with fresh_engine() as eng:
+def test_old_batches_complete_after_their_arena_was_replaced(fresh):
+    with fresh() as eng:
         _fill(eng)
         batches = [eng.claim(1, now_ms=NOW, lease_ms=10 * 60_000) for _ in range(ROWS)]
         held = [b for b in batches if len(b)]
@@ -246,8 +250,8 @@ def test_old_batches_complete_after_their_arena_was_replaced():
         assert eng.verify() == []
 
 
-def test_big_batches_stay_exact():
-    with fresh_engine() as eng:
+def test_big_batches_stay_exact(fresh):
+    with fresh() as eng:
         rows = _fill(eng)
         c = eng.claim(1024, now_ms=NOW)
         assert len(c) == len(set(c.rows.tolist())) > 256
@@ -258,8 +262,9 @@ def test_big_batches_stay_exact():
         assert eng.verify() == []
 
 
-def test_a_forgotten_segment_is_refused_not_used():
-    with fresh_engine() as eng:
+@pytest.mark.shm_only("a segment forgotten after a fork; a RedisEngine has no segment")
+def test_a_forgotten_segment_is_refused_not_used(fresh):
+    with fresh() as eng:
         _fill(eng)
         c = eng.claim(2, now_ms=NOW)
         eng._seg.forget()  # what a forked child does with a copy it must not use
@@ -270,10 +275,10 @@ def test_a_forgotten_segment_is_refused_not_used():
                 call()
 
 
-def test_threads_sharing_one_engine_never_share_a_lease():
+def test_threads_sharing_one_engine_never_share_a_lease(fresh):
     # Each thread asks for its own budget and lease, so a call reading another's request would
     # show up as a wrong size or expiry; threads replace the arenas under each other.
-    with fresh_engine() as eng:
+    with fresh() as eng:
         rows = _fill(eng)
         held: dict[int, int] = {}
         errors: list[str] = []

@@ -12,6 +12,10 @@ For every public entry point of ``Engine``, of ``engine.keys`` and of ``LanePoli
   arrays, a closed engine and an unlinked segment are replayed in a fresh interpreter, whose
   exit status must be 0 (a segfault shows as a negative return code).
 
+The properties of ``Engine`` calls run on both backends (shared memory and Redis, see the
+``contract`` marker in conftest.py); the unlinked segment and the fresh interpreter are the
+shared-memory engine's own (its C core is what could crash).
+
 Every generated call is invalid in at least one argument (a valid call may legitimately change
 the engine). The tables of extreme values classify each value with :func:`is_valid` and only
 require the invalid ones to raise.
@@ -34,7 +38,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, ROOT, fresh_engine, shm_path, unique_name
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, ROOT, is_redis, shm_path, unique_name
 
 from engine import STRIDE, Engine, LanePolicy, due_ms_of, encode, lane_of
 from engine.errors import EngineClosed, EngineError, SegmentMissing
@@ -60,6 +64,8 @@ FUZZ = settings(max_examples=40, deadline=None, derandomize=False,
                                        HealthCheck.data_too_large])
 
 NAN, INF = float("nan"), float("inf")
+
+pytestmark = pytest.mark.contract  # each engine test once per backend (tests/conftest.py)
 
 # -- what is valid ----------------------------------------------------------------------------
 
@@ -175,7 +181,10 @@ def populate(eng: Engine) -> Ctx:
 
 
 def state(eng: Engine) -> dict[str, Any]:
-    """Everything a refused call must leave as it was."""
+    """Everything a refused call must leave as it was. On Redis that is every key of the queue,
+    read in one transaction: all that ``describe``, ``stats`` and ``policy`` read, and more."""
+    if is_redis(eng):
+        return {"raw": eng._snapshot(*eng._dump_commands())}
     s = eng.stats(now_ms=FIXED)
     for k in VOLATILE:
         s.pop(k, None)
@@ -533,14 +542,15 @@ ARRAY_CALLS = {"add_many": add_many_call, "complete_many": complete_many_call,
 
 
 @contextlib.contextmanager
-def populated(capacity: int = CAPACITY) -> Iterator[tuple[Engine, Ctx]]:
-    with fresh_engine(capacity=capacity) as eng:
+def populated(fresh: Callable[..., Any], capacity: int = CAPACITY
+              ) -> Iterator[tuple[Engine, Ctx]]:
+    with fresh(capacity=capacity) as eng:
         yield eng, populate(eng)
 
 
 @pytest.fixture
-def pop() -> Iterator[tuple[Engine, Ctx]]:
-    with populated() as out:
+def pop(fresh: Callable[..., Any]) -> Iterator[tuple[Engine, Ctx]]:
+    with populated(fresh) as out:
         yield out
 
 
@@ -565,8 +575,8 @@ def test_invalid_array_arguments_raise_engine_errors_and_change_nothing(pop, met
     check_refused(eng, getattr(eng, method), method, kwargs, state(eng))
 
 
-def test_add_many_beyond_capacity_raises_and_adds_no_row():
-    with populated(capacity=16) as (eng, _ctx):
+def test_add_many_beyond_capacity_raises_and_adds_no_row(fresh):
+    with populated(fresh, capacity=16) as (eng, _ctx):
         left = 16 - eng.stats()["rows"]
         for n in (left + 1, left + 5, 1000):
             dues = np.full(n, NOW, np.int64)
@@ -749,7 +759,7 @@ def test_minimal_bad_key_and_policy_calls_raise_engine_errors(case):
     raise AssertionError(f"ENGINE BUG: {label} accepted -> {out!r:.100}")
 
 
-def test_a_ttl_band_the_segment_cannot_hold_is_refused_or_kept_exactly():
+def test_a_ttl_band_the_segment_cannot_hold_is_refused_or_kept_exactly(fresh):
     """The segment keeps bands as uint32 seconds: a LanePolicy with a band >= 2**32 must be
     refused, or come back unchanged from set_policy / create, never altered silently."""
     problems = []
@@ -758,7 +768,7 @@ def test_a_ttl_band_the_segment_cannot_hold_is_refused_or_kept_exactly():
             p = LanePolicy(ttl_bands=bands)
         except EngineError:
             continue
-        with fresh_engine(capacity=16) as eng:
+        with fresh(capacity=16) as eng:
             try:
                 eng.set_policy(p)
             except EngineError:
@@ -766,12 +776,11 @@ def test_a_ttl_band_the_segment_cannot_hold_is_refused_or_kept_exactly():
             else:
                 if eng.policy != p:
                     problems.append(f"set_policy({bands}) kept ttl_bands={eng.policy.ttl_bands}")
-        name = unique_name()
-        try:
-            eng = Engine.create(name, 16, p)
-        except EngineError:
-            continue
-        try:
+        with contextlib.ExitStack() as stack:
+            try:
+                eng = stack.enter_context(fresh(p, capacity=16))
+            except EngineError:
+                continue
             row = eng.add(NOW, 2**32 - 1, "discovered")
             got = eng.policy
             if got != p:
@@ -779,9 +788,6 @@ def test_a_ttl_band_the_segment_cannot_hold_is_refused_or_kept_exactly():
                                 f"written under it sits in lane {eng.lane(row)}, which Python "
                                 f"names {eng.lane_name(eng.lane(row))!r} (expected "
                                 f"{p.lane_name(p.lane_for('discovered', 2**32 - 1))!r})")
-        finally:
-            eng.close()
-            eng.unlink()
     assert not problems, "ENGINE BUG: a policy was altered silently:\n" + "\n".join(problems)
 
 
@@ -831,13 +837,14 @@ def _all_calls(ctx: Ctx) -> list[tuple[str, dict[str, Any]]]:
     return [(m, default_kwargs(m, ctx)) for m in ALL_METHODS]
 
 
-def test_every_entry_point_of_a_closed_engine_raises_engine_closed():
-    with populated() as (eng, ctx):
+def test_every_entry_point_of_a_closed_engine_raises_engine_closed(fresh):
+    with populated(fresh) as (eng, ctx):
         eng.close()
         for method, kwargs in _all_calls(ctx):
             with pytest.raises(EngineClosed):
                 getattr(eng, method)(**kwargs)
-        for call in (lambda: eng.policy, eng.reap, eng.check):
+        # reap (dead owners found by pid) is the shared-memory engine's alone
+        for call in (lambda: eng.policy, eng.check, *(() if is_redis(eng) else (eng.reap,))):
             with pytest.raises(EngineClosed):
                 call()
         eng.close()  # closing twice is fine
@@ -868,13 +875,14 @@ def test_closed_engine_refuses_any_arguments_with_engine_errors(closed, method, 
 
 
 @pytest.fixture
-def closed() -> Iterator[tuple[Engine, Ctx]]:
-    with populated() as (eng, ctx):
+def closed(fresh: Callable[..., Any]) -> Iterator[tuple[Engine, Ctx]]:
+    with populated(fresh) as (eng, ctx):
         eng.close()
         yield eng, ctx
 
 
-def test_an_unlinked_engine_keeps_working_and_still_refuses_bad_input():
+@pytest.mark.shm_only("an unlinked segment stays mapped; a dropped Redis queue is gone")
+def test_an_unlinked_engine_keeps_working_and_still_refuses_bad_input(backend):
     name = unique_name()
     eng = Engine.create(name, CAPACITY)
     other = None
@@ -1111,7 +1119,8 @@ def child_main(name: str) -> None:
     print(json.dumps({"done": True, "foreign": foreign}), flush=True)
 
 
-def test_crash_prone_calls_do_not_crash_a_fresh_interpreter():
+@pytest.mark.shm_only("the C core is what could crash an interpreter")
+def test_crash_prone_calls_do_not_crash_a_fresh_interpreter(backend):
     name = unique_name()
     code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
             "import test_fuzz_inputs as m; m.child_main(sys.argv[3])\n")

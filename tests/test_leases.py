@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine
+from lanes_testlib import DAY, HOUR, MINUTE, NOW
 
 from engine import LanePolicy, LeaseLost
 from engine.errors import EngineError, EngineValueError
+
+pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 DESCRIBE_KEYS = {"row", "due_ms", "lane", "interval_s", "failures", "provenance", "queued",
                  "leased", "lease_expiry_ms", "urgent"}
@@ -64,6 +66,39 @@ def test_stale_token_raises_lease_lost_and_changes_nothing(eng):
     assert isinstance(LeaseLost("x"), EngineError)
     eng.complete(row, new, now_ms=NOW + 2000)  # the current holder is unaffected
     assert eng.due_ms(row) == NOW + 2000 + 3600 * 1000
+    assert eng.verify() == []
+
+
+@pytest.mark.parametrize("op", ["complete", "fail", "release", "renew"])
+def test_a_lapsed_lease_nobody_claimed_again_can_still_be_ended_by_its_holder(eng, op):
+    """Stale means the lease expired *and someone else claimed the row* (API.md): until then
+    the holder's token works, even after a claim pass that granted other rows."""
+    row = eng.add(NOW - MINUTE, 3600, provenance="discovered")  # lane 5
+    _, tok = _claim_one(eng, lease_ms=1000)
+    first = eng.add(NOW - DAY, 600)  # lane 1: the next pass grants it, not the lapsed row
+    assert eng.claim(budget=1, now_ms=NOW + 5000).rows.tolist() == [first]
+    assert eng.describe(row, now_ms=NOW + 5000)["leased"] is False
+    if op == "complete":
+        eng.complete(row, tok, now_ms=NOW + 5000)
+        assert eng.due_ms(row) == NOW + 5000 + 3600 * 1000
+    elif op == "fail":
+        eng.fail(row, tok, retry_at_ms=NOW + HOUR, now_ms=NOW + 5000)
+        assert eng.describe(row)["failures"] == 1 and eng.due_ms(row) == NOW + HOUR
+    elif op == "release":
+        eng.release(row, tok)
+        assert eng.due_ms(row) == NOW - MINUTE
+    else:
+        new = eng.renew(row, tok, lease_ms=60_000, now_ms=NOW + 5000)
+        assert new != tok
+        assert eng.describe(row, now_ms=NOW + 5000)["lease_expiry_ms"] == NOW + 65_000
+        assert len(eng.claim(budget=5, now_ms=NOW + 6000)) == 0  # held again
+        with pytest.raises(LeaseLost):
+            eng.complete(row, tok, now_ms=NOW + 6000)
+        tok = new
+    assert eng.verify() == []
+    if op != "renew":  # the lease has ended: the token is spent
+        with pytest.raises(LeaseLost):
+            eng.release(row, tok)
     assert eng.verify() == []
 
 
@@ -372,9 +407,9 @@ def test_renew_after_the_lease_was_taken_over_is_refused(eng):
 @settings(max_examples=25)
 @given(ops=st.lists(st.sampled_from(["complete", "fail", "release", "renew", "stale"]),
                     min_size=1, max_size=25))
-def test_at_most_one_live_lease_per_row(ops):
+def test_at_most_one_live_lease_per_row(fresh, ops):
     """Whatever the holder does, exactly one token is ever valid and a claim never doubles up."""
-    with fresh_engine(LanePolicy(cold_after=255), capacity=16) as eng:
+    with fresh(LanePolicy(cold_after=255), capacity=16) as eng:
         row = eng.add(NOW - HOUR, 60)
         now = NOW
         dead_tokens: list[int] = []

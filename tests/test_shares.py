@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lanes_testlib import (
@@ -14,13 +15,15 @@ from lanes_testlib import (
     HOUR,
     MINUTE,
     NOW,
-    fresh_engine,
+    another_handle,
     lane_counts,
     share_policies,
 )
 
-from engine import Engine, LanePolicy
+from engine import LanePolicy
 from engine.policy import reference_pass
+
+pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 
 def _fill(eng, submitted=0, discovered=0, cold=0, urgent=0):
@@ -61,8 +64,8 @@ def _drain(eng, budget, calls, complete=True, handles=None):
     return counts
 
 
-def _discovered_share(budget, calls):
-    with fresh_engine(capacity=1024) as eng:
+def _discovered_share(fresh, budget, calls):
+    with fresh(capacity=1024) as eng:
         _fill(eng, submitted=400, discovered=100)
         eng.compact()
         counts = _drain(eng, budget, calls)
@@ -71,18 +74,18 @@ def _discovered_share(budget, calls):
         return counts[5] / sum(counts)
 
 
-def test_discovered_floor_is_a_minimum_with_budget_one_and_sixty_four():
-    one = _discovered_share(1, 320)
-    many = _discovered_share(64, 5)
+def test_discovered_floor_is_a_minimum_with_budget_one_and_sixty_four(fresh):
+    one = _discovered_share(fresh, 1, 320)
+    many = _discovered_share(fresh, 64, 5)
     assert 0.08 <= one <= 0.12, one
     assert 0.08 <= many <= 0.12, many
     assert abs(one - many) <= 0.02, (one, many)
 
 
-def test_floor_shares_are_accounted_across_processes_handles():
-    with fresh_engine(capacity=1024) as eng:
+def test_floor_shares_are_accounted_across_processes_handles(fresh):
+    with fresh(capacity=1024) as eng:
         _fill(eng, submitted=400, discovered=100)
-        other = Engine.attach(eng.stats()["name"])
+        other = another_handle(eng)
         try:
             counts = _drain(eng, 1, 300, handles=[eng, other])
         finally:
@@ -91,17 +94,16 @@ def test_floor_shares_are_accounted_across_processes_handles():
         assert eng.verify() == []
 
 
-def test_floor_shares_hold_across_concurrent_worker_processes():
+def test_floor_shares_hold_across_concurrent_worker_processes(fresh):
     import multiprocessing as mp
 
-    from lanes_testlib import child_worker_lanes, get_result
+    from lanes_testlib import address, child_worker_lanes, get_result
 
-    with fresh_engine(capacity=2048) as eng:
+    with fresh(capacity=2048) as eng:
         _fill(eng, submitted=900, discovered=300)
-        name = eng.stats()["name"]
         ctx = mp.get_context("fork")
         queues = [ctx.Queue() for _ in range(3)]
-        procs = [ctx.Process(target=child_worker_lanes, args=(name, NOW, 200, 1, q))
+        procs = [ctx.Process(target=child_worker_lanes, args=(address(eng), NOW, 200, 1, q))
                  for q in queues]
         for p in procs:
             p.start()
@@ -117,8 +119,8 @@ def test_floor_shares_hold_across_concurrent_worker_processes():
         assert eng.verify() == []
 
 
-def test_cold_floor_gets_its_two_percent():
-    with fresh_engine(capacity=1024) as eng:
+def test_cold_floor_gets_its_two_percent(fresh):
+    with fresh(capacity=1024) as eng:
         _fill(eng, submitted=400, cold=50)
         counts = _drain(eng, 1, 300)
         assert 4 <= counts[9] <= 8, counts
@@ -126,8 +128,8 @@ def test_cold_floor_gets_its_two_percent():
         assert eng.verify() == []
 
 
-def test_without_floors_strict_priority_starves_the_tail():
-    with fresh_engine(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=1024) as eng:
+def test_without_floors_strict_priority_starves_the_tail(fresh):
+    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=1024) as eng:
         _fill(eng, submitted=200, discovered=50)
         counts = _drain(eng, 4, 40)
         assert counts[5] == 0
@@ -135,8 +137,8 @@ def test_without_floors_strict_priority_starves_the_tail():
         assert eng.verify() == []
 
 
-def test_unused_floor_is_released_to_the_remainder_in_the_same_pass():
-    with fresh_engine(capacity=1024) as eng:
+def test_unused_floor_is_released_to_the_remainder_in_the_same_pass(fresh):
+    with fresh(capacity=1024) as eng:
         _fill(eng, submitted=200)
         for _ in range(5):
             c = eng.claim(budget=10, now_ms=NOW, lease_ms=HOUR)
@@ -145,8 +147,8 @@ def test_unused_floor_is_released_to_the_remainder_in_the_same_pass():
         assert eng.verify() == []
 
 
-def test_an_idle_class_banks_no_credit():
-    with fresh_engine(capacity=1024) as eng:
+def test_an_idle_class_banks_no_credit(fresh):
+    with fresh(capacity=1024) as eng:
         _fill(eng, submitted=300)
         counts = _drain(eng, 1, 100)
         assert counts[1] == 100
@@ -159,8 +161,8 @@ def test_an_idle_class_banks_no_credit():
         assert eng.verify() == []
 
 
-def test_urgent_cap_holds_when_nothing_else_is_due():
-    with fresh_engine(capacity=1024) as eng:
+def test_urgent_cap_holds_when_nothing_else_is_due(fresh):
+    with fresh(capacity=1024) as eng:
         rows = _fill(eng, urgent=40)
         counts = _drain(eng, 1, 100, complete=False)
         assert 18 <= counts[0] <= 22, counts
@@ -170,8 +172,8 @@ def test_urgent_cap_holds_when_nothing_else_is_due():
         assert eng.verify() == []
 
 
-def test_urgent_cap_holds_with_other_lanes_due_and_capacity_goes_to_them():
-    with fresh_engine(capacity=1024) as eng:
+def test_urgent_cap_holds_with_other_lanes_due_and_capacity_goes_to_them(fresh):
+    with fresh(capacity=1024) as eng:
         _fill(eng, submitted=200, urgent=60)
         counts = _drain(eng, 1, 100)
         assert 18 <= counts[0] <= 22, counts
@@ -179,8 +181,8 @@ def test_urgent_cap_holds_with_other_lanes_due_and_capacity_goes_to_them():
         assert eng.verify() == []
 
 
-def test_uncapped_urgent_drains_first():
-    with fresh_engine(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=1024) as eng:
+def test_uncapped_urgent_drains_first(fresh):
+    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=1024) as eng:
         _fill(eng, submitted=50, urgent=30)
         c = eng.claim(budget=40, now_ms=NOW, lease_ms=HOUR)
         got = lane_counts(c, 10)
@@ -212,8 +214,9 @@ def _add_to_lane(eng, lane, due):
     budgets=st.lists(st.integers(1, 40), min_size=1, max_size=12),
     compacted=st.booleans(),
 )
-def test_claim_pass_grants_what_the_reference_allocator_grants(policy, rows, budgets, compacted):
-    with fresh_engine(policy, capacity=256) as eng:
+def test_claim_pass_grants_what_the_reference_allocator_grants(fresh, policy, rows, budgets,
+                                                              compacted):
+    with fresh(policy, capacity=256) as eng:
         # lane -> row -> due
         remaining: dict[int, dict[int, int]] = {lane: {} for lane in range(10)}
         for target, age in rows:
@@ -241,10 +244,10 @@ def test_claim_pass_grants_what_the_reference_allocator_grants(policy, rows, bud
         assert eng.verify() == []
 
 
-def test_uncapped_urgent_lane_accrues_no_credit():
+def test_uncapped_urgent_lane_accrues_no_credit(fresh):
     """urgent_max_share=1.0 means no cap: urgent is served first and no credit is kept for it
     (a sign slip once accrued 2**32 - 1 grants of credit per call)."""
-    with fresh_engine(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=256) as eng:
+    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=256) as eng:
         rows = eng.add_many(np.full(20, NOW - HOUR), 3600)
         for r in rows[:10]:
             eng.prioritize(int(r), "rush", now_ms=NOW)

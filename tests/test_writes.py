@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, fresh_engine, snapshot
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, another_handle, snapshot
 
-from engine import STRIDE, CapacityError, Engine, LanePolicy, encode
+from engine import STRIDE, CapacityError, LanePolicy, encode
 from engine.errors import EngineError, EngineTypeError, EngineValueError, NotAllowed
+
+pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 N = 8
 
@@ -182,8 +184,8 @@ def test_absent_due_never_becomes_due_since_1970(eng):
         max_size=60,
     )
 )
-def test_add_many_stores_every_due_time_exactly(spec):
-    with fresh_engine(capacity=64) as eng:
+def test_add_many_stores_every_due_time_exactly(fresh, spec):
+    with fresh(capacity=64) as eng:
         due = np.array([s[0] for s in spec], dtype=np.int64)
         interval = np.array([s[1] for s in spec], dtype=np.int64)
         prov = np.array([s[2] for s in spec])
@@ -225,7 +227,7 @@ def _headline(eng):
 def test_set_policy_from_an_attached_handle_changes_the_next_claim_and_rewrites_no_row(eng):
     products, home = _headline(eng)
     rows = products + [home]
-    other = Engine.attach(eng.stats()["name"])
+    other = another_handle(eng)
     try:
         before = snapshot(eng, rows)
         floors = [eng.floor_minute(lane) for lane in range(10)]
@@ -319,8 +321,8 @@ def test_narrowing_the_bands_leaves_no_row_behind(eng):
     ),
     limit=st.integers(1, 12),
 )
-def test_restamp_preserves_every_due_time_and_reports_done_only_at_the_end(spec, limit):
-    with fresh_engine(LanePolicy(lanes_enabled=False), capacity=64) as eng:
+def test_restamp_preserves_every_due_time_and_reports_done_only_at_the_end(fresh, spec, limit):
+    with fresh(LanePolicy(lanes_enabled=False), capacity=64) as eng:
         rows = [eng.add(NOW + off, iv, provenance=prov, failures=f) for off, iv, prov, f in spec]
         assert {eng.lane(r) for r in rows} == {0}
         dues = [eng.due_ms(r) for r in rows]
@@ -408,6 +410,7 @@ def test_compact_keeps_everything_claimable(eng):
     assert eng.verify() == []
 
 
+@pytest.mark.shm_only("the recent-write ring and its merge: Redis writes go straight to a ZSET")
 def test_many_writes_overflow_the_recent_write_area_safely(make_engine):
     eng = make_engine(capacity=2048, ring_capacity=64)
     rows = eng.add_many(np.array([NOW - HOUR - i for i in range(500)], dtype=np.int64),

@@ -74,13 +74,15 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "3"
+LIBRARY_VERSION = "5"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 """The data model of a queue's keys (lanes.lua LAYOUT): bump when a record or key changes.
-Layout 2: a row's key lives in ready or in its holder entry (``token:key:owner``), its token
-only there; the record holds interval, failures and flags. A layout 1 queue is refused."""
+Layout 3: members are zero-padded row ids (``member``); a row's key lives in ready or, in
+flight, in its holder entry (``token:key:owner``), its token only there, and a lapsed lease's
+entry stays until the row is granted again; the record holds interval, failures and flags.
+A queue of layout 1 (20-byte records) or 2 (unpadded members, or 20-byte records) is refused."""
 MIN_REDIS = (7, 0)
 RECORD = 6
 """Bytes per row in the row table (lanes.lua REC)."""
@@ -110,6 +112,18 @@ _ERRORS: dict[str, type[EngineError]] = {
     "LAYOUT": LayoutMismatch,
     "VERSION": LayoutMismatch,
 }
+
+
+def member(row: int) -> str:
+    """Row ``row`` as a member of the ready/lease ZSETs and the holder hash (lanes.lua MEMBER):
+    8 zero-padded digits, so equal scores order by row id, as the shared-memory engine serves
+    rows due at the same millisecond."""
+    return f"{row:08d}"
+
+
+def _members(rows: IntArray) -> list[str]:
+    """Batch row ids as lanes.lua takes them (members), formatted here, not on the server."""
+    return [f"{row:08d}" for row in rows.tolist()]
 
 
 def library_source() -> str:
@@ -646,7 +660,7 @@ class RedisEngine:
         now = self._now(now_ms)
         if len(r) == 0:
             return np.zeros(0, np.bool_)
-        ok = self._fcall("lanes_complete", now, len(r), *r.tolist(), *t.tolist(), *tail)
+        ok = self._fcall("lanes_complete", now, len(r), *_members(r), *t.tolist(), *tail)
         return np.array(ok, dtype=np.bool_)
 
     def fail(self, row: int, token: int, retry_at_ms: int | None = None,
@@ -661,7 +675,9 @@ class RedisEngine:
         self._fcall("lanes_fail", self._now(now_ms), r, t, retry, int(permanent))
 
     def release(self, row: int, token: int, now_ms: int | None = None) -> None:
-        """Give the row back unrendered; its schedule is unchanged. ``LeaseLost`` if stale."""
+        """Give the row back unrendered; its schedule is unchanged. ``LeaseLost`` if stale.
+        (``now_ms`` is accepted for symmetry with the other writes; a token's validity does not
+        depend on the time: it holds until the row is granted again or the lease ends.)"""
         r, t = self._row(row), self._token(token)
         if not self.release_many([r], [t], now_ms)[0]:
             raise LeaseLost(f"release row {r}: the token is stale")
@@ -672,7 +688,7 @@ class RedisEngine:
         now = self._now(now_ms)
         if len(r) == 0:
             return np.zeros(0, np.bool_)
-        ok = self._fcall("lanes_release", now, len(r), *r.tolist(), *t.tolist())
+        ok = self._fcall("lanes_release", now, len(r), *_members(r), *t.tolist())
         return np.array(ok, dtype=np.bool_)
 
     def renew(self, row: int, token: int, lease_ms: int = DEFAULT_LEASE_MS,
@@ -680,7 +696,7 @@ class RedisEngine:
         """Extend a lease to ``now + lease_ms``; returns the new token (the old one is stale)."""
         r, t = self._row(row), self._token(token)
         lease = _int(lease_ms, "lease_ms", 1, STRIDE - 1)
-        return int(self._fcall("lanes_renew", self._now(now_ms), r, t, lease))
+        return int(self._fcall("lanes_renew", self._now(now_ms), r, t, lease, self.owner))
 
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
         """``"rush"``: urgent lane, due now. ``"wait"``: own lane, due now."""
@@ -713,7 +729,7 @@ class RedisEngine:
         b, lease, win = self._claim_args(budget, lease_ms, window)
         now = self._now(now_ms)
         reply = self._fcall("lanes_complete_claim", now, b, lease, win, self.owner, len(r),
-                            *r.tolist(), *t.tolist())
+                            *_members(r), *t.tolist())
         return np.frombuffer(reply[1], np.uint8).astype(np.bool_), RedisClaims._from_reply(
             reply[0])
 
@@ -736,7 +752,8 @@ class RedisEngine:
         ready, lease, rows, meta, holder = self._keys
         used, rec, key, expiry, held, t = self._snapshot(
             ("hget", (meta, "next_row")), ("getrange", (rows, r * RECORD, r * RECORD + RECORD - 1)),
-            ("zscore", (ready, r)), ("zscore", (lease, r)), ("hget", (holder, r)), ("time", ()))
+            ("zscore", (ready, member(r))), ("zscore", (lease, member(r))),
+            ("hget", (holder, member(r))), ("time", ()))
         if used is None:
             raise SegmentMissing(f"queue {self._name!r} is gone")
         if r >= int(used):
@@ -745,7 +762,7 @@ class RedisEngine:
         f = _records(rec)
         live = bool(f["flags"][0] & 4)
         h = _holding(held) if held is not None else None
-        if h is not None:
+        if h is not None and key is None:  # in flight; in ready, the entry is a lapsed lease's
             key = h[1]
         lane, due = (int(key) // STRIDE, int(key) % STRIDE) if live and key is not None \
             else (None, None)
@@ -852,8 +869,9 @@ class RedisEngine:
     def verify(self) -> list[str]:
         """Read the whole queue in one MULTI/EXEC; one line per broken invariant (empty when
         all hold): every live row is in exactly one of ready and lease, a removed row in
-        neither; a row in lease has a holder entry and no other row does; its token is below
-        the token counter and no other row's; every key's lane is one a policy can make."""
+        neither; a row in lease has a holder entry (a row in ready may keep the entry of a
+        lapsed lease nobody was granted since), a removed row none; tokens are below the
+        token counter and unique; every key's lane is one a policy can make."""
         meta_all, table, ready, lease, holder = self._snapshot(*self._dump_commands())
         if not meta_all:
             return [f"queue {self._name!r} does not exist"]
@@ -867,42 +885,46 @@ class RedisEngine:
         lanes: list[int] = []
         in_ready = np.zeros(n, np.int64)
         in_lease = np.zeros(n, np.int64)
-        for member, score in ready:
-            row = int(member)
+        for m, score in ready:
+            row = int(m)
             if not 0 <= row < n:
                 problems.append(f"ready holds row {row}, past next_row {n}")
                 continue
             in_ready[row] += 1
             lanes.append(int(score) // STRIDE)
-        for member, _expiry in lease:
-            row = int(member)
+        for m, _expiry in lease:
+            row = int(m)
             if not 0 <= row < n:
                 problems.append(f"lease holds row {row}, past next_row {n}")
                 continue
             in_lease[row] += 1
         held = {int(k): _holding(v) for k, v in holder.items()}
-        holders = set(held)
         tokens = np.zeros(n, np.int64)
         for row, (token, key, _owner) in held.items():
-            if 0 <= row < n:
-                tokens[row] = token
-            lanes.append(key // STRIDE)
+            if not 0 <= row < n:
+                problems.append(f"holder holds row {row}, past next_row {n}")
+                continue
+            tokens[row] = token
+            if in_lease[row]:  # the key of a lapsed lease's entry (row back in ready) is void
+                lanes.append(key // STRIDE)
+        has_holder = np.zeros(n, np.bool_)
+        has_holder[[row for row in held if 0 <= row < n]] = True
         for row in np.flatnonzero(live & (in_ready + in_lease != 1)).tolist():
             problems.append(f"live row {row} is in {int(in_ready[row])} ready and "
                             f"{int(in_lease[row])} lease entries")
         for row in np.flatnonzero(~live & (in_ready + in_lease != 0)).tolist():
             problems.append(f"removed row {row} is still queued")
-        for row in np.flatnonzero((tokens != 0) != (in_lease == 1)).tolist():
-            problems.append(f"row {row}: token {int(tokens[row])} but "
-                            f"{'in' if in_lease[row] else 'not in'} lease")
+        for row in np.flatnonzero((in_lease != 0) & ~has_holder).tolist():
+            problems.append(f"row {row}: in lease without a holder entry")
+        for row in np.flatnonzero(~live & has_holder).tolist():
+            problems.append(f"removed row {row} holds token {int(tokens[row])}")
+        for row in np.flatnonzero(has_holder & (tokens == 0)).tolist():
+            problems.append(f"row {row}: its holder entry holds no token")
         for row in np.flatnonzero(tokens > counter).tolist():
             problems.append(f"row {row}: token {int(tokens[row])} past the counter {counter}")
         issued = tokens[tokens != 0]
         if len(np.unique(issued)) != len(issued):
             problems.append("a token is held by two rows")
-        leased_rows = set(np.flatnonzero(in_lease).tolist())
-        for row in sorted(leased_rows ^ holders):
-            problems.append(f"row {row}: lease and holder disagree")
         if any(lane >= MAX_LANES for lane in lanes):
             problems.append("a row's lane is past the 64 a policy can make")
         return problems
@@ -925,9 +947,11 @@ class RedisEngine:
         return {"restamped": int(done), "done": bool(finished)}
 
     def compact(self, full: bool = False) -> None:
-        """Nothing to merge: a ZSET is always in order (kept for API parity)."""
+        """Nothing to merge: a ZSET is always in order (kept for API parity). Refused, as every
+        call is, on a closed engine."""
         if not isinstance(full, bool):
             raise EngineTypeError(f"full must be a bool, got {full!r}")
+        self._live()
 
     # -- checkpoints (engine/checkpoint.py's format) ----------------------------------------------
 
@@ -943,11 +967,11 @@ class RedisEngine:
         n = int(meta_all[b"next_row"])
         f = _records((table or b"")[:n * RECORD])
         rows = np.flatnonzero(f["flags"] & 4)
-        key = np.zeros(n, np.int64)  # a live row's key: its ready score, or its holder entry's
-        for member, score in queued:
-            key[int(member)] = int(score)
-        for member, value in held.items():
-            key[int(member)] = _holding(value)[1]
+        key = np.zeros(n, np.int64)  # a live row's key: its holder entry's, or its ready score
+        for m, value in held.items():  # (the entry of a row back in ready is a lapsed lease's)
+            key[int(m)] = _holding(value)[1]
+        for m, score in queued:
+            key[int(m)] = int(score)
         cols = {"due_ms": key % STRIDE, "interval_s": f["interval"], "failures": f["failures"],
                 "provenance": f["flags"] & 1, "urgent": (f["flags"] >> 1) & 1,
                 "lane": key // STRIDE}

@@ -10,17 +10,32 @@ in this order as KEYS[1..5]:
   lease   ZSET  member = row id, score = lease expiry (ms): rows in flight
   rows    STRING  the row table: a fixed 6-byte record per row id at offset row * 6
   meta    HASH  layout, counters (next_row, token), the policy, share credits, per-lane grants
-  holder  HASH  member = row id, value = 'token:key:owner' (rows in flight only)
+  holder  HASH  member = row id, value = 'token:key:owner': rows in flight, and rows whose
+                lease lapsed and that nobody was granted since (their token still holds)
 
 A row is in exactly one of ready and lease while it is live; a removed row is in neither. A
 claimed row leaves ready, so a claim pass never reads a row in flight, and comes back (with the
 key its holder entry keeps) when its lease is completed, failed, released, or lapses: the first
 step of every claim pass moves lapsed leases back.
 
-Layout 2: a row's key (lane and due time) lives in exactly one place, the ready score while it
-waits, its holder entry while it is in flight; its fencing token only in its holder entry. So a
-claim writes nothing per row but one field of one variadic HSET, and a complete reads the
-batch's records with one BITFIELD_RO and writes a record only to clear failures or urgency.
+Layout 3: a row's key (lane and due time) lives in exactly one place, the ready score while it
+waits, its holder entry while it is in flight (in lease); its fencing token only in its holder
+entry. So a claim writes nothing per row but one field of one variadic HSET, and a complete
+reads the batch's records with one BITFIELD_RO and writes a record only to clear failures or
+urgency.
+
+A token is valid while the row's holder entry holds it, as in shared memory (API.md: stale
+means the lease expired AND the row was claimed again, or the lease ended): an expired lease
+nobody has claimed again can still be completed, failed, released or renewed by its holder.
+So the expiry step puts a lapsed row back into ready (claimable) but leaves its holder entry;
+the next grant of the row overwrites it, a write that ends the lease deletes it. The key of
+such an entry means nothing (the ready score is the row's key); its token and owner do.
+
+A member (in ready, lease and holder) is the row id in 8 zero-padded digits (MEMBER): a ZSET
+orders equal scores by member bytes, and padded ids sort as numbers, so rows due at the same
+millisecond are served in row order, as by the shared-memory engine ("10" would precede "9").
+Batch calls take their row ids as members from the client (engine.py ``member``), so no row id
+is formatted here on the hot path.
 
 Record (big endian, so that BITFIELD reads it as one u48; struct format REC):
   interval_s I4 | failures B | flags B
@@ -35,8 +50,8 @@ Every function checks ARGV[1] against VERSION, so a client built for another ver
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '3'
-local LAYOUT = '2' -- bump with any change to a key's or a record's meaning (engine.py too)
+local VERSION = '5'
+local LAYOUT = '3' -- bump with any change to a key's or a record's meaning (engine.py too)
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1
 local ONE = 65536 -- share credit unit (engine.policy.ONE)
@@ -46,6 +61,7 @@ local TOKEN_SEED = 1024 -- tokens per millisecond of the server clock (see the n
 local F_DISCOVERED, F_URGENT, F_LIVE = 1, 2, 4
 local EXPIRE_BATCH = 1000 -- lapsed leases put back per claim pass (the rest by the next ones)
 local CHUNK = 1000 -- members per variadic call (unpack() has a C stack limit)
+local MEMBER = '%08d' -- a row id as a member: sorts as a number (MAX_ROWS < 10^8)
 
 -- redis.call is not there while the library loads: look it up at call time.
 local function rcall(...)
@@ -54,6 +70,10 @@ end
 
 local function fmt(x) -- numbers go to Redis as exact integers, never as %.14g
   return string.format('%.0f', x)
+end
+
+local function mem(row) -- a row id as a member of ready, lease and holder
+  return string.format(MEMBER, row)
 end
 
 local function fail(code, text)
@@ -155,8 +175,8 @@ local function put(K, row, r)
   rcall('SETRANGE', K[3], fmt(row * RECLEN), struct.pack(REC, r.interval, r.failures, r.flags))
 end
 
--- The records of rows[1..n] (row ids as strings) with one BITFIELD_RO per CHUNK (a record is
--- one u48).
+-- The records of rows[1..n] (members) with one BITFIELD_RO per CHUNK (a record is one u48;
+-- BITFIELD's '#n' offset refuses leading zeros, so a member goes as its number).
 local function get_many(K, rows)
   local out = {}
   for i = 1, #rows, CHUNK do
@@ -165,7 +185,7 @@ local function get_many(K, rows)
     for k = i, j do
       args[#args + 1] = 'GET'
       args[#args + 1] = 'u48'
-      args[#args + 1] = '#' .. rows[k]
+      args[#args + 1] = '#' .. tonumber(rows[k])
     end
     local got = rcall('BITFIELD_RO', K[3], unpack(args))
     for k = 1, #got do
@@ -201,11 +221,13 @@ local function holding(v)
   return {token = tonumber(token), key = tonumber(key), owner = owner}
 end
 
--- The key of a live row where it is now (ready score, or its holder entry), and its holding.
-local function where(K, row)
-  local z = rcall('ZSCORE', K[1], row)
+-- The key of a live row (member m) where it is now, and its holding while it is in flight: the
+-- ready score (a holder entry of a row in ready is a lapsed lease's, its key void), or the key
+-- its holder entry keeps.
+local function where(K, m)
+  local z = rcall('ZSCORE', K[1], m)
   if z then return tonumber(z), nil end
-  local h = holding(rcall('HGET', K[5], row))
+  local h = holding(rcall('HGET', K[5], m))
   if h then return h.key, h end
   return nil, nil
 end
@@ -223,9 +245,9 @@ local function reschedule(K, P, row, r, lane, due, h)
   put(K, row, r)
   note_lane(K, P, lane)
   if h then
-    rcall('HSET', K[5], row, holder_value(fmt(h.token), fmt(key_of(lane, due)), h.owner))
+    rcall('HSET', K[5], mem(row), holder_value(fmt(h.token), fmt(key_of(lane, due)), h.owner))
   else
-    rcall('ZADD', K[1], fmt(key_of(lane, due)), row)
+    rcall('ZADD', K[1], fmt(key_of(lane, due)), mem(row))
   end
 end
 
@@ -236,25 +258,25 @@ end
 
 -- ---------------------------------------------------------------- leases -----
 
--- The holding of a row whose lease `token` is live at `now`, else nil (a stale token).
-local function leased(K, row, token, now)
-  local h = holding(rcall('HGET', K[5], row))
+-- The holding of a row (member m) whose lease `token` still holds, else nil (a stale token).
+-- A lapsed lease holds until the row is granted again (that overwrites the holder entry).
+local function leased(K, m, token)
+  local h = holding(rcall('HGET', K[5], m))
   if token == 0 or not h or h.token ~= token then return nil end
-  local exp = rcall('ZSCORE', K[2], row)
-  if not exp or tonumber(exp) <= now then return nil end
   return h
 end
 
-local function lease_end(K, row)
-  rcall('ZREM', K[2], row)
-  rcall('HDEL', K[5], row)
+local function lease_end(K, m)
+  rcall('ZREM', K[2], m)
+  rcall('HDEL', K[5], m)
 end
 
 --[[ Batches: a redis.call costs about as much as the work of a small command (argument and
-reply conversion; ~1-2 us on a slow core), so a batch of n leases reads every expiry with one
-ZMSCORE, every holder entry with one HMGET, every record it needs with one BITFIELD_RO, and
-ends the leases with one ZREM, one HDEL and one ZADD, instead of several calls per row. A row
-listed twice in one batch is stale the second time (its lease ended with the first). ]]
+reply conversion; ~1-2 us on a slow core), so a batch of n leases reads every holder entry
+with one HMGET, every record it needs with one BITFIELD_RO, and ends the leases with one ZREM,
+one HDEL and one ZADD, instead of several calls per row. A token's validity does not depend on
+the clock, so no expiry is read. A row listed twice in one batch is stale the second time (its
+lease ended with the first). ]]
 
 -- Per chunk of rows, one call `cmd key rows...`; the replies joined.
 local function per_row(cmd, key, rows)
@@ -267,26 +289,25 @@ local function per_row(cmd, key, rows)
   return out
 end
 
--- The holder entry of each of rows[1..n] whose tokens[i] is its live lease at `now`, else
--- false. Row ids and tokens are ARGV's decimal strings, compared and passed on as they are
--- (a number handed to redis.call is formatted again: that costs more than the call).
-local function live_leases(K, rows, tokens, now)
+-- The holder entry of each of rows[1..n] (members) whose tokens[i] still holds, else false.
+-- Members and tokens are ARGV's strings, compared and passed on as they are (a number handed
+-- to redis.call is formatted again: that costs more than the call).
+local function live_leases(K, rows, tokens)
   local out = {}
   if #rows == 0 then return out end
-  local exp = per_row('ZMSCORE', K[2], rows)
   local held = per_row('HMGET', K[5], rows)
   local ended = {}
   for i = 1, #rows do
     local v, t = held[i], tokens[i] .. ':'
-    local ok = v and t ~= '0:' and string.sub(v, 1, #t) == t and exp[i]
-      and tonumber(exp[i]) > now and not ended[rows[i]]
+    local ok = v and t ~= '0:' and string.sub(v, 1, #t) == t and not ended[rows[i]]
     if ok then ended[rows[i]] = true end
     out[i] = ok and v or false
   end
   return out
 end
 
--- End the leases of `ended` and put `back` (score, row pairs) into ready: the batched tail.
+-- End the leases of `ended` (members) and put `back` (score, member pairs) into ready: the
+-- batched tail.
 local function leases_end(K, ended, back)
   if #ended == 0 then return end
   chunked('ZREM', K[2], ended)
@@ -294,7 +315,8 @@ local function leases_end(K, ended, back)
   if #back > 0 then chunked('ZADD', K[1], back) end
 end
 
--- Put lapsed leases back into ready with the key their holder entry keeps (expiry <= now).
+-- Put lapsed leases back into ready with the key their holder entry keeps (expiry <= now). The
+-- holder entry stays: its holder may still end the lease until the row is granted again.
 local function expire(K, now)
   local lapsed = rcall('ZRANGE', K[2], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, EXPIRE_BATCH)
   if #lapsed == 0 then return 0 end
@@ -307,7 +329,8 @@ local function expire(K, now)
       back[#back + 1] = m
     end
   end
-  leases_end(K, lapsed, back)
+  chunked('ZREM', K[2], lapsed)
+  if #back > 0 then chunked('ZADD', K[1], back) end
   return #lapsed
 end
 
@@ -323,6 +346,25 @@ Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT taken n, w
 counts the rows this pass already took from the lane: they leave ready with one ZREM at the
 end, so a second seek of a lane skips them. `window` bounds the rows one lane grants in one
 pass. Returns {rows, lanes, dues, tokens}. ]]
+-- Grants from position `start` + 1 on, as the remainder took them lane by lane, put in the
+-- order it serves them: by due time, ties to the lower lane, a lane's own order kept (as the
+-- shared-memory pass grants with remainder = edf, one global earliest row after another).
+-- `cols` are the parallel arrays of the batch (dues and lanes among them), permuted alike.
+local function in_due_order(cols, dues, lanes, start)
+  local idx = {}
+  for i = start + 1, #dues do idx[#idx + 1] = i end
+  table.sort(idx, function(a, b)
+    if dues[a] ~= dues[b] then return dues[a] < dues[b] end
+    if lanes[a] ~= lanes[b] then return lanes[a] < lanes[b] end
+    return a < b
+  end)
+  for _, col in ipairs(cols) do
+    local moved = {}
+    for k, i in ipairs(idx) do moved[k] = col[i] end
+    for k = 1, #idx do col[start + k] = moved[k] end
+  end
+end
+
 local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
   local nl = P.lanes_high + 1
   local remaining = budget
@@ -420,9 +462,11 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
         local l = heads[i][2]
         want[l] = (want[l] or 0) + 1
       end
+      local start = #rows
       for l = first, nl - 1 do
         if want[l] then take(l, want[l]) end
       end
+      in_due_order({rows, lanes, dues, members, keys}, dues, lanes, start)
     end
     for cls = 1, 3 do
       if P.shares[cls] > 0 then
@@ -474,7 +518,7 @@ end
 -- written only when the complete clears its failures or its urgency.
 local function complete_many(K, P, now, rows, tokens, nexts)
   for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
-  local live = live_leases(K, rows, tokens, now)
+  local live = live_leases(K, rows, tokens)
   local which = {}
   for i = 1, #rows do
     if live[i] then which[#which + 1] = rows[i] end
@@ -492,7 +536,7 @@ local function complete_many(K, P, now, rows, tokens, nexts)
       local flags = F_LIVE + (discovered and F_DISCOVERED or 0)
       if r.failures ~= 0 or r.flags ~= flags then
         r.failures, r.flags = 0, flags
-        put(K, row, r)
+        put(K, tonumber(row), r)
       end
       local lane = lane_for(P, discovered, r.interval, 0, false)
       local due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + r.interval * 1000)
@@ -510,16 +554,27 @@ local function complete_many(K, P, now, rows, tokens, nexts)
   return ok
 end
 
--- Give rows[i] back with the key their holder entry keeps: no record is read or written.
+-- Give rows[i] back with the key their holder entry keeps: no record is read or written. A
+-- lapsed lease already put back into ready keeps its ready score (its holder entry's key is
+-- void: a prioritize may have moved the row since).
 local function release_many(K, P, now, rows, tokens)
   for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
-  local live = live_leases(K, rows, tokens, now)
+  local live = live_leases(K, rows, tokens)
+  local which = {}
+  for i = 1, #rows do
+    if live[i] then which[#which + 1] = rows[i] end
+  end
+  local waiting = #which > 0 and per_row('ZMSCORE', K[1], which) or {}
   local ok, ended, back = {}, {}, {}
+  local k = 0
   for i = 1, #rows do
     if live[i] then
+      k = k + 1
       ended[#ended + 1] = rows[i]
-      back[#back + 1] = string.match(live[i], '^%d+:(%d+):')
-      back[#back + 1] = rows[i]
+      if not waiting[k] then
+        back[#back + 1] = string.match(live[i], '^%d+:(%d+):')
+        back[#back + 1] = rows[i]
+      end
       ok[i] = 1
     else
       ok[i] = 0
@@ -529,8 +584,8 @@ local function release_many(K, P, now, rows, tokens)
   return ok
 end
 
--- ARGV: version, now, n, rows[n], tokens[n], then from `at` on whatever the caller adds. Row
--- ids and tokens stay ARGV's decimal strings (see live_leases).
+-- ARGV: version, now, n, rows[n], tokens[n], then from `at` on whatever the caller adds. Rows
+-- come as members (MEMBER), tokens as decimal strings, and stay ARGV's strings (live_leases).
 local function rows_tokens(argv, at)
   local n = tonumber(argv[at])
   local rows, tokens = {}, {}
@@ -588,7 +643,7 @@ local function f_add(K, A)
     recs[#recs + 1] = struct.pack(REC, interval, failures,
       F_LIVE + (prov == 1 and F_DISCOVERED or 0))
     z[#z + 1] = fmt(lane * STRIDE + due)
-    z[#z + 1] = fmt(first + i)
+    z[#z + 1] = mem(first + i)
   end
   rcall('SETRANGE', K[3], fmt(first * RECLEN), table.concat(recs))
   rcall('HSET', K[4], 'next_row', fmt(first + n))
@@ -665,8 +720,8 @@ local function f_fail(K, A)
   local now, row, token = now_of(A[2]), tonumber(A[3]), tonumber(A[4])
   local retry_at = tonumber(A[5])
   check_row(K, P, row)
-  local h = leased(K, row, token, now)
-  if not h then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
+  local m = mem(row)
+  if not leased(K, m, token) then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
   local r = get(K, row)
   local f = r.failures + 1
   if A[6] == '1' and f < P.cold_after then f = P.cold_after end -- a 404 will not heal
@@ -677,24 +732,32 @@ local function f_fail(K, A)
   local discovered = has(r.flags, F_DISCOVERED)
   r.failures = f
   r.flags = F_LIVE + (discovered and F_DISCOVERED or 0)
-  lease_end(K, row)
+  lease_end(K, m) -- a lapsed lease put back into ready: ZADD below moves it
   reschedule(K, P, row, r, lane_for(P, discovered, r.interval, f, false),
     retry_at >= 0 and retry_at or clamp(now + backoff), nil)
   return 1
 end
 
--- ARGV: version, now, row, token, lease_ms. Returns the new token (the old one is stale).
+-- ARGV: version, now, row, token, lease_ms, owner. Returns the new token (the old one is
+-- stale). A lapsed lease put back into ready is taken out of it again, held by `owner`.
 local function f_renew(K, A)
   check_version(A)
   local P = queue_meta(K)
   local now, row, token = now_of(A[2]), tonumber(A[3]), tonumber(A[4])
   check_row(K, P, row)
-  local h = leased(K, row, token, now)
+  local m = mem(row)
+  local h = leased(K, m, token)
   if not h then fail('LEASE', 'renew row ' .. row .. ': the token is stale') end
+  local key, owner = h.key, h.owner
+  local z = rcall('ZSCORE', K[1], m)
+  if z then
+    rcall('ZREM', K[1], m)
+    key, owner = tonumber(z), A[6]
+  end
   local tok = next_tokens(P, 1, clock_ms())
   rcall('HSET', K[4], 'token', fmt(tok))
-  rcall('HSET', K[5], row, holder_value(fmt(tok), fmt(h.key), h.owner))
-  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), row)
+  rcall('HSET', K[5], m, holder_value(fmt(tok), fmt(key), owner))
+  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), m)
   return tok
 end
 
@@ -708,7 +771,7 @@ local function f_prioritize(K, A)
   if not has(r.flags, F_LIVE) then fail('VALUE', 'row ' .. row .. ' was removed') end
   local discovered = has(r.flags, F_DISCOVERED)
   r.flags = F_LIVE + (discovered and F_DISCOVERED or 0) + (rush and F_URGENT or 0)
-  local h = holding(rcall('HGET', K[5], row)) -- in flight: its key waits in the holder entry
+  local _, h = where(K, mem(row)) -- in flight: its key waits in the holder entry
   reschedule(K, P, row, r, lane_for(P, discovered, r.interval, r.failures, rush), now, h)
   return 1
 end
@@ -724,8 +787,8 @@ local function f_remove(K, A)
   r.flags = r.flags - F_LIVE
   if has(r.flags, F_URGENT) then r.flags = r.flags - F_URGENT end
   put(K, row, r) -- and the lease ends below: its holder's token is stale from now on
-  rcall('ZREM', K[1], row)
-  lease_end(K, row)
+  rcall('ZREM', K[1], mem(row))
+  lease_end(K, mem(row))
   return 1
 end
 
@@ -765,7 +828,7 @@ local function f_restamp(K, A)
     for _, m in ipairs(rcall('ZRANGE', K[2], 0, -1)) do
       local row = tonumber(m)
       local r = get(K, row)
-      local h = holding(rcall('HGET', K[5], row))
+      local h = holding(rcall('HGET', K[5], m))
       local lane = lane_for(on, has(r.flags, F_DISCOVERED), r.interval, r.failures,
         has(r.flags, F_URGENT))
       local was, due = split(h.key)
@@ -800,7 +863,7 @@ local function f_stats(K, A)
   local leases = rcall('ZRANGE', K[2], 0, -1, 'WITHSCORES')
   for i = 1, #leases, 2 do
     local row = tonumber(leases[i])
-    local h = holding(rcall('HGET', K[5], row)) or {key = 0, owner = ''} -- verify() reports it
+    local h = holding(rcall('HGET', K[5], leases[i])) or {key = 0, owner = ''} -- verify() tells
     local lane, due = split(h.key)
     flight[#flight + 1] = row
     flight[#flight + 1] = lane
@@ -878,7 +941,7 @@ local function f_add_urls(K, A)
   end
   for i = 1, n do
     if states[i] == 0 and rows[i] < P.next_row then -- not one this call adds
-      local key = where(K, rows[i])
+      local key = where(K, mem(rows[i]))
       if key and select(2, split(key)) == HORIZON then
         f_prioritize(K, {A[1], A[2], fmt(rows[i]), '0'})
         states[i] = 2
@@ -899,25 +962,33 @@ local function f_add_urls(K, A)
 end
 
 -- ARGV: version, then owner ids whose process is gone (RedisEngine.reap checks that). Their
--- leases end now: each row goes back to ready with the key its holder entry keeps, as a release
--- would put it, so it is claimable at once. Returns how many rows came back.
+-- leases end now: each row in flight goes back to ready with the key its holder entry keeps,
+-- as a release would put it, so it is claimable at once; a lapsed lease already back in ready
+-- only loses its holder entry. Returns how many rows came back.
 local function f_reap(K, A)
   check_version(A)
   queue_meta(K)
   local dead = {}
   for i = 2, #A do dead[A[i]] = true end
   local held = rcall('HGETALL', K[5])
-  local back, gone = {}, {}
+  local gone, keys = {}, {}
   for i = 1, #held, 2 do
     local h = holding(held[i + 1])
     if dead[h.owner] then
       gone[#gone + 1] = held[i]
-      back[#back + 1] = fmt(h.key)
-      back[#back + 1] = held[i]
+      keys[#keys + 1] = fmt(h.key)
+    end
+  end
+  local flying = #gone > 0 and per_row('ZMSCORE', K[2], gone) or {}
+  local back = {}
+  for i = 1, #gone do
+    if flying[i] then
+      back[#back + 1] = keys[i]
+      back[#back + 1] = gone[i]
     end
   end
   leases_end(K, gone, back)
-  return #gone
+  return #back / 2
 end
 
 register('lanes_add_urls', f_add_urls)
