@@ -41,6 +41,7 @@ from engine.errors import (  # noqa: E402
     NotAllowed,
     SegmentMissing,
 )
+from engine.keys import STRIDE  # noqa: E402
 from engine.policy import CLASSES, ONE, reference_pass  # noqa: E402
 from engine.redis.engine import member, queue_keys  # noqa: E402
 
@@ -331,6 +332,47 @@ def test_a_lapsed_lease_put_back_keeps_its_token_until_the_row_is_granted_again(
     assert q.verify() == []
 
 
+def test_a_lapsed_lease_back_in_ready_keeps_the_key_it_has_there(q):
+    """Layout 3 leaves a lapsed lease's holder entry in place until the row is granted again;
+    the key in that entry is void once the row is back in ready. A prioritize there moves the
+    row, and a release with the lapsed token must leave it where the prioritize put it, a
+    renew must take it out with that key, and the next grant must spend the old token."""
+    row = q.add(NOW - MINUTE, 3600, provenance="discovered")  # lane 5
+    _, tok = _claim_one(q, lease_ms=1000)
+    first = q.add(NOW - DAY, 600)  # lane 1: the next pass grants this one, not the lapsed row
+    assert q.claim(budget=1, now_ms=NOW + 5000).rows.tolist() == [first]
+    q.prioritize(row, "wait", now_ms=NOW + 6000)  # its own lane, due now: a new key
+    assert (q.lane(row), q.due_ms(row)) == (5, NOW + 6000)
+    assert q.verify() == []
+    q.release(row, tok, now_ms=NOW + 7000)
+    assert (q.lane(row), q.due_ms(row)) == (5, NOW + 6000)
+    assert q.verify() == []
+    with pytest.raises(LeaseLost):  # released: the token is spent
+        q.release(row, tok, now_ms=NOW + 7000)
+
+    _, tok = _claim_one(q, now=NOW + 8000, lease_ms=1000)
+    assert q.claim(budget=1, now_ms=NOW + 10_000).rows.tolist() == [row]  # lapsed, granted again
+    with pytest.raises(LeaseLost):
+        q.complete(row, tok, now_ms=NOW + 10_000)
+    assert q.verify() == []
+
+
+def test_a_renew_of_a_lapsed_lease_takes_the_row_out_with_its_ready_key(q):
+    row = q.add(NOW - MINUTE, 3600, provenance="discovered")
+    _, tok = _claim_one(q, lease_ms=1000)
+    q.add(NOW - DAY, 600)
+    q.claim(budget=1, now_ms=NOW + 5000)  # puts the lapsed row back, grants the other one
+    q.prioritize(row, "wait", now_ms=NOW + 6000)
+    lane = q.lane(row)
+    new = q.renew(row, tok, lease_ms=60_000, now_ms=NOW + 6000)
+    d = q.describe(row, now_ms=NOW + 6000)
+    assert (d["leased"], d["lane"], d["due_ms"]) == (True, lane, NOW + 6000)
+    assert q.verify() == []
+    q.release(row, new, now_ms=NOW + 7000)
+    assert (q.lane(row), q.due_ms(row)) == (lane, NOW + 6000)
+    assert q.verify() == []
+
+
 def test_a_token_is_spent_by_complete(q):
     row = q.add(NOW - MINUTE, 3600)
     _, tok = _claim_one(q)
@@ -398,6 +440,45 @@ def test_renew_extends_and_replaces_the_token(q):
         q.complete(row, tok, now_ms=NOW + 20_000)
     q.complete(row, new, now_ms=NOW + 20_000)
     assert q.verify() == []
+
+
+def test_tokens_survive_a_lost_second_of_writes(q, server):
+    """A claim lost with the server's last second (everysec, host crash) rolls the token
+    counter back; tokens seeded from the server clock are still never issued twice, so the
+    lost grant's holder cannot complete the row under the new grant's lease."""
+    row = q.add(NOW - MINUTE, 3600)
+    r = redis.Redis(unix_socket_path=server.socket)
+    before = {k: r.dump(k) for k in q.keys if r.exists(k)}
+    got, lost = _claim_one(q)  # virtual time, but tokens follow the server's clock
+    assert got == row and lost > (time.time() * 1000 - MINUTE) * 1024
+    for k in q.keys:  # the server comes back as it was before that claim
+        r.delete(k)
+    for k, v in before.items():
+        r.restore(k, 0, v)
+    time.sleep(0.005)
+    again, tok = _claim_one(q)
+    assert again == row and tok > lost
+    with pytest.raises(LeaseLost):
+        q.complete(row, lost, now_ms=NOW)
+    q.complete(row, tok, now_ms=NOW)
+    assert q.verify() == []
+    r.close()
+
+
+@pytest.mark.parametrize("layout", ["1", "2"])
+def test_a_layout_1_or_2_queue_is_refused_not_misread(q, server, layout):
+    """Layout 1 (library 2: key and token in the record), layout 2 (library 3 or 4: the
+    speed layout with unpadded members, or the padded members with 20-byte records)."""
+    q.add(NOW - MINUTE, 3600)
+    r = redis.Redis(unix_socket_path=server.socket)
+    r.hset(q.keys[3], "layout", layout)
+    with pytest.raises(LayoutMismatch, match=f"layout {layout}"):
+        Engine.connect(server.url, q.name)
+    with pytest.raises(LayoutMismatch, match=f"layout {layout}"):  # a connected client
+        q.claim(budget=1, now_ms=NOW)
+    r.hset(q.keys[3], "layout", "3")
+    assert len(q.claim(budget=1, now_ms=NOW)) == 1
+    r.close()
 
 
 def test_prioritize_rush_and_wait(q):
@@ -506,11 +587,11 @@ def test_verify_finds_a_broken_queue(q, server):
     assert q.verify() == []
     r = redis.Redis(unix_socket_path=server.socket)
     ready, lease, *_ = q.keys
-    r.zadd(ready, {member(int(rows[1])): 5})
+    r.zadd(ready, {member(int(rows[1])): 64 * STRIDE + 5})  # a key lives in one place
     r.zadd(ready, {member(int(c.rows[0])): 7})
     r.zrem(ready, member(int(rows[2])))
     problems = "\n".join(q.verify())
-    assert f"row {int(rows[1])}: ready score 5" in problems
+    assert "a row's lane is past the 64 a policy can make" in problems
     assert f"live row {int(c.rows[0])} is in 1 ready and 1 lease" in problems
     assert f"live row {int(rows[2])} is in 0 ready and 0 lease" in problems
     r.close()

@@ -74,14 +74,17 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "4"
+LIBRARY_VERSION = "5"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 """The data model of a queue's keys (lanes.lua LAYOUT): bump when a record or key changes.
-2: members are zero-padded row ids (``member``)."""
+Layout 3: members are zero-padded row ids (``member``); a row's key lives in ready or, in
+flight, in its holder entry (``token:key:owner``), its token only there, and a lapsed lease's
+entry stays until the row is granted again; the record holds interval, failures and flags.
+A queue of layout 1 (20-byte records) or 2 (unpadded members, or 20-byte records) is refused."""
 MIN_REDIS = (7, 0)
-RECORD = 20
+RECORD = 6
 """Bytes per row in the row table (lanes.lua REC)."""
 MAX_ROWS = (512 * 1024 * 1024) // RECORD
 """The row table is one string, and a Redis string holds at most 512 MiB."""
@@ -116,6 +119,11 @@ def member(row: int) -> str:
     8 zero-padded digits, so equal scores order by row id, as the shared-memory engine serves
     rows due at the same millisecond."""
     return f"{row:08d}"
+
+
+def _members(rows: IntArray) -> list[str]:
+    """Batch row ids as lanes.lua takes them (members), formatted here, not on the server."""
+    return [f"{row:08d}" for row in rows.tolist()]
 
 
 def library_source() -> str:
@@ -652,7 +660,7 @@ class RedisEngine:
         now = self._now(now_ms)
         if len(r) == 0:
             return np.zeros(0, np.bool_)
-        ok = self._fcall("lanes_complete", now, len(r), *r.tolist(), *t.tolist(), *tail)
+        ok = self._fcall("lanes_complete", now, len(r), *_members(r), *t.tolist(), *tail)
         return np.array(ok, dtype=np.bool_)
 
     def fail(self, row: int, token: int, retry_at_ms: int | None = None,
@@ -680,7 +688,7 @@ class RedisEngine:
         now = self._now(now_ms)
         if len(r) == 0:
             return np.zeros(0, np.bool_)
-        ok = self._fcall("lanes_release", now, len(r), *r.tolist(), *t.tolist())
+        ok = self._fcall("lanes_release", now, len(r), *_members(r), *t.tolist())
         return np.array(ok, dtype=np.bool_)
 
     def renew(self, row: int, token: int, lease_ms: int = DEFAULT_LEASE_MS,
@@ -721,7 +729,7 @@ class RedisEngine:
         b, lease, win = self._claim_args(budget, lease_ms, window)
         now = self._now(now_ms)
         reply = self._fcall("lanes_complete_claim", now, b, lease, win, self.owner, len(r),
-                            *r.tolist(), *t.tolist())
+                            *_members(r), *t.tolist())
         return np.frombuffer(reply[1], np.uint8).astype(np.bool_), RedisClaims._from_reply(
             reply[0])
 
@@ -742,9 +750,10 @@ class RedisEngine:
         """Everything the row table holds about one row (true due time, never a raw key)."""
         r = self._row(row)
         ready, lease, rows, meta, holder = self._keys
-        used, rec, expiry, owner, t = self._snapshot(
+        used, rec, key, expiry, held, t = self._snapshot(
             ("hget", (meta, "next_row")), ("getrange", (rows, r * RECORD, r * RECORD + RECORD - 1)),
-            ("zscore", (lease, member(r))), ("hget", (holder, member(r))), ("time", ()))
+            ("zscore", (ready, member(r))), ("zscore", (lease, member(r))),
+            ("hget", (holder, member(r))), ("time", ()))
         if used is None:
             raise SegmentMissing(f"queue {self._name!r} is gone")
         if r >= int(used):
@@ -752,19 +761,25 @@ class RedisEngine:
         now = int(t[0]) * 1000 + int(t[1]) // 1000 if now_ms is None else check_due_ms(now_ms)
         f = _records(rec)
         live = bool(f["flags"][0] & 4)
-        leased = live and int(f["token"][0]) != 0 and expiry is not None and expiry > now
+        h = _holding(held) if held is not None else None
+        if h is not None and key is None:  # in flight; in ready, the entry is a lapsed lease's
+            key = h[1]
+        lane, due = (int(key) // STRIDE, int(key) % STRIDE) if live and key is not None \
+            else (None, None)
+        leased = live and h is not None and expiry is not None and expiry > now
+        owner = h[2] if h is not None else None
         return {
             "row": r,
             "queued": live,
-            "due_ms": int(f["due"][0]) if live else None,
-            "lane": int(f["lane"][0]) if live else None,
+            "due_ms": due,
+            "lane": lane,
             "interval_s": int(f["interval"][0]),
             "failures": int(f["failures"][0]),
             "provenance": PROVENANCES[int(f["flags"][0]) & 1],
             "urgent": bool(f["flags"][0] & 2),
             "leased": leased,
             "lease_expiry_ms": int(expiry) if leased else None,
-            "owner": owner.decode() if leased and owner is not None else None,
+            "owner": owner if leased else None,
         }
 
     def due_ms(self, row: int) -> int | None:
@@ -854,9 +869,9 @@ class RedisEngine:
     def verify(self) -> list[str]:
         """Read the whole queue in one MULTI/EXEC; one line per broken invariant (empty when
         all hold): every live row is in exactly one of ready and lease, a removed row in
-        neither; a ready row's score is the key its record holds; a row in lease holds a token
-        and has an owner (a ready row may still hold the token of a lapsed lease nobody claimed
-        again), a removed row none; tokens are below the counter and unique."""
+        neither; a row in lease has a holder entry (a row in ready may keep the entry of a
+        lapsed lease nobody was granted since), a removed row none; tokens are below the
+        token counter and unique; every key's lane is one a policy can make."""
         meta_all, table, ready, lease, holder = self._snapshot(*self._dump_commands())
         if not meta_all:
             return [f"queue {self._name!r} does not exist"]
@@ -867,44 +882,50 @@ class RedisEngine:
             return [f"row table holds {len(table) // RECORD} records, next_row is {n}"]
         f = _records(table[:n * RECORD])
         live = (f["flags"] & 4) != 0
-        key = f["lane"].astype(np.int64) * STRIDE + f["due"]
+        lanes: list[int] = []
         in_ready = np.zeros(n, np.int64)
         in_lease = np.zeros(n, np.int64)
-        for member, score in ready:
-            row = int(member)
+        for m, score in ready:
+            row = int(m)
             if not 0 <= row < n:
                 problems.append(f"ready holds row {row}, past next_row {n}")
                 continue
             in_ready[row] += 1
-            if int(score) != key[row]:
-                problems.append(f"row {row}: ready score {int(score)} is not its key "
-                                f"{int(key[row])}")
-        for member, _expiry in lease:
-            row = int(member)
+            lanes.append(int(score) // STRIDE)
+        for m, _expiry in lease:
+            row = int(m)
             if not 0 <= row < n:
                 problems.append(f"lease holds row {row}, past next_row {n}")
                 continue
             in_lease[row] += 1
-        holders = {int(k) for k in holder}
-        tokens = f["token"].astype(np.int64)
+        held = {int(k): _holding(v) for k, v in holder.items()}
+        tokens = np.zeros(n, np.int64)
+        for row, (token, key, _owner) in held.items():
+            if not 0 <= row < n:
+                problems.append(f"holder holds row {row}, past next_row {n}")
+                continue
+            tokens[row] = token
+            if in_lease[row]:  # the key of a lapsed lease's entry (row back in ready) is void
+                lanes.append(key // STRIDE)
+        has_holder = np.zeros(n, np.bool_)
+        has_holder[[row for row in held if 0 <= row < n]] = True
         for row in np.flatnonzero(live & (in_ready + in_lease != 1)).tolist():
             problems.append(f"live row {row} is in {int(in_ready[row])} ready and "
                             f"{int(in_lease[row])} lease entries")
         for row in np.flatnonzero(~live & (in_ready + in_lease != 0)).tolist():
             problems.append(f"removed row {row} is still queued")
-        for row in np.flatnonzero((tokens == 0) & (in_lease == 1)).tolist():
-            problems.append(f"row {row}: in lease without a token")
-        for row in np.flatnonzero(~live & (tokens != 0)).tolist():
+        for row in np.flatnonzero((in_lease != 0) & ~has_holder).tolist():
+            problems.append(f"row {row}: in lease without a holder entry")
+        for row in np.flatnonzero(~live & has_holder).tolist():
             problems.append(f"removed row {row} holds token {int(tokens[row])}")
+        for row in np.flatnonzero(has_holder & (tokens == 0)).tolist():
+            problems.append(f"row {row}: its holder entry holds no token")
         for row in np.flatnonzero(tokens > counter).tolist():
             problems.append(f"row {row}: token {int(tokens[row])} past the counter {counter}")
-        held = tokens[tokens != 0]
-        if len(np.unique(held)) != len(held):
+        issued = tokens[tokens != 0]
+        if len(np.unique(issued)) != len(issued):
             problems.append("a token is held by two rows")
-        leased_rows = set(np.flatnonzero(in_lease).tolist())
-        for row in sorted(leased_rows ^ holders):
-            problems.append(f"row {row}: lease and holder disagree")
-        if (f["lane"][live] >= MAX_LANES).any():
+        if any(lane >= MAX_LANES for lane in lanes):
             problems.append("a row's lane is past the 64 a policy can make")
         return problems
 
@@ -937,14 +958,23 @@ class RedisEngine:
     def export_rows(self) -> tuple[IntArray, dict[str, IntArray]]:
         """(row ids, columns) of every queued row, read in one transaction: the columns of
         ``checkpoint.snapshot`` (due_ms, interval_s, failures, provenance, urgent, lane)."""
-        meta_all, table = self._snapshot(("hgetall", (self._keys[3],)), ("get", (self._keys[2],)))
+        ready, _lease, rows_key, meta, holder = self._keys
+        meta_all, table, queued, held = self._snapshot(
+            ("hgetall", (meta,)), ("get", (rows_key,)), ("zrange", (ready, 0, -1, False, True)),
+            ("hgetall", (holder,)))
         if not meta_all:
             raise SegmentMissing(f"queue {self._name!r} is gone")
         n = int(meta_all[b"next_row"])
         f = _records((table or b"")[:n * RECORD])
         rows = np.flatnonzero(f["flags"] & 4)
-        cols = {"due_ms": f["due"], "interval_s": f["interval"], "failures": f["failures"],
-                "provenance": f["flags"] & 1, "urgent": (f["flags"] >> 1) & 1, "lane": f["lane"]}
+        key = np.zeros(n, np.int64)  # a live row's key: its holder entry's, or its ready score
+        for m, value in held.items():  # (the entry of a row back in ready is a lapsed lease's)
+            key[int(m)] = _holding(value)[1]
+        for m, score in queued:
+            key[int(m)] = int(score)
+        cols = {"due_ms": key % STRIDE, "interval_s": f["interval"], "failures": f["failures"],
+                "provenance": f["flags"] & 1, "urgent": (f["flags"] >> 1) & 1,
+                "lane": key // STRIDE}
         return rows, {c: np.ascontiguousarray(v[rows], np.int64) for c, v in cols.items()}
 
     def save(self, path: str | os.PathLike[str], urls: Any = None,
@@ -997,7 +1027,7 @@ class RedisEngine:
         host = socket.gethostname()
         holders = self._call_plain(self._live().hvals, self._keys[4])
         dead = []
-        for owner in sorted({h.decode() if isinstance(h, bytes) else str(h) for h in holders}):
+        for owner in sorted({_holding(h)[2] for h in holders}):
             parts = owner.rsplit(":", 2)
             if len(parts) != 3 or parts[0] != host or not (parts[1].isdigit()
                                                           and parts[2].isdigit()):
@@ -1009,24 +1039,21 @@ class RedisEngine:
         return len(dead)
 
 
-_RECORD_DTYPE = np.dtype([("due_lo", "<u4"), ("due_hi", "<u2"), ("lane", "u1"),
-                          ("interval", "<u4"), ("failures", "u1"), ("flags", "u1"),
-                          ("tok_lo", "<u4"), ("tok_hi", "<u2"), ("tok_top", "u1")])
+_RECORD_DTYPE = np.dtype([("interval", ">u4"), ("failures", "u1"), ("flags", "u1")])
 assert _RECORD_DTYPE.itemsize == RECORD
 
 
 def _records(raw: bytes) -> dict[str, npt.NDArray[np.int64]]:
-    """Columns of packed row records (lanes.lua REC) as int64 arrays."""
+    """Columns of packed row records (lanes.lua REC, big endian) as int64 arrays."""
     a = np.frombuffer(raw, _RECORD_DTYPE)
-    return {
-        "due": a["due_lo"].astype(np.int64) | (a["due_hi"].astype(np.int64) << 32),
-        "lane": a["lane"].astype(np.int64),
-        "interval": a["interval"].astype(np.int64),
-        "failures": a["failures"].astype(np.int64),
-        "flags": a["flags"].astype(np.int64),
-        "token": (a["tok_lo"].astype(np.int64) | (a["tok_hi"].astype(np.int64) << 32)
-                  | (a["tok_top"].astype(np.int64) << 48)),
-    }
+    return {c: a[c].astype(np.int64) for c in ("interval", "failures", "flags")}
+
+
+def _holding(value: bytes | str) -> tuple[int, int, str]:
+    """(token, key, owner) of a holder entry, ``token:key:owner`` (lanes.lua holder_value)."""
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    token, key, owner = text.split(":", 2)
+    return int(token), int(key), owner
 
 
 def packed_rows(due_ms: Any, interval_s: Any, provenance: Any = "submitted",

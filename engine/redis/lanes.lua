@@ -6,47 +6,58 @@ library, so each runs atomically on the server (Redis runs one function at a tim
 Keys of one queue (all carry the hash tag {name}, so a queue is one Cluster slot), always passed
 in this order as KEYS[1..5]:
 
-  ready   ZSET  member = row id, score = lane * 2^42 + due_ms: rows waiting to be claimed
+  ready   ZSET  member = row id, score = key = lane * 2^42 + due_ms: rows waiting to be claimed
   lease   ZSET  member = row id, score = lease expiry (ms): rows in flight
-  rows    STRING  the row table: a fixed 20-byte record per row id at offset row * 20
+  rows    STRING  the row table: a fixed 6-byte record per row id at offset row * 6
   meta    HASH  layout, counters (next_row, token), the policy, share credits, per-lane grants
-  holder  HASH  member = row id, value = the lease owner's id string (rows in flight only)
+  holder  HASH  member = row id, value = 'token:key:owner': rows in flight, and rows whose
+                lease lapsed and that nobody was granted since (their token still holds)
 
 A row is in exactly one of ready and lease while it is live; a removed row is in neither. A
 claimed row leaves ready, so a claim pass never reads a row in flight, and comes back (with the
-key its record holds) when its lease is completed, failed, released, or lapses: the first step
-of every claim pass moves lapsed leases back.
+key its holder entry keeps) when its lease is completed, failed, released, or lapses: the first
+step of every claim pass moves lapsed leases back.
 
-A token is valid while the row's record holds it, as in shared memory: an expired lease nobody
-has claimed again can still be completed, failed, released or renewed by its holder. So a
-lapsed lease put back into ready keeps its token in the record (the row is claimable; its
-holder is forgotten) until the next grant of the row replaces it or a write ends it.
+Layout 3: a row's key (lane and due time) lives in exactly one place, the ready score while it
+waits, its holder entry while it is in flight (in lease); its fencing token only in its holder
+entry. So a claim writes nothing per row but one field of one variadic HSET, and a complete
+reads the batch's records with one BITFIELD_RO and writes a record only to clear failures or
+urgency.
+
+A token is valid while the row's holder entry holds it, as in shared memory (API.md: stale
+means the lease expired AND the row was claimed again, or the lease ended): an expired lease
+nobody has claimed again can still be completed, failed, released or renewed by its holder.
+So the expiry step puts a lapsed row back into ready (claimable) but leaves its holder entry;
+the next grant of the row overwrites it, a write that ends the lease deletes it. The key of
+such an entry means nothing (the ready score is the row's key); its token and owner do.
 
 A member (in ready, lease and holder) is the row id in 8 zero-padded digits (MEMBER): a ZSET
 orders equal scores by member bytes, and padded ids sort as numbers, so rows due at the same
 millisecond are served in row order, as by the shared-memory engine ("10" would precede "9").
+Batch calls take their row ids as members from the client (engine.py ``member``), so no row id
+is formatted here on the hot path.
 
-Record (little endian, 20 bytes; struct format REC):
-  due_ms I6 | lane B | interval_s I4 | failures B | flags B | token I7
+Record (big endian, so that BITFIELD reads it as one u48; struct format REC):
+  interval_s I4 | failures B | flags B
 flags: 1 = discovered (else submitted), 2 = urgent, 4 = live (not removed).
-token: the fencing token of the row's lease (in flight, or lapsed and not yet claimed again),
-0 when it holds none. Tokens come from the
-meta counter `token` (HINCRBY), so they never repeat within a queue, and every number stays
-below 2^53 (exact as a Lua number and as a ZSET score).
+Tokens: a claim's tokens are max(counter, server clock ms * 1024) + 1, + 2, ... and the counter
+`token` in meta moves past them, so they never repeat within a queue, and neither across a lost
+second of writes (the counter rolled back, the clock not) while fewer than 1024 are issued per
+millisecond. Every number stays below 2^53 (exact as a Lua number and as a ZSET score).
 
 Nothing from ARGV is ever evaluated: ARGV holds numbers and an owner string, nothing else.
 Every function checks ARGV[1] against VERSION, so a client built for another version of this
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '4'
-local LAYOUT = '2'
+local VERSION = '5'
+local LAYOUT = '3' -- bump with any change to a key's or a record's meaning (engine.py too)
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1
 local ONE = 65536 -- share credit unit (engine.policy.ONE)
-local REC = '<I6BI4BBI7'
-local RECLEN = 20
-local TOKEN_OFF = 13 -- byte offset of the token in a record
+local REC = '>I4BB'
+local RECLEN = 6 -- bytes: BITFIELD's u48, so 'GET u48 #row' reads row's record
+local TOKEN_SEED = 1024 -- tokens per millisecond of the server clock (see the note above)
 local F_DISCOVERED, F_URGENT, F_LIVE = 1, 2, 4
 local EXPIRE_BATCH = 1000 -- lapsed leases put back per claim pass (the rest by the next ones)
 local CHUNK = 1000 -- members per variadic call (unpack() has a C stack limit)
@@ -80,10 +91,28 @@ local function check_version(argv)
   end
 end
 
-local function now_of(arg)
-  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+local function clock_ms()
   local t = rcall('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function now_of(arg)
+  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+  return clock_ms()
+end
+
+-- (now, the server clock): the clock seeds tokens even when the caller's time is virtual.
+local function times(arg)
+  if arg ~= nil and arg ~= '' then return tonumber(arg), clock_ms() end
+  local now = clock_ms()
+  return now, now
+end
+
+-- Reserve n tokens: they follow the counter and the server clock, whichever is further.
+local function next_tokens(P, n, clock)
+  local first = math.max(P.token, clock * TOKEN_SEED) + 1
+  P.token = first + n - 1
+  return first
 end
 
 -- Variadic commands in chunks: cmd(key, prefix..., items[i..j]...).
@@ -98,7 +127,7 @@ end
 
 local function queue_meta(K)
   local v = rcall('HMGET', K[4], 'layout', 'next_row', 'p_on', 'p_bands', 'p_cold', 'p_urgent',
-    'p_s1', 'p_s2', 'p_s3', 'p_edf', 'lanes_high')
+    'p_s1', 'p_s2', 'p_s3', 'p_edf', 'lanes_high', 'token', 'c0', 'c1', 'c2', 'c3')
   if not v[1] then fail('MISSING', 'no queue at ' .. K[4]) end
   if v[1] ~= LAYOUT then fail('LAYOUT', 'queue layout ' .. v[1] .. ', library ' .. LAYOUT) end
   local bands = {}
@@ -108,7 +137,9 @@ local function queue_meta(K)
     next_row = tonumber(v[2]), on = v[3] == '1', bands = bands, bpc = bpc,
     lane_count = 2 * bpc + 2, cold_after = tonumber(v[5]), urgent = tonumber(v[6]),
     shares = {tonumber(v[7]), tonumber(v[8]), tonumber(v[9])}, edf = v[10] == '1',
-    lanes_high = tonumber(v[11]),
+    lanes_high = tonumber(v[11]), token = tonumber(v[12]),
+    credits = {[0] = tonumber(v[13]) or 0, tonumber(v[14]) or 0, tonumber(v[15]) or 0,
+               tonumber(v[16]) or 0},
   }
 end
 
@@ -136,21 +167,69 @@ end
 
 local function get(K, row)
   local s = rcall('GETRANGE', K[3], fmt(row * RECLEN), fmt(row * RECLEN + RECLEN - 1))
-  local due, lane, interval, failures, flags, token = struct.unpack(REC, s)
-  return {due = due, lane = lane, interval = interval, failures = failures, flags = flags,
-          token = token}
-end
-
-local function pack(r)
-  return struct.pack(REC, r.due, r.lane, r.interval, r.failures, r.flags, r.token)
+  local interval, failures, flags = struct.unpack(REC, s)
+  return {interval = interval, failures = failures, flags = flags}
 end
 
 local function put(K, row, r)
-  rcall('SETRANGE', K[3], fmt(row * RECLEN), pack(r))
+  rcall('SETRANGE', K[3], fmt(row * RECLEN), struct.pack(REC, r.interval, r.failures, r.flags))
 end
 
-local function set_token(K, row, token)
-  rcall('SETRANGE', K[3], fmt(row * RECLEN + TOKEN_OFF), struct.pack('<I7', token))
+-- The records of rows[1..n] (members) with one BITFIELD_RO per CHUNK (a record is one u48;
+-- BITFIELD's '#n' offset refuses leading zeros, so a member goes as its number).
+local function get_many(K, rows)
+  local out = {}
+  for i = 1, #rows, CHUNK do
+    local j = math.min(i + CHUNK - 1, #rows)
+    local args = {}
+    for k = i, j do
+      args[#args + 1] = 'GET'
+      args[#args + 1] = 'u48'
+      args[#args + 1] = '#' .. tonumber(rows[k])
+    end
+    local got = rcall('BITFIELD_RO', K[3], unpack(args))
+    for k = 1, #got do
+      local v = got[k]
+      local flags = v % 256
+      local failures = math.floor(v / 256) % 256
+      out[i + k - 1] = {interval = math.floor(v / 65536), failures = failures, flags = flags}
+    end
+  end
+  return out
+end
+
+local function key_of(lane, due)
+  return lane * STRIDE + due
+end
+
+-- (lane, due) of a key.
+local function split(key)
+  local lane = math.floor(key / STRIDE)
+  return lane, key - lane * STRIDE
+end
+
+-- A holder entry: the lease's token, the key the row goes back with (both as exact decimal
+-- strings), the owner id.
+local function holder_value(token, key, owner)
+  return token .. ':' .. key .. ':' .. owner
+end
+
+-- {token, key, owner} of a holder entry, or nil (no entry).
+local function holding(v)
+  if not v then return nil end
+  local token, key, owner = string.match(v, '^(%d+):(%d+):(.*)$')
+  return {token = tonumber(token), key = tonumber(key), owner = owner}
+end
+
+-- The key of a live row (member m) where it is now, and its holding while it is in flight: the
+-- ready score (a holder entry of a row in ready is a lapsed lease's, its key void), or the key
+-- its holder entry keeps.
+local function where(K, m)
+  local z = rcall('ZSCORE', K[1], m)
+  if z then return tonumber(z), nil end
+  local h = holding(rcall('HGET', K[5], m))
+  if h then return h.key, h end
+  return nil, nil
 end
 
 local function note_lane(K, P, lane)
@@ -160,12 +239,16 @@ local function note_lane(K, P, lane)
   end
 end
 
--- Store a row's new schedule and make it claimable at once (unless it is in flight: then the
--- end of its lease puts it back with this key).
-local function reschedule(K, P, row, r, in_flight)
+-- Store a row's new record and key: the key goes to ready (claimable at once), or, when the row
+-- is in flight (`h` its holding), into its holder entry, for the end of its lease to put back.
+local function reschedule(K, P, row, r, lane, due, h)
   put(K, row, r)
-  note_lane(K, P, r.lane)
-  if not in_flight then rcall('ZADD', K[1], fmt(r.lane * STRIDE + r.due), mem(row)) end
+  note_lane(K, P, lane)
+  if h then
+    rcall('HSET', K[5], mem(row), holder_value(fmt(h.token), fmt(key_of(lane, due)), h.owner))
+  else
+    rcall('ZADD', K[1], fmt(key_of(lane, due)), mem(row))
+  end
 end
 
 local function clamp(ms)
@@ -175,30 +258,56 @@ end
 
 -- ---------------------------------------------------------------- leases -----
 
--- The record of a row whose lease `token` still holds, else nil (a stale token). A lapsed
--- lease holds until the row is granted again (that replaces the token), as in shared memory.
-local function leased(K, row, token)
-  local r = get(K, row)
-  if token == 0 or r.token ~= token or not has(r.flags, F_LIVE) then return nil end
-  return r
+-- The holding of a row (member m) whose lease `token` still holds, else nil (a stale token).
+-- A lapsed lease holds until the row is granted again (that overwrites the holder entry).
+local function leased(K, m, token)
+  local h = holding(rcall('HGET', K[5], m))
+  if token == 0 or not h or h.token ~= token then return nil end
+  return h
 end
 
-local function in_lease(K, row) -- in flight (its lease may have lapsed, not yet put back)
-  return rcall('ZSCORE', K[2], mem(row)) ~= false
+local function lease_end(K, m)
+  rcall('ZREM', K[2], m)
+  rcall('HDEL', K[5], m)
 end
 
 --[[ Batches: a redis.call costs about as much as the work of a small command (argument and
-reply conversion; ~1-2 us on a slow core), so a batch of n leases ends them with one ZREM, one
-HDEL and one ZADD, instead of 3n calls. Only the record of each row is read and written one by
-one (GETRANGE/SETRANGE), in order, so a row listed twice in one batch sees the token the first
-occurrence cleared and is stale. ]]
+reply conversion; ~1-2 us on a slow core), so a batch of n leases reads every holder entry
+with one HMGET, every record it needs with one BITFIELD_RO, and ends the leases with one ZREM,
+one HDEL and one ZADD, instead of several calls per row. A token's validity does not depend on
+the clock, so no expiry is read. A row listed twice in one batch is stale the second time (its
+lease ended with the first). ]]
 
-local function lease_end(K, row)
-  rcall('ZREM', K[2], mem(row))
-  rcall('HDEL', K[5], mem(row))
+-- Per chunk of rows, one call `cmd key rows...`; the replies joined.
+local function per_row(cmd, key, rows)
+  local out = {}
+  for i = 1, #rows, CHUNK do
+    local j = math.min(i + CHUNK - 1, #rows)
+    local got = rcall(cmd, key, unpack(rows, i, j))
+    for k = 1, #got do out[i + k - 1] = got[k] end
+  end
+  return out
 end
 
--- End the leases of `ended` (members) and put `back` (score, member pairs) into ready.
+-- The holder entry of each of rows[1..n] (members) whose tokens[i] still holds, else false.
+-- Members and tokens are ARGV's strings, compared and passed on as they are (a number handed
+-- to redis.call is formatted again: that costs more than the call).
+local function live_leases(K, rows, tokens)
+  local out = {}
+  if #rows == 0 then return out end
+  local held = per_row('HMGET', K[5], rows)
+  local ended = {}
+  for i = 1, #rows do
+    local v, t = held[i], tokens[i] .. ':'
+    local ok = v and t ~= '0:' and string.sub(v, 1, #t) == t and not ended[rows[i]]
+    if ok then ended[rows[i]] = true end
+    out[i] = ok and v or false
+  end
+  return out
+end
+
+-- End the leases of `ended` (members) and put `back` (score, member pairs) into ready: the
+-- batched tail.
 local function leases_end(K, ended, back)
   if #ended == 0 then return end
   chunked('ZREM', K[2], ended)
@@ -206,22 +315,21 @@ local function leases_end(K, ended, back)
   if #back > 0 then chunked('ZADD', K[1], back) end
 end
 
--- Put lapsed leases back into ready with the key their record holds (expiry <= now). The
--- record keeps the token: its holder may still end the lease until the row is granted again.
+-- Put lapsed leases back into ready with the key their holder entry keeps (expiry <= now). The
+-- holder entry stays: its holder may still end the lease until the row is granted again.
 local function expire(K, now)
   local lapsed = rcall('ZRANGE', K[2], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, EXPIRE_BATCH)
   if #lapsed == 0 then return 0 end
+  local held = per_row('HMGET', K[5], lapsed)
   local back = {}
-  for _, m in ipairs(lapsed) do
-    local row = tonumber(m)
-    local r = get(K, row)
-    if has(r.flags, F_LIVE) then
-      back[#back + 1] = fmt(r.lane * STRIDE + r.due)
+  for i, m in ipairs(lapsed) do
+    local h = holding(held[i])
+    if h then
+      back[#back + 1] = fmt(h.key)
       back[#back + 1] = m
     end
   end
   chunked('ZREM', K[2], lapsed)
-  chunked('HDEL', K[5], lapsed)
   if #back > 0 then chunked('ZADD', K[1], back) end
   return #lapsed
 end
@@ -234,29 +342,34 @@ end
   3. each min_share class, its lanes in order, takes up to its credit (a floor);
   4. the remainder in lane order, or by global due time (edf); what a floor class gets from it
      counts against its credit.
-Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT 0 n. `window` bounds the
-rows one lane grants in one pass. Returns {rows, lanes, dues, tokens}. ]]
+Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT taken n, where `taken`
+counts the rows this pass already took from the lane: they leave ready with one ZREM at the
+end, so a second seek of a lane skips them. `window` bounds the rows one lane grants in one
+pass. Returns {rows, lanes, dues, tokens}. ]]
 -- Grants from position `start` + 1 on, as the remainder took them lane by lane, put in the
 -- order it serves them: by due time, ties to the lower lane, a lane's own order kept (as the
 -- shared-memory pass grants with remainder = edf, one global earliest row after another).
-local function in_due_order(rows, lanes, dues, start)
+-- `cols` are the parallel arrays of the batch (dues and lanes among them), permuted alike.
+local function in_due_order(cols, dues, lanes, start)
   local idx = {}
-  for i = start + 1, #rows do idx[#idx + 1] = i end
+  for i = start + 1, #dues do idx[#idx + 1] = i end
   table.sort(idx, function(a, b)
     if dues[a] ~= dues[b] then return dues[a] < dues[b] end
     if lanes[a] ~= lanes[b] then return lanes[a] < lanes[b] end
     return a < b
   end)
-  local r, l, d = {}, {}, {}
-  for k, i in ipairs(idx) do r[k], l[k], d[k] = rows[i], lanes[i], dues[i] end
-  for k = 1, #idx do rows[start + k], lanes[start + k], dues[start + k] = r[k], l[k], d[k] end
+  for _, col in ipairs(cols) do
+    local moved = {}
+    for k, i in ipairs(idx) do moved[k] = col[i] end
+    for k = 1, #idx do col[start + k] = moved[k] end
+  end
 end
 
-local function claim_pass(K, P, now, budget, lease_ms, window, owner)
+local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
   local nl = P.lanes_high + 1
   local remaining = budget
   local grants, taken = {}, {}
-  local rows, lanes, dues = {}, {}, {}
+  local rows, lanes, dues, members, keys = {}, {}, {}, {}, {}
   for l = 0, nl - 1 do grants[l] = 0; taken[l] = 0 end
 
   local function lo(lane) return fmt(lane * STRIDE) end
@@ -266,16 +379,16 @@ local function claim_pass(K, P, now, budget, lease_ms, window, owner)
     if lane >= nl then return 0 end -- never written: empty
     local n = math.min(want, remaining, window - taken[lane])
     if n <= 0 then return 0 end
-    local got = rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
-    local members = {}
+    local got = rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', taken[lane], n,
+      'WITHSCORES')
     for i = 1, #got, 2 do
       members[#members + 1] = got[i]
       rows[#rows + 1] = tonumber(got[i])
       lanes[#lanes + 1] = lane
       dues[#dues + 1] = tonumber(got[i + 1]) - lane * STRIDE
     end
-    local k = #members
-    if k > 0 then chunked('ZREM', K[1], members) end
+    for i = 2, #got, 2 do keys[#keys + 1] = got[i] end -- %.17g: exact decimal below 2^53
+    local k = #got / 2
     taken[lane] = taken[lane] + k
     grants[lane] = grants[lane] + k
     remaining = remaining - k
@@ -283,16 +396,15 @@ local function claim_pass(K, P, now, budget, lease_ms, window, owner)
   end
 
   local function has_due(lane)
-    return #rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', 0, 1) > 0
+    return #rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', taken[lane], 1) > 0
   end
 
+  local meta = {} -- fields of meta to write back, one HSET
   if not P.on then
     for l = 0, nl - 1 do take(l, remaining) end
   else
-    local c = rcall('HMGET', K[4], 'c0', 'c1', 'c2', 'c3')
     local cred = {}
-    for i = 0, 3 do cred[i] = tonumber(c[i + 1]) or 0 end
-    local old = {cred[0], cred[1], cred[2], cred[3]}
+    for i = 0, 3 do cred[i] = P.credits[i] end
     local capped = P.urgent < ONE
     local lanes_of = {[0] = {}, {}, {}, {}}
     for l = 0, nl - 1 do
@@ -339,7 +451,8 @@ local function claim_pass(K, P, now, budget, lease_ms, window, owner)
       for l = first, nl - 1 do
         local n = math.min(remaining, window - taken[l])
         if n > 0 then
-          local got = rcall('ZRANGE', K[1], lo(l), hi(l), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
+          local got = rcall('ZRANGE', K[1], lo(l), hi(l), 'BYSCORE', 'LIMIT', taken[l], n,
+            'WITHSCORES')
           for i = 2, #got, 2 do heads[#heads + 1] = {tonumber(got[i]) - l * STRIDE, l} end
         end
       end
@@ -353,7 +466,7 @@ local function claim_pass(K, P, now, budget, lease_ms, window, owner)
       for l = first, nl - 1 do
         if want[l] then take(l, want[l]) end
       end
-      in_due_order(rows, lanes, dues, start)
+      in_due_order({rows, lanes, dues, members, keys}, dues, lanes, start)
     end
     for cls = 1, 3 do
       if P.shares[cls] > 0 then
@@ -363,24 +476,30 @@ local function claim_pass(K, P, now, budget, lease_ms, window, owner)
       end
     end
     for i = 0, 3 do
-      if cred[i] ~= old[i + 1] then rcall('HSET', K[4], 'c' .. i, fmt(cred[i])) end
+      if cred[i] ~= P.credits[i] then
+        meta[#meta + 1] = 'c' .. i
+        meta[#meta + 1] = fmt(cred[i])
+        P.credits[i] = cred[i]
+      end
     end
   end
 
   local n = #rows
   local tokens = {}
   if n > 0 then
-    local last = rcall('HINCRBY', K[4], 'token', n)
-    local exp = clamp(now + lease_ms)
+    chunked('ZREM', K[1], members)
+    local first = next_tokens(P, n, clock)
+    meta[#meta + 1] = 'token'
+    meta[#meta + 1] = fmt(P.token)
+    local exp = fmt(clamp(now + lease_ms))
     local z, h = {}, {}
     for i = 1, n do
-      local tok = last - n + i
+      local tok = first + i - 1
       tokens[i] = tok
-      set_token(K, rows[i], tok)
-      z[#z + 1] = fmt(exp)
-      z[#z + 1] = mem(rows[i])
-      h[#h + 1] = mem(rows[i])
-      h[#h + 1] = owner
+      z[#z + 1] = exp
+      z[#z + 1] = members[i]
+      h[#h + 1] = members[i]
+      h[#h + 1] = holder_value(fmt(tok), keys[i], owner)
     end
     chunked('ZADD', K[2], z)
     chunked('HSET', K[5], h)
@@ -388,32 +507,43 @@ local function claim_pass(K, P, now, budget, lease_ms, window, owner)
       if grants[l] > 0 then rcall('HINCRBY', K[4], 'g' .. l, grants[l]) end
     end
   end
+  if #meta > 0 then rcall('HSET', K[4], unpack(meta)) end
   return {rows, lanes, dues, tokens}
 end
 
 -- ---------------------------------------------------------------- leased writes -----
 
 -- Complete rows[i] with tokens[i] (next due: nexts[i] >= 0, else now + interval). Every row id
--- is checked before anything changes; a stale token reports 0 and changes nothing.
+-- is checked before anything changes; a stale token reports 0 and changes nothing. A record is
+-- written only when the complete clears its failures or its urgency.
 local function complete_many(K, P, now, rows, tokens, nexts)
-  for i = 1, #rows do check_row(K, P, rows[i]) end
+  for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
+  local live = live_leases(K, rows, tokens)
+  local which = {}
+  for i = 1, #rows do
+    if live[i] then which[#which + 1] = rows[i] end
+  end
+  local recs = get_many(K, which)
   local ok, ended, back = {}, {}, {}
   local high = P.lanes_high
+  local k = 0
   for i = 1, #rows do
     local row = rows[i]
-    local r = leased(K, row, tokens[i])
-    if r then
+    if live[i] then
+      k = k + 1
+      local r = recs[k]
       local discovered = has(r.flags, F_DISCOVERED)
-      r.failures = 0
-      r.flags = F_LIVE + (discovered and F_DISCOVERED or 0)
-      r.token = 0
-      r.lane = lane_for(P, discovered, r.interval, 0, false)
-      r.due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + r.interval * 1000)
-      if r.lane > high then high = r.lane end
-      put(K, row, r)
-      ended[#ended + 1] = mem(row)
-      back[#back + 1] = fmt(r.lane * STRIDE + r.due)
-      back[#back + 1] = mem(row)
+      local flags = F_LIVE + (discovered and F_DISCOVERED or 0)
+      if r.failures ~= 0 or r.flags ~= flags then
+        r.failures, r.flags = 0, flags
+        put(K, tonumber(row), r)
+      end
+      local lane = lane_for(P, discovered, r.interval, 0, false)
+      local due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + r.interval * 1000)
+      if lane > high then high = lane end
+      ended[#ended + 1] = row
+      back[#back + 1] = fmt(key_of(lane, due))
+      back[#back + 1] = row
       ok[i] = 1
     else
       ok[i] = 0
@@ -424,17 +554,27 @@ local function complete_many(K, P, now, rows, tokens, nexts)
   return ok
 end
 
+-- Give rows[i] back with the key their holder entry keeps: no record is read or written. A
+-- lapsed lease already put back into ready keeps its ready score (its holder entry's key is
+-- void: a prioritize may have moved the row since).
 local function release_many(K, P, now, rows, tokens)
-  for i = 1, #rows do check_row(K, P, rows[i]) end
-  local ok, ended, back = {}, {}, {}
+  for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
+  local live = live_leases(K, rows, tokens)
+  local which = {}
   for i = 1, #rows do
-    local row = rows[i]
-    local r = leased(K, row, tokens[i])
-    if r then
-      set_token(K, row, 0)
-      ended[#ended + 1] = mem(row)
-      back[#back + 1] = fmt(r.lane * STRIDE + r.due)
-      back[#back + 1] = mem(row)
+    if live[i] then which[#which + 1] = rows[i] end
+  end
+  local waiting = #which > 0 and per_row('ZMSCORE', K[1], which) or {}
+  local ok, ended, back = {}, {}, {}
+  local k = 0
+  for i = 1, #rows do
+    if live[i] then
+      k = k + 1
+      ended[#ended + 1] = rows[i]
+      if not waiting[k] then
+        back[#back + 1] = string.match(live[i], '^%d+:(%d+):')
+        back[#back + 1] = rows[i]
+      end
       ok[i] = 1
     else
       ok[i] = 0
@@ -444,13 +584,14 @@ local function release_many(K, P, now, rows, tokens)
   return ok
 end
 
--- ARGV: version, now, n, rows[n], tokens[n], then from `at` on whatever the caller adds.
+-- ARGV: version, now, n, rows[n], tokens[n], then from `at` on whatever the caller adds. Rows
+-- come as members (MEMBER), tokens as decimal strings, and stay ARGV's strings (live_leases).
 local function rows_tokens(argv, at)
   local n = tonumber(argv[at])
   local rows, tokens = {}, {}
   for i = 1, n do
-    rows[i] = tonumber(argv[at + i])
-    tokens[i] = tonumber(argv[at + n + i])
+    rows[i] = argv[at + i]
+    tokens[i] = argv[at + n + i]
   end
   return rows, tokens, at + 2 * n + 1
 end
@@ -499,8 +640,8 @@ local function f_add(K, A)
     local due, interval, prov, failures = struct.unpack('<I6I4BB', blob, i * 12 + 1)
     local lane = lane_for(P, prov == 1, interval, failures, false)
     if lane > high then high = lane end
-    recs[#recs + 1] = struct.pack(REC, due, lane, interval, failures,
-      F_LIVE + (prov == 1 and F_DISCOVERED or 0), 0)
+    recs[#recs + 1] = struct.pack(REC, interval, failures,
+      F_LIVE + (prov == 1 and F_DISCOVERED or 0))
     z[#z + 1] = fmt(lane * STRIDE + due)
     z[#z + 1] = mem(first + i)
   end
@@ -528,9 +669,10 @@ end
 local function f_claim(K, A)
   check_version(A)
   local P = queue_meta(K)
-  local now = now_of(A[2])
+  local now, clock = times(A[2])
   expire(K, now)
-  return packed(claim_pass(K, P, now, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]), A[6]))
+  return packed(claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]),
+    A[6]))
 end
 
 -- ARGV: version, now, n, rows[n], tokens[n], has_next, nexts[n] (if has_next).
@@ -553,11 +695,11 @@ end
 local function f_complete_claim(K, A)
   check_version(A)
   local P = queue_meta(K)
-  local now = now_of(A[2])
+  local now, clock = times(A[2])
   local rows, tokens = rows_tokens(A, 7)
   local ok = complete_many(K, P, now, rows, tokens, nil)
   expire(K, now)
-  local got = claim_pass(K, P, now, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]), A[6])
+  local got = claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]), A[6])
   local bytes = {}
   for i = 1, #ok do bytes[i] = ok[i] == 1 and '\1' or '\0' end
   return {packed(got), table.concat(bytes)}
@@ -578,8 +720,9 @@ local function f_fail(K, A)
   local now, row, token = now_of(A[2]), tonumber(A[3]), tonumber(A[4])
   local retry_at = tonumber(A[5])
   check_row(K, P, row)
-  local r = leased(K, row, token)
-  if not r then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
+  local m = mem(row)
+  if not leased(K, m, token) then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
+  local r = get(K, row)
   local f = r.failures + 1
   if A[6] == '1' and f < P.cold_after then f = P.cold_after end -- a 404 will not heal
   if f > 255 then f = 255 end
@@ -589,11 +732,9 @@ local function f_fail(K, A)
   local discovered = has(r.flags, F_DISCOVERED)
   r.failures = f
   r.flags = F_LIVE + (discovered and F_DISCOVERED or 0)
-  r.token = 0
-  r.lane = lane_for(P, discovered, r.interval, f, false)
-  r.due = retry_at >= 0 and retry_at or clamp(now + backoff)
-  lease_end(K, row)
-  reschedule(K, P, row, r, false)
+  lease_end(K, m) -- a lapsed lease put back into ready: ZADD below moves it
+  reschedule(K, P, row, r, lane_for(P, discovered, r.interval, f, false),
+    retry_at >= 0 and retry_at or clamp(now + backoff), nil)
   return 1
 end
 
@@ -604,16 +745,19 @@ local function f_renew(K, A)
   local P = queue_meta(K)
   local now, row, token = now_of(A[2]), tonumber(A[3]), tonumber(A[4])
   check_row(K, P, row)
-  if not leased(K, row, token) then
-    fail('LEASE', 'renew row ' .. row .. ': the token is stale')
+  local m = mem(row)
+  local h = leased(K, m, token)
+  if not h then fail('LEASE', 'renew row ' .. row .. ': the token is stale') end
+  local key, owner = h.key, h.owner
+  local z = rcall('ZSCORE', K[1], m)
+  if z then
+    rcall('ZREM', K[1], m)
+    key, owner = tonumber(z), A[6]
   end
-  if not in_lease(K, row) then
-    rcall('ZREM', K[1], mem(row))
-    rcall('HSET', K[5], mem(row), A[6])
-  end
-  local tok = rcall('HINCRBY', K[4], 'token', 1)
-  set_token(K, row, tok)
-  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), mem(row))
+  local tok = next_tokens(P, 1, clock_ms())
+  rcall('HSET', K[4], 'token', fmt(tok))
+  rcall('HSET', K[5], m, holder_value(fmt(tok), fmt(key), owner))
+  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), m)
   return tok
 end
 
@@ -627,11 +771,8 @@ local function f_prioritize(K, A)
   if not has(r.flags, F_LIVE) then fail('VALUE', 'row ' .. row .. ' was removed') end
   local discovered = has(r.flags, F_DISCOVERED)
   r.flags = F_LIVE + (discovered and F_DISCOVERED or 0) + (rush and F_URGENT or 0)
-  r.lane = lane_for(P, discovered, r.interval, r.failures, rush)
-  r.due = now
-  local held = in_lease(K, row)
-  if not held then rcall('ZREM', K[1], mem(row)) end
-  reschedule(K, P, row, r, held)
+  local _, h = where(K, mem(row)) -- in flight: its key waits in the holder entry
+  reschedule(K, P, row, r, lane_for(P, discovered, r.interval, r.failures, rush), now, h)
   return 1
 end
 
@@ -645,10 +786,9 @@ local function f_remove(K, A)
   if not has(r.flags, F_LIVE) then fail('VALUE', 'row ' .. row .. ' was removed') end
   r.flags = r.flags - F_LIVE
   if has(r.flags, F_URGENT) then r.flags = r.flags - F_URGENT end
-  r.token = 0 -- its holder's token is stale from now on
-  put(K, row, r)
+  put(K, row, r) -- and the lease ends below: its holder's token is stale from now on
   rcall('ZREM', K[1], mem(row))
-  lease_end(K, row)
+  lease_end(K, mem(row))
   return 1
 end
 
@@ -678,26 +818,26 @@ local function f_restamp(K, A)
         left = true
         break
       else
-        r.lane = lane
-        reschedule(K, P, row, r, false)
+        reschedule(K, P, row, r, lane, tonumber(batch[i + 1]), nil) -- lane 0: key = due
         done = done + 1
       end
     end
     if left then break end
   end
-  if not left then -- rows in flight keep their key in the record only
+  if not left then -- rows in flight keep their key in their holder entry
     for _, m in ipairs(rcall('ZRANGE', K[2], 0, -1)) do
       local row = tonumber(m)
       local r = get(K, row)
+      local h = holding(rcall('HGET', K[5], m))
       local lane = lane_for(on, has(r.flags, F_DISCOVERED), r.interval, r.failures,
         has(r.flags, F_URGENT))
-      if r.lane == 0 and lane ~= 0 then
+      local was, due = split(h.key)
+      if was == 0 and lane ~= 0 then
         if done == limit then
           left = true
           break
         end
-        r.lane = lane
-        reschedule(K, P, row, r, true)
+        reschedule(K, P, row, r, lane, due, h)
         done = done + 1
       end
     end
@@ -723,12 +863,13 @@ local function f_stats(K, A)
   local leases = rcall('ZRANGE', K[2], 0, -1, 'WITHSCORES')
   for i = 1, #leases, 2 do
     local row = tonumber(leases[i])
-    local r = get(K, row)
+    local h = holding(rcall('HGET', K[5], leases[i])) or {key = 0, owner = ''} -- verify() tells
+    local lane, due = split(h.key)
     flight[#flight + 1] = row
-    flight[#flight + 1] = r.lane
-    flight[#flight + 1] = r.due
+    flight[#flight + 1] = lane
+    flight[#flight + 1] = due
     flight[#flight + 1] = tonumber(leases[i + 1])
-    flight[#flight + 1] = rcall('HGET', K[5], mem(row)) or ''
+    flight[#flight + 1] = h.owner
   end
   return {now, per, flight}
 end
@@ -800,8 +941,8 @@ local function f_add_urls(K, A)
   end
   for i = 1, n do
     if states[i] == 0 and rows[i] < P.next_row then -- not one this call adds
-      local r = get(K, rows[i])
-      if has(r.flags, F_LIVE) and r.due == HORIZON then
+      local key = where(K, mem(rows[i]))
+      if key and select(2, split(key)) == HORIZON then
         f_prioritize(K, {A[1], A[2], fmt(rows[i]), '0'})
         states[i] = 2
       end
@@ -821,33 +962,33 @@ local function f_add_urls(K, A)
 end
 
 -- ARGV: version, then owner ids whose process is gone (RedisEngine.reap checks that). Their
--- leases end now: each row goes back to ready with the key its record holds, as a release
--- would put it, so it is claimable at once. Returns how many rows came back.
+-- leases end now: each row in flight goes back to ready with the key its holder entry keeps,
+-- as a release would put it, so it is claimable at once; a lapsed lease already back in ready
+-- only loses its holder entry. Returns how many rows came back.
 local function f_reap(K, A)
   check_version(A)
   queue_meta(K)
   local dead = {}
   for i = 2, #A do dead[A[i]] = true end
   local held = rcall('HGETALL', K[5])
-  local back, gone = {}, {}
+  local gone, keys = {}, {}
   for i = 1, #held, 2 do
-    if dead[held[i + 1]] then
-      local row = tonumber(held[i])
-      local r = get(K, row)
-      set_token(K, row, 0)
+    local h = holding(held[i + 1])
+    if dead[h.owner] then
       gone[#gone + 1] = held[i]
-      if has(r.flags, F_LIVE) then
-        back[#back + 1] = fmt(r.lane * STRIDE + r.due)
-        back[#back + 1] = held[i]
-      end
+      keys[#keys + 1] = fmt(h.key)
     end
   end
-  if #gone > 0 then
-    chunked('ZREM', K[2], gone)
-    chunked('HDEL', K[5], gone)
+  local flying = #gone > 0 and per_row('ZMSCORE', K[2], gone) or {}
+  local back = {}
+  for i = 1, #gone do
+    if flying[i] then
+      back[#back + 1] = keys[i]
+      back[#back + 1] = gone[i]
+    end
   end
-  if #back > 0 then chunked('ZADD', K[1], back) end
-  return #gone
+  leases_end(K, gone, back)
+  return #back / 2
 end
 
 register('lanes_add_urls', f_add_urls)
