@@ -115,6 +115,19 @@ def fresh_engine(policy: Any = None, capacity: int = 4096, **kw: Any) -> Iterato
         dispose(eng, name)
 
 
+def add_to_lane(eng: Any, lane: int, due: int) -> int:
+    """A row in ``lane`` (0 urgent, 1-4 submitted bands, 5-8 discovered bands, 9 cold) due at
+    ``due``, on either backend."""
+    if lane == 0:
+        row: int = eng.add(NOW + DAY, 600)
+        eng.prioritize(row, "rush", now_ms=due)
+        return row
+    if lane == 9:
+        return int(eng.add(due, 600, provenance="submitted", failures=3))
+    prov = "submitted" if lane <= 4 else "discovered"
+    return int(eng.add(due, BAND_INTERVALS[(lane - 1) % 4], provenance=prov))
+
+
 def lane_counts(claims: Any, lanes: int) -> list[int]:
     counts = [0] * lanes
     for lane in claims.lanes.tolist():

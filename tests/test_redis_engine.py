@@ -24,6 +24,7 @@ from lanes_testlib import (
     HOUR,
     MINUTE,
     NOW,
+    add_to_lane,
     dispose,
     lane_counts,
     share_policies,
@@ -773,17 +774,6 @@ def test_lanes_disabled_is_one_edf_queue(make_queue):
     assert q.claim(budget=1, now_ms=NOW).rows.tolist() == [old]
 
 
-def _add_to_lane(eng: RedisEngine, lane: int, due: int) -> int:
-    if lane == 0:
-        row = eng.add(NOW + DAY, 600)
-        eng.prioritize(row, "rush", now_ms=due)
-        return row
-    if lane == 9:
-        return eng.add(due, 600, provenance="submitted", failures=3)
-    prov = "submitted" if lane <= 4 else "discovered"
-    return eng.add(due, BAND_INTERVALS[(lane - 1) % 4], provenance=prov)
-
-
 @settings(max_examples=50, deadline=None)
 @given(
     policy=share_policies(),
@@ -798,7 +788,7 @@ def test_claim_grants_what_the_reference_pass_grants(server, policy, rows, budge
     try:
         remaining: dict[int, dict[int, int]] = {lane: {} for lane in range(10)}
         for target, age in rows:
-            row = _add_to_lane(eng, target, NOW - age)
+            row = add_to_lane(eng, target, NOW - age)
             remaining[target if policy.lanes_enabled else 0][row] = NOW - age
         r = redis.Redis(unix_socket_path=server.socket)
         r.hset(eng.keys[3], mapping={f"c{i}": v for i, v in enumerate(credits)})

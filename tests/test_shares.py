@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lanes_testlib import (
-    BAND_INTERVALS,
     DAY,
     HOUR,
     MINUTE,
     NOW,
+    add_to_lane,
     another_handle,
     lane_counts,
     share_policies,
@@ -193,20 +193,6 @@ def test_uncapped_urgent_drains_first(fresh):
 # -- the C pass against the reference allocator -------------------------------------------------
 
 
-
-
-
-def _add_to_lane(eng, lane, due):
-    if lane == 0:
-        row = eng.add(NOW + DAY, 600)
-        eng.prioritize(row, "rush", now_ms=due)
-        return row
-    if lane == 9:
-        return eng.add(due, 600, provenance="submitted", failures=3)
-    prov = "submitted" if lane <= 4 else "discovered"
-    return eng.add(due, BAND_INTERVALS[(lane - 1) % 4], provenance=prov)
-
-
 @settings(max_examples=40, deadline=None)
 @given(
     policy=share_policies(),
@@ -221,7 +207,7 @@ def test_claim_pass_grants_what_the_reference_allocator_grants(fresh, policy, ro
         remaining: dict[int, dict[int, int]] = {lane: {} for lane in range(10)}
         for target, age in rows:
             due = NOW - age
-            row = _add_to_lane(eng, target, due)
+            row = add_to_lane(eng, target, due)
             lane = target if policy.lanes_enabled else 0
             assert eng.lane(row) == lane
             assert eng.due_ms(row) == due
