@@ -491,6 +491,11 @@ class RedisEngine:
         code = text.split(" ", 1)[0]
         if code in _ERRORS:
             return _ERRORS[code](f"{what}: {text.split(' ', 1)[-1]}")
+        if isinstance(e, redis_errors.NoPermissionError):
+            return EngineError(
+                f"{what} at {redact(self._url)}: {text} (an ACL user of this queue needs the key "
+                f"pattern ~lanes:{{{self.name}}}:* and the commands docs/redis.md lists under "
+                "'ACL users')")
         if "function not found" in text.lower():
             return LayoutMismatch(f"{what}: the {LIBRARY} library is gone from "
                                   f"{redact(self._url)} (reconnect to load it)")
