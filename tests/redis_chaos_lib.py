@@ -19,8 +19,9 @@ How it works
   ``killpg`` (a host gone), restarting it a moment later under the same local name (a
   replacement host: with ``--corpus`` or joining without it, in turn). ``lanes add --redis``
   grows the queue while they run.
-* Then the surviving pools are stopped with SIGTERM (their summaries give the leases each
-  reported lost) and the oracle runs (:func:`oracle`).
+* Then a calm: stopped workers are woken, killed pools restarted, and the pools run until every
+  row has been rendered at least once (30 s at most). Then the pools are stopped with SIGTERM
+  (their summaries give the leases each reported lost) and the oracle runs (:func:`oracle`).
 
 The oracle
 ----------
@@ -113,7 +114,8 @@ class RedisChaosResult:
     pools_killed: int = 0
     pools_started: int = 0
     adds: int = 0
-    superseded: int = 0                # renders that ended under a superseded token
+    superseded: int = 0                # renders that ended under a lease not theirs
+    superseded_checked: int = 0        # ... of pools stopped cleanly, by workers never killed
     lease_lost_reported: int = 0       # by the pools stopped cleanly
     overlaps: int = 0
     early_lost: int = 0
@@ -145,7 +147,8 @@ class RedisChaosResult:
     def summary(self) -> str:
         counts = " ".join(f"{k}={getattr(self, k)}" for k in (
             "renders", "rows", "workers_killed", "workers_stopped", "pools_killed",
-            "pools_started", "adds", "superseded", "lease_lost_reported", "drained"))
+            "pools_started", "adds", "superseded", "superseded_checked", "lease_lost_reported",
+            "drained"))
         ex = {k: v[:3] for k, v in self.examples.items() if v}
         return (f"redis chaos seed {self.seed} ({self.seconds:.1f} s): {counts}; problems:"
                 f" {self.problems() or 'none'}" + (f"; examples {ex}" if ex else ""))
@@ -350,11 +353,32 @@ class RedisChaos:
                         run.killed_ms = -1
                 time.sleep(0.02)
             self._added()
+            self._calm()
             self.res.seconds = time.monotonic() - t_start
             self._stop_all()
             return oracle(self)
         finally:
             self._cleanup()
+
+    def _calm(self, timeout: float = 30.0) -> None:
+        """The chaos is over: wake the stopped, restart the killed, and let the pools run until
+        every row has been rendered at least once (nothing starved), or ``timeout``."""
+        for pid in list(self.stopped):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self.stopped.clear()
+        for slot in list(self.restarts):
+            del self.restarts[slot]
+            self._start(slot, corpus=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with open(self.log) as f:
+                seen = {line.split(maxsplit=4)[3] for line in f if line.startswith("S ")}
+            if len(seen) >= len(self.urls):
+                return
+            time.sleep(0.1)
 
     def _out(self, run: _PoolRun) -> str:
         try:
@@ -561,6 +585,7 @@ def oracle(chaos: RedisChaos) -> RedisChaosResult:
         res.lease_lost_reported += reported
         mine = [r for r in renders if r.pool == run.proc.pid and r.superseded
                 and r.pid not in killed]
+        res.superseded_checked += len(mine)
         if len(mine) > reported:
             res.unreported += len(mine) - reported
             res.examples["unreported"].append({"pool": run.local, "reported": reported,
