@@ -270,7 +270,10 @@ class RedisChaos:
         run = self.live.pop(self.rng.choice(list(self.live)))
         pids = self._workers(run)
         run.killed_ms = self.pool_kill_ms[run.proc.pid] = server_ms(self._eng)
-        os.killpg(run.proc.pid, signal.SIGKILL)
+        try:
+            os.killpg(run.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it died by itself: noted as a pool error by the loop
         run.proc.wait()
         for pid in pids:
             self.stopped.pop(pid, None)
@@ -572,6 +575,7 @@ def oracle(chaos: RedisChaos) -> RedisChaosResult:
     res, eng = chaos.res, chaos._eng
     renders = read_log(chaos.log, res.log_errors)
     res.renders = len(renders)
+    chaos.seen.update(pid for r in renders for pid in (r.pid, r.pool))
     check_leases(renders, chaos.kill_ms, chaos.pool_kill_ms, res)
 
     # Superseded renders are never completed: each is a lost lease its pool reports.
