@@ -4,6 +4,11 @@ same oracle and print the counts.
 
     .venv/bin/python bench/chaos_long.py                      # 10,000,000 claims
     .venv/bin/python bench/chaos_long.py --claims 200000      # a quick check
+    .venv/bin/python bench/chaos_long.py --redis --seconds 600 --pools 3   # Redis, across hosts
+
+``--redis`` runs the chaos across "hosts" instead (tests/redis_chaos_lib.py, the long form of
+tests/test_redis_chaos.py): ``--pools`` ``lanes pool --redis`` pools, each in its own process
+group, on a redis-server of its own (unix socket, temporary directory), for ``--seconds``.
 
 The worker, supervisor and oracle code lives in tests/chaos_lib.py (imported from there, not
 copied). Exit status 0 when every count that must be zero is zero. The workers' lease logs take
@@ -27,6 +32,35 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from chaos_lib import ChaosConfig, children_alive, run_chaos  # noqa: E402
 
 
+def redis_main(a: argparse.Namespace) -> int:
+    """The chaos across hosts on Redis for ``--seconds``; 0 when the oracle finds nothing."""
+    from redis_chaos_lib import RedisChaos, RedisChaosConfig, still_running
+    from redis_server import RedisServer
+
+    seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
+    cfg = RedisChaosConfig(seconds=a.seconds, pools=a.pools, workers=a.workers // a.pools or 1,
+                           rows=a.rows, lease_s=a.lease_s, adds=max(1, int(a.seconds // 60)),
+                           seed=seed)
+    log_dir = a.log_dir or tempfile.mkdtemp(prefix="rl-chaos-logs-")
+    print(f"chaos_long --redis: seed {seed}, {a.seconds:.0f} s, {cfg.pools} pools of"
+          f" {cfg.workers} workers, {cfg.rows:,} rows, logs {log_dir}", flush=True)
+    try:
+        with RedisServer() as server:
+            chaos = RedisChaos(cfg, server.url, f"rl-chaos-{uuid.uuid4().hex[:8]}", log_dir)
+            res = chaos.run()
+    finally:
+        if not a.keep_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    print(res.summary())
+    left = still_running(chaos.seen)
+    problems = res.problems() + (["processes left"] if left else [])
+    if problems:
+        print("FAILED: " + "; ".join(problems))
+        return 1
+    print("OK")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--claims", type=int, default=10_000_000, help="leases to grant in all")
@@ -39,7 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--log-dir", default=None, help="where the lease logs go (default: a tmp dir)")
     ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--redis", action="store_true", help="chaos across hosts on Redis instead")
+    ap.add_argument("--seconds", type=float, default=600.0, help="with --redis: how long")
+    ap.add_argument("--pools", type=int, default=3, help="with --redis: pools (hosts)")
+    ap.add_argument("--lease-s", type=float, default=1.0, help="with --redis: the pools' lease")
     a = ap.parse_args(argv)
+    if a.redis:
+        if "--rows" not in (argv or sys.argv):
+            a.rows = 120
+        if "--workers" not in (argv or sys.argv):
+            a.workers = 2 * a.pools
+        return redis_main(a)
 
     seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
     cfg = ChaosConfig(

@@ -265,12 +265,20 @@ def _print_added(added: Any) -> None:
 
 def _pool_on_redis(args: argparse.Namespace, render: Any, options: Any, policy: Any,
                    routes: Any) -> Any:
-    """``lanes pool NAME --redis URL``: create or grow the queue from --corpus, or join it."""
+    """``lanes pool NAME --redis URL``: create or grow the queue from --corpus, make it from
+    a checkpoint (--resume), or join it."""
     from .pool import Pool
 
     if args.resume:
-        raise EngineValueError("--resume is for pools on shared memory: a Redis queue outlives"
-                               " its pools (restore a checkpoint with RedisEngine.load)")
+        if args.checkpoint is None:
+            raise EngineValueError("--resume needs --checkpoint FILE: the checkpoint to make"
+                                   " the new Redis queue from")
+        corpus = _read_corpus(args, routes) if args.corpus else None
+        pool = Pool.resume(args.name, args.checkpoint, render, options, policy=policy,
+                           capacity=args.capacity, routes=routes, corpus=corpus,
+                           redis=args.redis, local=args.local_name)
+        _print_added(pool.added)
+        return pool
     if not args.corpus:
         return Pool.join(args.redis, args.name, render, options, local=args.local_name,
                          policy=policy)
@@ -436,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint", metavar="PATH", help="checkpoint file (written atomically)")
     p.add_argument("--checkpoint-every", type=float, default=DEFAULTS.checkpoint_every_s,
                    metavar="SECONDS")
-    p.add_argument("--resume", action="store_true", help="start from --checkpoint")
+    p.add_argument("--resume", action="store_true",
+                   help="start from --checkpoint (with --redis: as a new Redis queue)")
     p.add_argument("--grace", type=float, default=DEFAULTS.grace_s,
                    help="seconds to finish at a stop (a second signal ends it)")
     p.add_argument("--seconds", type=float, default=None, help="stop after this long")

@@ -84,3 +84,56 @@ def leased(url: str, claim: Any) -> None:
         os.close(fd)
     time.sleep(0.05)
     _log(url)
+
+
+_LOOK: list[Any] = []  # this process's (client, keys) for chaos(), made on first use
+
+
+def _lease_now(row: int) -> tuple[int, str]:
+    """(server ms, '<token> <owner pid> <expiry>' of the lease row ``row`` has now, '- - -'
+    when none: a renewal gives the same owner a new token), read
+    from the Redis queue ``RL_TEST_QUEUE`` at ``RL_TEST_REDIS`` in one MULTI/EXEC."""
+    if not _LOOK:
+        import redis
+
+        from engine.redis.engine import queue_keys
+
+        _LOOK.append((redis.Redis.from_url(os.environ["RL_TEST_REDIS"]),
+                      queue_keys(os.environ["RL_TEST_QUEUE"])))
+    client, (_ready, lease, _rows, _meta, holder) = _LOOK[0]
+    m = f"{row:08d}"
+    pipe = client.pipeline(transaction=True)
+    pipe.hget(holder, m)
+    pipe.zscore(lease, m)
+    pipe.time()
+    held, expiry, (sec, usec) = pipe.execute()
+    t = int(sec) * 1000 + int(usec) // 1000
+    if held is None:
+        return t, "- - -"
+    token, _key, owner = held.decode().split(":", 2)  # owner: host:pid:start_ms
+    return t, f"{token} {owner.rsplit(':', 2)[1]} {'-' if expiry is None else int(expiry)}"
+
+
+def chaos(url: str, claim: Any) -> None:
+    """The render of the Redis chaos test (tests/redis_chaos_lib.py): log to
+    ``RL_TEST_RENDER_LOG`` ``S <pool pid> <pid> <row> <token> <server ms> <held token> <held
+    by pid> <expiry>`` (the lease the queue holds for the row as the render starts), render
+    for 5-60 ms, fail one render in 20, then log ``E ... ok|fail`` with the lease as it ends.
+    A SIGKILL between the two leaves the ``S`` line alone."""
+    import random
+
+    def line(tag: str, tail: str = "") -> None:
+        t, held = _lease_now(claim.row)
+        text = f"{tag} {os.getppid()} {os.getpid()} {claim.row} {claim.token} {t} {held}{tail}\n"
+        fd = os.open(os.environ["RL_TEST_RENDER_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    line("S")
+    time.sleep(random.uniform(0.005, 0.06))
+    ok = random.random() >= 0.05
+    line("E", " ok" if ok else " fail")
+    if not ok:
+        raise RuntimeError(f"{url}: chaos says this render fails")

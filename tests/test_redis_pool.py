@@ -30,7 +30,7 @@ from engine.pool.failures import PARKED_MS
 from engine.pool.render import RenderSpec
 from engine.pool.routes import Route, Routes
 from engine.redis import queue_keys
-from engine.redis.urls import RedisUrls, pool_keys
+from engine.redis.urls import RedisUrls, pool_keys, restore
 
 assert find_server() is not None, "redis-server is not installed (make test installs it)"
 
@@ -371,3 +371,135 @@ def test_cli_commands_work_against_the_redis_queue(server: RedisServer, queue: s
     finally:
         pool.shutdown()
     assert files_of(local) == []
+
+
+# -- a queue moves between shared memory and Redis (lanes pool --resume --redis) ------------------
+
+
+def _schedule(ck: checkpoint.Checkpoint) -> list[tuple[Any, ...]]:
+    """A checkpoint's rows as (url, due, interval, failures, provenance, urgent), saved order."""
+    return list(zip(ck.urls or [], *(c.tolist() for c in (
+        ck.due_ms, ck.interval_s, ck.failures, ck.provenance, ck.urgent)), strict=True))
+
+
+def _stop(p: Any) -> str:
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert "invariants: hold" in out, out
+    return str(out)
+
+
+def test_a_queue_moves_from_shared_memory_to_redis_and_back(
+        server: RedisServer, queue: str, log: Path, tmp_path: Path) -> None:
+    """A shared-memory pool's checkpoint (one URL failing for good, one rushed row) becomes a
+    Redis queue with ``lanes pool --resume --redis``: the same rows in the same order with their
+    URLs, schedule and failure log, plus a --corpus's new URLs, which the pool renders; the
+    Redis pool's checkpoint at its stop goes back to shared memory with ``lanes pool
+    --resume``, again the same schedule."""
+    shm_name, local = unique_name(), unique_name()
+    ck_path = tmp_path / "ck.npz"
+    urls = _urls(8) + ["https://shop.example/gone/1"]
+    c = corpus(len(urls))
+    pool = Pool.create(shm_name, urls, c["due_ms"], c["interval_s"], c["provenance"],
+                       RenderSpec(callable="pool_renders:gone_or_flaky",
+                                  permanent_errors=("Gone",)),
+                       PoolOptions(env=_env(), workers=2, checkpoint=str(ck_path)))
+    pool.engine.prioritize(2, "rush", now_ms=int(c["due_ms"][2]) + 3_600_000)  # in an hour
+    summary = pool.run(seconds=60, until=lambda: until_all(log, 7)() and pool.board.totals()[
+        "failures"] >= 1)
+    assert summary["problems"] == [] and files_of(shm_name) == []
+    from_shm = checkpoint.read(ck_path)
+    assert from_shm.urls == urls and from_shm.extra["failures"]
+    assert int(from_shm.urgent[2]) == 1 and int(from_shm.failures[8]) >= 1
+
+    more = _csv(tmp_path / "more.csv", _urls(3, start=100))
+    p = cli("pool", queue, "--redis", server.url, "--resume", "--checkpoint", str(ck_path),
+            "--corpus", str(more), "--local-name", local, "--render",
+            "pool_renders:record", "--workers", "2", "--seconds", "60", "--plain")
+    try:
+        wait_for(until_all(log, 7 + 3), timeout=60)
+        eng = Engine.connect(server.url, queue)
+        try:
+            table = RedisUrls(eng)
+            assert table.urls() == urls + _urls(3, start=100)
+            rows, cols = eng.export_rows()
+            assert rows.tolist() == list(range(len(urls) + 3)) and eng.verify() == []
+            for col in ("due_ms", "interval_s", "failures", "provenance", "urgent"):
+                assert cols[col][:len(urls)].tolist() == getattr(from_shm, col).tolist(), col
+            assert eng.describe(2)["lane"] == 0  # rushed, due when it was
+            fails = cli("failures", queue, "--redis", server.url, "--local-name", local)
+            out, err = fails.communicate(timeout=60)
+            assert fails.returncode == 0 and "gone/1" in out, (out, err)
+        finally:
+            eng.close()
+        out = _stop(p)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    assert "--corpus: 3 new URL(s) added" in out
+    assert files_of(local) == []
+    from_redis = checkpoint.read(ck_path)  # the Redis pool's, at its stop
+    assert _schedule(from_redis)[:len(urls)] == _schedule(from_shm)
+    assert from_redis.urls == urls + _urls(3, start=100) and from_redis.extra["failures"]
+
+    back = unique_name()
+    q = cli("pool", back, "--resume", "--checkpoint", str(ck_path), "--render",
+            "pool_renders:record", "--workers", "1", "--seconds", "60", "--plain")
+    try:
+        wait_for(lambda: os.path.exists(f"/dev/shm/{back}.pool"), timeout=60)
+        wait_for(lambda: checkpoint.read(ck_path).name == back or _running_pool(back),
+                 timeout=60)
+        _stop(q)
+    finally:
+        if q.poll() is None:
+            q.kill()
+            q.communicate()
+    assert files_of(back) == []
+    again = checkpoint.read(ck_path)
+    assert again.name == back and _schedule(again) == _schedule(from_redis)
+    assert again.extra["failures"] == from_redis.extra["failures"]
+
+
+def _running_pool(name: str) -> bool:
+    from engine.pool.supervisor import supervisor_running
+
+    return supervisor_running(name) is not None
+
+
+def test_resume_into_a_queue_that_exists_is_refused_and_says_how_to_go_on(
+        server: RedisServer, queue: str, tmp_path: Path) -> None:
+    local = unique_name()
+    ck_path = tmp_path / "ck.npz"
+    eng = Engine.connect(server.url, queue, create=True)
+    try:
+        table = RedisUrls(eng)
+        table.add(_urls(4), [0] * 4, 60)
+        checkpoint.save(eng, ck_path, table.urls)
+        before = (eng.stats()["rows"], table.urls(), eng.verify())
+        p = cli("pool", queue, "--redis", server.url, "--resume", "--checkpoint", str(ck_path),
+                "--render", "pool_renders:record", "--local-name", local)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 2 and "already exists" in err and "without --resume" in err, err
+        assert (eng.stats()["rows"], table.urls(), eng.verify()) == before
+        assert files_of(local) == []
+        p = cli("pool", queue, "--redis", server.url, "--resume", "--render",
+                "pool_renders:record", "--local-name", local)
+        _, err = p.communicate(timeout=60)
+        assert p.returncode == 2 and "--checkpoint" in err, err
+        # URL keys an earlier queue of the name left (its queue deleted alone): refused too,
+        # and the queue it had begun to make is deleted again.
+        eng.drop()
+        with pytest.raises(SegmentExists, match="URL keys"):
+            restore(checkpoint.read(ck_path), server.url, queue)
+        with pytest.raises(SegmentMissing):
+            Engine.connect(server.url, queue)
+        table.drop()
+        with pytest.raises(EngineValueError, match="capacity"):
+            restore(checkpoint.read(ck_path), server.url, queue, capacity=3)
+        made, urls = restore(checkpoint.read(ck_path), server.url, queue)
+        assert urls.urls() == _urls(4) and made.stats()["rows"] == 4 and made.verify() == []
+        made.close()
+    finally:
+        eng.close()

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import psutil
@@ -449,13 +449,19 @@ class Pool:
     def resume(cls, name: str, path: str, render: RenderSpec,
                options: PoolOptions | None = None, *, policy: LanePolicy | None = None,
                capacity: int | None = None, routes: Routes | None = None,
-               corpus: Corpus | None = None) -> Pool:
+               corpus: Corpus | None = None, redis: str | None = None,
+               local: str | None = None) -> Pool:
         """A new engine holding the schedule, URLs and failure log of checkpoint ``path``.
 
         ``routes`` set the intervals (and provenances) of the rows they match, as at ingest;
         ``corpus`` adds its new URLs (read with the same routes), as ``lanes add`` does. Files
         left under ``name`` by a supervisor that was killed are removed first; a pool whose
         supervisor is still running is refused.
+
+        With ``redis`` (a URL) the checkpoint, whichever backend wrote it, becomes the new Redis
+        queue ``name`` with its URLs (``engine.redis.urls.restore``), and the pool runs over it
+        with its files in /dev/shm named ``local``; a queue that exists already is refused
+        (``SegmentExists``: join it instead, or resume into another name).
         """
         options = options or PoolOptions()
         ck = checkpoint.read(path)
@@ -465,6 +471,27 @@ class Pool:
         if routes is not None:
             interval, prov, _ = routes.apply(urls, ck.interval_s, ck.provenance)
             ck = replace(ck, interval_s=interval, provenance=prov.astype(np.int64))
+        if redis is not None:
+            pool = cls._on_redis(redis, name, render, options, local, policy, capacity, routes,
+                                 None, resume=ck)
+            try:
+                restored = ck.extra.get("failures")
+                if restored:
+                    pool.failures.import_(restored, {u: r for r, u in enumerate(urls)})
+                if corpus is not None:
+                    pool.added = add_corpus(pool.engine, pool.urls, corpus)
+            except BaseException:
+                from ..redis.urls import RedisUrls
+
+                made = cast("RedisEngine", pool.engine)  # ours, made just now: deleted again
+                RedisUrls(made).drop()
+                made.drop()
+                pool.close()
+                raise
+            return pool
+        if local is not None and local != name:
+            raise EngineValueError("a local name is for pools on Redis: a pool on shared memory"
+                                   " names its files after its engine")
         if capacity is None and corpus is not None:
             capacity = max(ck.capacity, 2 * (len(ck) + len(corpus)), GROWTH_ROOM)
         clear_stale(name)
@@ -492,11 +519,13 @@ class Pool:
     @classmethod
     def _on_redis(cls, redis: str, name: str, render: RenderSpec, options: PoolOptions,
                   local: str | None, policy: LanePolicy | None, capacity: int | None,
-                  routes: Routes | None, corpus: tuple[Any, ...] | None) -> Pool:
+                  routes: Routes | None, corpus: tuple[Any, ...] | None,
+                  resume: checkpoint.Checkpoint | None = None) -> Pool:
         """A pool over a Redis queue: its local files first (a clash with a running pool is
         found before Redis is touched), then the queue (made and filled when ``corpus`` is
-        given). Nothing is left on this host if it fails; the queue is never dropped."""
-        from ..redis.urls import RedisUrls
+        given, made from checkpoint ``resume`` when given). Nothing is left on this host if it
+        fails; a queue that existed before is never dropped."""
+        from ..redis.urls import RedisUrls, restore
         from .grow import add_to_redis
 
         if options.time_scale != 1.0:
@@ -507,16 +536,19 @@ class Pool:
         board, failures = _local_files(local, options)
         eng: RedisEngine | None = None
         try:
-            try:
-                # Not create=True first: that would also replace another version of the
-                # function library under the pools of other hosts (RedisEngine.connect).
-                eng = Engine.connect(redis, name, policy)
-            except SegmentMissing as e:
-                if corpus is None:
-                    raise SegmentMissing(f"{e}: start the first pool with --corpus FILE, which"
-                                         " creates it") from None
-                eng = Engine.connect(redis, name, policy, create=True, capacity=capacity)
-            table = RedisUrls(eng)
+            if resume is not None:
+                eng, table = restore(resume, redis, name, policy, capacity)
+            else:
+                try:
+                    # Not create=True first: that would also replace another version of the
+                    # function library under the pools of other hosts (RedisEngine.connect).
+                    eng = Engine.connect(redis, name, policy)
+                except SegmentMissing as e:
+                    if corpus is None:
+                        raise SegmentMissing(f"{e}: start the first pool with --corpus FILE,"
+                                             " which creates it") from None
+                    eng = Engine.connect(redis, name, policy, create=True, capacity=capacity)
+                table = RedisUrls(eng)
             added = add_to_redis(table, *corpus) if corpus is not None else None
             if routes is not None:
                 table.store_routes(routes.to_json())

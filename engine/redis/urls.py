@@ -16,19 +16,27 @@ others add sees every URL that existed when it began (``urls``).
 ``RedisUrls`` has the interface of the shared-memory ``UrlTable`` that the pool uses:
 ``[row]``, ``many(rows)`` (one HMGET per claimed batch), ``urls()`` in row order (for
 checkpoints), ``find(url)``, ``refresh()``, ``close()``, ``len()``.
+
+``restore`` makes a new queue from a pool's checkpoint, rows and URLs together (``lanes pool
+--resume --redis``), whichever backend wrote it: a queue moves from one host's shared memory to
+Redis, and back with ``lanes pool --resume`` on shared memory.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import EngineError, EngineValueError
-from .engine import RedisEngine, packed_rows
+from ..errors import EngineError, EngineValueError, SegmentExists, SegmentMissing
+from ..policy import LanePolicy
+from .engine import MAX_ROWS, RedisEngine, packed_rows, redact
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 URL_CHUNK = 1000
 """URLs per FCALL of ``add``: a big corpus never blocks the server for long (each chunk is
@@ -168,3 +176,58 @@ class RedisUrls:
     def statistics(self) -> dict[str, Any]:
         return {"queue": self.name, "urls": len(self), "url_key": self._urls,
                 "routes": self.routes() is not None}
+
+
+def restore(ck: Checkpoint, url: str, name: str, policy: LanePolicy | None = None,
+            capacity: int | None = None) -> tuple[RedisEngine, RedisUrls]:
+    """A new queue ``name`` at ``url`` holding a pool checkpoint's rows and their URLs, row ids
+    renumbered from 0 in saved order (as ``checkpoint.create_from`` does on shared memory); the
+    saved policy unless given, no bound on rows unless ``capacity``.
+
+    Refused with ``SegmentExists`` when the queue, or URL keys of an earlier one, exist: a Redis
+    queue outlives its pools, so the way on is to join it, or to resume into another name. Rows
+    and URLs go in together (``RedisUrls.add``: a row is never claimable without its URL);
+    if the restore fails the new queue is deleted again."""
+    if ck.urls is None:
+        raise EngineValueError(f"the checkpoint of {ck.name!r} holds no URLs: not a pool"
+                               " checkpoint")
+    if capacity is not None and not (isinstance(capacity, int) and len(ck) <= capacity
+                                     <= MAX_ROWS):
+        raise EngineValueError(f"capacity {capacity!r} must be an int in [{len(ck)}, {MAX_ROWS}]"
+                               f" (the checkpoint holds {len(ck)} rows)")
+    taken = SegmentExists(
+        f"queue {name!r} already exists at {redact(url)}: a queue on Redis outlives its pools,"
+        f" so join it as it is (`lanes pool {name} --redis URL` without --resume), resume into"
+        " a new queue name, or delete this queue first if the checkpoint is to replace it")
+    try:
+        RedisEngine.connect(url, name).close()
+    except SegmentMissing:
+        pass
+    else:
+        raise taken
+    eng = RedisEngine.connect(url, name, ck.policy if policy is None else policy, create=True,
+                              capacity=capacity)
+    table = RedisUrls(eng)
+    if not eng._created:  # another host made it meanwhile
+        eng.close()
+        raise taken
+    if len(table):
+        eng.drop()
+        eng.close()
+        raise SegmentExists(f"queue {name!r} at {redact(url)} is gone but the URL keys of an"
+                            f" earlier queue of that name remain ({table._urls}): delete them,"
+                            " or resume into a new queue name")
+    try:
+        got = table.add(ck.urls, ck.due_ms, ck.interval_s, ck.provenance, ck.failures)
+        if not np.array_equal(got.rows, np.arange(len(ck))) or got.added != len(ck):
+            raise EngineError(f"queue {name!r}: rows were added by someone else during the"
+                              " restore")
+        for i in np.flatnonzero(ck.urgent):
+            # A rush puts the row in the urgent lane due at `now_ms`: at its saved due time.
+            eng.prioritize(int(i), "rush", now_ms=int(ck.due_ms[i]))
+    except BaseException:
+        table.drop()
+        eng.drop()
+        eng.close()
+        raise
+    return eng, table
