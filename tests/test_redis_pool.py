@@ -8,6 +8,7 @@ against a real redis-server it starts and stops, and leaves no file, process or 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import time
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 import pytest
 from lanes_testlib import unique_name
@@ -103,6 +105,51 @@ def test_urls_are_added_with_their_rows_once_and_a_parked_one_is_made_due(
         assert all(k.startswith(f"lanes:{{{queue}}}:") for k in pool_keys(queue))
     finally:
         eng.close()
+
+
+def _start_as_a_host(url: str, queue: str, urls: list[str], start: Any, out: Any) -> None:
+    """What ``lanes pool QUEUE --redis URL --corpus FILE`` does before it forks (Pool._on_redis):
+    join, or create when missing, then add the corpus; the forked child reports what it did."""
+    from engine.pool.grow import add_to_redis
+
+    try:
+        start.wait(10)
+        try:
+            eng = Engine.connect(url, queue)
+        except SegmentMissing:
+            eng = Engine.connect(url, queue, create=True)
+        now = int(time.time() * 1000)
+        got = add_to_redis(RedisUrls(eng), urls, np.full(len(urls), now), 3600, "submitted")
+        out.send(("ok", got.added, got.known))
+        eng.close()
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the test
+        out.send(("error", repr(e), 0))
+    finally:
+        out.close()
+
+
+def test_hosts_started_at_the_same_instant_make_one_queue_and_add_each_url_once(
+        server: RedisServer, queue: str) -> None:
+    ctx = multiprocessing.get_context("fork")
+    urls = _urls(3000)
+    start = ctx.Barrier(4)
+    pipes = [ctx.Pipe(duplex=False) for _ in range(4)]
+    procs = [ctx.Process(target=_start_as_a_host, args=(server.url, queue, urls, start, w))
+             for _, w in pipes]
+    for p in procs:
+        p.start()
+    results = [r.recv() if r.poll(60) else ("error", "no reply", 0) for r, _ in pipes]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    assert all(status == "ok" for status, _, _ in results), results
+    assert sum(added for _, added, _ in results) == len(urls)  # each URL added by one host
+    assert all(added + known == len(urls) for _, added, known in results)
+    with Engine.connect(server.url, queue) as eng:
+        table = RedisUrls(eng)
+        assert eng.stats()["rows"] == len(urls) and eng.verify() == []
+        assert sorted(table.urls()) == sorted(urls)
+        assert sorted(table.find(u) for u in urls) == list(range(len(urls)))
 
 
 # -- one pool on Redis --------------------------------------------------------------------------
