@@ -13,8 +13,9 @@
  *      plus one grant: a class with nothing due banks nothing;
  *   2. urgent takes at most its credit (a cap on drain share, not on admission);
  *   3. each min_share class, in lane order, takes up to its credit (a floor);
- *   4. the rest goes in lane order, or by global due time with remainder = edf; what a floor
- *      class gets from it counts against its credit.
+ *   4. the rest goes in lane order, by global due time (remainder = edf), or one grant at a
+ *      time to the lane whose head is latest relative to its interval, times the lane's weight
+ *      (remainder = lateness); what a floor class gets from it counts against its credit.
  * Credits are shared words (one cache line each), so shares hold over time across every worker
  * and every budget: 100 calls of budget 1 with only urgent rows due grant about 20.
  */
@@ -691,6 +692,37 @@ static void remainder_edf(Pass *P, int skip_urgent) {
     }
 }
 
+/* The lane whose head is latest relative to its own interval takes each grant: the head's
+ * lateness is (now - due) / interval, times the lane's weight. Compared by cross-multiplying in
+ * 128-bit integers, never divided, so the choice is exact and equals engine.policy's
+ * (reference_pass, Python integers): weight (< 2^26) x lateness in ms (< 2^42) x interval in
+ * seconds (< 2^32) stays below 2^100. An interval of 0 counts as 1 s. Only due heads are
+ * candidates (lane_peek stops at the first row not yet due), so now - due >= 0; ties go to the
+ * lower lane. Within a lane the order stays EDF: only the choice between lane heads changes. */
+static void remainder_lateness(Pass *P, int skip_urgent) {
+    const _Atomic uint32_t *iv = P->s->intervals;
+    while (P->n < P->budget) {
+        int best = -1;
+        unsigned __int128 best_late = 0, best_iv = 1; /* the best head: weight x (now - due), interval */
+        for (uint32_t l = skip_urgent ? 1 : 0; l < P->lanes; l++) {
+            Cursor *c = lane_open(P, l);
+            if (!lane_peek(P, c)) continue;
+            uint64_t due = rl_key_due(c->peek.key);
+            uint64_t late = (uint64_t)P->now > due ? (uint64_t)P->now - due : 0;
+            uint32_t i = atomic_load_explicit(&iv[c->peek.row], memory_order_relaxed);
+            unsigned __int128 w_late = (unsigned __int128)P->p->weight[l] * late;
+            unsigned __int128 interval = i ? i : 1;
+            if (best < 0 || w_late * best_iv > best_late * interval) {
+                best = (int)l;
+                best_late = w_late;
+                best_iv = interval;
+            }
+        }
+        if (best < 0) break;
+        lane_take(P, (uint32_t)best, 1); /* a lost race exhausts the lane or grants; no spin */
+    }
+}
+
 static void floors_raise(Pass *P) {
     rl_seg *s = P->s;
     int gen_moved = atomic_load(&s->h->index_gen) != P->gen; /* (c) */
@@ -791,7 +823,8 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
         /* 4. remainder */
         uint32_t before[RL_CLASSES];
         memcpy(before, P.cls_granted, sizeof before);
-        if (p->remainder_edf) remainder_edf(&P, capped);
+        if (p->remainder == RL_REMAINDER_EDF) remainder_edf(&P, capped);
+        else if (p->remainder == RL_REMAINDER_LATENESS) remainder_lateness(&P, capped);
         else
             for (uint32_t l = capped ? 1 : 0; l < P.lanes && P.n < budget; l++) lane_take(&P, l, budget);
         for (uint32_t cls = 1; cls < RL_CLASSES; cls++)

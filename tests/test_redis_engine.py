@@ -24,6 +24,7 @@ from lanes_testlib import (
     HOUR,
     MINUTE,
     NOW,
+    REDIS_REMAINDERS,
     add_to_lane,
     dispose,
     lane_counts,
@@ -776,7 +777,7 @@ def test_lanes_disabled_is_one_edf_queue(make_queue):
 
 @settings(max_examples=50, deadline=None)
 @given(
-    policy=share_policies(),
+    policy=share_policies(REDIS_REMAINDERS),
     rows=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 5 * DAY)), max_size=100),
     budgets=st.lists(st.integers(1, 40), min_size=1, max_size=10),
     credits=st.lists(st.integers(-ONE, 3 * ONE), min_size=4, max_size=4),

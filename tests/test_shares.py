@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from lanes_testlib import (
     DAY,
     HOUR,
+    LANE_INTERVALS,
     MINUTE,
     NOW,
     add_to_lane,
@@ -217,7 +218,9 @@ def test_claim_pass_grants_what_the_reference_allocator_grants(fresh, policy, ro
         credits: dict[str, int] = {}
         for budget in budgets:
             due_lists = [sorted(remaining[lane].values()) for lane in range(10)]
-            expected, credits = reference_pass(policy, budget, due_lists, credits)
+            intervals = [[LANE_INTERVALS[lane]] * len(due_lists[lane]) for lane in range(10)]
+            expected, credits = reference_pass(policy, budget, due_lists, credits, now=NOW,
+                                               intervals=intervals)
             c = eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY)
             assert lane_counts(c, 10) == expected, (budget, due_lists)
             for lane in range(10):

@@ -148,6 +148,10 @@ class LanesMachine(RuleBasedStateMachine):
     def _open(self, capacity: int, policy: LanePolicy, ring: int | None) -> Engine:
         return Engine.create(self.name, capacity, policy, ring_capacity=ring)
 
+    def _runnable(self, policy: LanePolicy) -> LanePolicy:
+        """The policy this backend runs in place of ``policy`` (every one, here)."""
+        return policy
+
     def teardown(self) -> None:
         TALLY["examples"] += 1
         TALLY["rows"] += len(self.model)
@@ -403,6 +407,7 @@ class LanesMachine(RuleBasedStateMachine):
 
     @rule(policy=policies())
     def set_policy(self, policy):
+        policy = self._runnable(policy)
         self.e.set_policy(policy)
         self.policy = policy
         assert self.e.policy == policy
@@ -500,15 +505,20 @@ class LanesMachine(RuleBasedStateMachine):
     def _claim(self, budget: int, window: int, lease_ms: int) -> list[tuple[int, int]]:
         now = self.clock
         exact = window >= BIG_WINDOW
-        due_lists: list[list[int]] = [[] for _ in range(MAX_LANES)]
-        for m in self.model:
+        # Per lane, the claimable rows in the index's order (due, then row id), with their
+        # intervals: remainder="lateness" ranks a lane by its head row's interval.
+        heads: list[list[tuple[int, int, int]]] = [[] for _ in range(MAX_LANES)]
+        for row, m in enumerate(self.model):
             if self._claimable(m, now):
                 assert m.lane is not None and m.due is not None
-                due_lists[m.lane].append(m.due)
-        for d in due_lists:
-            d.sort()
+                heads[m.lane].append((m.due, row, m.interval))
+        for h in heads:
+            h.sort()
+        due_lists = [[d for d, _, _ in h] for h in heads]
+        intervals = [[i for _, _, i in h] for h in heads]
         if exact:
-            expected, credits = reference_pass(self.policy, budget, due_lists, self.credits)
+            expected, credits = reference_pass(self.policy, budget, due_lists, self.credits,
+                                               now=now, intervals=intervals)
         c = self.e.claim(budget=budget, now_ms=now, lease_ms=lease_ms, window=window)
         rows, lanes, dues, toks = (c.rows.tolist(), c.lanes.tolist(), c.due_ms.tolist(),
                                    c.tokens.tolist())
@@ -618,8 +628,24 @@ class RedisLanesMachine(LanesMachine):
 
     def _open(self, capacity: int, policy: LanePolicy, ring: int | None) -> Engine:
         # ring: the recent-write ring is shared memory's; a Redis write goes to a ZSET at once
+        if policy.remainder == "lateness":
+            with pytest.raises(EngineValueError, match="lateness"):
+                Engine.connect(self.url, self.name, policy, create=True, capacity=capacity)
+            policy = self.policy = self._runnable(policy)
         return Engine.connect(self.url, self.name, policy, create=True,  # type: ignore[return-value]
                               capacity=capacity)
+
+    def _runnable(self, policy: LanePolicy) -> LanePolicy:
+        """lanes.lua has no ``lateness`` remainder: setting one is refused and changes nothing;
+        the machine goes on with ``edf`` in its place."""
+        if policy.remainder != "lateness":
+            return policy
+        if self.eng is not None:
+            before = self.e.policy
+            with pytest.raises(EngineValueError, match="lateness"):
+                self.e.set_policy(policy)
+            assert self.e.policy == before
+        return dataclasses.replace(policy, remainder="edf")
 
     def _check_renewed_token(self, new: int, old: int, same_expiry: bool) -> None:
         """Tokens come from the queue's counter: a renew always hands out a new one."""

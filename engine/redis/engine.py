@@ -181,7 +181,17 @@ def _check_name(name: object) -> str:
 
 
 def _policy_args(policy: LanePolicy) -> list[Any]:
-    """The policy as lanes.lua reads it (fixed-point shares), then as JSON for ``policy``."""
+    """The policy as lanes.lua reads it (fixed-point shares), then as JSON for ``policy``.
+
+    ``remainder="lateness"`` is refused here, before anything is sent: lanes.lua does not rank
+    lane heads by relative lateness yet (it needs an exact comparison of products past 2^53,
+    which Lua's doubles do not give), and a backend that silently served lane order instead
+    would break the contract that both backends grant the same rows."""
+    if policy.remainder == "lateness":
+        raise EngineValueError(
+            "the Redis backend does not implement remainder='lateness' yet (lanes.lua ranks the"
+            " remainder by lane order or due time only); use 'lane-order' or 'edf' on Redis, or"
+            " the shared-memory engine")
     shares = [share_fp(policy.min_share.get(c, 0.0)) for c in ("submitted", "discovered", "cold")]
     return [int(policy.lanes_enabled), ",".join(str(b) for b in policy.ttl_bands),
             policy.cold_after, share_fp(policy.urgent_max_share), *shares,
@@ -191,7 +201,8 @@ def _policy_args(policy: LanePolicy) -> list[Any]:
 def _policy_dict(policy: LanePolicy) -> dict[str, Any]:
     return {"ttl_bands": list(policy.ttl_bands), "cold_after": policy.cold_after,
             "urgent_max_share": policy.urgent_max_share, "min_share": dict(policy.min_share),
-            "remainder": policy.remainder, "lanes_enabled": policy.lanes_enabled}
+            "remainder": policy.remainder, "lanes_enabled": policy.lanes_enabled,
+            "weights": dict(policy.weights)}
 
 
 def _policy_from(text: bytes | str) -> LanePolicy:
