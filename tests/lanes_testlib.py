@@ -333,10 +333,6 @@ def child_worker_lanes(where: tuple[str, ...], now_ms: int, calls: int, budget: 
     _report(q, body)
 
 
-REDIS_REMAINDERS = ("lane-order", "edf")
-"""The remainders lanes.lua implements (the Redis backend refuses ``lateness``)."""
-
-
 def share_policies(remainders: Any = ("lane-order", "edf", "lateness"), **fixed: Any) -> Any:
     """A hypothesis strategy of share policies: floors and an urgent cap that together fit in 1,
     any of ``remainders``, lane weights now and then, lanes mostly on. ``fixed`` holds

@@ -11,16 +11,7 @@ from typing import Any
 
 from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
-from lanes_testlib import (
-    DAY,
-    HOUR,
-    MINUTE,
-    NOW,
-    REDIS_REMAINDERS,
-    dispose,
-    share_policies,
-    unique_name,
-)
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, dispose, share_policies, unique_name
 
 from engine import Engine, LanePolicy, LeaseLost
 
@@ -55,7 +46,7 @@ def _outcome(fn: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 @settings(max_examples=100, deadline=None)
-@given(policy=share_policies(REDIS_REMAINDERS), corpus=st.lists(ADD, min_size=1, max_size=30),
+@given(policy=share_policies(), corpus=st.lists(ADD, min_size=1, max_size=30),
        ops=st.lists(OPS, min_size=5, max_size=40))
 # Found by CI: a renew back to the claim's expiry gives the shared-memory claim token again.
 @example(policy=LanePolicy(urgent_max_share=0.0, min_share={}),

@@ -22,9 +22,9 @@ from lanes_testlib import (
     BAND_INTERVALS,
     DAY,
     HOUR,
+    LANE_INTERVALS,
     MINUTE,
     NOW,
-    REDIS_REMAINDERS,
     add_to_lane,
     dispose,
     lane_counts,
@@ -777,7 +777,7 @@ def test_lanes_disabled_is_one_edf_queue(make_queue):
 
 @settings(max_examples=50, deadline=None)
 @given(
-    policy=share_policies(REDIS_REMAINDERS),
+    policy=share_policies(),
     rows=st.lists(st.tuples(st.integers(0, 9), st.integers(1, 5 * DAY)), max_size=100),
     budgets=st.lists(st.integers(1, 40), min_size=1, max_size=10),
     credits=st.lists(st.integers(-ONE, 3 * ONE), min_size=4, max_size=4),
@@ -797,7 +797,9 @@ def test_claim_grants_what_the_reference_pass_grants(server, policy, rows, budge
         cred = dict(zip(CLASSES, credits, strict=True))
         for budget in budgets:
             due_lists = [sorted(remaining[lane].values()) for lane in range(10)]
-            expected, cred = reference_pass(policy, budget, due_lists, cred)
+            intervals = [[LANE_INTERVALS[lane]] * len(due_lists[lane]) for lane in range(10)]
+            expected, cred = reference_pass(policy, budget, due_lists, cred, now=NOW,
+                                            intervals=intervals)
             c = eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY)
             assert lane_counts(c, 10) == expected, (budget, due_lists)
             for lane in range(10):

@@ -148,10 +148,6 @@ class LanesMachine(RuleBasedStateMachine):
     def _open(self, capacity: int, policy: LanePolicy, ring: int | None) -> Engine:
         return Engine.create(self.name, capacity, policy, ring_capacity=ring)
 
-    def _runnable(self, policy: LanePolicy) -> LanePolicy:
-        """The policy this backend runs in place of ``policy`` (every one, here)."""
-        return policy
-
     def teardown(self) -> None:
         TALLY["examples"] += 1
         TALLY["rows"] += len(self.model)
@@ -407,7 +403,6 @@ class LanesMachine(RuleBasedStateMachine):
 
     @rule(policy=policies())
     def set_policy(self, policy):
-        policy = self._runnable(policy)
         self.e.set_policy(policy)
         self.policy = policy
         assert self.e.policy == policy
@@ -628,24 +623,8 @@ class RedisLanesMachine(LanesMachine):
 
     def _open(self, capacity: int, policy: LanePolicy, ring: int | None) -> Engine:
         # ring: the recent-write ring is shared memory's; a Redis write goes to a ZSET at once
-        if policy.remainder == "lateness":
-            with pytest.raises(EngineValueError, match="lateness"):
-                Engine.connect(self.url, self.name, policy, create=True, capacity=capacity)
-            policy = self.policy = self._runnable(policy)
         return Engine.connect(self.url, self.name, policy, create=True,  # type: ignore[return-value]
                               capacity=capacity)
-
-    def _runnable(self, policy: LanePolicy) -> LanePolicy:
-        """lanes.lua has no ``lateness`` remainder: setting one is refused and changes nothing;
-        the machine goes on with ``edf`` in its place."""
-        if policy.remainder != "lateness":
-            return policy
-        if self.eng is not None:
-            before = self.e.policy
-            with pytest.raises(EngineValueError, match="lateness"):
-                self.e.set_policy(policy)
-            assert self.e.policy == before
-        return dataclasses.replace(policy, remainder="edf")
 
     def _check_renewed_token(self, new: int, old: int, same_expiry: bool) -> None:
         """Tokens come from the queue's counter: a renew always hands out a new one."""
