@@ -115,6 +115,21 @@ def test_remainder_lateness_ignores_rows_not_yet_due_and_breaks_ties_by_lane(mak
     assert eng.verify() == []
 
 
+@pytest.mark.parametrize("flip", [False, True])
+def test_remainder_lateness_is_exact_where_doubles_cannot_tell(make_engine, flip):
+    """Two heads whose lateness x other interval differ by 1 in 2^64 (the lengths of a 136-year
+    interval): as doubles they tie, exactly one is later. The later one is granted first,
+    whichever lane it is in, on every backend (C 128-bit, Python integers, Lua limbs)."""
+    i2 = (1 << 32) - 2
+    eng = make_engine(LanePolicy(remainder="lateness", min_share={}))
+    # a: i2 ms late of an (i2 + 1) s interval; b: (i2 - 1) ms late of i2 s. a*b' - b*a' = +1
+    a = eng.add(NOW - i2, i2 + 1, provenance="submitted" if flip else "discovered")
+    b = eng.add(NOW - (i2 - 1), i2, provenance="discovered" if flip else "submitted")
+    c = eng.claim(budget=2, now_ms=NOW)
+    assert c.rows.tolist() == [a, b]
+    assert eng.verify() == []
+
+
 # -- claim results ------------------------------------------------------------------------------
 
 
