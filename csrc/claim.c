@@ -136,6 +136,7 @@ typedef struct {
     uint32_t note_pos[NOTE_BATCH];    /* their positions */
     uint64_t note_key[NOTE_BATCH];    /* and the keys they hold (the CAS's expected value) */
     int granted_any;                  /* a row was granted: lease_min must hear of it */
+    int want_iv;                      /* remainder = lateness reads the heads' intervals: prefetch */
     int lease_noted;                  /* it has (before the first tombstone, csrc/sweep.c) */
     uint32_t cls_granted[RL_CLASSES]; /* grants per share class, for the credit accounting */
 } Pass;
@@ -176,6 +177,7 @@ static inline void rows_prefetch(const Pass *P, Cursor *c) {
         if (atomic_load_explicit(&P->ik[k], memory_order_relaxed) & RL_TOMB) continue;
         uint32_t r = atomic_load_explicit(&P->ir[k], memory_order_relaxed);
         rl_prefetch_w(&P->s->rows[r < P->used ? r : 0]); /* a grant CASes its lease */
+        if (P->want_iv) __builtin_prefetch((const void *)&P->s->intervals[r < P->used ? r : 0]);
     }
     c->pf = k;
 }
@@ -698,28 +700,100 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * (reference_pass, Python integers): weight (< 2^26) x lateness in ms (< 2^42) x interval in
  * seconds (< 2^32) stays below 2^100. An interval of 0 counts as 1 s. Only due heads are
  * candidates (lane_peek stops at the first row not yet due), so now - due >= 0; ties go to the
- * lower lane. Within a lane the order stays EDF: only the choice between lane heads changes. */
+ * lower lane. Within a lane the order stays EDF: only the choice between lane heads changes.
+ *
+ * Opening a lane (its seek, its rows, its floor work at the end) is what a pass costs, and a
+ * lane-order pass opens few. So a lane is opened only when it could win: its floor minute F
+ * (no live row below it) and its iv_min (no row's interval below it) bound its head's lateness
+ * by weight x (now - F * 60000) / iv_min; a lane whose bound cannot beat the best head seen
+ * (lower, or equal from a higher lane) is left unopened, which changes no choice. */
+typedef struct {
+    unsigned __int128 late; /* weight x (now - due) of the head, or the lane's bound */
+    uint32_t iv;            /* the head's interval, or the lane's iv_min; >= 1 */
+    uint8_t state;          /* LATE_* */
+} LateHead;
+#define LATE_BOUND 0 /* not opened: late / iv is an upper bound */
+#define LATE_HEAD 1  /* opened, with a due head */
+#define LATE_NONE 2  /* opened, nothing left */
+
+/* Whether a / b beats c / d (exactly), ties to the lower lane: la < lc. */
+static inline int late_beats(unsigned __int128 a, uint32_t b, uint32_t la, unsigned __int128 c,
+                             uint32_t d, uint32_t lc) {
+    unsigned __int128 x = a * d, y = c * b;
+    return x > y || (x == y && la < lc);
+}
+
+static void late_peek(Pass *P, uint32_t l, LateHead *h) {
+    Cursor *c = lane_open(P, l);
+    if (!lane_peek(P, c)) {
+        h->state = LATE_NONE;
+        return;
+    }
+    uint64_t due = rl_key_due(c->peek.key);
+    uint32_t iv = atomic_load_explicit(&P->s->intervals[c->peek.row], memory_order_relaxed);
+    h->late = (unsigned __int128)P->p->weight[l] * ((uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
+    h->iv = iv ? iv : 1;
+    h->state = LATE_HEAD;
+}
+
 static void remainder_lateness(Pass *P, int skip_urgent) {
-    const _Atomic uint32_t *iv = P->s->intervals;
+    LateHead h[RL_MAX_LANES];
+    uint32_t first = skip_urgent ? 1 : 0;
+    for (uint32_t l = first; l < P->lanes; l++) {
+        Cursor *c = &tls_cursors[l];
+        if (c->stamp == P->stamp) { /* opened already (urgent, a floor class): use its head */
+            late_peek(P, l, &h[l]);
+            continue;
+        }
+        rl_lane *ln = &P->s->lanes[l];
+        uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
+        uint32_t ivm = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
+        uint64_t since = (uint64_t)fm * 60000u;
+        /* no floor (0) bounds nothing: the lane's due times reach back to 0 */
+        h[l].late = (unsigned __int128)P->p->weight[l] * ((uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
+        h[l].iv = ivm ? ivm : 1;
+        h[l].state = LATE_BOUND;
+    }
     while (P->n < P->budget) {
         int best = -1;
-        unsigned __int128 best_late = 0, best_iv = 1; /* the best head: weight x (now - due), interval */
-        for (uint32_t l = skip_urgent ? 1 : 0; l < P->lanes; l++) {
-            Cursor *c = lane_open(P, l);
-            if (!lane_peek(P, c)) continue;
-            uint64_t due = rl_key_due(c->peek.key);
-            uint64_t late = (uint64_t)P->now > due ? (uint64_t)P->now - due : 0;
-            uint32_t i = atomic_load_explicit(&iv[c->peek.row], memory_order_relaxed);
-            unsigned __int128 w_late = (unsigned __int128)P->p->weight[l] * late;
-            unsigned __int128 interval = i ? i : 1;
-            if (best < 0 || w_late * best_iv > best_late * interval) {
-                best = (int)l;
-                best_late = w_late;
-                best_iv = interval;
+        for (;;) {
+            /* the best open head, then the unopened lane with the highest bound that beats it */
+            int cand = -1;
+            for (uint32_t l = first; l < P->lanes; l++) {
+                if (h[l].state == LATE_NONE) continue;
+                if (h[l].state == LATE_HEAD) {
+                    if (best < 0 || late_beats(h[l].late, h[l].iv, l, h[best].late, h[best].iv, (uint32_t)best))
+                        best = (int)l;
+                }
             }
+            for (uint32_t l = first; l < P->lanes; l++) {
+                if (h[l].state != LATE_BOUND) continue;
+                if (best >= 0 && !late_beats(h[l].late, h[l].iv, l, h[best].late, h[best].iv, (uint32_t)best))
+                    continue;
+                if (cand < 0 || late_beats(h[l].late, h[l].iv, l, h[cand].late, h[cand].iv, (uint32_t)cand))
+                    cand = (int)l;
+            }
+            if (cand < 0) break;
+            late_peek(P, (uint32_t)cand, &h[cand]);
         }
         if (best < 0) break;
-        lane_take(P, (uint32_t)best, 1); /* a lost race exhausts the lane or grants; no spin */
+        /* The runner-up: the best other lane, head or bound. Only the taken lane's head moves,
+         * so while it still beats the runner-up it keeps the grants, without a rescan. */
+        int run = -1;
+        for (uint32_t l = first; l < P->lanes; l++)
+            if ((int)l != best && h[l].state != LATE_NONE &&
+                (run < 0 || late_beats(h[l].late, h[l].iv, l, h[run].late, h[run].iv, (uint32_t)run)))
+                run = (int)l;
+        Cursor *c = &tls_cursors[best]; /* opened: it has a head */
+        uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
+        if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
+        if (need > c->ahead) c->ahead = need;
+        do {
+            lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
+            late_peek(P, (uint32_t)best, &h[best]);
+        } while (P->n < P->budget && h[best].state == LATE_HEAD &&
+                 (run < 0 || late_beats(h[best].late, h[best].iv, (uint32_t)best, h[run].late,
+                                        h[run].iv, (uint32_t)run)));
     }
 }
 
@@ -792,6 +866,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     P.nopened = 0;
     P.nnotes = 0;
     P.granted_any = P.lease_noted = 0;
+    P.want_iv = P.p->lanes_enabled && P.p->remainder == RL_REMAINDER_LATENESS;
     memset(P.cls_granted, 0, sizeof P.cls_granted);
     P.stamp = ++tls_stamp;
     memo_reset();
