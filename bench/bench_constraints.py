@@ -37,7 +37,7 @@ from engine.segment import ffi, lib
 
 FULL = {"rows": 1_600_000, "reschedules": 40_000, "bucket": 2_000, "runs": 3,
         "b_rounds": 5, "b_passes": 2000, "c_rounds": 5, "c_passes": 2000,
-        "d_rounds": 7, "d_passes": 2000}
+        "d_rounds": 31, "d_passes": 500}
 SMOKE = {"rows": 20_000, "reschedules": 2_000, "bucket": 400, "runs": 1,
          "b_rounds": 2, "b_passes": 50, "c_rounds": 2, "c_passes": 50,
          "d_rounds": 2, "d_passes": 50}

@@ -136,7 +136,6 @@ typedef struct {
     uint32_t note_pos[NOTE_BATCH];    /* their positions */
     uint64_t note_key[NOTE_BATCH];    /* and the keys they hold (the CAS's expected value) */
     int granted_any;                  /* a row was granted: lease_min must hear of it */
-    int want_iv;                      /* remainder = lateness reads the heads' intervals: prefetch */
     int lease_noted;                  /* it has (before the first tombstone, csrc/sweep.c) */
     uint32_t cls_granted[RL_CLASSES]; /* grants per share class, for the credit accounting */
 } Pass;
@@ -177,7 +176,6 @@ static inline void rows_prefetch(const Pass *P, Cursor *c) {
         if (atomic_load_explicit(&P->ik[k], memory_order_relaxed) & RL_TOMB) continue;
         uint32_t r = atomic_load_explicit(&P->ir[k], memory_order_relaxed);
         rl_prefetch_w(&P->s->rows[r < P->used ? r : 0]); /* a grant CASes its lease */
-        if (P->want_iv) __builtin_prefetch((const void *)&P->s->intervals[r < P->used ? r : 0]);
     }
     c->pf = k;
 }
@@ -702,19 +700,26 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * candidates (lane_peek stops at the first row not yet due), so now - due >= 0; ties go to the
  * lower lane. Within a lane the order stays EDF: only the choice between lane heads changes.
  *
- * Opening a lane (its seek, its rows, its floor work at the end) is what a pass costs, and a
- * lane-order pass opens few. So a lane is opened only when it could win: its floor minute F
- * (no live row below it) and its iv_min (no row's interval below it) bound its head's lateness
- * by weight x (now - F * 60000) / iv_min; a lane whose bound cannot beat the best head seen
- * (lower, or equal from a higher lane) is left unopened, which changes no choice. */
+ * What a lane-order pass does not pay: opening every lane (its seek, its rows, its floor work at
+ * the end of the pass) and reading every head's interval (a cache miss each: the intervals are
+ * an array of their own). So each lane's lateness is kept as bounds, [lo, hi], narrowed only
+ * while they decide nothing. An unopened lane: lo 0, hi weight x (now - floor) / iv_min, since
+ * no live row is below its floor minute and none has an interval below iv_min. An opened one
+ * with its head's due time: weight x (now - due) over iv_max and iv_min (both words beside the
+ * floor, moved only outward by rl_publish before a row is visible); exact once its interval is
+ * read. The lane whose lo is highest takes the grant when that beats every other lane's hi;
+ * otherwise the widest of the two is narrowed (opened, or its interval read), which changes no
+ * choice. The winner keeps the grants while its next head still beats that runner-up. */
 typedef struct {
-    unsigned __int128 late; /* weight x (now - due) of the head, or the lane's bound */
-    uint32_t iv;            /* the head's interval, or the lane's iv_min; >= 1 */
+    unsigned __int128 late; /* weight x (now - due) of the head; of the floor when unopened */
+    uint32_t iv_lo;         /* lateness >= late / iv_lo (iv_max, or the head's interval) ... */
+    uint32_t iv_hi;         /* ... and <= late / iv_hi (iv_min, or the head's interval) */
     uint8_t state;          /* LATE_* */
 } LateHead;
-#define LATE_BOUND 0 /* not opened: late / iv is an upper bound */
-#define LATE_HEAD 1  /* opened, with a due head */
-#define LATE_NONE 2  /* opened, nothing left */
+#define LATE_BOUND 0 /* not opened: lateness in [0, late / iv_hi] */
+#define LATE_HEAD 1  /* opened, a due head: lateness in [late / iv_lo, late / iv_hi] */
+#define LATE_EXACT 2 /* opened, a due head whose interval is read: iv_lo == iv_hi */
+#define LATE_NONE 3  /* opened, nothing left */
 
 /* Whether a / b beats c / d (exactly), ties to the lower lane: la < lc. */
 static inline int late_beats(unsigned __int128 a, uint32_t b, uint32_t la, unsigned __int128 c,
@@ -723,77 +728,89 @@ static inline int late_beats(unsigned __int128 a, uint32_t b, uint32_t la, unsig
     return x > y || (x == y && la < lc);
 }
 
-static void late_peek(Pass *P, uint32_t l, LateHead *h) {
+/* Whether lane a's least lateness beats lane b's most (a's lo over b's hi). */
+static inline int late_surely_beats(const LateHead *h, int a, int b) {
+    if (h[a].state == LATE_BOUND) return 0; /* lo 0 beats nothing */
+    return late_beats(h[a].late, h[a].iv_lo, (uint32_t)a, h[b].late, h[b].iv_hi, (uint32_t)b);
+}
+
+/* Open lane l (if it is not) and bound its head; `exact` reads the head's interval. */
+static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t iv_min, uint32_t iv_max, int exact) {
     Cursor *c = lane_open(P, l);
     if (!lane_peek(P, c)) {
         h->state = LATE_NONE;
         return;
     }
     uint64_t due = rl_key_due(c->peek.key);
-    uint32_t iv = atomic_load_explicit(&P->s->intervals[c->peek.row], memory_order_relaxed);
     h->late = (unsigned __int128)P->p->weight[l] * ((uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
-    h->iv = iv ? iv : 1;
+    if (exact || iv_max == 0) {
+        uint32_t iv = atomic_load_explicit(&P->s->intervals[c->peek.row], memory_order_relaxed);
+        h->iv_lo = h->iv_hi = iv ? iv : 1;
+        h->state = LATE_EXACT;
+        return;
+    }
+    h->iv_lo = iv_max;
+    h->iv_hi = iv_min ? iv_min : 1;
     h->state = LATE_HEAD;
 }
 
 static void remainder_lateness(Pass *P, int skip_urgent) {
     LateHead h[RL_MAX_LANES];
+    uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES];
     uint32_t first = skip_urgent ? 1 : 0;
     for (uint32_t l = first; l < P->lanes; l++) {
-        Cursor *c = &tls_cursors[l];
-        if (c->stamp == P->stamp) { /* opened already (urgent, a floor class): use its head */
-            late_peek(P, l, &h[l]);
-            continue;
-        }
         rl_lane *ln = &P->s->lanes[l];
         uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
-        uint32_t ivm = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
-        uint64_t since = (uint64_t)fm * 60000u;
-        /* no floor (0) bounds nothing: the lane's due times reach back to 0 */
+        ivmin[l] = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
+        ivmax[l] = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
+        if (tls_cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
+            late_peek(P, l, &h[l], ivmin[l], ivmax[l], 0);
+            continue;
+        }
+        uint64_t since = (uint64_t)fm * 60000u; /* no floor (0) bounds nothing */
         h[l].late = (unsigned __int128)P->p->weight[l] * ((uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
-        h[l].iv = ivm ? ivm : 1;
+        h[l].iv_lo = 1;
+        h[l].iv_hi = ivmin[l] ? ivmin[l] : 1;
         h[l].state = LATE_BOUND;
     }
     while (P->n < P->budget) {
-        int best = -1;
+        int best, run;
         for (;;) {
-            /* the best open head, then the unopened lane with the highest bound that beats it */
-            int cand = -1;
+            /* best: the highest lo (an unopened lane's lo is 0: any opened head comes first);
+             * run: the highest hi of the others */
+            best = run = -1;
             for (uint32_t l = first; l < P->lanes; l++) {
                 if (h[l].state == LATE_NONE) continue;
-                if (h[l].state == LATE_HEAD) {
-                    if (best < 0 || late_beats(h[l].late, h[l].iv, l, h[best].late, h[best].iv, (uint32_t)best))
-                        best = (int)l;
-                }
+                int lb = h[l].state == LATE_BOUND, bb = best >= 0 && h[best].state == LATE_BOUND;
+                if (best < 0 || (bb && !lb) ||
+                    (!bb && !lb && late_beats(h[l].late, h[l].iv_lo, l, h[best].late, h[best].iv_lo, (uint32_t)best)) ||
+                    (bb && lb && late_beats(h[l].late, h[l].iv_hi, l, h[best].late, h[best].iv_hi, (uint32_t)best)))
+                    best = (int)l; /* among unopened lanes only, the highest hi: open it first */
             }
-            for (uint32_t l = first; l < P->lanes; l++) {
-                if (h[l].state != LATE_BOUND) continue;
-                if (best >= 0 && !late_beats(h[l].late, h[l].iv, l, h[best].late, h[best].iv, (uint32_t)best))
-                    continue;
-                if (cand < 0 || late_beats(h[l].late, h[l].iv, l, h[cand].late, h[cand].iv, (uint32_t)cand))
-                    cand = (int)l;
-            }
-            if (cand < 0) break;
-            late_peek(P, (uint32_t)cand, &h[cand]);
+            if (best < 0) return;
+            for (uint32_t l = first; l < P->lanes; l++)
+                if ((int)l != best && h[l].state != LATE_NONE &&
+                    (run < 0 || late_beats(h[l].late, h[l].iv_hi, l, h[run].late, h[run].iv_hi, (uint32_t)run)))
+                    run = (int)l;
+            if (run < 0 || late_surely_beats(h, best, run)) break;
+            /* undecided: narrow the loosest of the two */
+            if (h[best].state == LATE_BOUND) late_peek(P, (uint32_t)best, &h[best], ivmin[best], ivmax[best], 0);
+            else if (h[run].state == LATE_BOUND) late_peek(P, (uint32_t)run, &h[run], ivmin[run], ivmax[run], 0);
+            else if (h[run].state == LATE_HEAD) late_peek(P, (uint32_t)run, &h[run], 0, 0, 1);
+            else if (h[best].state == LATE_HEAD) late_peek(P, (uint32_t)best, &h[best], 0, 0, 1);
+            else break; /* both exact: the comparison above was exact (not reached) */
         }
-        if (best < 0) break;
-        /* The runner-up: the best other lane, head or bound. Only the taken lane's head moves,
-         * so while it still beats the runner-up it keeps the grants, without a rescan. */
-        int run = -1;
-        for (uint32_t l = first; l < P->lanes; l++)
-            if ((int)l != best && h[l].state != LATE_NONE &&
-                (run < 0 || late_beats(h[l].late, h[l].iv, l, h[run].late, h[run].iv, (uint32_t)run)))
-                run = (int)l;
         Cursor *c = &tls_cursors[best]; /* opened: it has a head */
         uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
         if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
         if (need > c->ahead) c->ahead = need;
-        do {
+        for (;;) {
             lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
-            late_peek(P, (uint32_t)best, &h[best]);
-        } while (P->n < P->budget && h[best].state == LATE_HEAD &&
-                 (run < 0 || late_beats(h[best].late, h[best].iv, (uint32_t)best, h[run].late,
-                                        h[run].iv, (uint32_t)run)));
+            if (P->n >= P->budget) return;
+            late_peek(P, (uint32_t)best, &h[best], ivmin[best], ivmax[best], 0);
+            if (h[best].state == LATE_NONE) break;
+            if (run >= 0 && !late_surely_beats(h, best, run)) break; /* decide again */
+        }
     }
 }
 
@@ -866,7 +883,6 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     P.nopened = 0;
     P.nnotes = 0;
     P.granted_any = P.lease_noted = 0;
-    P.want_iv = P.p->lanes_enabled && P.p->remainder == RL_REMAINDER_LATENESS;
     memset(P.cls_granted, 0, sizeof P.cls_granted);
     P.stamp = ++tls_stamp;
     memo_reset();

@@ -135,7 +135,10 @@ typedef struct {
      * remainder = lateness leaves unopened a lane that cannot win (csrc/claim.c). Beside the
      * floor, which every write into the lane touches anyway. */
     _Atomic uint32_t iv_min;
-    char pad0[RL_LINE - 12];
+    _Atomic uint32_t iv_max; /* the highest, only ever raised: a head's lateness is at least
+                              * weight x (now - due) / iv_max, so a pass can grant without
+                              * reading the head's interval while that already wins */
+    char pad0[RL_LINE - 16];
     _Alignas(RL_LINE) _Atomic uint64_t ring_min; /* [version:15][key:49], see below */
     char pad1[RL_LINE - 8];
     _Alignas(RL_LINE) _Atomic uint64_t granted;
