@@ -804,9 +804,22 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
         if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
         if (need > c->ahead) c->ahead = need;
+        /* Heads of the lane come in due order, so the lane surely keeps winning while its head
+         * is due before `sure`: weight x (now - due) / iv_max > the runner-up's hi, i.e.
+         * now - due > q = floor(run.late x iv_max / (weight x run.iv_hi)). Past it, weigh it. */
+        uint64_t sure = UINT64_MAX;
+        if (run >= 0) {
+            sure = 0;
+            if (ivmax[best] && P->p->weight[best]) {
+                unsigned __int128 q = h[run].late * ivmax[best] /
+                                      ((unsigned __int128)P->p->weight[best] * h[run].iv_hi);
+                if (q + 1 < (unsigned __int128)P->now) sure = (uint64_t)P->now - (uint64_t)q - 1;
+            }
+        }
         for (;;) {
             lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
             if (P->n >= P->budget) return;
+            if (lane_peek(P, c) && rl_key_due(c->peek.key) < sure) continue;
             late_peek(P, (uint32_t)best, &h[best], ivmin[best], ivmax[best], 0);
             if (h[best].state == LATE_NONE) break;
             if (run >= 0 && !late_surely_beats(h, best, run)) break; /* decide again */
