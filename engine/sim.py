@@ -811,7 +811,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON (API.md)")
     p.add_argument("--plot", metavar="FILE.png", help="write a bar chart (needs matplotlib)")
     p.add_argument("--sweep", action="store_true",
-                   help="search shares, remainder and bands for the best worst-class age/TTL")
+                   help="search shares, remainder, bands and lane weights for the best"
+                        " worst-class age/TTL")
     p.add_argument("--sweep-capacity", type=float, default=0.5)
 
 
