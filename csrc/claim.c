@@ -709,7 +709,10 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * floor, moved only outward by rl_publish before a row is visible); exact once its interval is
  * read. The lane whose lo is highest takes the grant when that beats every other lane's hi;
  * otherwise the widest of the two is narrowed (opened, or its interval read), which changes no
- * choice. The winner keeps the grants while its next head still beats that runner-up. */
+ * choice. The winner keeps the grants while its next head still beats that runner-up (without
+ * weighing it while it is due before a threshold: heads come in due order). A write racing the
+ * pass may be missed by it, as by any pass; bounds read at its start hold for every row that
+ * was there when it started. */
 typedef struct {
     unsigned __int128 late; /* weight x (now - due) of the head; of the floor when unopened */
     uint32_t iv_lo;         /* lateness >= late / iv_lo (iv_max, or the head's interval) ... */
