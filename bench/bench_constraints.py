@@ -16,6 +16,10 @@
     nine one-lane engines (lanes disabled) claimed in turn for 16 in all.
 (c) One-sided seek with the upper bound checked in code (the product) vs a two-sided range
     (a second binary search for the lane's last due entry), with and without the skip hint.
+(d) What the remainder costs: claim(16) on one engine (every lane due) under the default floors
+    with remainder lane-order, edf and lateness (lateness weighs the lane heads of every lane for
+    every grant), the three interleaved pass block by pass block on the same rows; ratio per
+    round, to lane-order's block of that round. Issue 15 asks lateness <= 1.2x lane-order.
 """
 
 from __future__ import annotations
@@ -32,9 +36,11 @@ from engine import LanePolicy
 from engine.segment import ffi, lib
 
 FULL = {"rows": 1_600_000, "reschedules": 40_000, "bucket": 2_000, "runs": 3,
-        "b_rounds": 5, "b_passes": 2000, "c_rounds": 5, "c_passes": 2000}
+        "b_rounds": 5, "b_passes": 2000, "c_rounds": 5, "c_passes": 2000,
+        "d_rounds": 31, "d_passes": 500}
 SMOKE = {"rows": 20_000, "reschedules": 2_000, "bucket": 400, "runs": 1,
-         "b_rounds": 2, "b_passes": 50, "c_rounds": 2, "c_passes": 50}
+         "b_rounds": 2, "b_passes": 50, "c_rounds": 2, "c_passes": 50,
+         "d_rounds": 2, "d_passes": 50}
 
 SEEKS = [  # (id, label, flags)
     ("product", "floor + skip hint + tombstones (the product)", 0),
@@ -207,11 +213,40 @@ def sidedness(c: dict[str, Any]) -> list[dict[str, Any]]:
     return figs
 
 
+REMAINDER_POLICIES = [
+    ("lane_order", LanePolicy(remainder="lane-order")),
+    ("edf", LanePolicy(remainder="edf")),
+    ("lateness", LanePolicy(remainder="lateness",
+                            weights={"submitted/b0": 4.0, "submitted/b1": 1.5,
+                                     "submitted/b2": 1.5})),
+]
+
+
+def remainders(c: dict[str, Any]) -> list[dict[str, Any]]:
+    vals: dict[str, list[float]] = {rid: [] for rid, _ in REMAINDER_POLICIES}
+    eng = new_engine("remainder", c["rows"])
+    try:
+        for k in range(c["d_rounds"]):
+            order = REMAINDER_POLICIES if k % 2 == 0 else REMAINDER_POLICIES[::-1]
+            for rid, policy in order:
+                eng.set_policy(policy)
+                vals[rid].append(_bare_cycle([eng], [BUDGET], c["d_passes"]))
+    finally:
+        drop(eng)
+    figs = [figure(f"constraints.remainder.{rid}_us", f"(d) remainder {policy.remainder}: µs "
+                   "per claim(16) (bare)", "µs", vals[rid]) for rid, policy in REMAINDER_POLICIES]
+    for rid in ("edf", "lateness"):
+        figs.append(figure(f"constraints.remainder.{rid}_over_lane_order",
+                           f"(d) remainder {rid} / lane-order, same round", "x",
+                           [t / o for t, o in zip(vals[rid], vals["lane_order"])]))
+    return figs
+
+
 def main() -> None:
     args = parse_args(__doc__)
     started = time.perf_counter()
     c = SMOKE if args.smoke else FULL
-    figs = floors(c) + interleaving(c) + sidedness(c)
+    figs = floors(c) + interleaving(c) + sidedness(c) + remainders(c)
     finish("bench_constraints", args, figs, started)
 
 

@@ -13,8 +13,9 @@
  *      plus one grant: a class with nothing due banks nothing;
  *   2. urgent takes at most its credit (a cap on drain share, not on admission);
  *   3. each min_share class, in lane order, takes up to its credit (a floor);
- *   4. the rest goes in lane order, or by global due time with remainder = edf; what a floor
- *      class gets from it counts against its credit.
+ *   4. the rest goes in lane order, by global due time (remainder = edf), or one grant at a
+ *      time to the lane whose head is latest relative to its interval, times the lane's weight
+ *      (remainder = lateness); what a floor class gets from it counts against its credit.
  * Credits are shared words (one cache line each), so shares hold over time across every worker
  * and every budget: 100 calls of budget 1 with only urgent rows due grant about 20.
  */
@@ -691,6 +692,144 @@ static void remainder_edf(Pass *P, int skip_urgent) {
     }
 }
 
+/* The lane whose head is latest relative to its own interval takes each grant: the head's
+ * lateness is (now - due) / interval, times the lane's weight. Compared by cross-multiplying in
+ * 128-bit integers, never divided, so the choice is exact and equals engine.policy's
+ * (reference_pass, Python integers): weight (< 2^26) x lateness in ms (< 2^42) x interval in
+ * seconds (< 2^32) stays below 2^100. An interval of 0 counts as 1 s. Only due heads are
+ * candidates (lane_peek stops at the first row not yet due), so now - due >= 0; ties go to the
+ * lower lane. Within a lane the order stays EDF: only the choice between lane heads changes.
+ *
+ * What a lane-order pass does not pay: opening every lane (its seek, its rows, its floor work at
+ * the end of the pass) and reading every head's interval (a cache miss each: the intervals are
+ * an array of their own). So each lane's lateness is kept as bounds, [lo, hi], narrowed only
+ * while they decide nothing. An unopened lane: lo 0, hi weight x (now - floor) / iv_min, since
+ * no live row is below its floor minute and none has an interval below iv_min. An opened one
+ * with its head's due time: weight x (now - due) over iv_max and iv_min (both words beside the
+ * floor, moved only outward by rl_publish before a row is visible); exact once its interval is
+ * read. The lane whose lo is highest takes the grant when that beats every other lane's hi;
+ * otherwise the widest of the two is narrowed (opened, or its interval read), which changes no
+ * choice. The winner keeps the grants while its next head still beats that runner-up (without
+ * weighing it while it is due before a threshold: heads come in due order). A write racing the
+ * pass may be missed by it, as by any pass; bounds read at its start hold for every row that
+ * was there when it started. */
+typedef struct {
+    unsigned __int128 late; /* weight x (now - due) of the head; of the floor when unopened */
+    uint32_t iv_lo;         /* lateness >= late / iv_lo (iv_max, or the head's interval) ... */
+    uint32_t iv_hi;         /* ... and <= late / iv_hi (iv_min, or the head's interval) */
+    uint8_t state;          /* LATE_* */
+} LateHead;
+#define LATE_BOUND 0 /* not opened: lateness in [0, late / iv_hi] */
+#define LATE_HEAD 1  /* opened, a due head: lateness in [late / iv_lo, late / iv_hi] */
+#define LATE_EXACT 2 /* opened, a due head whose interval is read: iv_lo == iv_hi */
+#define LATE_NONE 3  /* opened, nothing left */
+
+/* Whether a / b beats c / d (exactly), ties to the lower lane: la < lc. */
+static inline int late_beats(unsigned __int128 a, uint32_t b, uint32_t la, unsigned __int128 c,
+                             uint32_t d, uint32_t lc) {
+    unsigned __int128 x = a * d, y = c * b;
+    return x > y || (x == y && la < lc);
+}
+
+/* Whether lane a's least lateness beats lane b's most (a's lo over b's hi). */
+static inline int late_surely_beats(const LateHead *h, int a, int b) {
+    if (h[a].state == LATE_BOUND) return 0; /* lo 0 beats nothing */
+    return late_beats(h[a].late, h[a].iv_lo, (uint32_t)a, h[b].late, h[b].iv_hi, (uint32_t)b);
+}
+
+/* Open lane l (if it is not) and bound its head; `exact` reads the head's interval. */
+static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t iv_min, uint32_t iv_max, int exact) {
+    Cursor *c = lane_open(P, l);
+    if (!lane_peek(P, c)) {
+        h->state = LATE_NONE;
+        return;
+    }
+    uint64_t due = rl_key_due(c->peek.key);
+    h->late = (unsigned __int128)P->p->weight[l] * ((uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
+    if (exact || iv_max == 0) {
+        uint32_t iv = atomic_load_explicit(&P->s->intervals[c->peek.row], memory_order_relaxed);
+        h->iv_lo = h->iv_hi = iv ? iv : 1;
+        h->state = LATE_EXACT;
+        return;
+    }
+    h->iv_lo = iv_max;
+    h->iv_hi = iv_min ? iv_min : 1;
+    h->state = LATE_HEAD;
+}
+
+static void remainder_lateness(Pass *P, int skip_urgent) {
+    LateHead h[RL_MAX_LANES];
+    uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES];
+    uint32_t first = skip_urgent ? 1 : 0;
+    for (uint32_t l = first; l < P->lanes; l++) {
+        rl_lane *ln = &P->s->lanes[l];
+        uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
+        ivmin[l] = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
+        ivmax[l] = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
+        if (tls_cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
+            late_peek(P, l, &h[l], ivmin[l], ivmax[l], 0);
+            continue;
+        }
+        uint64_t since = (uint64_t)fm * 60000u; /* no floor (0) bounds nothing */
+        h[l].late = (unsigned __int128)P->p->weight[l] * ((uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
+        h[l].iv_lo = 1;
+        h[l].iv_hi = ivmin[l] ? ivmin[l] : 1;
+        h[l].state = LATE_BOUND;
+    }
+    while (P->n < P->budget) {
+        int best, run;
+        for (;;) {
+            /* best: the highest lo (an unopened lane's lo is 0: any opened head comes first);
+             * run: the highest hi of the others */
+            best = run = -1;
+            for (uint32_t l = first; l < P->lanes; l++) {
+                if (h[l].state == LATE_NONE) continue;
+                int lb = h[l].state == LATE_BOUND, bb = best >= 0 && h[best].state == LATE_BOUND;
+                if (best < 0 || (bb && !lb) ||
+                    (!bb && !lb && late_beats(h[l].late, h[l].iv_lo, l, h[best].late, h[best].iv_lo, (uint32_t)best)) ||
+                    (bb && lb && late_beats(h[l].late, h[l].iv_hi, l, h[best].late, h[best].iv_hi, (uint32_t)best)))
+                    best = (int)l; /* among unopened lanes only, the highest hi: open it first */
+            }
+            if (best < 0) return;
+            for (uint32_t l = first; l < P->lanes; l++)
+                if ((int)l != best && h[l].state != LATE_NONE &&
+                    (run < 0 || late_beats(h[l].late, h[l].iv_hi, l, h[run].late, h[run].iv_hi, (uint32_t)run)))
+                    run = (int)l;
+            if (run < 0 || late_surely_beats(h, best, run)) break;
+            /* undecided: narrow the loosest of the two */
+            if (h[best].state == LATE_BOUND) late_peek(P, (uint32_t)best, &h[best], ivmin[best], ivmax[best], 0);
+            else if (h[run].state == LATE_BOUND) late_peek(P, (uint32_t)run, &h[run], ivmin[run], ivmax[run], 0);
+            else if (h[run].state == LATE_HEAD) late_peek(P, (uint32_t)run, &h[run], 0, 0, 1);
+            else if (h[best].state == LATE_HEAD) late_peek(P, (uint32_t)best, &h[best], 0, 0, 1);
+            else break; /* both exact: the comparison above was exact (not reached) */
+        }
+        Cursor *c = &tls_cursors[best]; /* opened: it has a head */
+        uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
+        if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
+        if (need > c->ahead) c->ahead = need;
+        /* Heads of the lane come in due order, so the lane surely keeps winning while its head
+         * is due before `sure`: weight x (now - due) / iv_max > the runner-up's hi, i.e.
+         * now - due > q = floor(run.late x iv_max / (weight x run.iv_hi)). Past it, weigh it. */
+        uint64_t sure = UINT64_MAX;
+        if (run >= 0) {
+            sure = 0;
+            if (ivmax[best] && P->p->weight[best]) {
+                unsigned __int128 q = h[run].late * ivmax[best] /
+                                      ((unsigned __int128)P->p->weight[best] * h[run].iv_hi);
+                if (q + 1 < (unsigned __int128)P->now) sure = (uint64_t)P->now - (uint64_t)q - 1;
+            }
+        }
+        for (;;) {
+            lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
+            if (P->n >= P->budget) return;
+            if (lane_peek(P, c) && rl_key_due(c->peek.key) < sure) continue;
+            late_peek(P, (uint32_t)best, &h[best], ivmin[best], ivmax[best], 0);
+            if (h[best].state == LATE_NONE) break;
+            if (run >= 0 && !late_surely_beats(h, best, run)) break; /* decide again */
+        }
+    }
+}
+
 static void floors_raise(Pass *P) {
     rl_seg *s = P->s;
     int gen_moved = atomic_load(&s->h->index_gen) != P->gen; /* (c) */
@@ -791,7 +930,8 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
         /* 4. remainder */
         uint32_t before[RL_CLASSES];
         memcpy(before, P.cls_granted, sizeof before);
-        if (p->remainder_edf) remainder_edf(&P, capped);
+        if (p->remainder == RL_REMAINDER_EDF) remainder_edf(&P, capped);
+        else if (p->remainder == RL_REMAINDER_LATENESS) remainder_lateness(&P, capped);
         else
             for (uint32_t l = capped ? 1 : 0; l < P.lanes && P.n < budget; l++) lane_take(&P, l, budget);
         for (uint32_t cls = 1; cls < RL_CLASSES; cls++)

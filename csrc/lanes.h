@@ -24,12 +24,20 @@
 
 /* Bump on any change to csrc/layout.h (a struct, the region order, the row/lease/floor word
  * packing): attachers refuse a segment of another version with RL_E_LAYOUT. */
-#define RL_LAYOUT_VERSION 12
+#define RL_LAYOUT_VERSION 13
 #define RL_MAX_LANES 64
 #define RL_MAX_BANDS 30
 #define RL_MAX_OWNERS 1024
 #define RL_CLASSES 4
 #define RL_ONE 65536
+
+/* rl_policy.remainder: lane order; global due time (EDF); the lane head latest relative to its
+ * interval, times the lane's weight (csrc/claim.c, remainder_lateness). */
+#define RL_REMAINDER_LANE_ORDER 0
+#define RL_REMAINDER_EDF 1
+#define RL_REMAINDER_LATENESS 2
+/* Lane weights lie in [1, RL_WEIGHT_MAX] (RL_ONE = 1.0): 1/1000 .. 1000 as the caller gives them. */
+#define RL_WEIGHT_MAX 65536000
 
 /* Flags a claim pass reports back (rl_claim's *advice). */
 #define RL_ADVISE_COMPACT 1
@@ -48,10 +56,12 @@ typedef struct {
     uint32_t cold_after;
     uint32_t urgent_share;            /* RL_ONE = uncapped */
     uint32_t min_share[4];            /* indexed by class: 0 urgent (unused), 1 submitted, 2 discovered, 3 cold */
-    uint32_t remainder_edf;           /* 0 lane order, 1 global EDF */
+    uint32_t remainder;               /* RL_REMAINDER_*: how the grants floors leave are served */
     uint32_t lanes_enabled;
     double urgent_share_exact;        /* the shares as the caller gave them, for reading back */
     double min_share_exact[4];
+    uint32_t weight[64];              /* per lane, RL_ONE = 1.0: scales its relative lateness */
+    double weight_exact[64];          /* the weights as the caller gave them, for reading back */
 } rl_policy;
 
 typedef struct {

@@ -129,7 +129,16 @@ _Static_assert(sizeof(rl_ring_slot) == 16, "ring slot is 16 bytes");
 
 typedef struct {
     _Alignas(RL_LINE) _Atomic uint64_t floor; /* [minute:32][epoch:32], see csrc/floor.c */
-    char pad0[RL_LINE - 8];
+    /* The lowest interval (s) of any row ever published into the lane, 0 before the first:
+     * only ever lowered (rl_publish, before the row is visible), so every row of the lane has
+     * an interval >= it. With the floor it bounds the lane head's relative lateness, so
+     * remainder = lateness leaves unopened a lane that cannot win (csrc/claim.c). Beside the
+     * floor, which every write into the lane touches anyway. */
+    _Atomic uint32_t iv_min;
+    _Atomic uint32_t iv_max; /* the highest, only ever raised: a head's lateness is at least
+                              * weight x (now - due) / iv_max, so a pass can grant without
+                              * reading the head's interval while that already wins */
+    char pad0[RL_LINE - 16];
     _Alignas(RL_LINE) _Atomic uint64_t ring_min; /* [version:15][key:49], see below */
     char pad1[RL_LINE - 8];
     _Alignas(RL_LINE) _Atomic uint64_t granted;

@@ -379,7 +379,9 @@ static int policy_valid(const rl_policy *p) {
     uint64_t sum = p->urgent_share;
     for (int c = 1; c < RL_CLASSES; c++) sum += p->min_share[c];
     if (p->urgent_share > RL_ONE || sum > RL_ONE + RL_CLASSES) return 0;
-    return p->remainder_edf <= 1 && p->lanes_enabled <= 1;
+    for (int l = 0; l < RL_MAX_LANES; l++)
+        if (p->weight[l] < 1 || p->weight[l] > RL_WEIGHT_MAX) return 0;
+    return p->remainder <= RL_REMAINDER_LATENESS && p->lanes_enabled <= 1;
 }
 
 int rl_policy_set(rl_seg *s, const rl_policy *p) {

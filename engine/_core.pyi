@@ -24,6 +24,10 @@ class _Lib:
     RL_MAX_OWNERS: int
     RL_CLASSES: int
     RL_ONE: int
+    RL_REMAINDER_LANE_ORDER: int
+    RL_REMAINDER_EDF: int
+    RL_REMAINDER_LATENESS: int
+    RL_WEIGHT_MAX: int
     RL_ADVISE_COMPACT: int
     RL_ADVISE_REAP: int
     RL_PROV_SUBMITTED: int

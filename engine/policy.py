@@ -29,7 +29,7 @@ from .keys import is_int, is_number
 PROVENANCES: tuple[str, ...] = ("submitted", "discovered")
 CLASSES: tuple[str, ...] = ("urgent", "submitted", "discovered", "cold")
 SHARE_CLASSES: tuple[str, ...] = ("submitted", "discovered", "cold")
-REMAINDERS: tuple[str, ...] = ("lane-order", "edf")
+REMAINDERS: tuple[str, ...] = ("lane-order", "edf", "lateness")
 MAX_BANDS = 30
 """Band boundaries a segment can hold: 2 * 30 + 4 = 64 lanes (csrc/lanes.h RL_MAX_LANES)."""
 
@@ -38,6 +38,11 @@ MAX_INTERVAL_S = (1 << 32) - 1
 
 ONE = 1 << 16
 """Fixed-point unit of share credit (one grant), shared with the C accounting."""
+
+WEIGHT_MIN = 0.001
+WEIGHT_MAX = 1000.0
+"""Lane weights (``remainder="lateness"``) lie in [WEIGHT_MIN, WEIGHT_MAX]; the C core stores
+them in ``ONE`` fixed point (csrc/lanes.h RL_WEIGHT_MAX)."""
 
 
 def normalize_bands(bands: Any) -> tuple[int, ...]:
@@ -79,6 +84,25 @@ def share_fp(share: float) -> int:
     return min(ONE, math.ceil(share * ONE))
 
 
+def weight_fp(weight: float) -> int:
+    """A lane weight as the C core stores it and the reference compares it: ``ONE`` = 1.0."""
+    return round(weight * ONE)
+
+
+def _weight(name: str, value: Any) -> float:
+    if not is_number(value):
+        raise EngineTypeError(f"weights[{name!r}] must be a number, got {value!r}")
+    try:
+        v = float(value)
+    except OverflowError:
+        v = math.inf
+    if not math.isfinite(v) or not WEIGHT_MIN <= v <= WEIGHT_MAX:
+        raise EngineValueError(
+            f"weights[{name!r}] must be a finite number in [{WEIGHT_MIN:g}, {WEIGHT_MAX:g}],"
+            f" got {value!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class LanePolicy:
     ttl_bands: tuple[int, ...] = (3600, 6 * 3600, 24 * 3600)
@@ -89,6 +113,10 @@ class LanePolicy:
     )
     remainder: str = "lane-order"
     lanes_enabled: bool = True
+    weights: Mapping[str, float] = field(default_factory=dict)
+    """Per lane name (``"submitted/b0"``, ``"cold"``, ...), a factor on the lane head's relative
+    lateness under ``remainder="lateness"``; a lane not named weighs 1. Other remainders keep
+    the weights but do not use them."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ttl_bands", normalize_bands(self.ttl_bands))
@@ -116,10 +144,25 @@ class LanePolicy:
             raise EngineValueError(f"remainder must be one of {REMAINDERS}, got {self.remainder!r}")
         if not isinstance(self.lanes_enabled, bool):
             raise EngineTypeError("lanes_enabled must be a bool")
+        if not isinstance(self.weights, Mapping):
+            raise EngineTypeError("weights must be a mapping of lane name to weight")
+        known = self.lane_names()
+        weights: dict[str, float] = {}
+        for name, value in self.weights.items():
+            if name not in known:
+                raise EngineValueError(
+                    f"weights names unknown lane {name!r} (lanes of these ttl_bands:"
+                    f" {', '.join(known)})")
+            w = _weight(name, value)
+            if w != 1.0:  # 1 is every lane's default: kept out, so equal policies compare equal
+                weights[name] = w
+        object.__setattr__(self, "weights", dict(sorted(weights.items(), key=lambda kv:
+                                                        known.index(kv[0]))))
 
     def __hash__(self) -> int:
         return hash((self.ttl_bands, self.cold_after, self.urgent_max_share,
-                     tuple(sorted(self.min_share.items())), self.remainder, self.lanes_enabled))
+                     tuple(sorted(self.min_share.items())), self.remainder, self.lanes_enabled,
+                     tuple(self.weights.items())))
 
     # -- lane layout -------------------------------------------------------------------------
 
@@ -176,6 +219,17 @@ class LanePolicy:
     def class_lanes(self, cls: str, lane_total: int) -> list[int]:
         return [lane for lane in range(lane_total) if self.class_of(lane) == cls]
 
+    def lane_names(self, lane_total: int | None = None) -> list[str]:
+        """Names of lanes ``0 .. lane_total - 1`` (default: this layout's lanes)."""
+        return [self.lane_name(lane) for lane in range(
+            self.lane_count if lane_total is None else lane_total)]
+
+    def lane_weights_fp(self, lane_total: int) -> list[int]:
+        """The weight of each lane in ``ONE`` fixed point, as the C pass compares them (a lane
+        past this layout weighs 1)."""
+        fp = {name: weight_fp(w) for name, w in self.weights.items()}
+        return [fp.get(name, ONE) for name in self.lane_names(lane_total)]
+
 
 # -- the reference of one claim pass -----------------------------------------------------------
 
@@ -185,6 +239,8 @@ def reference_pass(
     budget: int,
     due: Sequence[Sequence[int]],
     credits: Mapping[str, int],
+    now: int | None = None,
+    intervals: Sequence[Sequence[int]] | None = None,
 ) -> tuple[list[int], dict[str, int]]:
     """What one claim pass grants, in plain Python: the oracle for ``csrc/claim.c``.
 
@@ -195,11 +251,22 @@ def reference_pass(
        that plus one grant (an idle class banks nothing).
     2. Urgent (lane 0) is served first but never beyond its credit: a cap on drain share.
     3. Each ``min_share`` class, in lane order, takes up to its credit: a floor.
-    4. The remainder goes in lane order (or by global due time with ``remainder="edf"``); grants
-       a floor class gets from it count against its credit, so it cannot bank them.
+    4. The remainder goes in lane order, by global due time (``remainder="edf"``), or one grant
+       at a time to the lane whose head row is latest relative to its own interval,
+       ``weight * (now - due) / interval`` (``remainder="lateness"``: needs ``now`` and
+       ``intervals[L]``, the intervals in seconds of ``due[L]``'s rows). Compared as
+       ``w_a * (now - due_a) * iv_b > w_b * (now - due_b) * iv_a`` in integers, weights in
+       ``ONE`` fixed point and an interval of 0 as 1 s, exactly as the C pass does; ties go to
+       the lower lane. Grants a floor class gets from the remainder count against its credit,
+       so it cannot bank them.
     With lanes disabled the pass is one EDF queue over every lane, in lane order, with no shares.
     """
     lanes = len(due)
+    if policy.lanes_enabled and policy.remainder == "lateness":
+        if now is None or intervals is None or len(intervals) != lanes or any(
+                len(i) != len(d) for i, d in zip(intervals, due, strict=True)):
+            raise EngineValueError("remainder='lateness' needs now and intervals shaped as due")
+    ivs = [list(i) for i in intervals] if intervals is not None else [[] for _ in due]
     left = [list(d) for d in due]
     grants = [0] * lanes
     cred = {c: int(credits.get(c, 0)) for c in CLASSES}
@@ -209,6 +276,7 @@ def reference_pass(
         nonlocal remaining
         got = min(want, len(left[lane]), remaining)
         del left[lane][:got]
+        del ivs[lane][:got]
         grants[lane] += got
         remaining -= got
         return got
@@ -247,6 +315,21 @@ def reference_pass(
     if policy.remainder == "lane-order":
         for lane in order:
             take(lane, remaining)
+    elif policy.remainder == "lateness":
+        assert now is not None
+        weight = policy.lane_weights_fp(lanes)
+        while remaining > 0:
+            best, best_late, best_iv = -1, 0, 1
+            for lane in order:
+                if not left[lane]:
+                    continue
+                late = weight[lane] * max(0, now - left[lane][0])
+                iv = max(1, ivs[lane][0])
+                if best < 0 or late * best_iv > best_late * iv:
+                    best, best_late, best_iv = lane, late, iv
+            if best < 0:
+                break
+            take(best, 1)
     else:
         while remaining > 0:
             heads = [(left[lane][0], lane) for lane in order if left[lane]]
@@ -268,4 +351,5 @@ def policy_to_dict(policy: LanePolicy) -> dict[str, Any]:
         "min_share": dict(policy.min_share),
         "remainder": policy.remainder,
         "lanes_enabled": policy.lanes_enabled,
+        "weights": dict(policy.weights),
     }

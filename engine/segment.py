@@ -21,7 +21,7 @@ import psutil
 
 from . import _core
 from .errors import EngineClosed, raise_for
-from .policy import SHARE_CLASSES, LanePolicy, share_fp
+from .policy import REMAINDERS, SHARE_CLASSES, LanePolicy, share_fp
 
 ffi = _core.ffi
 lib = _core.lib
@@ -82,21 +82,29 @@ def policy_to_c(policy: LanePolicy) -> Any:
         share = policy.min_share.get(name, 0.0)
         p.min_share[CLASS_INDEX[name]] = share_fp(share)
         p.min_share_exact[CLASS_INDEX[name]] = share
-    p.remainder_edf = 1 if policy.remainder == "edf" else 0
+    p.remainder = REMAINDERS.index(policy.remainder)  # RL_REMAINDER_*, in the same order
     p.lanes_enabled = 1 if policy.lanes_enabled else 0
+    weights = policy.lane_weights_fp(lib.RL_MAX_LANES)
+    for lane, name in enumerate(policy.lane_names(lib.RL_MAX_LANES)):
+        p.weight[lane] = weights[lane]
+        p.weight_exact[lane] = policy.weights.get(name, 1.0)
     return p
 
 
 def policy_from_c(p: Any) -> LanePolicy:
+    bands = tuple(int(p.bands[i]) for i in range(p.band_count))
+    names = LanePolicy(ttl_bands=bands).lane_names(lib.RL_MAX_LANES)
     shares = {n: float(p.min_share_exact[CLASS_INDEX[n]]) for n in SHARE_CLASSES
               if p.min_share[CLASS_INDEX[n]] > 0}
     return LanePolicy(
-        ttl_bands=tuple(int(p.bands[i]) for i in range(p.band_count)),
+        ttl_bands=bands,
         cold_after=int(p.cold_after),
         urgent_max_share=float(p.urgent_share_exact),
         min_share=shares,
-        remainder="edf" if p.remainder_edf else "lane-order",
+        remainder=REMAINDERS[p.remainder],
         lanes_enabled=bool(p.lanes_enabled),
+        weights={name: float(p.weight_exact[lane]) for lane, name in enumerate(names)
+                 if lane < len(names) and p.weight_exact[lane] != 1.0},
     )
 
 

@@ -7,6 +7,7 @@ reference; conftest.py re-exports the fixtures' building blocks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import os
 import sys
@@ -37,6 +38,8 @@ SHM_DIR = "/dev/shm"
 
 # Intervals (s) that land in each band of the default ttl_bands (3600, 21600, 86400).
 BAND_INTERVALS = (600, 7200, 43200, 172800)
+# The interval of the rows add_to_lane puts in each of the default policy's ten lanes.
+LANE_INTERVALS = (600, *BAND_INTERVALS, *BAND_INTERVALS, 600)
 
 
 # A claim pass looks for dead owners at most this often (csrc/sweep.c, OWNERS_CHECK_NS), so a
@@ -330,9 +333,10 @@ def child_worker_lanes(where: tuple[str, ...], now_ms: int, calls: int, budget: 
     _report(q, body)
 
 
-def share_policies(**fixed: Any) -> Any:
+def share_policies(remainders: Any = ("lane-order", "edf", "lateness"), **fixed: Any) -> Any:
     """A hypothesis strategy of share policies: floors and an urgent cap that together fit in 1,
-    either remainder, lanes mostly on. ``fixed`` holds strategies for other LanePolicy fields."""
+    any of ``remainders``, lane weights now and then, lanes mostly on. ``fixed`` holds
+    strategies for other LanePolicy fields."""
     from hypothesis import strategies as st
 
     from engine import LanePolicy
@@ -347,12 +351,17 @@ def share_policies(**fixed: Any) -> Any:
                 shares[cls] = v
         room = 1.0 - sum(shares.values())
         urgent = draw(st.sampled_from([u for u in (0.0, 0.1, 0.2, 0.5, 1.0) if u <= room + 1e-9]))
-        return LanePolicy(
+        policy = LanePolicy(
             urgent_max_share=urgent,
             min_share=shares,
-            remainder=draw(st.sampled_from(["lane-order", "edf"])),
+            remainder=draw(st.sampled_from(list(remainders))),
             lanes_enabled=draw(st.sampled_from([True, True, True, False])),
             **{name: draw(strategy) for name, strategy in fixed.items()},
         )
+        names = policy.lane_names()
+        weights = draw(st.dictionaries(st.sampled_from(names),
+                                       st.sampled_from([0.001, 0.5, 1.0, 1.5, 4.0, 1000.0]),
+                                       max_size=3))
+        return dataclasses.replace(policy, weights=weights) if weights else policy
 
     return build()

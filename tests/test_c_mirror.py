@@ -93,3 +93,17 @@ def test_the_error_table_maps_every_status_of_the_header() -> None:
     assert len(statuses) >= 11
     missing = [name for name in statuses if getattr(lib, name) not in _TABLE]
     assert not missing, f"engine/errors.py's table lacks {missing}"
+
+
+def test_remainder_codes_and_weight_bounds_match_the_header():
+    """engine/segment.py writes a remainder as its index in REMAINDERS and lanes.lua reads the
+    same index; the C pass names them RL_REMAINDER_*. Weights are RL_ONE fixed point."""
+    from engine.policy import ONE, REMAINDERS, WEIGHT_MAX, WEIGHT_MIN, weight_fp
+
+    assert REMAINDERS.index("lane-order") == lib.RL_REMAINDER_LANE_ORDER
+    assert REMAINDERS.index("edf") == lib.RL_REMAINDER_EDF
+    assert REMAINDERS.index("lateness") == lib.RL_REMAINDER_LATENESS
+    assert len(REMAINDERS) == lib.RL_REMAINDER_LATENESS + 1
+    assert ONE == lib.RL_ONE
+    assert weight_fp(WEIGHT_MAX) == lib.RL_WEIGHT_MAX
+    assert weight_fp(WEIGHT_MIN) >= 1

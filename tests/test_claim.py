@@ -73,6 +73,63 @@ def test_remainder_edf_serves_global_due_order_across_lanes(make_engine):
     assert eng.verify() == []
 
 
+def test_remainder_lateness_serves_the_lane_head_latest_relative_to_its_interval(make_engine):
+    """The headline again: the homepage is 2 intervals late, the oldest product 3 days of 2, so
+    1.5 intervals: the homepage first, then products in due order. Only the choice between lane
+    heads changes; inside a lane the order stays EDF."""
+    eng = make_engine(LanePolicy(remainder="lateness"))
+    products, home = _headline(eng)
+    c = eng.claim(budget=3, now_ms=NOW)
+    assert c.rows.tolist() == [home, products[59], products[58]]
+    assert c.lanes.tolist() == [1, 4, 4]
+    assert eng.verify() == []
+
+
+def test_remainder_lateness_weights_scale_a_lane_head_lateness(make_engine):
+    """Weight 0.5 on the homepage band makes its 2 intervals count as 1, below the products'
+    1.5: products first. Weight 1000 on the product band keeps it ahead of a homepage 10 h late."""
+    eng = make_engine(LanePolicy(remainder="lateness", weights={"submitted/b0": 0.5}))
+    products, home = _headline(eng)
+    c = eng.claim(budget=1, now_ms=NOW)
+    assert c.rows.tolist() == [products[59]]
+    eng.set_policy(LanePolicy(remainder="lateness", weights={"submitted/b3": 1000.0}))
+    late_home = eng.add(NOW - 10 * HOUR, HOME_INTERVAL)
+    c = eng.claim(budget=2, now_ms=NOW)
+    assert c.rows.tolist() == [products[58], products[57]]
+    eng.set_policy(LanePolicy(remainder="lateness"))
+    c = eng.claim(budget=2, now_ms=NOW)
+    assert c.rows.tolist() == [late_home, home]  # 10, then 2 intervals late; products 1.5
+    assert eng.verify() == []
+
+
+def test_remainder_lateness_ignores_rows_not_yet_due_and_breaks_ties_by_lane(make_engine):
+    """A row due in the future is no candidate however short its interval; equal lateness goes
+    to the lower lane, and a row due this very millisecond (lateness 0) is still granted."""
+    eng = make_engine(LanePolicy(remainder="lateness", min_share={}))
+    eng.add(NOW + MINUTE, HOME_INTERVAL)
+    product = eng.add(NOW - DAY, PRODUCT_INTERVAL)                 # 0.5 intervals late, lane 4
+    catalog = eng.add(NOW - 6 * HOUR, 12 * 3600)                   # 0.5 intervals late, lane 3
+    now_row = eng.add(NOW, 7200)                                   # 0 late, lane 2
+    c = eng.claim(budget=5, now_ms=NOW)
+    assert c.rows.tolist() == [catalog, product, now_row]
+    assert eng.verify() == []
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_remainder_lateness_is_exact_where_doubles_cannot_tell(make_engine, flip):
+    """Two heads whose lateness x other interval differ by 1 in 2^64 (the lengths of a 136-year
+    interval): as doubles they tie, exactly one is later. The later one is granted first,
+    whichever lane it is in, on every backend (C 128-bit, Python integers, Lua limbs)."""
+    i2 = (1 << 32) - 2
+    eng = make_engine(LanePolicy(remainder="lateness", min_share={}))
+    # a: i2 ms late of an (i2 + 1) s interval; b: (i2 - 1) ms late of i2 s. a*b' - b*a' = +1
+    a = eng.add(NOW - i2, i2 + 1, provenance="submitted" if flip else "discovered")
+    b = eng.add(NOW - (i2 - 1), i2, provenance="discovered" if flip else "submitted")
+    c = eng.claim(budget=2, now_ms=NOW)
+    assert c.rows.tolist() == [a, b]
+    assert eng.verify() == []
+
+
 # -- claim results ------------------------------------------------------------------------------
 
 

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lanes_testlib import NOW
+
 from engine import EngineError, LanePolicy
 from engine.errors import EngineTypeError, EngineValueError
 from engine.policy import ONE, reference_pass
@@ -101,6 +103,18 @@ BAD_VALUES = [
     dict(cold_after=0),
     dict(cold_after=-1),
     dict(cold_after=256),
+    dict(remainder="Lateness"),
+    dict(weights={"submitted/b9": 2.0}),
+    dict(weights={"submitted": 2.0}),
+    dict(weights={"home": 2.0}),
+    dict(weights={"submitted/b0": 0.0}),
+    dict(weights={"submitted/b0": -1.0}),
+    dict(weights={"submitted/b0": math.nan}),
+    dict(weights={"submitted/b0": math.inf}),
+    dict(weights={"submitted/b0": 0.0009}),
+    dict(weights={"cold": 1000.5}),
+    dict(weights={"cold": 10**400}),
+    dict(ttl_bands=(3600,), weights={"submitted/b2": 2.0}),  # a lane of other bands
 ]
 
 
@@ -120,6 +134,9 @@ BAD_TYPES = [
     dict(urgent_max_share=True),
     dict(min_share=[("discovered", 0.1)]),
     dict(min_share={"discovered": "0.1"}),
+    dict(weights=[("submitted/b0", 2.0)]),
+    dict(weights={"submitted/b0": "2"}),
+    dict(weights={"submitted/b0": None}),
 ]
 
 
@@ -294,3 +311,53 @@ def test_reference_grants_the_whole_budget_when_no_urgent_row_is_due(sizes, budg
     grants, credits = reference_pass(LanePolicy(remainder=remainder), budget, due, {})
     assert sum(grants) == min(budget, sum(sizes))
     assert all(0 <= c < 3 * budget * ONE + ONE for c in credits.values())
+
+
+# -- remainder="lateness" ----------------------------------------------------------------------
+
+
+def test_lane_weights_name_lanes_of_the_layout_and_default_to_one():
+    p = LanePolicy(remainder="lateness", weights={"cold": 0.5, "submitted/b0": 4, "urgent": 1.0})
+    assert p.weights == {"submitted/b0": 4.0, "cold": 0.5}  # lane order; 1.0 is the default
+    assert p == LanePolicy(remainder="lateness", weights={"submitted/b0": 4.0, "cold": 0.5})
+    assert hash(p) == hash(LanePolicy(remainder="lateness",
+                                      weights={"submitted/b0": 4.0, "cold": 0.5}))
+    assert p != LanePolicy(remainder="lateness", weights={"submitted/b0": 4.0})
+    fp = p.lane_weights_fp(12)
+    assert fp[1] == 4 * ONE and fp[9] == ONE // 2 and fp[2] == ONE and fp[11] == ONE
+    assert LanePolicy(ttl_bands=()).lane_names() == [
+        "urgent", "submitted/b0", "discovered/b0", "cold"]
+
+
+def test_reference_lateness_needs_now_and_intervals_shaped_as_due():
+    p = LanePolicy(remainder="lateness")
+    due = [[], [NOW - 2 * 3600_000]] + [[]] * 8
+    with pytest.raises(EngineValueError):
+        reference_pass(p, 1, due, {})
+    with pytest.raises(EngineValueError):
+        reference_pass(p, 1, due, {}, now=NOW, intervals=[[]] * 10)
+    grants, _ = reference_pass(p, 1, due, {}, now=NOW, intervals=[[], [3600]] + [[]] * 8)
+    assert grants[1] == 1
+
+
+@settings(max_examples=200)
+@given(
+    heads=st.lists(st.tuples(st.integers(0, 10 * 86_400_000), st.integers(0, 2**32 - 1),
+                             st.sampled_from([0.001, 0.5, 1.0, 3.0, 1000.0])),
+                   min_size=9, max_size=9),
+)
+def test_reference_lateness_takes_the_head_with_the_highest_weighted_relative_lateness(heads):
+    """One grant, no floors: it goes to the lane whose head maximises weight * late / interval
+    (exact rationals; an interval of 0 counts as 1 s), the lowest such lane on a tie."""
+    from fractions import Fraction
+
+    names = LanePolicy().lane_names()
+    p = LanePolicy(remainder="lateness", min_share={},
+                   weights={names[lane + 1]: w for lane, (_, _, w) in enumerate(heads)})
+    due = [[]] + [[NOW - late] for late, _, _ in heads]
+    intervals = [[]] + [[iv] for _, iv, _ in heads]
+    grants, _ = reference_pass(p, 1, due, {}, now=NOW, intervals=intervals)
+    fp = p.lane_weights_fp(10)
+    score = [Fraction(fp[lane + 1] * late, max(1, iv)) for lane, (late, iv, _) in enumerate(heads)]
+    best = score.index(max(score)) + 1
+    assert grants == [1 if lane == best else 0 for lane in range(10)]

@@ -22,6 +22,7 @@ from lanes_testlib import (
     BAND_INTERVALS,
     DAY,
     HOUR,
+    LANE_INTERVALS,
     MINUTE,
     NOW,
     add_to_lane,
@@ -796,7 +797,9 @@ def test_claim_grants_what_the_reference_pass_grants(server, policy, rows, budge
         cred = dict(zip(CLASSES, credits, strict=True))
         for budget in budgets:
             due_lists = [sorted(remaining[lane].values()) for lane in range(10)]
-            expected, cred = reference_pass(policy, budget, due_lists, cred)
+            intervals = [[LANE_INTERVALS[lane]] * len(due_lists[lane]) for lane in range(10)]
+            expected, cred = reference_pass(policy, budget, due_lists, cred, now=NOW,
+                                            intervals=intervals)
             c = eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY)
             assert lane_counts(c, 10) == expected, (budget, due_lists)
             for lane in range(10):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from lanes_testlib import (
     DAY,
     HOUR,
+    LANE_INTERVALS,
     MINUTE,
     NOW,
     add_to_lane,
@@ -217,7 +218,9 @@ def test_claim_pass_grants_what_the_reference_allocator_grants(fresh, policy, ro
         credits: dict[str, int] = {}
         for budget in budgets:
             due_lists = [sorted(remaining[lane].values()) for lane in range(10)]
-            expected, credits = reference_pass(policy, budget, due_lists, credits)
+            intervals = [[LANE_INTERVALS[lane]] * len(due_lists[lane]) for lane in range(10)]
+            expected, credits = reference_pass(policy, budget, due_lists, credits, now=NOW,
+                                               intervals=intervals)
             c = eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY)
             assert lane_counts(c, 10) == expected, (budget, due_lists)
             for lane in range(10):
@@ -241,4 +244,42 @@ def test_uncapped_urgent_lane_accrues_no_credit(fresh):
         assert granted == [1] * 5
         assert eng.stats(NOW)["credits"] == {"urgent": 0.0, "submitted": 0.0,
                                               "discovered": 0.0, "cold": 0.0}
+        assert eng.verify() == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    weights=st.dictionaries(st.sampled_from(LanePolicy().lane_names()),
+                            st.sampled_from([0.001, 0.5, 2.0, 4.0, 1000.0]), max_size=4),
+    rows=st.lists(st.tuples(st.sampled_from(["submitted", "discovered"]),
+                            st.integers(1, 4 * DAY // 1000), st.integers(0, 5 * DAY),
+                            st.sampled_from([0, 0, 3])), min_size=1, max_size=80),
+    budgets=st.lists(st.integers(1, 24), min_size=1, max_size=8),
+    step=st.sampled_from([0, MINUTE, HOUR]),
+)
+def test_lateness_grants_what_the_reference_grants_as_floors_rise(fresh, weights, rows, budgets,
+                                                                  step):
+    """remainder="lateness" over rows of any interval, pass after pass with the clock moving:
+    the floors the passes raise and the lowest interval each lane has seen let the C pass leave
+    lanes unopened, which must never change a choice of the reference."""
+    policy = LanePolicy(remainder="lateness", weights=weights)
+    with fresh(policy, capacity=256) as eng:
+        queued: dict[int, tuple[int, int, int]] = {}  # row -> (lane, due, interval)
+        for prov, interval, age, failures in rows:
+            row = eng.add(NOW - age, interval, provenance=prov, failures=failures)
+            queued[row] = (eng.lane(row), NOW - age, interval)
+        eng.compact()
+        credits: dict[str, int] = {}
+        now = NOW
+        for budget in budgets:
+            now += step
+            heads = sorted((lane, due, row, iv) for row, (lane, due, iv) in queued.items())
+            due_lists = [[d for ln, d, _, _ in heads if ln == lane] for lane in range(10)]
+            intervals = [[i for ln, _, _, i in heads if ln == lane] for lane in range(10)]
+            expected, credits = reference_pass(policy, budget, due_lists, credits, now=now,
+                                               intervals=intervals)
+            c = eng.claim(budget=budget, now_ms=now, lease_ms=30 * DAY)
+            assert lane_counts(c, 10) == expected, (budget, due_lists, intervals)
+            for row in c.rows.tolist():
+                del queued[row]
         assert eng.verify() == []

@@ -500,15 +500,20 @@ class LanesMachine(RuleBasedStateMachine):
     def _claim(self, budget: int, window: int, lease_ms: int) -> list[tuple[int, int]]:
         now = self.clock
         exact = window >= BIG_WINDOW
-        due_lists: list[list[int]] = [[] for _ in range(MAX_LANES)]
-        for m in self.model:
+        # Per lane, the claimable rows in the index's order (due, then row id), with their
+        # intervals: remainder="lateness" ranks a lane by its head row's interval.
+        heads: list[list[tuple[int, int, int]]] = [[] for _ in range(MAX_LANES)]
+        for row, m in enumerate(self.model):
             if self._claimable(m, now):
                 assert m.lane is not None and m.due is not None
-                due_lists[m.lane].append(m.due)
-        for d in due_lists:
-            d.sort()
+                heads[m.lane].append((m.due, row, m.interval))
+        for h in heads:
+            h.sort()
+        due_lists = [[d for d, _, _ in h] for h in heads]
+        intervals = [[i for _, _, i in h] for h in heads]
         if exact:
-            expected, credits = reference_pass(self.policy, budget, due_lists, self.credits)
+            expected, credits = reference_pass(self.policy, budget, due_lists, self.credits,
+                                               now=now, intervals=intervals)
         c = self.e.claim(budget=budget, now_ms=now, lease_ms=lease_ms, window=window)
         rows, lanes, dues, toks = (c.rows.tolist(), c.lanes.tolist(), c.due_ms.tolist(),
                                    c.tokens.tolist())

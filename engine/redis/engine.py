@@ -68,13 +68,21 @@ from ..errors import (
     SegmentMissing,
 )
 from ..keys import STRIDE, check_due_array, check_due_ms, is_number
-from ..policy import CLASSES, MAX_INTERVAL_S, ONE, PROVENANCES, LanePolicy, share_fp
+from ..policy import (
+    CLASSES,
+    MAX_INTERVAL_S,
+    ONE,
+    PROVENANCES,
+    REMAINDERS,
+    LanePolicy,
+    share_fp,
+)
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "5"
+LIBRARY_VERSION = "6"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
 LAYOUT_VERSION = 3
@@ -181,17 +189,23 @@ def _check_name(name: object) -> str:
 
 
 def _policy_args(policy: LanePolicy) -> list[Any]:
-    """The policy as lanes.lua reads it (fixed-point shares), then as JSON for ``policy``."""
+    """The policy as lanes.lua reads it (fixed-point shares, the remainder's index in
+    REMAINDERS, the lane weights in ONE fixed point or "" when all are 1), then as JSON for
+    ``policy``."""
     shares = [share_fp(policy.min_share.get(c, 0.0)) for c in ("submitted", "discovered", "cold")]
+    weights = (",".join(map(str, policy.lane_weights_fp(policy.lane_count)))
+               if policy.weights else "")
     return [int(policy.lanes_enabled), ",".join(str(b) for b in policy.ttl_bands),
             policy.cold_after, share_fp(policy.urgent_max_share), *shares,
-            int(policy.remainder == "edf"), json.dumps(_policy_dict(policy), sort_keys=True)]
+            REMAINDERS.index(policy.remainder), weights,
+            json.dumps(_policy_dict(policy), sort_keys=True)]
 
 
 def _policy_dict(policy: LanePolicy) -> dict[str, Any]:
     return {"ttl_bands": list(policy.ttl_bands), "cold_after": policy.cold_after,
             "urgent_max_share": policy.urgent_max_share, "min_share": dict(policy.min_share),
-            "remainder": policy.remainder, "lanes_enabled": policy.lanes_enabled}
+            "remainder": policy.remainder, "lanes_enabled": policy.lanes_enabled,
+            "weights": dict(policy.weights)}
 
 
 def _policy_from(text: bytes | str) -> LanePolicy:

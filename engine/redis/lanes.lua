@@ -50,7 +50,7 @@ Every function checks ARGV[1] against VERSION, so a client built for another ver
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '5'
+local VERSION = '6'
 local LAYOUT = '3' -- bump with any change to a key's or a record's meaning (engine.py too)
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1
@@ -125,9 +125,22 @@ end
 
 -- ---------------------------------------------------------------- queue, rows, policy -----
 
+-- p_edf holds the remainder (its name is from when there were two): 0 lane order, 1 edf, 2
+-- lateness (engine.policy REMAINDERS, in that order); a queue written before lateness holds 0
+-- or 1, which mean what they meant. p_w: lateness's lane weights in ONE fixed point, comma
+-- separated from lane 0 on; absent or empty, or past its end, a lane weighs ONE.
+local function weights_of(text)
+  local w, lane = {}, 0
+  for x in string.gmatch(text or '', '%d+') do
+    w[lane] = tonumber(x)
+    lane = lane + 1
+  end
+  return w
+end
+
 local function queue_meta(K)
   local v = rcall('HMGET', K[4], 'layout', 'next_row', 'p_on', 'p_bands', 'p_cold', 'p_urgent',
-    'p_s1', 'p_s2', 'p_s3', 'p_edf', 'lanes_high', 'token', 'c0', 'c1', 'c2', 'c3')
+    'p_s1', 'p_s2', 'p_s3', 'p_edf', 'lanes_high', 'token', 'c0', 'c1', 'c2', 'c3', 'p_w')
   if not v[1] then fail('MISSING', 'no queue at ' .. K[4]) end
   if v[1] ~= LAYOUT then fail('LAYOUT', 'queue layout ' .. v[1] .. ', library ' .. LAYOUT) end
   local bands = {}
@@ -136,7 +149,8 @@ local function queue_meta(K)
   return {
     next_row = tonumber(v[2]), on = v[3] == '1', bands = bands, bpc = bpc,
     lane_count = 2 * bpc + 2, cold_after = tonumber(v[5]), urgent = tonumber(v[6]),
-    shares = {tonumber(v[7]), tonumber(v[8]), tonumber(v[9])}, edf = v[10] == '1',
+    shares = {tonumber(v[7]), tonumber(v[8]), tonumber(v[9])}, rem = tonumber(v[10]) or 0,
+    weights = weights_of(v[17]),
     lanes_high = tonumber(v[11]), token = tonumber(v[12]),
     credits = {[0] = tonumber(v[13]) or 0, tonumber(v[14]) or 0, tonumber(v[15]) or 0,
                tonumber(v[16]) or 0},
@@ -340,8 +354,9 @@ end
   1. each share class with a due row accrues share * budget credit, capped at that plus ONE;
   2. urgent (lane 0) takes at most its credit while capped;
   3. each min_share class, its lanes in order, takes up to its credit (a floor);
-  4. the remainder in lane order, or by global due time (edf); what a floor class gets from it
-     counts against its credit.
+  4. the remainder in lane order, by global due time (edf), or one grant at a time to the lane
+     whose head is latest relative to its interval, times the lane's weight (lateness); what a
+     floor class gets from it counts against its credit.
 Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT taken n, where `taken`
 counts the rows this pass already took from the lane: they leave ready with one ZREM at the
 end, so a second seek of a lane skips them. `window` bounds the rows one lane grants in one
@@ -363,6 +378,46 @@ local function in_due_order(cols, dues, lanes, start)
     for k, i in ipairs(idx) do moved[k] = col[i] end
     for k = 1, #idx do col[start + k] = moved[k] end
   end
+end
+
+-- Whether a1 * a2 * a3 > b1 * b2 * b3 exactly, for integers below 2^53 whose products are not
+-- (a lane head's weight x lateness x the other head's interval reaches 2^100): doubles decide
+-- unless the two products are within 1e-12 of each other (a double product of three is within
+-- ~5e-16 of the exact one), then base-2^20 limbs decide, as C's 128-bit and Python's integers
+-- do.
+local LIMB = 1048576
+local function limbs(x)
+  local t = {}
+  for i = 1, 3 do
+    t[i] = x % LIMB
+    x = math.floor(x / LIMB)
+  end
+  return t
+end
+local function limb_mul(a, b)
+  local t = {}
+  for i = 1, #a + #b do t[i] = 0 end
+  for i = 1, #a do
+    for j = 1, #b do t[i + j - 1] = t[i + j - 1] + a[i] * b[j] end -- each term < 2^40
+  end
+  local carry = 0
+  for i = 1, #t do
+    local v = t[i] + carry
+    t[i] = v % LIMB
+    carry = math.floor(v / LIMB)
+  end
+  return t
+end
+local function product_gt(a1, a2, a3, b1, b2, b3)
+  local x, y = a1 * a2 * a3, b1 * b2 * b3
+  if x > y * (1 + 1e-12) then return true end
+  if x < y * (1 - 1e-12) then return false end
+  local p = limb_mul(limb_mul(limbs(a1), limbs(a2)), limbs(a3))
+  local q = limb_mul(limb_mul(limbs(b1), limbs(b2)), limbs(b3))
+  for i = #p, 1, -1 do
+    if p[i] ~= q[i] then return p[i] > q[i] end
+  end
+  return false
 end
 
 local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
@@ -444,8 +499,70 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     local before = {}
     for l = 0, nl - 1 do before[l] = grants[l] end
     local first = capped and 1 or 0
-    if not P.edf then
+    if P.rem == 0 then
       for l = first, nl - 1 do take(l, remaining) end
+    elseif P.rem == 2 and remaining > 0 then
+      -- lateness: the next `remaining` due rows of each lane with their intervals, then one
+      -- pick at a time of the lane whose head has the highest weight * (now - due) / interval
+      -- (compared as products, an interval of 0 as 1 s, ties to the lower lane), exactly as
+      -- engine.policy.reference_pass; the grants come back in the order they were picked.
+      local heads = {}
+      for l = first, nl - 1 do
+        local n = math.min(remaining, window - taken[l])
+        if n > 0 then
+          local got = rcall('ZRANGE', K[1], lo(l), hi(l), 'BYSCORE', 'LIMIT', taken[l], n,
+            'WITHSCORES')
+          if #got > 0 then
+            local ms, dues_l = {}, {}
+            for i = 1, #got, 2 do
+              ms[#ms + 1] = got[i]
+              dues_l[#dues_l + 1] = tonumber(got[i + 1]) - l * STRIDE
+            end
+            local recs = get_many(K, ms)
+            local ivs = {}
+            for i = 1, #recs do ivs[i] = math.max(1, recs[i].interval) end
+            heads[l] = {dues = dues_l, ivs = ivs, at = 1, w = P.weights[l] or ONE}
+          end
+        end
+      end
+      local picks, want = {}, {}
+      for _ = 1, remaining do
+        local best, best_w, best_late, best_iv
+        for l = first, nl - 1 do
+          local h = heads[l]
+          if h and h.at <= #h.dues then
+            local late = math.max(0, now - h.dues[h.at])
+            local iv = h.ivs[h.at]
+            if not best or product_gt(h.w, late, best_iv, best_w, best_late, iv) then
+              best, best_w, best_late, best_iv = l, h.w, late, iv
+            end
+          end
+        end
+        if not best then break end
+        heads[best].at = heads[best].at + 1
+        picks[#picks + 1] = best
+        want[best] = (want[best] or 0) + 1
+      end
+      local start = #rows
+      local at = {}
+      for l = first, nl - 1 do
+        if want[l] then
+          at[l] = #rows + 1
+          take(l, want[l])
+        end
+      end
+      local cols = {rows, lanes, dues, members, keys}
+      local moved = {}
+      for k, l in ipairs(picks) do
+        for c, col in ipairs(cols) do
+          moved[c] = moved[c] or {}
+          moved[c][k] = col[at[l]]
+        end
+        at[l] = at[l] + 1
+      end
+      for c, col in ipairs(cols) do
+        for k = 1, #picks do col[start + k] = moved[c][k] end
+      end
     elseif remaining > 0 then
       local heads = {}
       for l = first, nl - 1 do
@@ -602,15 +719,15 @@ local function f_version(K, A)
   return {VERSION, LAYOUT}
 end
 
--- ARGV: version, policy fields (on, bands, cold, urgent, s1, s2, s3, edf), policy json,
--- capacity, created_ms. Returns 1 if created, 0 if the queue already existed.
+-- ARGV: version, policy fields (on, bands, cold, urgent, s1, s2, s3, remainder, weights),
+-- policy json, capacity, created_ms. Returns 1 if created, 0 if the queue already existed.
 local function f_create(K, A)
   check_version(A)
   if rcall('EXISTS', K[4]) == 1 then return 0 end
   rcall('HSET', K[4], 'layout', LAYOUT, 'next_row', 0, 'token', 0, 'lanes_high', -1,
     'p_on', A[2], 'p_bands', A[3], 'p_cold', A[4], 'p_urgent', A[5], 'p_s1', A[6],
-    'p_s2', A[7], 'p_s3', A[8], 'p_edf', A[9], 'policy', A[10], 'capacity', A[11],
-    'created_ms', A[12], 'c0', 0, 'c1', 0, 'c2', 0, 'c3', 0)
+    'p_s2', A[7], 'p_s3', A[8], 'p_edf', A[9], 'p_w', A[10], 'policy', A[11], 'capacity', A[12],
+    'created_ms', A[13], 'c0', 0, 'c1', 0, 'c2', 0, 'c3', 0)
   return 1
 end
 
@@ -618,7 +735,7 @@ local function f_set_policy(K, A)
   check_version(A)
   queue_meta(K)
   rcall('HSET', K[4], 'p_on', A[2], 'p_bands', A[3], 'p_cold', A[4], 'p_urgent', A[5],
-    'p_s1', A[6], 'p_s2', A[7], 'p_s3', A[8], 'p_edf', A[9], 'policy', A[10])
+    'p_s1', A[6], 'p_s2', A[7], 'p_s3', A[8], 'p_edf', A[9], 'p_w', A[10], 'policy', A[11])
   return 1
 end
 
