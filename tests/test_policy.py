@@ -7,7 +7,6 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from lanes_testlib import NOW
 
 from engine import EngineError, LanePolicy
