@@ -50,7 +50,7 @@ Every function checks ARGV[1] against VERSION, so a client built for another ver
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '5'
+local VERSION = '6'
 local LAYOUT = '3' -- bump with any change to a key's or a record's meaning (engine.py too)
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1
@@ -68,8 +68,10 @@ local function rcall(...)
   return redis.call(...)
 end
 
-local function fmt(x) -- numbers go to Redis as exact integers, never as %.14g
-  return string.format('%.0f', x)
+-- Numbers go to Redis as exact integers, never as %.14g. '%d' (a C long: every number here is
+-- an integer below 2^53) costs half of '%.0f', whose libc path is multi-precision.
+local function fmt(x)
+  return string.format('%d', x)
 end
 
 local function mem(row) -- a row id as a member of ready, lease and holder
@@ -185,7 +187,7 @@ local function get_many(K, rows)
     for k = i, j do
       args[#args + 1] = 'GET'
       args[#args + 1] = 'u48'
-      args[#args + 1] = '#' .. tonumber(rows[k])
+      args[#args + 1] = '#' .. string.match(rows[k], '^0*(%d+)$') -- no number conversion
     end
     local got = rcall('BITFIELD_RO', K[3], unpack(args))
     for k = 1, #got do
@@ -290,15 +292,16 @@ local function per_row(cmd, key, rows)
 end
 
 -- The holder entry of each of rows[1..n] (members) whose tokens[i] still holds, else false.
--- Members and tokens are ARGV's strings, compared and passed on as they are (a number handed
--- to redis.call is formatted again: that costs more than the call).
+-- Members and tokens are the client's strings (a token with the ':' that ends it in a holder
+-- entry), compared and passed on as they are: a number handed to redis.call is formatted
+-- again, and that costs more than the call.
 local function live_leases(K, rows, tokens)
   local out = {}
   if #rows == 0 then return out end
   local held = per_row('HMGET', K[5], rows)
   local ended = {}
   for i = 1, #rows do
-    local v, t = held[i], tokens[i] .. ':'
+    local v, t = held[i], tokens[i]
     local ok = v and t ~= '0:' and string.sub(v, 1, #t) == t and not ended[rows[i]]
     if ok then ended[rows[i]] = true end
     out[i] = ok and v or false
@@ -372,8 +375,17 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
   local rows, lanes, dues, members, keys = {}, {}, {}, {}, {}
   for l = 0, nl - 1 do grants[l] = 0; taken[l] = 0 end
 
-  local function lo(lane) return fmt(lane * STRIDE) end
-  local function hi(lane) return fmt(lane * STRIDE + now) end
+  local los, his = {}, {} -- a lane's range, formatted once per pass (a lane is sought often)
+  local function lo(lane)
+    local v = los[lane]
+    if not v then v = fmt(lane * STRIDE); los[lane] = v end
+    return v
+  end
+  local function hi(lane)
+    local v = his[lane]
+    if not v then v = fmt(lane * STRIDE + now); his[lane] = v end
+    return v
+  end
 
   local function take(lane, want)
     if lane >= nl then return 0 end -- never written: empty
@@ -513,11 +525,21 @@ end
 
 -- ---------------------------------------------------------------- leased writes -----
 
+-- Every row of a batch (members, all 8 digits: rows_tokens) exists: compared as strings with
+-- next_row padded alike, no number conversion per row.
+local function check_rows(P, rows)
+  local limit = mem(P.next_row)
+  for i = 1, #rows do
+    if not (rows[i] < limit) then check_row(nil, P, tonumber(rows[i])) end
+  end
+end
+
+
 -- Complete rows[i] with tokens[i] (next due: nexts[i] >= 0, else now + interval). Every row id
 -- is checked before anything changes; a stale token reports 0 and changes nothing. A record is
 -- written only when the complete clears its failures or its urgency.
 local function complete_many(K, P, now, rows, tokens, nexts)
-  for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
+  check_rows(P, rows)
   local live = live_leases(K, rows, tokens)
   local which = {}
   for i = 1, #rows do
@@ -558,7 +580,7 @@ end
 -- lapsed lease already put back into ready keeps its ready score (its holder entry's key is
 -- void: a prioritize may have moved the row since).
 local function release_many(K, P, now, rows, tokens)
-  for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
+  check_rows(P, rows)
   local live = live_leases(K, rows, tokens)
   local which = {}
   for i = 1, #rows do
@@ -584,16 +606,22 @@ local function release_many(K, P, now, rows, tokens)
   return ok
 end
 
--- ARGV: version, now, n, rows[n], tokens[n], then from `at` on whatever the caller adds. Rows
--- come as members (MEMBER), tokens as decimal strings, and stay ARGV's strings (live_leases).
+-- Rows and tokens of a batch call from ARGV[at] and ARGV[at + 1]: the rows' members (MEMBER,
+-- 8 digits each) joined, and the tokens, each followed by ':' (the way a holder entry starts
+-- with it), joined. Two arguments, not 2n: the client formats and the server splits one string
+-- each, which costs both sides less than 2n arguments (docs/redis.md, "The claim FCALL").
+-- Returns rows, tokens (strings, see live_leases) and the index of the next argument.
 local function rows_tokens(argv, at)
-  local n = tonumber(argv[at])
-  local rows, tokens = {}, {}
-  for i = 1, n do
-    rows[i] = argv[at + i]
-    tokens[i] = argv[at + n + i]
+  local blob, toks = argv[at], argv[at + 1]
+  local n = #blob / 8
+  if n ~= math.floor(n) or not string.find(blob, '^%d*$') then
+    fail('VALUE', 'rows must be 8-digit members')
   end
-  return rows, tokens, at + 2 * n + 1
+  local rows, tokens = {}, {}
+  for i = 1, n do rows[i] = string.sub(blob, i * 8 - 7, i * 8) end
+  for t in string.gmatch(toks, '%d+:') do tokens[#tokens + 1] = t end
+  if #tokens ~= n then fail('VALUE', n .. ' rows but ' .. #tokens .. ' tokens') end
+  return rows, tokens, at + 2
 end
 
 -- ---------------------------------------------------------------- registered functions -----
@@ -675,7 +703,7 @@ local function f_claim(K, A)
     A[6]))
 end
 
--- ARGV: version, now, n, rows[n], tokens[n], has_next, nexts[n] (if has_next).
+-- ARGV: version, now, rows, tokens (rows_tokens), has_next, nexts[n] (if has_next).
 local function f_complete(K, A)
   check_version(A)
   local P = queue_meta(K)
@@ -689,7 +717,7 @@ local function f_complete(K, A)
   return complete_many(K, P, now, rows, tokens, nexts)
 end
 
--- ARGV: version, now, budget, lease_ms, window, owner, n, rows[n], tokens[n].
+-- ARGV: version, now, budget, lease_ms, window, owner, rows, tokens (rows_tokens).
 -- One worker cycle in one round trip: complete the batch, then one claim pass. Returns the
 -- new batch packed and one byte per completed row (1: its token was live).
 local function f_complete_claim(K, A)
@@ -705,7 +733,7 @@ local function f_complete_claim(K, A)
   return {packed(got), table.concat(bytes)}
 end
 
--- ARGV: version, now, n, rows[n], tokens[n].
+-- ARGV: version, now, rows, tokens (rows_tokens).
 local function f_release(K, A)
   check_version(A)
   local P = queue_meta(K)
