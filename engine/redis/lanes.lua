@@ -127,9 +127,25 @@ end
 
 -- ---------------------------------------------------------------- queue, rows, policy -----
 
-local function queue_meta(K)
-  local v = rcall('HMGET', K[4], 'layout', 'next_row', 'p_on', 'p_bands', 'p_cold', 'p_urgent',
-    'p_s1', 'p_s2', 'p_s3', 'p_edf', 'lanes_high', 'token', 'c0', 'c1', 'c2', 'c3')
+local GRANTS_READ = 16 -- lanes whose grant counters a claim reads with the meta (more: one HMGET)
+
+-- lane -> grant counter, of the fields after `at` in a meta HMGET reply (g0, g1, ...).
+local function grants_of(v, at)
+  local g = {}
+  for l = 0, GRANTS_READ - 1 do g[l] = tonumber(v[at + 1 + l]) or 0 end
+  return g
+end
+
+local META = {'layout', 'next_row', 'p_on', 'p_bands', 'p_cold', 'p_urgent', 'p_s1', 'p_s2',
+  'p_s3', 'p_edf', 'lanes_high', 'token', 'c0', 'c1', 'c2', 'c3'}
+local META_CLAIM = {} -- (a numeric loop: ipairs is not there while the library loads)
+for i = 1, #META do META_CLAIM[i] = META[i] end
+for l = 0, GRANTS_READ - 1 do META_CLAIM[#META + 1 + l] = 'g' .. l end
+
+-- The queue's meta; `claiming`: the grant counters of the first GRANTS_READ lanes too (P.g), so a
+-- claim pass adds its grants to them in the HSET that writes the credits back.
+local function queue_meta(K, claiming)
+  local v = rcall('HMGET', K[4], unpack(claiming and META_CLAIM or META))
   if not v[1] then fail('MISSING', 'no queue at ' .. K[4]) end
   if v[1] ~= LAYOUT then fail('LAYOUT', 'queue layout ' .. v[1] .. ', library ' .. LAYOUT) end
   local bands = {}
@@ -142,6 +158,7 @@ local function queue_meta(K)
     lanes_high = tonumber(v[11]), token = tonumber(v[12]),
     credits = {[0] = tonumber(v[13]) or 0, tonumber(v[14]) or 0, tonumber(v[15]) or 0,
                tonumber(v[16]) or 0},
+    g = claiming and grants_of(v, #META) or nil,
   }
 end
 
@@ -387,12 +404,29 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     return v
   end
 
+  -- What has_due read of a lane (its first rows, with scores), for the take that follows it:
+  -- lane -> {got = the ZRANGE reply, n = rows in it, all = true when that is every due row of
+  -- the lane (fewer came back than were asked for)}. Nothing is written during the pass (the
+  -- grants leave ready at its end), so a read-ahead stays true until then.
+  local ahead = {}
+
+  -- The ZRANGE reply a seek of n rows of `lane` from position taken[lane] gives, served from
+  -- the read-ahead when it holds them.
+  local function seek(lane, n)
+    local a, from = ahead[lane], taken[lane]
+    if a and (a.n - from >= n or a.all) then
+      local got = {}
+      for i = 2 * from + 1, 2 * math.min(from + n, a.n) do got[#got + 1] = a.got[i] end
+      return got
+    end
+    return rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', from, n, 'WITHSCORES')
+  end
+
   local function take(lane, want)
     if lane >= nl then return 0 end -- never written: empty
     local n = math.min(want, remaining, window - taken[lane])
     if n <= 0 then return 0 end
-    local got = rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', taken[lane], n,
-      'WITHSCORES')
+    local got = seek(lane, n)
     for i = 1, #got, 2 do
       members[#members + 1] = got[i]
       rows[#rows + 1] = tonumber(got[i])
@@ -407,8 +441,13 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     return k
   end
 
-  local function has_due(lane)
-    return #rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', taken[lane], 1) > 0
+  -- Whether the lane has a due row; it reads `ask` rows (at least one), what the take that
+  -- follows it may want, so that take needs no seek of its own. Asked before any take.
+  local function has_due(lane, ask)
+    local n = math.max(1, math.min(ask, remaining, window))
+    local got = rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
+    ahead[lane] = {got = got, n = #got / 2, all = #got / 2 < n}
+    return #got > 0
   end
 
   local meta = {} -- fields of meta to write back, one HSET
@@ -428,9 +467,10 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     for cls = 0, 3 do
       local fp = cls == 0 and (capped and P.urgent or -1) or P.shares[cls]
       if fp > 0 or (cls == 0 and fp == 0) then
+        local accrued = math.min(cred[cls] + fp * budget, fp * budget + ONE)
         for _, l in ipairs(lanes_of[cls]) do
-          if has_due(l) then
-            cred[cls] = math.min(cred[cls] + fp * budget, fp * budget + ONE)
+          if has_due(l, math.floor(accrued / ONE)) then -- (what steps 2 and 3 then want)
+            cred[cls] = accrued
             break
           end
         end
@@ -515,9 +555,25 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     end
     chunked('ZADD', K[2], z)
     chunked('HSET', K[5], h)
+    -- per-lane grant counters: new values in the meta HSET below (P.g holds the first lanes'
+    -- counters, read with the meta; lanes past them are read here, one HMGET)
+    local g = P.g or {}
+    local unread = {}
     for l = 0, nl - 1 do
-      if grants[l] > 0 then rcall('HINCRBY', K[4], 'g' .. l, grants[l]) end
+      if grants[l] > 0 and not g[l] then unread[#unread + 1] = 'g' .. l end
     end
+    if #unread > 0 then
+      local v = rcall('HMGET', K[4], unpack(unread))
+      for i, f in ipairs(unread) do g[tonumber(string.sub(f, 2))] = tonumber(v[i]) or 0 end
+    end
+    for l = 0, nl - 1 do
+      if grants[l] > 0 then
+        g[l] = g[l] + grants[l]
+        meta[#meta + 1] = 'g' .. l
+        meta[#meta + 1] = fmt(g[l])
+      end
+    end
+    P.g = g
   end
   if #meta > 0 then rcall('HSET', K[4], unpack(meta)) end
   return {rows, lanes, dues, tokens}
@@ -696,7 +752,7 @@ end
 -- ARGV: version, now, budget, lease_ms, window, owner. Returns the batch packed.
 local function f_claim(K, A)
   check_version(A)
-  local P = queue_meta(K)
+  local P = queue_meta(K, true)
   local now, clock = times(A[2])
   expire(K, now)
   return packed(claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]),
@@ -722,7 +778,7 @@ end
 -- new batch packed and one byte per completed row (1: its token was live).
 local function f_complete_claim(K, A)
   check_version(A)
-  local P = queue_meta(K)
+  local P = queue_meta(K, true)
   local now, clock = times(A[2])
   local rows, tokens = rows_tokens(A, 7)
   local ok = complete_many(K, P, now, rows, tokens, nil)
