@@ -63,9 +63,19 @@ local EXPIRE_BATCH = 1000 -- lapsed leases put back per claim pass (the rest by 
 local CHUNK = 1000 -- members per variadic call (unpack() has a C stack limit)
 local MEMBER = '%08d' -- a row id as a member: sorts as a number (MAX_ROWS < 10^8)
 
--- redis.call is not there while the library loads: look it up at call time.
-local function rcall(...)
-  return redis.call(...)
+-- The standard functions this library uses, as upvalues under their usual names. A global is
+-- resolved through the sandbox's metatable (several table reads a use: measured, about a sixth
+-- of a claim's instructions went there), and a claim uses them hundreds of times. They are not
+-- there while the library loads (nor is redis.call), so `bind` copies them in on the first call
+-- of any registered function (see register); the code below reads as if they were globals.
+local function standard()
+  return redis.call, string, math, table, struct, tonumber, tostring, unpack, ipairs, pairs,
+    error, select
+end
+local rcall, string, math, table, struct, tonumber, tostring, unpack, ipairs, pairs, error, select
+local function bind()
+  rcall, string, math, table, struct, tonumber, tostring, unpack, ipairs, pairs, error, select =
+    standard()
 end
 
 -- Numbers go to Redis as exact integers, never as %.14g. '%d' (a C long: every number here is
@@ -127,25 +137,11 @@ end
 
 -- ---------------------------------------------------------------- queue, rows, policy -----
 
-local GRANTS_READ = 16 -- lanes whose grant counters a claim reads with the meta (more: one HMGET)
-
--- lane -> grant counter, of the fields after `at` in a meta HMGET reply (g0, g1, ...).
-local function grants_of(v, at)
-  local g = {}
-  for l = 0, GRANTS_READ - 1 do g[l] = tonumber(v[at + 1 + l]) or 0 end
-  return g
-end
-
 local META = {'layout', 'next_row', 'p_on', 'p_bands', 'p_cold', 'p_urgent', 'p_s1', 'p_s2',
   'p_s3', 'p_edf', 'lanes_high', 'token', 'c0', 'c1', 'c2', 'c3'}
-local META_CLAIM = {} -- (a numeric loop: ipairs is not there while the library loads)
-for i = 1, #META do META_CLAIM[i] = META[i] end
-for l = 0, GRANTS_READ - 1 do META_CLAIM[#META + 1 + l] = 'g' .. l end
 
--- The queue's meta; `claiming`: the grant counters of the first GRANTS_READ lanes too (P.g), so a
--- claim pass adds its grants to them in the HSET that writes the credits back.
-local function queue_meta(K, claiming)
-  local v = rcall('HMGET', K[4], unpack(claiming and META_CLAIM or META))
+local function queue_meta(K)
+  local v = rcall('HMGET', K[4], unpack(META))
   if not v[1] then fail('MISSING', 'no queue at ' .. K[4]) end
   if v[1] ~= LAYOUT then fail('LAYOUT', 'queue layout ' .. v[1] .. ', library ' .. LAYOUT) end
   local bands = {}
@@ -158,7 +154,6 @@ local function queue_meta(K, claiming)
     lanes_high = tonumber(v[11]), token = tonumber(v[12]),
     credits = {[0] = tonumber(v[13]) or 0, tonumber(v[14]) or 0, tonumber(v[15]) or 0,
                tonumber(v[16]) or 0},
-    g = claiming and grants_of(v, #META) or nil,
   }
 end
 
@@ -195,18 +190,22 @@ local function put(K, row, r)
 end
 
 -- The records of rows[1..n] (members) with one BITFIELD_RO per CHUNK (a record is one u48;
--- BITFIELD's '#n' offset refuses leading zeros, so a member goes as its number).
+-- BITFIELD's '#n' offset refuses leading zeros, so a member goes as its digits from the first
+-- nonzero one, cut out of the string: no number conversion). The argument table is kept and
+-- reused, as building it per call costs more than the call.
+local GETS = {}
 local function get_many(K, rows)
   local out = {}
   for i = 1, #rows, CHUNK do
     local j = math.min(i + CHUNK - 1, #rows)
-    local args = {}
+    local a = 0
     for k = i, j do
-      args[#args + 1] = 'GET'
-      args[#args + 1] = 'u48'
-      args[#args + 1] = '#' .. string.match(rows[k], '^0*(%d+)$') -- no number conversion
+      GETS[a + 1] = 'GET'
+      GETS[a + 2] = 'u48'
+      GETS[a + 3] = '#' .. string.match(rows[k], '^0*(%d+)$')
+      a = a + 3
     end
-    local got = rcall('BITFIELD_RO', K[3], unpack(args))
+    local got = rcall('BITFIELD_RO', K[3], unpack(GETS, 1, a))
     for k = 1, #got do
       local v = got[k]
       local flags = v % 256
@@ -225,6 +224,27 @@ end
 local function split(key)
   local lane = math.floor(key / STRIDE)
   return lane, key - lane * STRIDE
+end
+
+-- '000' .. '999' (built by concatenation: the string library is not there while the library
+-- loads), for token_text.
+local DIGITS3 = {}
+for i = 0, 999 do DIGITS3[i] = (i < 10 and '00' or i < 100 and '0' or '') .. i end
+
+-- The decimal strings of the n tokens from `first` on: one format per thousand tokens, each
+-- token then its prefix and three digits from DIGITS3 (a format costs more than a concat).
+local function token_texts(first, n)
+  local out = {}
+  local base, prefix = nil, nil
+  for i = 1, n do
+    local tok = first + i - 1
+    if not base or tok - base >= 1000 then
+      base = tok - tok % 1000
+      prefix = base > 0 and fmt(base / 1000) or nil
+    end
+    out[i] = prefix and prefix .. DIGITS3[tok - base] or fmt(tok)
+  end
+  return out
 end
 
 -- A holder entry: the lease's token, the key the row goes back with (both as exact decimal
@@ -319,7 +339,7 @@ local function live_leases(K, rows, tokens)
   local ended = {}
   for i = 1, #rows do
     local v, t = held[i], tokens[i]
-    local ok = v and t ~= '0:' and string.sub(v, 1, #t) == t and not ended[rows[i]]
+    local ok = v and t ~= '0:' and string.find(v, t, 1, true) == 1 and not ended[rows[i]]
     if ok then ended[rows[i]] = true end
     out[i] = ok and v or false
   end
@@ -545,35 +565,29 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     meta[#meta + 1] = fmt(P.token)
     local exp = fmt(clamp(now + lease_ms))
     local z, h = {}, {}
+    local texts = token_texts(first, n)
     for i = 1, n do
-      local tok = first + i - 1
-      tokens[i] = tok
+      tokens[i] = first + i - 1
       z[#z + 1] = exp
       z[#z + 1] = members[i]
       h[#h + 1] = members[i]
-      h[#h + 1] = holder_value(fmt(tok), keys[i], owner)
+      h[#h + 1] = holder_value(texts[i], keys[i], owner)
     end
     chunked('ZADD', K[2], z)
     chunked('HSET', K[5], h)
-    -- per-lane grant counters: new values in the meta HSET below (P.g holds the first lanes'
-    -- counters, read with the meta; lanes past them are read here, one HMGET)
-    local g = P.g or {}
-    local unread = {}
+    -- the granted lanes' counters: read with one HMGET, written with the credits' HSET below
+    -- (measured: cheaper than an HINCRBY per lane, and than reading them with the meta)
+    local fields = {}
     for l = 0, nl - 1 do
-      if grants[l] > 0 and not g[l] then unread[#unread + 1] = 'g' .. l end
+      if grants[l] > 0 then fields[#fields + 1] = l end
     end
-    if #unread > 0 then
-      local v = rcall('HMGET', K[4], unpack(unread))
-      for i, f in ipairs(unread) do g[tonumber(string.sub(f, 2))] = tonumber(v[i]) or 0 end
+    local names = {}
+    for i, l in ipairs(fields) do names[i] = 'g' .. l end
+    local was = rcall('HMGET', K[4], unpack(names))
+    for i, l in ipairs(fields) do
+      meta[#meta + 1] = names[i]
+      meta[#meta + 1] = fmt((tonumber(was[i]) or 0) + grants[l])
     end
-    for l = 0, nl - 1 do
-      if grants[l] > 0 then
-        g[l] = g[l] + grants[l]
-        meta[#meta + 1] = 'g' .. l
-        meta[#meta + 1] = fmt(g[l])
-      end
-    end
-    P.g = g
   end
   if #meta > 0 then rcall('HSET', K[4], unpack(meta)) end
   return {rows, lanes, dues, tokens}
@@ -605,6 +619,7 @@ local function complete_many(K, P, now, rows, tokens, nexts)
   local ok, ended, back = {}, {}, {}
   local high = P.lanes_high
   local k = 0
+  local texts = {} -- key -> its decimal string: a batch's rows share few keys (one `now`)
   for i = 1, #rows do
     local row = rows[i]
     if live[i] then
@@ -620,7 +635,13 @@ local function complete_many(K, P, now, rows, tokens, nexts)
       local due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + r.interval * 1000)
       if lane > high then high = lane end
       ended[#ended + 1] = row
-      back[#back + 1] = fmt(key_of(lane, due))
+      local key = key_of(lane, due)
+      local text = texts[key]
+      if not text then
+        text = fmt(key)
+        texts[key] = text
+      end
+      back[#back + 1] = text
       back[#back + 1] = row
       ok[i] = 1
     else
@@ -740,11 +761,24 @@ end
 exact below 2^53), not as four arrays of numbers: converting 64 numbers to RESP here and
 parsing them in Python costs more than the claim's seeks (engine.py RedisClaims reads it with
 one numpy view). ]]
+local PACK_ROWS = 256 -- rows per struct.pack (4 numbers each: unpack() has a C stack limit)
+local PACK = {} -- rows -> the struct format of that many
 local function packed(got)
   local out = {}
   local rows, lanes, dues, tokens = got[1], got[2], got[3], got[4]
-  for i = 1, #rows do
-    out[i] = struct.pack('<llll', rows[i], lanes[i], dues[i], tokens[i])
+  for i = 1, #rows, PACK_ROWS do
+    local j = math.min(i + PACK_ROWS - 1, #rows)
+    local flat, b = {}, 0
+    for k = i, j do
+      flat[b + 1], flat[b + 2], flat[b + 3], flat[b + 4] = rows[k], lanes[k], dues[k], tokens[k]
+      b = b + 4
+    end
+    local f = PACK[j - i + 1]
+    if not f then
+      f = '<' .. string.rep('l', b)
+      PACK[j - i + 1] = f
+    end
+    out[#out + 1] = struct.pack(f, unpack(flat, 1, b))
   end
   return table.concat(out)
 end
@@ -752,7 +786,7 @@ end
 -- ARGV: version, now, budget, lease_ms, window, owner. Returns the batch packed.
 local function f_claim(K, A)
   check_version(A)
-  local P = queue_meta(K, true)
+  local P = queue_meta(K)
   local now, clock = times(A[2])
   expire(K, now)
   return packed(claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]),
@@ -778,7 +812,7 @@ end
 -- new batch packed and one byte per completed row (1: its token was live).
 local function f_complete_claim(K, A)
   check_version(A)
-  local P = queue_meta(K, true)
+  local P = queue_meta(K)
   local now, clock = times(A[2])
   local rows, tokens = rows_tokens(A, 7)
   local ok = complete_many(K, P, now, rows, tokens, nil)
@@ -959,7 +993,11 @@ local function f_stats(K, A)
 end
 
 local function register(name, fn, ro)
-  redis.register_function{function_name = name, callback = fn,
+  local function entry(K, A)
+    if not rcall then bind() end
+    return fn(K, A)
+  end
+  redis.register_function{function_name = name, callback = entry,
     flags = ro and {'no-writes'} or {}}
 end
 
