@@ -424,29 +424,12 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     return v
   end
 
-  -- What has_due read of a lane (its first rows, with scores), for the take that follows it:
-  -- lane -> {got = the ZRANGE reply, n = rows in it, all = true when that is every due row of
-  -- the lane (fewer came back than were asked for)}. Nothing is written during the pass (the
-  -- grants leave ready at its end), so a read-ahead stays true until then.
-  local ahead = {}
-
-  -- The ZRANGE reply a seek of n rows of `lane` from position taken[lane] gives, served from
-  -- the read-ahead when it holds them.
-  local function seek(lane, n)
-    local a, from = ahead[lane], taken[lane]
-    if a and (a.n - from >= n or a.all) then
-      local got = {}
-      for i = 2 * from + 1, 2 * math.min(from + n, a.n) do got[#got + 1] = a.got[i] end
-      return got
-    end
-    return rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', from, n, 'WITHSCORES')
-  end
-
   local function take(lane, want)
     if lane >= nl then return 0 end -- never written: empty
     local n = math.min(want, remaining, window - taken[lane])
     if n <= 0 then return 0 end
-    local got = seek(lane, n)
+    local got = rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', taken[lane], n,
+      'WITHSCORES')
     for i = 1, #got, 2 do
       members[#members + 1] = got[i]
       rows[#rows + 1] = tonumber(got[i])
@@ -461,13 +444,8 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     return k
   end
 
-  -- Whether the lane has a due row; it reads `ask` rows (at least one), what the take that
-  -- follows it may want, so that take needs no seek of its own. Asked before any take.
-  local function has_due(lane, ask)
-    local n = math.max(1, math.min(ask, remaining, window))
-    local got = rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', 0, n, 'WITHSCORES')
-    ahead[lane] = {got = got, n = #got / 2, all = #got / 2 < n}
-    return #got > 0
+  local function has_due(lane)
+    return #rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', taken[lane], 1) > 0
   end
 
   local meta = {} -- fields of meta to write back, one HSET
@@ -487,10 +465,9 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     for cls = 0, 3 do
       local fp = cls == 0 and (capped and P.urgent or -1) or P.shares[cls]
       if fp > 0 or (cls == 0 and fp == 0) then
-        local accrued = math.min(cred[cls] + fp * budget, fp * budget + ONE)
         for _, l in ipairs(lanes_of[cls]) do
-          if has_due(l, math.floor(accrued / ONE)) then -- (what steps 2 and 3 then want)
-            cred[cls] = accrued
+          if has_due(l) then
+            cred[cls] = math.min(cred[cls] + fp * budget, fp * budget + ONE)
             break
           end
         end
