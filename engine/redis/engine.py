@@ -121,13 +121,14 @@ def member(row: int) -> str:
     return f"{row:08d}"
 
 
-def _batch(rows: IntArray, tokens: IntArray) -> tuple[str, str]:
+def _batch(rows: list[int], tokens: list[int]) -> tuple[str, str]:
     """A batch as lanes.lua's ``rows_tokens`` takes it: the rows' members (``member``) joined,
-    and the tokens, each with the ':' that ends it in a holder entry, joined. Two arguments
-    instead of two per row: redis-py packs each argument in Python, the server converts each
-    into a Lua string, and both cost more than one join here and one split there."""
-    return ("".join([f"{row:08d}" for row in rows.tolist()]),
-            "".join([f"{token}:" for token in tokens.tolist()]))
+    and the tokens, each with the ':' that ends it in a holder entry, joined (one that can
+    never be live as 0, see ``_live_token``). Two arguments instead of two per row: redis-py
+    packs each argument in Python, the server converts each into a Lua string, and both cost
+    more than one join here and one split there."""
+    return ("".join([f"{row:08d}" for row in rows]),
+            "".join([f"{token}:" if 0 < token < TOKEN_LIMIT else "0:" for token in tokens]))
 
 
 def library_source() -> str:
@@ -613,13 +614,15 @@ class RedisEngine:
         return _live_token(_int(token, "token", -(1 << 63), (1 << 63) - 1))
 
     @staticmethod
-    def _rows_tokens(rows: Any, tokens: Any) -> tuple[IntArray, IntArray]:
-        r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
+    def _rows_tokens(rows: Any, tokens: Any) -> tuple[list[int], list[int]]:
+        """Rows and tokens checked, as lists (what ``_batch`` formats; a batch is small, and
+        list min/max cost less than numpy's on it)."""
+        r = _int64_vector(rows, "rows").tolist()
+        t = _int64_vector(tokens, "tokens").tolist()
         if len(r) != len(t):
             raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
-        if len(r) and (r.min() < 0 or r.max() >= MAX_ROWS):
+        if r and (min(r) < 0 or max(r) >= MAX_ROWS):
             raise EngineValueError(f"rows must lie in [0, {MAX_ROWS})")
-        t = np.where((t > 0) & (t < TOKEN_LIMIT), t, 0)
         return r, t
 
     @staticmethod
