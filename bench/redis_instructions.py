@@ -1,0 +1,107 @@
+"""What one worker cycle costs the server in instructions, counted by valgrind (callgrind): a
+figure the machine's load does not move, where the wall-clock figures of bench_redis.py and
+redis_calls.py swing by 2x on a shared 2-core VM (docs/redis.md "Figures").
+
+    .venv/bin/python bench/redis_instructions.py [--rows N] [--cycles N] [--checkout DIR]
+
+One redis-server runs under ``valgrind --tool=callgrind --instr-atstart=no``; the queue is
+filled and warmed up uninstrumented, then instrumentation is switched on (``callgrind_control
+-i on``) for ``--cycles`` cycles of ``complete_and_claim`` of 16 and off again. Prints the
+server's instructions per FCALL (``fcallCommand`` inclusive, divided by the FCALLs counted:
+the function, its redis.calls, the Lua VM; the socket and the parsing around it are not in
+it) and the top functions by inclusive count. ``--checkout`` counts the engine of another
+checkout (e.g. the main branch), with this bench's corpus. Needs valgrind; about 30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if "--checkout" in sys.argv:  # before common.py puts this checkout first on the path
+    sys.path.insert(0, sys.argv[sys.argv.index("--checkout") + 1])
+    import engine  # noqa: F401  (common.py's `from engine import` then finds this one)
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from common import BUDGET, NOW, corpus  # noqa: E402
+from redis_server import RedisServer, find_server  # noqa: E402
+
+from engine import RedisEngine  # noqa: E402
+
+LEASE_MS = 60_000
+
+
+def measure(rows: int, cycles: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="rl-callgrind-") as tmp:
+        wrapper = Path(tmp) / "redis-server"
+        wrapper.write_text("#!/bin/sh\nexec valgrind --tool=callgrind --instr-atstart=no "
+                           f"--callgrind-out-file={tmp}/out.%p {find_server()} \"$@\"\n")
+        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+        srv = RedisServer(binary=str(wrapper), prefix="rl-callgrind-srv-").start()
+        try:
+            with RedisEngine.connect(srv.url, "calls", create=True, timeout=60) as eng:
+                eng.add_many(*corpus(rows))
+                held = eng.claim(budget=BUDGET, now_ms=NOW, lease_ms=LEASE_MS)
+                for _ in range(50):  # warm up
+                    _, held = eng.complete_and_claim(held.rows, held.tokens, budget=BUDGET,
+                                                     now_ms=NOW, lease_ms=LEASE_MS)
+                pid = str(srv.proc.pid)
+                subprocess.run(["callgrind_control", "-i", "on", pid], check=True,
+                               capture_output=True)
+                for _ in range(cycles):
+                    _, held = eng.complete_and_claim(held.rows, held.tokens, budget=BUDGET,
+                                                     now_ms=NOW, lease_ms=LEASE_MS)
+                subprocess.run(["callgrind_control", "-i", "off", pid], check=True,
+                               capture_output=True)
+                subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+        finally:
+            srv.stop()
+        dumps = [p for p in glob.glob(f"{tmp}/out.*") if os.path.getsize(p) and
+                 "totals: 0\n" not in Path(p).read_text(errors="replace")]
+        tree = subprocess.run(["callgrind_annotate", "--tree=caller", "--inclusive=yes", *dumps],
+                              capture_output=True, text=True).stdout
+        top = subprocess.run(["callgrind_annotate", "--inclusive=yes", *dumps],
+                             capture_output=True, text=True).stdout
+    # "N (p%)  < ???:call (Kx) [...]" right above "N (p%)  *  ???:fcallCommand": K FCALLs
+    # were counted (callgrind_control acts when the server next wakes up, so not always all)
+    lines = tree.splitlines()
+    at = next(i for i, ln in enumerate(lines) if re.search(r"\*\s+\S*:fcallCommand ", ln))
+    calls = int(re.search(r"\(([\d,]+)x\)", lines[at - 1]).group(1).replace(",", ""))
+    inclusive = int(lines[at].split()[0].replace(",", ""))
+    wanted = ("Command ", "scriptCall", "parseReply", "lua_pushlstring", "strtod ", "printf_fp ",
+              "realloc ", "lpFind ")
+    shown = [ln.strip() for ln in top.splitlines() if any(w in ln for w in wanted)]
+    return {"fcalls": calls, "instructions_per_fcall": round(inclusive / calls),
+            "top": shown[:16]}
+
+
+def engine_at() -> str:
+    import engine.redis.engine as mod
+
+    return f"library version {mod.LIBRARY_VERSION} ({Path(mod.__file__).parents[2]})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--cycles", type=int, default=300)
+    ap.add_argument("--checkout", help="count the engine of this checkout instead")
+    a = ap.parse_args()
+    got = measure(a.rows, a.cycles)
+    print(f"{engine_at()}: instructions per complete_and_claim FCALL of 16: "
+          f"{got['instructions_per_fcall']:,} (over {got['fcalls']} FCALLs)")
+    for line in got["top"]:  # type: ignore[attr-defined]
+        print("  ", line)
+
+
+if __name__ == "__main__":
+    main()
