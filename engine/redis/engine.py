@@ -82,7 +82,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "6"
+LIBRARY_VERSION = "7"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
 LAYOUT_VERSION = 3
@@ -129,9 +129,14 @@ def member(row: int) -> str:
     return f"{row:08d}"
 
 
-def _members(rows: IntArray) -> list[str]:
-    """Batch row ids as lanes.lua takes them (members), formatted here, not on the server."""
-    return [f"{row:08d}" for row in rows.tolist()]
+def _batch(rows: list[int], tokens: list[int]) -> tuple[str, str]:
+    """A batch as lanes.lua's ``rows_tokens`` takes it: the rows' members (``member``) joined,
+    and the tokens, each with the ':' that ends it in a holder entry, joined (one that can
+    never be live as 0, see ``_live_token``). Two arguments instead of two per row: redis-py
+    packs each argument in Python, the server converts each into a Lua string, and both cost
+    more than one join here and one split there."""
+    return ("".join([f"{row:08d}" for row in rows]),
+            "".join([f"{token}:" if 0 < token < TOKEN_LIMIT else "0:" for token in tokens]))
 
 
 def library_source() -> str:
@@ -561,10 +566,9 @@ class RedisEngine:
             return self._rebind(fn)
         return fn
 
-    def _connection(self) -> None:
-        """Make sure the next command goes out on a connected connection: connect (nothing is
-        sent, so this is retried with back-off for ``timeout`` seconds) and give it back to
-        the pool, whose next ``get_connection`` hands the same one out again."""
+    def _connection(self) -> tuple[Any, Any]:
+        """(pool, a connected connection taken from it): the caller gives it back. Connecting
+        sends nothing, so it is retried with back-off for ``timeout`` seconds."""
         deadline = time.monotonic() + self._timeout
         delay = 0.05
         while True:
@@ -580,8 +584,7 @@ class RedisEngine:
                                       f"(tried for {self._timeout:g} s): {e}") from None
                 self._after_lost(None)
                 continue
-            pool.release(conn)
-            return
+            return pool, conn
 
     def _fcall(self, fn: str, *args: Any, extra_keys: tuple[str, ...] = ()) -> Any:
         """One FCALL of lanes.lua with the queue's keys (then ``extra_keys``, each with the
@@ -593,17 +596,27 @@ class RedisEngine:
         in docs/redis.md. Connecting (before anything is sent) is retried, see
         ``_connection``; a MOVED reply (the node did not run it) is sent again to the new
         primary of the slot."""
+        keys = (*self._keys, *extra_keys)
         for _ in range(MOVED_RETRIES + 1):
-            self._connection()
+            # Sent and read on the connection _connection checked out, with redis-py's own
+            # send_command / read_response (the parser maps error replies to ResponseError,
+            # MOVED to MovedError): one pool round, where Redis.fcall would take a second one.
+            pool, conn = self._connection()
             try:
-                keys = (*self._keys, *extra_keys)
-                return self._r.fcall(fn, len(keys), *keys, LIBRARY_VERSION, *args)
+                conn.send_command("FCALL", fn, len(keys), *keys, LIBRARY_VERSION, *args)
+                return conn.read_response()
             except _LOST as e:
+                conn.disconnect()
                 raise OutcomeUnknown(f"lost Redis at {redact(self._url)} during {fn}: {e}; "
                                      "it may or may not have been applied") from None
             except redis_errors.ResponseError as e:
                 if not self._moved(e):
                     raise self._error(e, fn) from None
+            except BaseException:
+                conn.disconnect()  # a reply half read (an interrupt): never reuse the socket
+                raise
+            finally:
+                pool.release(conn)
         raise EngineError(f"{fn}: the queue's slot kept moving at {redact(self._url)}")
 
     @staticmethod
@@ -620,13 +633,15 @@ class RedisEngine:
         return _live_token(_int(token, "token", -(1 << 63), (1 << 63) - 1))
 
     @staticmethod
-    def _rows_tokens(rows: Any, tokens: Any) -> tuple[IntArray, IntArray]:
-        r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
+    def _rows_tokens(rows: Any, tokens: Any) -> tuple[list[int], list[int]]:
+        """Rows and tokens checked, as lists (what ``_batch`` formats; a batch is small, and
+        list min/max cost less than numpy's on it)."""
+        r = _int64_vector(rows, "rows").tolist()
+        t = _int64_vector(tokens, "tokens").tolist()
         if len(r) != len(t):
             raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
-        if len(r) and (r.min() < 0 or r.max() >= MAX_ROWS):
+        if r and (min(r) < 0 or max(r) >= MAX_ROWS):
             raise EngineValueError(f"rows must lie in [0, {MAX_ROWS})")
-        t = np.where((t > 0) & (t < TOKEN_LIMIT), t, 0)
         return r, t
 
     @staticmethod
@@ -679,7 +694,7 @@ class RedisEngine:
         now = self._now(now_ms)
         if len(r) == 0:
             return np.zeros(0, np.bool_)
-        ok = self._fcall("lanes_complete", now, len(r), *_members(r), *t.tolist(), *tail)
+        ok = self._fcall("lanes_complete", now, *_batch(r, t), *tail)
         return np.array(ok, dtype=np.bool_)
 
     def fail(self, row: int, token: int, retry_at_ms: int | None = None,
@@ -707,7 +722,7 @@ class RedisEngine:
         now = self._now(now_ms)
         if len(r) == 0:
             return np.zeros(0, np.bool_)
-        ok = self._fcall("lanes_release", now, len(r), *_members(r), *t.tolist())
+        ok = self._fcall("lanes_release", now, *_batch(r, t))
         return np.array(ok, dtype=np.bool_)
 
     def renew(self, row: int, token: int, lease_ms: int = DEFAULT_LEASE_MS,
@@ -747,8 +762,8 @@ class RedisEngine:
         r, t = self._rows_tokens(rows, tokens)
         b, lease, win = self._claim_args(budget, lease_ms, window)
         now = self._now(now_ms)
-        reply = self._fcall("lanes_complete_claim", now, b, lease, win, self.owner, len(r),
-                            *_members(r), *t.tolist())
+        reply = self._fcall("lanes_complete_claim", now, b, lease, win, self.owner,
+                            *_batch(r, t))
         return np.frombuffer(reply[1], np.uint8).astype(np.bool_), RedisClaims._from_reply(
             reply[0])
 
