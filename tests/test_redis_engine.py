@@ -467,10 +467,11 @@ def test_tokens_survive_a_lost_second_of_writes(q, server):
     r.close()
 
 
-@pytest.mark.parametrize("layout", ["1", "2"])
-def test_a_layout_1_or_2_queue_is_refused_not_misread(q, server, layout):
+@pytest.mark.parametrize("layout", ["1", "2", "3"])
+def test_an_older_layout_queue_is_refused_not_misread(q, server, layout):
     """Layout 1 (library 2: key and token in the record), layout 2 (library 3 or 4: the
-    speed layout with unpadded members, or the padded members with 20-byte records)."""
+    speed layout with unpadded members, or the padded members with 20-byte records), layout 3
+    (libraries 5 to 7: a lease entry per row, holder entries ``token:key:owner``)."""
     q.add(NOW - MINUTE, 3600)
     r = redis.Redis(unix_socket_path=server.socket)
     r.hset(q.keys[3], "layout", layout)
@@ -478,7 +479,7 @@ def test_a_layout_1_or_2_queue_is_refused_not_misread(q, server, layout):
         Engine.connect(server.url, q.name)
     with pytest.raises(LayoutMismatch, match=f"layout {layout}"):  # a connected client
         q.claim(budget=1, now_ms=NOW)
-    r.hset(q.keys[3], "layout", "3")
+    r.hset(q.keys[3], "layout", "4")
     assert len(q.claim(budget=1, now_ms=NOW)) == 1
     r.close()
 

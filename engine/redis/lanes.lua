@@ -7,31 +7,42 @@ Keys of one queue (all carry the hash tag {name}, so a queue is one Cluster slot
 in this order as KEYS[1..5]:
 
   ready   ZSET  member = row id, score = key = lane * 2^42 + due_ms: rows waiting to be claimed
-  lease   ZSET  member = row id, score = lease expiry (ms): rows in flight
+  lease   ZSET  member = batch id (the first token of a claim's batch, or a renew's token),
+                score = lease expiry (ms): the batches in flight, one entry per claim
   rows    STRING  the row table: a fixed 6-byte record per row id at offset row * 6
   meta    HASH  layout, counters (next_row, token), the policy, share credits, per-lane grants
-  holder  HASH  member = row id, value = 'token:key:owner': rows in flight, and rows whose
-                lease lapsed and that nobody was granted since (their token still holds)
+  holder  HASH  member = row id, value = 'token:batch:n:expiry:key:owner': rows in flight, and
+                rows whose lease lapsed and that nobody was granted since (their token still
+                holds); and per batch in flight, field 'b<batch>', value = 'count:members' (how
+                many of its rows are still held under it, then the members it was granted)
 
-A row is in exactly one of ready and lease while it is live; a removed row is in neither. A
-claimed row leaves ready, so a claim pass never reads a row in flight, and comes back (with the
-key its holder entry keeps) when its lease is completed, failed, released, or lapses: the first
-step of every claim pass moves lapsed leases back.
+A row is in exactly one of ready and a batch in flight while it is live (in flight: its holder
+entry names a batch in lease and it is not in ready); a removed row is in neither. A claimed row
+leaves ready, so a claim pass never reads a row in flight, and comes back (with the key its
+holder entry keeps) when its lease is completed, failed, released, or lapses: the first step of
+every claim pass moves the rows of lapsed batches back.
 
-Layout 3: a row's key (lane and due time) lives in exactly one place, the ready score while it
-waits, its holder entry while it is in flight (in lease); its fencing token only in its holder
-entry. So a claim writes nothing per row but one field of one variadic HSET, and a complete
-reads the batch's records with one BITFIELD_RO and writes a record only to clear failures or
-urgency.
+Layout 4 leases a batch, not a row: a claim adds one lease entry (its batch) where layout 3
+added one per row, and the end of a batch's last row (or its lapse) removes it, so a row goes
+through five member operations a cycle (ZREM ready, HSET holder; HMGET holder, HDEL holder, ZADD
+ready), not seven. A row's holder entry carries its batch, the batch's size n (a call that ends
+n rows of one batch ends the batch without reading its record) and the expiry (fixed for the
+batch's life: a renew moves the row to a batch of its own), so describe and stats read a row's
+lease from its entry alone. A row's key (lane and due time) lives in exactly one place, the
+ready score while it waits, its holder entry while it is in flight; its fencing token only in
+its holder entry. So a claim writes nothing per row but one field of one variadic HSET, and a
+complete reads the batch's records with one BITFIELD_RO and writes a record only to clear
+failures or urgency.
 
 A token is valid while the row's holder entry holds it, as in shared memory (API.md: stale
 means the lease expired AND the row was claimed again, or the lease ended): an expired lease
 nobody has claimed again can still be completed, failed, released or renewed by its holder.
-So the expiry step puts a lapsed row back into ready (claimable) but leaves its holder entry;
-the next grant of the row overwrites it, a write that ends the lease deletes it. The key of
-such an entry means nothing (the ready score is the row's key); its token and owner do.
+So the expiry step puts a lapsed batch's rows back into ready (claimable) but leaves their
+holder entries; the next grant of a row overwrites its entry, a write that ends the lease
+deletes it. The key and expiry of such an entry mean nothing (the ready score is the row's key,
+its batch is gone); its token and owner do.
 
-A member (in ready, lease and holder) is the row id in 8 zero-padded digits (MEMBER): a ZSET
+A row's member (in ready and holder) is the row id in 8 zero-padded digits (MEMBER): a ZSET
 orders equal scores by member bytes, and padded ids sort as numbers, so rows due at the same
 millisecond are served in row order, as by the shared-memory engine ("10" would precede "9").
 Batch calls take their row ids as members from the client (engine.py ``member``), so no row id
@@ -50,8 +61,8 @@ Every function checks ARGV[1] against VERSION, so a client built for another ver
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '7'
-local LAYOUT = '3' -- bump with any change to a key's or a record's meaning (engine.py too)
+local VERSION = '8'
+local LAYOUT = '4' -- bump with any change to a key's or a record's meaning (engine.py too)
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1
 local ONE = 65536 -- share credit unit (engine.policy.ONE)
@@ -59,7 +70,7 @@ local REC = '>I4BB'
 local RECLEN = 6 -- bytes: BITFIELD's u48, so 'GET u48 #row' reads row's record
 local TOKEN_SEED = 1024 -- tokens per millisecond of the server clock (see the note above)
 local F_DISCOVERED, F_URGENT, F_LIVE = 1, 2, 4
-local EXPIRE_BATCH = 1000 -- lapsed leases put back per claim pass (the rest by the next ones)
+local EXPIRE_BATCH = 100 -- lapsed batches put back per claim pass (the rest by the next ones)
 local CHUNK = 1000 -- members per variadic call (unpack() has a C stack limit)
 local MEMBER = '%08d' -- a row id as a member: sorts as a number (MAX_ROWS < 10^8)
 
@@ -84,7 +95,7 @@ local function fmt(x)
   return string.format('%d', x)
 end
 
-local function mem(row) -- a row id as a member of ready, lease and holder
+local function mem(row) -- a row id as a member of ready and holder
   return string.format(MEMBER, row)
 end
 
@@ -261,17 +272,30 @@ local function token_texts(first, n)
   return out
 end
 
--- A holder entry: the lease's token, the key the row goes back with (both as exact decimal
--- strings), the owner id.
-local function holder_value(token, key, owner)
-  return token .. ':' .. key .. ':' .. owner
+-- A row's holder entry: the lease's token, its batch, the batch's size, its expiry, the key the
+-- row goes back with (all exact decimal strings), the owner id.
+local function holder_value(token, batch, n, expiry, key, owner)
+  return token .. ':' .. batch .. ':' .. n .. ':' .. expiry .. ':' .. key .. ':' .. owner
 end
 
--- {token, key, owner} of a holder entry, or nil (no entry).
+local HOLDING = '^(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$'
+
+-- The holding of a holder entry (nil: no entry): token, key and expiry as numbers, batch (a
+-- member of lease) and the rest as strings.
 local function holding(v)
   if not v then return nil end
-  local token, key, owner = string.match(v, '^(%d+):(%d+):(.*)$')
-  return {token = tonumber(token), key = tonumber(key), owner = owner}
+  local token, batch, n, expiry, key, owner = string.match(v, HOLDING)
+  return {token = tonumber(token), batch = batch, n = tonumber(n), expiry = tonumber(expiry),
+          key = tonumber(key), owner = owner}
+end
+
+-- The entry of holding h with another key (a prioritize of a row in flight).
+local function rekeyed(h, key)
+  return holder_value(fmt(h.token), h.batch, fmt(h.n), fmt(h.expiry), fmt(key), h.owner)
+end
+
+local function batch_field(batch) -- a batch's record in holder (never a row's 8 digits)
+  return 'b' .. batch
 end
 
 -- The key of a live row (member m) where it is now, and its holding while it is in flight: the
@@ -298,7 +322,7 @@ local function reschedule(K, P, row, r, lane, due, h)
   put(K, row, r)
   note_lane(K, P, lane)
   if h then
-    rcall('HSET', K[5], mem(row), holder_value(fmt(h.token), fmt(key_of(lane, due)), h.owner))
+    rcall('HSET', K[5], mem(row), rekeyed(h, key_of(lane, due)))
   else
     rcall('ZADD', K[1], fmt(key_of(lane, due)), mem(row))
   end
@@ -314,20 +338,18 @@ end
 -- The holding of a row (member m) whose lease `token` still holds, else nil (a stale token).
 -- A lapsed lease holds until the row is granted again (that overwrites the holder entry).
 local function leased(K, m, token)
-  local h = holding(rcall('HGET', K[5], m))
+  local v = rcall('HGET', K[5], m)
+  local h = holding(v)
   if token == 0 or not h or h.token ~= token then return nil end
+  h.value = v
   return h
-end
-
-local function lease_end(K, m)
-  rcall('ZREM', K[2], m)
-  rcall('HDEL', K[5], m)
 end
 
 --[[ Batches: a redis.call costs about as much as the work of a small command (argument and
 reply conversion; ~1-2 us on a slow core), so a batch of n leases reads every holder entry
-with one HMGET, every record it needs with one BITFIELD_RO, and ends the leases with one ZREM,
-one HDEL and one ZADD, instead of several calls per row. A token's validity does not depend on
+with one HMGET, every record it needs with one BITFIELD_RO, and ends the leases with one HDEL
+and one ZADD (and one ZREM of the lease entries of the batches whose last row ended), instead
+of several calls per row. A token's validity does not depend on
 the clock, so no expiry is read. A row listed twice in one batch is stale the second time (its
 lease ended with the first). ]]
 
@@ -360,30 +382,99 @@ local function live_leases(K, rows, tokens)
   return out
 end
 
--- End the leases of `ended` (members) and put `back` (score, member pairs) into ready: the
--- batched tail.
-local function leases_end(K, ended, back)
+-- Count `c` more ended rows against each batch of `ends` (batch -> c): a batch whose every row
+-- has ended loses its lease entry and its record (its field goes into `hdel`, the caller's one
+-- HDEL); one that keeps rows in flight gets its count lowered. A call that ends all n rows of
+-- a batch (n from the rows' holder entries, `sizes`) needs no read of its record; a batch that
+-- lapsed has none left, and nothing is done for it.
+local function batches_end(K, ends, sizes, hdel)
+  local gone, partial = {}, {}
+  for b, c in pairs(ends) do
+    if c == sizes[b] then gone[#gone + 1] = b else partial[#partial + 1] = b end
+  end
+  if #partial > 0 then
+    local names = {}
+    for i, b in ipairs(partial) do names[i] = batch_field(b) end
+    local recs = per_row('HMGET', K[5], names)
+    for i, b in ipairs(partial) do
+      if recs[i] then
+        local count, rest = string.match(recs[i], '^(%d+)(:%d*)$')
+        local left = tonumber(count) - ends[b]
+        if left <= 0 then
+          gone[#gone + 1] = b
+        else
+          rcall('HSET', K[5], names[i], fmt(left) .. rest)
+        end
+      end
+    end
+  end
+  if #gone == 0 then return end
+  for _, b in ipairs(gone) do hdel[#hdel + 1] = batch_field(b) end
+  chunked('ZREM', K[2], gone)
+end
+
+-- End the leases of `ended` (members; `helds` their holder entries) and put `back` (score,
+-- member pairs) into ready: the batched tail. `ended` gets the fields of the batches that end
+-- with them appended.
+local function leases_end(K, ended, helds, back)
   if #ended == 0 then return end
-  chunked('ZREM', K[2], ended)
+  local ends, sizes = {}, {}
+  for i = 1, #ended do
+    local b, n = string.match(helds[i], '^%d+:(%d+):(%d+):')
+    local c = ends[b]
+    if not c then
+      c = 0
+      sizes[b] = tonumber(n)
+    end
+    ends[b] = c + 1
+  end
+  batches_end(K, ends, sizes, ended)
   chunked('HDEL', K[5], ended)
   if #back > 0 then chunked('ZADD', K[1], back) end
 end
 
--- Put lapsed leases back into ready with the key their holder entry keeps (expiry <= now). The
--- holder entry stays: its holder may still end the lease until the row is granted again.
+-- The rows still held under `batches` (members of lease), as {members, holdings}: each batch's
+-- record lists the rows it was granted; those whose holder entry still names it are held.
+local function batch_rows(K, batches)
+  local ms, holds = {}, {}
+  if #batches == 0 then return ms, holds end
+  local names = {}
+  for i, b in ipairs(batches) do names[i] = batch_field(b) end
+  local recs = per_row('HMGET', K[5], names)
+  local rows, of = {}, {}
+  for i, rec in ipairs(recs) do
+    local list = rec and string.match(rec, '^%d+:(%d*)$') or ''
+    for k = 1, #list, 8 do
+      rows[#rows + 1] = string.sub(list, k, k + 7)
+      of[#of + 1] = batches[i]
+    end
+  end
+  local held = #rows > 0 and per_row('HMGET', K[5], rows) or {}
+  for i = 1, #rows do
+    local h = holding(held[i])
+    if h and h.batch == of[i] then
+      ms[#ms + 1] = rows[i]
+      holds[#holds + 1] = h
+    end
+  end
+  return ms, holds
+end
+
+-- Put the rows of lapsed batches (expiry <= now) back into ready with the key their holder
+-- entries keep, and drop the batches' lease entries and records. The holder entries stay: a
+-- holder may still end its lease until the row is granted again.
 local function expire(K, now)
   local lapsed = rcall('ZRANGE', K[2], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, EXPIRE_BATCH)
   if #lapsed == 0 then return 0 end
-  local held = per_row('HMGET', K[5], lapsed)
-  local back = {}
-  for i, m in ipairs(lapsed) do
-    local h = holding(held[i])
-    if h then
-      back[#back + 1] = fmt(h.key)
-      back[#back + 1] = m
-    end
+  local ms, holds = batch_rows(K, lapsed)
+  local back, names = {}, {}
+  for i = 1, #ms do
+    back[#back + 1] = fmt(holds[i].key)
+    back[#back + 1] = ms[i]
   end
+  for i, b in ipairs(lapsed) do names[i] = batch_field(b) end
   chunked('ZREM', K[2], lapsed)
+  chunked('HDEL', K[5], names)
   if #back > 0 then chunked('ZADD', K[1], back) end
   return #lapsed
 end
@@ -658,16 +749,19 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     meta[#meta + 1] = 'token'
     meta[#meta + 1] = fmt(P.token)
     local exp = fmt(clamp(now + lease_ms))
-    local z, h = {}, {}
+    local h = {}
     local texts = token_texts(first, n)
+    local batch = texts[1] -- the batch's id: its first token
+    local mid = ':' .. batch .. ':' .. fmt(n) .. ':' .. exp .. ':' -- token:batch:n:expiry:key:owner
+    local tail = ':' .. owner
     for i = 1, n do
       tokens[i] = first + i - 1
-      z[#z + 1] = exp
-      z[#z + 1] = members[i]
-      h[#h + 1] = members[i]
-      h[#h + 1] = holder_value(texts[i], keys[i], owner)
+      h[2 * i - 1] = members[i]
+      h[2 * i] = texts[i] .. mid .. keys[i] .. tail
     end
-    chunked('ZADD', K[2], z)
+    h[2 * n + 1] = batch_field(batch)
+    h[2 * n + 2] = fmt(n) .. ':' .. table.concat(members)
+    rcall('ZADD', K[2], exp, batch)
     chunked('HSET', K[5], h)
     -- the granted lanes' counters: read with one HMGET, written with the credits' HSET below
     -- (measured: cheaper than an HINCRBY per lane, and than reading them with the meta)
@@ -700,7 +794,7 @@ local function complete_many(K, P, now, rows, tokens, nexts)
     if live[i] then which[#which + 1] = rows[i] end
   end
   local recs = get_many(K, which)
-  local ok, ended, back = {}, {}, {}
+  local ok, ended, helds, back = {}, {}, {}, {}
   local high = P.lanes_high
   local k = 0
   local texts = {} -- key -> its decimal string: a batch's rows share few keys (one `now`)
@@ -719,6 +813,7 @@ local function complete_many(K, P, now, rows, tokens, nexts)
       local due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + r.interval * 1000)
       if lane > high then high = lane end
       ended[#ended + 1] = row
+      helds[#helds + 1] = live[i]
       local key = key_of(lane, due)
       local text = texts[key]
       if not text then
@@ -732,7 +827,7 @@ local function complete_many(K, P, now, rows, tokens, nexts)
       ok[i] = 0
     end
   end
-  leases_end(K, ended, back)
+  leases_end(K, ended, helds, back)
   note_lane(K, P, high)
   return ok
 end
@@ -748,14 +843,15 @@ local function release_many(K, P, now, rows, tokens)
     if live[i] then which[#which + 1] = rows[i] end
   end
   local waiting = #which > 0 and per_row('ZMSCORE', K[1], which) or {}
-  local ok, ended, back = {}, {}, {}
+  local ok, ended, helds, back = {}, {}, {}, {}
   local k = 0
   for i = 1, #rows do
     if live[i] then
       k = k + 1
       ended[#ended + 1] = rows[i]
+      helds[#helds + 1] = live[i]
       if not waiting[k] then
-        back[#back + 1] = string.match(live[i], '^%d+:(%d+):')
+        back[#back + 1] = string.match(live[i], '^%d+:%d+:%d+:%d+:(%d+):')
         back[#back + 1] = rows[i]
       end
       ok[i] = 1
@@ -763,7 +859,7 @@ local function release_many(K, P, now, rows, tokens)
       ok[i] = 0
     end
   end
-  leases_end(K, ended, back)
+  leases_end(K, ended, helds, back)
   return ok
 end
 
@@ -923,7 +1019,8 @@ local function f_fail(K, A)
   local retry_at = tonumber(A[5])
   check_row(K, P, row)
   local m = mem(row)
-  if not leased(K, m, token) then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
+  local h = leased(K, m, token)
+  if not h then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
   local r = get(K, row)
   local f = r.failures + 1
   if A[6] == '1' and f < P.cold_after then f = P.cold_after end -- a 404 will not heal
@@ -934,7 +1031,7 @@ local function f_fail(K, A)
   local discovered = has(r.flags, F_DISCOVERED)
   r.failures = f
   r.flags = F_LIVE + (discovered and F_DISCOVERED or 0)
-  lease_end(K, m) -- a lapsed lease put back into ready: ZADD below moves it
+  leases_end(K, {m}, {h.value}, {}) -- a lapsed lease put back into ready: ZADD below moves it
   reschedule(K, P, row, r, lane_for(P, discovered, r.interval, f, false),
     retry_at >= 0 and retry_at or clamp(now + backoff), nil)
   return 1
@@ -956,10 +1053,15 @@ local function f_renew(K, A)
     rcall('ZREM', K[1], m)
     key, owner = tonumber(z), A[6]
   end
+  -- the row leaves its batch (the batch ends if it was its last row) for one of its own
+  local hdel = {}
+  batches_end(K, {[h.batch] = 1}, {[h.batch] = h.n}, hdel)
+  if #hdel > 0 then rcall('HDEL', K[5], unpack(hdel)) end
   local tok = next_tokens(P, 1, clock_ms())
-  rcall('HSET', K[4], 'token', fmt(tok))
-  rcall('HSET', K[5], m, holder_value(fmt(tok), fmt(key), owner))
-  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), m)
+  local t, exp = fmt(tok), fmt(clamp(now + tonumber(A[5])))
+  rcall('HSET', K[4], 'token', t)
+  rcall('HSET', K[5], m, holder_value(t, t, '1', exp, fmt(key), owner), batch_field(t), '1:' .. m)
+  rcall('ZADD', K[2], exp, t)
   return tok
 end
 
@@ -989,8 +1091,10 @@ local function f_remove(K, A)
   r.flags = r.flags - F_LIVE
   if has(r.flags, F_URGENT) then r.flags = r.flags - F_URGENT end
   put(K, row, r) -- and the lease ends below: its holder's token is stale from now on
-  rcall('ZREM', K[1], mem(row))
-  lease_end(K, mem(row))
+  local m = mem(row)
+  rcall('ZREM', K[1], m)
+  local v = rcall('HGET', K[5], m)
+  if v then leases_end(K, {m}, {v}, {}) end
   return 1
 end
 
@@ -1027,10 +1131,11 @@ local function f_restamp(K, A)
     if left then break end
   end
   if not left then -- rows in flight keep their key in their holder entry
-    for _, m in ipairs(rcall('ZRANGE', K[2], 0, -1)) do
+    local ms, holds = batch_rows(K, rcall('ZRANGE', K[2], 0, -1))
+    for i, m in ipairs(ms) do
       local row = tonumber(m)
       local r = get(K, row)
-      local h = holding(rcall('HGET', K[5], m))
+      local h = holds[i]
       local lane = lane_for(on, has(r.flags, F_DISCOVERED), r.interval, r.failures,
         has(r.flags, F_URGENT))
       local was, due = split(h.key)
@@ -1062,15 +1167,14 @@ local function f_stats(K, A)
     per[#per + 1] = #first > 0 and tonumber(first[2]) - l * STRIDE or -1
   end
   local flight = {}
-  local leases = rcall('ZRANGE', K[2], 0, -1, 'WITHSCORES')
-  for i = 1, #leases, 2 do
-    local row = tonumber(leases[i])
-    local h = holding(rcall('HGET', K[5], leases[i])) or {key = 0, owner = ''} -- verify() tells
+  local ms, holds = batch_rows(K, rcall('ZRANGE', K[2], 0, -1))
+  for i, m in ipairs(ms) do
+    local h = holds[i]
     local lane, due = split(h.key)
-    flight[#flight + 1] = row
+    flight[#flight + 1] = tonumber(m)
     flight[#flight + 1] = lane
     flight[#flight + 1] = due
-    flight[#flight + 1] = tonumber(leases[i + 1])
+    flight[#flight + 1] = h.expiry
     flight[#flight + 1] = h.owner
   end
   return {now, per, flight}
@@ -1177,24 +1281,26 @@ local function f_reap(K, A)
   local dead = {}
   for i = 2, #A do dead[A[i]] = true end
   local held = rcall('HGETALL', K[5])
-  local gone, keys = {}, {}
+  local gone, helds, keys = {}, {}, {}
   for i = 1, #held, 2 do
-    local h = holding(held[i + 1])
-    if dead[h.owner] then
+    local h = string.byte(held[i]) ~= 98 and holding(held[i + 1]) -- 'b': a batch's record
+    if h and dead[h.owner] then
       gone[#gone + 1] = held[i]
+      helds[#helds + 1] = held[i + 1]
       keys[#keys + 1] = fmt(h.key)
     end
   end
-  local flying = #gone > 0 and per_row('ZMSCORE', K[2], gone) or {}
+  local waiting = #gone > 0 and per_row('ZMSCORE', K[1], gone) or {}
   local back = {}
   for i = 1, #gone do
-    if flying[i] then
+    if not waiting[i] then -- in flight (a lapsed lease back in ready keeps its ready score)
       back[#back + 1] = keys[i]
       back[#back + 1] = gone[i]
     end
   end
-  leases_end(K, gone, back)
-  return #back / 2
+  local n = #back / 2
+  leases_end(K, gone, helds, back)
+  return n
 end
 
 register('lanes_add_urls', f_add_urls)
