@@ -238,9 +238,18 @@ class RedisClaims:
 
     @classmethod
     def _from_reply(cls, reply: bytes) -> RedisClaims:
-        """The batch as lanes.lua packs it: int64 row, lane, due_ms, token per row."""
-        table = np.frombuffer(reply, "<i8").reshape(-1, 4)
-        return cls(*(np.ascontiguousarray(table[:, k], np.int64) for k in range(4)))
+        """The batch as lanes.lua's ``batch_reply`` sends it: the first token, the keys, the
+        members joined, space separated (empty: no row). The i-th row's token is first + i."""
+        if not reply:
+            empty = np.zeros(0, np.int64)
+            return cls(empty, empty.copy(), empty.copy(), empty.copy())
+        parts = reply.split(b" ")
+        keys = np.array(parts[1:-1], np.int64)
+        rows = np.frombuffer(parts[-1], "S8").astype(np.int64)
+        if len(rows) != len(keys):
+            raise EngineError(f"a claim's reply holds {len(rows)} rows and {len(keys)} keys")
+        return cls(rows, keys // STRIDE, keys % STRIDE,
+                   np.arange(int(parts[0]), int(parts[0]) + len(rows), dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.rows)

@@ -491,14 +491,17 @@ end
 Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT taken n, where `taken`
 counts the rows this pass already took from the lane: they leave ready with one ZREM at the
 end, so a second seek of a lane skips them. `window` bounds the rows one lane grants in one
-pass. Returns {rows, lanes, dues, tokens}. ]]
+pass. Returns the batch's first token (0: none), members and keys (texts), in grant order. ]]
 -- Grants from position `start` + 1 on, as the remainder took them lane by lane, put in the
 -- order it serves them: by due time, ties to the lower lane, a lane's own order kept (as the
 -- shared-memory pass grants with remainder = edf, one global earliest row after another).
--- `cols` are the parallel arrays of the batch (dues and lanes among them), permuted alike.
-local function in_due_order(cols, dues, lanes, start)
-  local idx = {}
-  for i = start + 1, #dues do idx[#idx + 1] = i end
+-- `cols` are the parallel arrays of the batch (keys and lanes among them), permuted alike.
+local function in_due_order(cols, keys, lanes, start)
+  local idx, dues = {}, {}
+  for i = start + 1, #keys do
+    idx[#idx + 1] = i
+    dues[i] = tonumber(keys[i]) - lanes[i] * STRIDE
+  end
   table.sort(idx, function(a, b)
     if dues[a] ~= dues[b] then return dues[a] < dues[b] end
     if lanes[a] ~= lanes[b] then return lanes[a] < lanes[b] end
@@ -555,7 +558,7 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
   local nl = P.lanes_high + 1
   local remaining = budget
   local grants, taken = {}, {}
-  local rows, lanes, dues, members, keys = {}, {}, {}, {}, {}
+  local lanes, members, keys = {}, {}, {} -- the batch: a grant's lane, member, key (its text)
   for l = 0, nl - 1 do grants[l] = 0; taken[l] = 0 end
 
   local los, his = {}, {} -- a lane's range, formatted once per pass (a lane is sought often)
@@ -576,13 +579,11 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     if n <= 0 then return 0 end
     local got = rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', taken[lane], n,
       'WITHSCORES')
-    for i = 1, #got, 2 do
-      members[#members + 1] = got[i]
-      rows[#rows + 1] = tonumber(got[i])
-      lanes[#lanes + 1] = lane
-      dues[#dues + 1] = tonumber(got[i + 1]) - lane * STRIDE
+    local at = #members
+    for i = 1, #got, 2 do -- a key's text (%.17g) is exact below 2^53: no number is parsed
+      at = at + 1
+      members[at], keys[at], lanes[at] = got[i], got[i + 1], lane
     end
-    for i = 2, #got, 2 do keys[#keys + 1] = got[i] end -- %.17g: exact decimal below 2^53
     local k = #got / 2
     taken[lane] = taken[lane] + k
     grants[lane] = grants[lane] + k
@@ -683,15 +684,15 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
         picks[#picks + 1] = best
         want[best] = (want[best] or 0) + 1
       end
-      local start = #rows
+      local start = #members
       local at = {}
       for l = first, nl - 1 do
         if want[l] then
-          at[l] = #rows + 1
+          at[l] = #members + 1
           take(l, want[l])
         end
       end
-      local cols = {rows, lanes, dues, members, keys}
+      local cols = {lanes, members, keys}
       local moved = {}
       for k, l in ipairs(picks) do
         for c, col in ipairs(cols) do
@@ -719,11 +720,11 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
         local l = heads[i][2]
         want[l] = (want[l] or 0) + 1
       end
-      local start = #rows
+      local start = #members
       for l = first, nl - 1 do
         if want[l] then take(l, want[l]) end
       end
-      in_due_order({rows, lanes, dues, members, keys}, dues, lanes, start)
+      in_due_order({lanes, members, keys}, keys, lanes, start)
     end
     for cls = 1, 3 do
       if P.shares[cls] > 0 then
@@ -741,11 +742,11 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     end
   end
 
-  local n = #rows
-  local tokens = {}
+  local n = #members
+  local first = 0
   if n > 0 then
     chunked('ZREM', K[1], members)
-    local first = next_tokens(P, n, clock)
+    first = next_tokens(P, n, clock)
     meta[#meta + 1] = 'token'
     meta[#meta + 1] = fmt(P.token)
     local exp = fmt(clamp(now + lease_ms))
@@ -755,7 +756,6 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     local mid = ':' .. batch .. ':' .. fmt(n) .. ':' .. exp .. ':' -- token:batch:n:expiry:key:owner
     local tail = ':' .. owner
     for i = 1, n do
-      tokens[i] = first + i - 1
       h[2 * i - 1] = members[i]
       h[2 * i] = texts[i] .. mid .. keys[i] .. tail
     end
@@ -778,7 +778,7 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     end
   end
   if #meta > 0 then rcall('HSET', K[4], unpack(meta)) end
-  return {rows, lanes, dues, tokens}
+  return first, members, keys
 end
 
 -- ---------------------------------------------------------------- leased writes -----
@@ -937,40 +937,25 @@ local function f_add(K, A)
   return first
 end
 
---[[ A batch goes back packed, one int64 each of row, lane, due_ms, token per row ('<l' is
-exact below 2^53), not as four arrays of numbers: converting 64 numbers to RESP here and
-parsing them in Python costs more than the claim's seeks (engine.py RedisClaims reads it with
-one numpy view). ]]
-local PACK_ROWS = 256 -- rows per struct.pack (4 numbers each: unpack() has a C stack limit)
-local PACK = {} -- rows -> the struct format of that many
-local function packed(got)
-  local out = {}
-  local rows, lanes, dues, tokens = got[1], got[2], got[3], got[4]
-  for i = 1, #rows, PACK_ROWS do
-    local j = math.min(i + PACK_ROWS - 1, #rows)
-    local flat, b = {}, 0
-    for k = i, j do
-      flat[b + 1], flat[b + 2], flat[b + 3], flat[b + 4] = rows[k], lanes[k], dues[k], tokens[k]
-      b = b + 4
-    end
-    local f = PACK[j - i + 1]
-    if not f then
-      f = '<' .. string.rep('l', b)
-      PACK[j - i + 1] = f
-    end
-    out[#out + 1] = struct.pack(f, unpack(flat, 1, b))
-  end
-  return table.concat(out)
+--[[ A batch goes back as one string: its first token (the i-th row's token is first + i - 1),
+the rows' keys as the ZRANGEs returned them, and the rows' members joined, space separated
+('' for none). Nothing in it is a number parsed or formatted here: the key texts and members
+are the seeks' own strings, where converting them to numbers (a 16-digit key takes strtod's
+multi-precision path) and back cost more than the seeks (engine.py RedisClaims reads it with
+numpy). ]]
+local function batch_reply(first, members, keys)
+  if #members == 0 then return '' end
+  return fmt(first) .. ' ' .. table.concat(keys, ' ') .. ' ' .. table.concat(members)
 end
 
--- ARGV: version, now, budget, lease_ms, window, owner. Returns the batch packed.
+-- ARGV: version, now, budget, lease_ms, window, owner. Returns the batch (batch_reply).
 local function f_claim(K, A)
   check_version(A)
   local P = queue_meta(K)
   local now, clock = times(A[2])
   expire(K, now)
-  return packed(claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]),
-    A[6]))
+  return batch_reply(claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]),
+    tonumber(A[5]), A[6]))
 end
 
 -- ARGV: version, now, rows, tokens (rows_tokens), has_next, nexts[n] (if has_next).
@@ -989,7 +974,7 @@ end
 
 -- ARGV: version, now, budget, lease_ms, window, owner, rows, tokens (rows_tokens).
 -- One worker cycle in one round trip: complete the batch, then one claim pass. Returns the
--- new batch packed and one byte per completed row (1: its token was live).
+-- new batch (batch_reply) and one byte per completed row (1: its token was live).
 local function f_complete_claim(K, A)
   check_version(A)
   local P = queue_meta(K)
@@ -997,10 +982,11 @@ local function f_complete_claim(K, A)
   local rows, tokens = rows_tokens(A, 7)
   local ok = complete_many(K, P, now, rows, tokens, nil)
   expire(K, now)
-  local got = claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]), A[6])
+  local first, members, keys = claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]),
+    tonumber(A[5]), A[6])
   local bytes = {}
   for i = 1, #ok do bytes[i] = ok[i] == 1 and '\1' or '\0' end
-  return {packed(got), table.concat(bytes)}
+  return {batch_reply(first, members, keys), table.concat(bytes)}
 end
 
 -- ARGV: version, now, rows, tokens (rows_tokens).

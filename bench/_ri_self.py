@@ -1,0 +1,138 @@
+"""What one worker cycle costs the server in instructions, counted by valgrind (callgrind): a
+figure the machine's load does not move, where the wall-clock figures of bench_redis.py and
+redis_calls.py swing by 2x on a shared 2-core VM (docs/redis.md "Figures").
+
+    .venv/bin/python bench/redis_instructions.py [--rows N] [--cycles N] [--checkout DIR]
+
+One redis-server runs under ``valgrind --tool=callgrind --instr-atstart=no``; the queue is
+filled and warmed up uninstrumented, then instrumentation is switched on (``callgrind_control
+-i on``) for ``--cycles`` cycles of ``complete_and_claim`` of 16 and off again. Prints the
+server's instructions per cycle (``processCommand`` inclusive, divided by the commands
+counted, times the commands of a cycle: the command with its lookup and reply, for the FCALL
+its redis.calls and the Lua VM; reading the socket and parsing the request are not in it) and
+the top functions by inclusive count. ``--peer zpopmin`` counts bench_servers.py's ZPOPMIN
+peer's cycle (ZPOPMIN 16 + ZADD 16) the same way. ``--checkout`` counts the engine of another
+checkout (e.g. the main branch), with this bench's corpus. Needs valgrind; about 30 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if "--checkout" in sys.argv:  # before common.py puts this checkout first on the path
+    sys.path.insert(0, sys.argv[sys.argv.index("--checkout") + 1])
+    import engine  # noqa: F401  (common.py's `from engine import` then finds this one)
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from common import BUDGET, NOW, corpus  # noqa: E402
+from redis_server import RedisServer, find_server  # noqa: E402
+
+from engine import STRIDE, RedisEngine  # noqa: E402
+
+LEASE_MS = 60_000
+
+
+def engine_cycles(srv: RedisServer, rows: int) -> tuple[Callable[[], None], int]:
+    """(one worker cycle of RedisEngine, commands per cycle), the queue filled and warm."""
+    eng = RedisEngine.connect(srv.url, "calls", create=True, timeout=60)
+    eng.add_many(*corpus(rows))
+    held = [eng.claim(budget=BUDGET, now_ms=NOW, lease_ms=LEASE_MS)]
+
+    def cycle() -> None:
+        _, held[0] = eng.complete_and_claim(held[0].rows, held[0].tokens, budget=BUDGET,
+                                            now_ms=NOW, lease_ms=LEASE_MS)
+    return cycle, 1
+
+
+def zpopmin_cycles(srv: RedisServer, rows: int) -> tuple[Callable[[], None], int]:
+    """bench_servers.py's ZPOPMIN peer (no leases): ZPOPMIN 16, then ZADD them back."""
+    from bench_servers import redis_load
+    from common import corpus_keys
+
+    keys, interval = corpus_keys(rows)
+    r = srv.client()
+    redis_load(r, keys, interval)
+    iv = interval.tolist()
+
+    def cycle() -> None:
+        got = r.zpopmin("pq", BUDGET)
+        r.zadd("pq", {m: float((int(s) // STRIDE) * STRIDE + NOW + iv[int(m)]) for m, s in got})
+    return cycle, 2
+
+
+def measure(rows: int, cycles: int, peer: str = "engine") -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="rl-callgrind-") as tmp:
+        wrapper = Path(tmp) / "redis-server"
+        wrapper.write_text("#!/bin/sh\nexec valgrind --tool=callgrind --instr-atstart=no "
+                           f"--callgrind-out-file={tmp}/out.%p {find_server()} \"$@\"\n")
+        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+        srv = RedisServer(binary=str(wrapper), prefix="rl-callgrind-srv-").start()
+        try:
+            cycle, per_cycle = (engine_cycles if peer == "engine" else zpopmin_cycles)(srv, rows)
+            for _ in range(50):  # warm up
+                cycle()
+            pid = str(srv.proc.pid)
+            subprocess.run(["callgrind_control", "-i", "on", pid], check=True,
+                           capture_output=True)
+            for _ in range(cycles):
+                cycle()
+            subprocess.run(["callgrind_control", "-i", "off", pid], check=True,
+                           capture_output=True)
+            subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+        finally:
+            srv.stop()
+        dumps = [p for p in glob.glob(f"{tmp}/out.*") if os.path.getsize(p) and
+                 "totals: 0\n" not in Path(p).read_text(errors="replace")]
+        tree = subprocess.run(["callgrind_annotate", "--tree=caller", "--inclusive=yes", *dumps],
+                              capture_output=True, text=True).stdout
+        top = subprocess.run(["callgrind_annotate", *dumps],
+                             capture_output=True, text=True).stdout
+    # "N (p%)  < ???:processInputBuffer (Kx)" right above "N (p%)  *  ???:processCommand": K
+    # commands were counted (callgrind_control acts when the server next wakes up, so not
+    # always all), N instructions in them: the command, its lookup, ACL check and reply
+    lines = tree.splitlines()
+    at = next(i for i, ln in enumerate(lines) if re.search(r"\*\s+\S*:processCommand ", ln))
+    calls = int(re.search(r"\(([\d,]+)x\)", lines[at - 1]).group(1).replace(",", ""))
+    inclusive = int(lines[at].split()[0].replace(",", ""))
+    wanted = ("Command ", "scriptCall", "parseReply", "lua_pushlstring", "strtod ", "printf_fp ",
+              "realloc ", "lpFind ")
+    shown = [ln.strip() for ln in top.splitlines() if "(" in ln and "%" in ln]
+    return {"commands": calls, "instructions_per_cycle": round(inclusive * per_cycle / calls),
+            "top": shown[:40]}
+
+
+def engine_at() -> str:
+    import engine.redis.engine as mod
+
+    return f"library version {mod.LIBRARY_VERSION} ({Path(mod.__file__).parents[2]})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=100_000)
+    ap.add_argument("--cycles", type=int, default=300)
+    ap.add_argument("--checkout", help="count the engine of this checkout instead")
+    ap.add_argument("--peer", choices=("engine", "zpopmin"), default="engine",
+                    help="zpopmin: count bench_servers.py's ZPOPMIN peer instead")
+    a = ap.parse_args()
+    got = measure(a.rows, a.cycles, a.peer)
+    what = engine_at() if a.peer == "engine" else "the ZPOPMIN peer"
+    print(f"{what}: server instructions per cycle of 16: {got['instructions_per_cycle']:,} "
+          f"(over {got['commands']} commands)")
+    for line in got["top"]:  # type: ignore[attr-defined]
+        print("  ", line)
+
+
+if __name__ == "__main__":
+    main()
