@@ -204,6 +204,15 @@ local function check_row(K, P, row)
   end
 end
 
+-- check_row of members (8 digits each, as rows_tokens checked): compared as strings, which
+-- order as the numbers do at one length, with no number parsed per row.
+local function check_members(P, rows)
+  local top = mem(P.next_row)
+  for i = 1, #rows do
+    if rows[i] >= top then fail('RANGE', 'row ' .. tonumber(rows[i]) .. ' does not exist') end
+  end
+end
+
 local function get(K, row)
   local s = rcall('GETRANGE', K[3], fmt(row * RECLEN), fmt(row * RECLEN + RECLEN - 1))
   local interval, failures, flags = struct.unpack(REC, s)
@@ -214,7 +223,7 @@ local function put(K, row, r)
   rcall('SETRANGE', K[3], fmt(row * RECLEN), struct.pack(REC, r.interval, r.failures, r.flags))
 end
 
--- The records of rows[1..n] (members) with one BITFIELD_RO per CHUNK (a record is one u48;
+-- The records of rows[1..n] (members), each as its u48 (see `record`), with one BITFIELD_RO per CHUNK (a record is one u48;
 -- BITFIELD's '#n' offset refuses leading zeros, so a member goes as its digits from the first
 -- nonzero one, cut out of the string: no number conversion). The argument table is kept and
 -- reused, as building it per call costs more than the call.
@@ -231,15 +240,28 @@ local function get_many(K, rows)
       a = a + 3
     end
     local got = rcall('BITFIELD_RO', K[3], unpack(GETS, 1, a))
-    for k = 1, #got do
-      local v = got[k]
-      local flags = v % 256
-      local failures = math.floor(v / 256) % 256
-      out[i + k - 1] = {interval = math.floor(v / 65536), failures = failures, flags = flags}
-    end
+    for k = 1, #got do out[i + k - 1] = got[k] end
   end
   return out
 end
+
+-- interval, failures, flags of a record read as one u48 (get_many): no table per row.
+local function record(v)
+  return math.floor(v / 65536), math.floor(v / 256) % 256, v % 256
+end
+
+-- Scratch tables kept between calls, as GETS is: one grown to a batch's size stays that size,
+-- where a new table per call grows one doubling at a time (a realloc and a rehash each; table
+-- growth was a fifth of a cycle's instructions). Only for arrays that never leave the call
+-- that fills them; `cleared` empties one before use.
+local function cleared(t)
+  for i = #t, 1, -1 do t[i] = nil end
+  return t
+end
+local S_ROWS, S_TOKENS = {}, {} -- rows_tokens
+local S_WHICH, S_OK, S_ENDED, S_HELDS, S_BACK = {}, {}, {}, {}, {} -- complete_many
+local S_LANES, S_MEMBERS, S_KEYS, S_HOLD = {}, {}, {}, {} -- claim_pass
+local S_BYTES = {} -- f_complete_claim
 
 local function key_of(lane, due)
   return lane * STRIDE + due
@@ -558,7 +580,8 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
   local nl = P.lanes_high + 1
   local remaining = budget
   local grants, taken = {}, {}
-  local lanes, members, keys = {}, {}, {} -- the batch: a grant's lane, member, key (its text)
+  -- the batch: a grant's lane, member, key (its text)
+  local lanes, members, keys = cleared(S_LANES), cleared(S_MEMBERS), cleared(S_KEYS)
   for l = 0, nl - 1 do grants[l] = 0; taken[l] = 0 end
 
   local los, his = {}, {} -- a lane's range, formatted once per pass (a lane is sought often)
@@ -661,7 +684,7 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
             end
             local recs = get_many(K, ms)
             local ivs = {}
-            for i = 1, #recs do ivs[i] = math.max(1, recs[i].interval) end
+            for i = 1, #recs do ivs[i] = math.max(1, (record(recs[i]))) end
             heads[l] = {dues = dues_l, ivs = ivs, at = 1, w = P.weights[l] or ONE}
           end
         end
@@ -750,7 +773,7 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     meta[#meta + 1] = 'token'
     meta[#meta + 1] = fmt(P.token)
     local exp = fmt(clamp(now + lease_ms))
-    local h = {}
+    local h = cleared(S_HOLD)
     local texts = token_texts(first, n)
     local batch = texts[1] -- the batch's id: its first token
     local mid = ':' .. batch .. ':' .. fmt(n) .. ':' .. exp .. ':' -- token:batch:n:expiry:key:owner
@@ -787,14 +810,14 @@ end
 -- is checked before anything changes; a stale token reports 0 and changes nothing. A record is
 -- written only when the complete clears its failures or its urgency.
 local function complete_many(K, P, now, rows, tokens, nexts)
-  for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
+  check_members(P, rows)
   local live = live_leases(K, rows, tokens)
-  local which = {}
+  local which = cleared(S_WHICH)
   for i = 1, #rows do
     if live[i] then which[#which + 1] = rows[i] end
   end
   local recs = get_many(K, which)
-  local ok, ended, helds, back = {}, {}, {}, {}
+  local ok, ended, helds, back = cleared(S_OK), cleared(S_ENDED), cleared(S_HELDS), cleared(S_BACK)
   local high = P.lanes_high
   local k = 0
   local texts = {} -- key -> its decimal string: a batch's rows share few keys (one `now`)
@@ -802,15 +825,14 @@ local function complete_many(K, P, now, rows, tokens, nexts)
     local row = rows[i]
     if live[i] then
       k = k + 1
-      local r = recs[k]
-      local discovered = has(r.flags, F_DISCOVERED)
+      local interval, failures, was = record(recs[k])
+      local discovered = has(was, F_DISCOVERED)
       local flags = F_LIVE + (discovered and F_DISCOVERED or 0)
-      if r.failures ~= 0 or r.flags ~= flags then
-        r.failures, r.flags = 0, flags
-        put(K, tonumber(row), r)
+      if failures ~= 0 or was ~= flags then
+        put(K, tonumber(row), {interval = interval, failures = 0, flags = flags})
       end
-      local lane = lane_for(P, discovered, r.interval, 0, false)
-      local due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + r.interval * 1000)
+      local lane = lane_for(P, discovered, interval, 0, false)
+      local due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + interval * 1000)
       if lane > high then high = lane end
       ended[#ended + 1] = row
       helds[#helds + 1] = live[i]
@@ -836,7 +858,7 @@ end
 -- lapsed lease already put back into ready keeps its ready score (its holder entry's key is
 -- void: a prioritize may have moved the row since).
 local function release_many(K, P, now, rows, tokens)
-  for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
+  check_members(P, rows)
   local live = live_leases(K, rows, tokens)
   local which = {}
   for i = 1, #rows do
@@ -874,7 +896,7 @@ local function rows_tokens(argv, at)
   if n ~= math.floor(n) or not string.find(blob, '^%d*$') then
     fail('VALUE', 'rows must be 8-digit members')
   end
-  local rows, tokens = {}, {}
+  local rows, tokens = cleared(S_ROWS), cleared(S_TOKENS)
   for i = 1, n do rows[i] = string.sub(blob, i * 8 - 7, i * 8) end
   for t in string.gmatch(toks, '%d+:') do tokens[#tokens + 1] = t end
   if #tokens ~= n then fail('VALUE', n .. ' rows but ' .. #tokens .. ' tokens') end
@@ -984,7 +1006,7 @@ local function f_complete_claim(K, A)
   expire(K, now)
   local first, members, keys = claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]),
     tonumber(A[5]), A[6])
-  local bytes = {}
+  local bytes = cleared(S_BYTES)
   for i = 1, #ok do bytes[i] = ok[i] == 1 and '\1' or '\0' end
   return {batch_reply(first, members, keys), table.concat(bytes)}
 end
