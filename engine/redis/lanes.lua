@@ -262,6 +262,7 @@ local S_ROWS, S_TOKENS = {}, {} -- rows_tokens
 local S_WHICH, S_OK, S_ENDED, S_HELDS, S_BACK = {}, {}, {}, {}, {} -- complete_many
 local S_LANES, S_MEMBERS, S_KEYS, S_HOLD = {}, {}, {}, {} -- claim_pass
 local S_BYTES = {} -- f_complete_claim
+local S_TEXTS, S_LIVE = {}, {} -- token_texts, live_leases
 
 local function key_of(lane, due)
   return lane * STRIDE + due
@@ -281,7 +282,7 @@ for i = 0, 999 do DIGITS3[i] = (i < 10 and '00' or i < 100 and '0' or '') .. i e
 -- The decimal strings of the n tokens from `first` on: one format per thousand tokens, each
 -- token then its prefix and three digits from DIGITS3 (a format costs more than a concat).
 local function token_texts(first, n)
-  local out = {}
+  local out = cleared(S_TEXTS)
   local base, prefix = nil, nil
   for i = 1, n do
     local tok = first + i - 1
@@ -377,6 +378,8 @@ lease ended with the first). ]]
 
 -- Per chunk of rows, one call `cmd key rows...`; the replies joined.
 local function per_row(cmd, key, rows)
+  if #rows == 0 then return {} end
+  if #rows <= CHUNK then return rcall(cmd, key, unpack(rows)) end -- the reply as it is
   local out = {}
   for i = 1, #rows, CHUNK do
     local j = math.min(i + CHUNK - 1, #rows)
@@ -391,7 +394,7 @@ end
 -- entry), compared and passed on as they are: a number handed to redis.call is formatted
 -- again, and that costs more than the call.
 local function live_leases(K, rows, tokens)
-  local out = {}
+  local out = cleared(S_LIVE)
   if #rows == 0 then return out end
   local held = per_row('HMGET', K[5], rows)
   local ended = {}
