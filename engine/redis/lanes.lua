@@ -223,10 +223,10 @@ local function put(K, row, r)
   rcall('SETRANGE', K[3], fmt(row * RECLEN), struct.pack(REC, r.interval, r.failures, r.flags))
 end
 
--- The records of rows[1..n] (members), each as its u48 (see `record`), with one BITFIELD_RO per CHUNK (a record is one u48;
--- BITFIELD's '#n' offset refuses leading zeros, so a member goes as its digits from the first
--- nonzero one, cut out of the string: no number conversion). The argument table is kept and
--- reused, as building it per call costs more than the call.
+-- The records of rows[1..n] (members), each as its u48 (see `record`: no table per row), with
+-- one BITFIELD_RO per CHUNK (BITFIELD's '#n' offset refuses leading zeros, so a member goes as
+-- its digits from the first nonzero one, cut out of the string: no number conversion). The
+-- argument table is kept and reused, as building it per call costs more than the call.
 local GETS = {}
 local function get_many(K, rows)
   local out = {}
@@ -372,9 +372,9 @@ end
 reply conversion; ~1-2 us on a slow core), so a batch of n leases reads every holder entry
 with one HMGET, every record it needs with one BITFIELD_RO, and ends the leases with one HDEL
 and one ZADD (and one ZREM of the lease entries of the batches whose last row ended), instead
-of several calls per row. A token's validity does not depend on
-the clock, so no expiry is read. A row listed twice in one batch is stale the second time (its
-lease ended with the first). ]]
+of several calls per row. A token's validity does not depend on the clock, so no expiry is
+read. A row listed twice in one batch is stale the second time (its lease ended with the
+first). ]]
 
 -- Per chunk of rows, one call `cmd key rows...`; the replies joined.
 local function per_row(cmd, key, rows)
