@@ -1028,3 +1028,26 @@ def _grants_since(eng: RedisEngine, r: Any, held: dict[int, Any]) -> tuple[list[
             rows.append(int(f))
             tokens.append(int(token))
     return rows, tokens
+
+
+def test_a_claim_pass_puts_back_lapsed_batches_whole_and_bounded(q, server):
+    """The expiry step of a pass puts lapsed batches back whole (every row of a batch, its
+    lease entry and record together), and stops taking batches once their rows reach 1000
+    (lanes.lua EXPIRE_ROWS): three lapsed batches of 600 rows come back as two, then one."""
+    q.add_many(np.full(1800, NOW - HOUR), 600)
+    firsts = [int(q.claim(budget=600, now_ms=NOW + i, lease_ms=1000, window=600).tokens[0])
+              for i in range(3)]
+    r = redis.Redis(unix_socket_path=server.socket)
+    try:
+        def leased() -> list[str]:
+            return [m.decode() for m in r.zrange(q.keys[1], 0, -1)]
+
+        assert leased() == [str(t) for t in firsts]
+        assert q.claim(budget=1, now_ms=NOW + 5000, lease_ms=60_000).rows.size == 1
+        assert leased()[:1] == [str(firsts[2])] and len(leased()) == 2  # + the new batch of one
+        assert r.zcard(q.keys[0]) == 1200 - 1 and q.verify() == []
+        assert q.claim(budget=1, now_ms=NOW + 5000, lease_ms=60_000).rows.size == 1
+        assert str(firsts[2]) not in leased() and len(leased()) == 2
+        assert r.zcard(q.keys[0]) == 1800 - 2 and q.verify() == []
+    finally:
+        r.close()

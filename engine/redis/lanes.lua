@@ -70,7 +70,8 @@ local REC = '>I4BB'
 local RECLEN = 6 -- bytes: BITFIELD's u48, so 'GET u48 #row' reads row's record
 local TOKEN_SEED = 1024 -- tokens per millisecond of the server clock (see the note above)
 local F_DISCOVERED, F_URGENT, F_LIVE = 1, 2, 4
-local EXPIRE_BATCH = 100 -- lapsed batches put back per claim pass (the rest by the next ones)
+local EXPIRE_BATCH = 100 -- lapsed batches put back per claim pass (the rest by the next ones),
+local EXPIRE_ROWS = 1000 -- and no more batches once their rows reach this (one at least)
 local CHUNK = 1000 -- members per variadic call (unpack() has a C stack limit)
 local MEMBER = '%08d' -- a row id as a member: sorts as a number (MAX_ROWS < 10^8)
 
@@ -458,21 +459,26 @@ local function leases_end(K, ended, helds, back)
   if #back > 0 then chunked('ZADD', K[1], back) end
 end
 
--- The rows still held under `batches` (members of lease), as {members, holdings}: each batch's
--- record lists the rows it was granted; those whose holder entry still names it are held.
-local function batch_rows(K, batches)
+-- The rows still held under `batches` (members of lease), as members, holdings and how many
+-- of the batches they come from: each batch's record lists the rows it was granted; those
+-- whose holder entry still names it are held. With `limit`, the batches from the first on
+-- until their rows reach it (one at least).
+local function batch_rows(K, batches, limit)
   local ms, holds = {}, {}
-  if #batches == 0 then return ms, holds end
+  if #batches == 0 then return ms, holds, 0 end
   local names = {}
   for i, b in ipairs(batches) do names[i] = batch_field(b) end
   local recs = per_row('HMGET', K[5], names)
   local rows, of = {}, {}
-  for i, rec in ipairs(recs) do
-    local list = rec and string.match(rec, '^%d+:(%d*)$') or ''
+  local upto = 0
+  for i = 1, #batches do
+    if limit and #rows >= limit then break end
+    local list = recs[i] and string.match(recs[i], '^%d+:(%d*)$') or ''
     for k = 1, #list, 8 do
       rows[#rows + 1] = string.sub(list, k, k + 7)
       of[#of + 1] = batches[i]
     end
+    upto = i
   end
   local held = #rows > 0 and per_row('HMGET', K[5], rows) or {}
   for i = 1, #rows do
@@ -482,26 +488,31 @@ local function batch_rows(K, batches)
       holds[#holds + 1] = h
     end
   end
-  return ms, holds
+  return ms, holds, upto
 end
 
 -- Put the rows of lapsed batches (expiry <= now) back into ready with the key their holder
--- entries keep, and drop the batches' lease entries and records. The holder entries stay: a
--- holder may still end its lease until the row is granted again.
+-- entries keep, and drop the batches' lease entries and records: up to EXPIRE_BATCH batches,
+-- fewer once their rows reach EXPIRE_ROWS (a batch is put back whole), the rest by the next
+-- passes. The holder entries stay: a holder may still end its lease until the row is granted
+-- again.
 local function expire(K, now)
   local lapsed = rcall('ZRANGE', K[2], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, EXPIRE_BATCH)
   if #lapsed == 0 then return 0 end
-  local ms, holds = batch_rows(K, lapsed)
-  local back, names = {}, {}
+  local ms, holds, upto = batch_rows(K, lapsed, EXPIRE_ROWS)
+  local back, gone, names = {}, {}, {}
   for i = 1, #ms do
     back[#back + 1] = fmt(holds[i].key)
     back[#back + 1] = ms[i]
   end
-  for i, b in ipairs(lapsed) do names[i] = batch_field(b) end
-  chunked('ZREM', K[2], lapsed)
+  for i = 1, upto do
+    gone[i] = lapsed[i]
+    names[i] = batch_field(lapsed[i])
+  end
+  chunked('ZREM', K[2], gone)
   chunked('HDEL', K[5], names)
   if #back > 0 then chunked('ZADD', K[1], back) end
-  return #lapsed
+  return upto
 end
 
 -- ---------------------------------------------------------------- the claim pass -----
