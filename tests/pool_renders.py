@@ -104,14 +104,16 @@ def _lease_now(row: int) -> tuple[int, str]:
     m = f"{row:08d}"
     pipe = client.pipeline(transaction=True)
     pipe.hget(holder, m)
-    pipe.zscore(lease, m)
+    pipe.zrange(lease, 0, -1, withscores=True)
     pipe.time()
-    held, expiry, (sec, usec) = pipe.execute()
+    held, batches, (sec, usec) = pipe.execute()
     t = int(sec) * 1000 + int(usec) // 1000
     if held is None:
         return t, "- - -"
-    token, _key, owner = held.decode().split(":", 2)  # owner: host:pid:start_ms
-    return t, f"{token} {owner.rsplit(':', 2)[1]} {'-' if expiry is None else int(expiry)}"
+    # token:batch:n:expiry:key:owner, owner = host:pid:start_ms; the lease is the batch's entry
+    token, batch, _n, _expiry, _key, owner = held.decode().split(":", 5)
+    expiry = {m.decode(): int(score) for m, score in batches}.get(batch)
+    return t, f"{token} {owner.rsplit(':', 2)[1]} {'-' if expiry is None else expiry}"
 
 
 def chaos(url: str, claim: Any) -> None:

@@ -467,10 +467,11 @@ def test_tokens_survive_a_lost_second_of_writes(q, server):
     r.close()
 
 
-@pytest.mark.parametrize("layout", ["1", "2"])
-def test_a_layout_1_or_2_queue_is_refused_not_misread(q, server, layout):
+@pytest.mark.parametrize("layout", ["1", "2", "3"])
+def test_an_older_layout_queue_is_refused_not_misread(q, server, layout):
     """Layout 1 (library 2: key and token in the record), layout 2 (library 3 or 4: the
-    speed layout with unpadded members, or the padded members with 20-byte records)."""
+    speed layout with unpadded members, or the padded members with 20-byte records), layout 3
+    (libraries 5 to 7: a lease entry per row, holder entries ``token:key:owner``)."""
     q.add(NOW - MINUTE, 3600)
     r = redis.Redis(unix_socket_path=server.socket)
     r.hset(q.keys[3], "layout", layout)
@@ -478,7 +479,7 @@ def test_a_layout_1_or_2_queue_is_refused_not_misread(q, server, layout):
         Engine.connect(server.url, q.name)
     with pytest.raises(LayoutMismatch, match=f"layout {layout}"):  # a connected client
         q.claim(budget=1, now_ms=NOW)
-    r.hset(q.keys[3], "layout", "3")
+    r.hset(q.keys[3], "layout", "4")
     assert len(q.claim(budget=1, now_ms=NOW)) == 1
     r.close()
 
@@ -948,3 +949,105 @@ def test_memory_per_row_is_within_budget():
             per_row = (r.info("memory")["used_memory"] - base) / n
         r.close()
     assert per_row <= 160, per_row
+
+
+# -- layout 4: a lease entry per batch ------------------------------------------------------------
+
+BATCH_OPS = st.lists(st.tuples(
+    st.sampled_from(["claim", "complete", "release", "fail", "renew", "complete_some", "lapse",
+                     "remove"]),
+    st.integers(1, 6), st.integers(0, 1 << 30)), min_size=1, max_size=25)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ops=BATCH_OPS)
+def test_a_batch_keeps_one_lease_entry_until_its_last_row_ends_or_it_lapses(server, ops):
+    """Layout 4: ``lease`` holds one entry per claimed batch (member = its first token, score =
+    its expiry) while any of its rows is in flight under it, and none once its last row ended
+    (completed, released, failed, removed, or renewed into a batch of its own) or it lapsed;
+    a renewed row is a batch of one. Checked against a model after every step, with
+    ``verify()`` (which checks the batch records' counts and every row's expiry) empty."""
+    eng = Engine.connect(server.url, _qname(), create=True)
+    r = redis.Redis(unix_socket_path=server.socket)
+    try:
+        eng.add_many(np.arange(20) + NOW - HOUR, 600)
+        now = NOW
+        held: dict[int, tuple[int, int, int]] = {}  # row -> (token, batch, expiry) in flight
+        for op, k, pick in ops:
+            mine = sorted(held)
+            chosen = [mine[(pick + i) % len(mine)] for i in range(min(k, len(mine)))]
+            chosen = list(dict.fromkeys(chosen))
+            if op == "claim":
+                c = eng.claim(budget=k, now_ms=now, lease_ms=5000)
+                for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
+                    held[row] = (tok, int(c.tokens[0]), now + 5000)
+            elif op == "lapse":
+                now += 6000
+                for row in [row for row, (_t, _b, exp) in held.items() if exp <= now]:
+                    del held[row]  # the next claim pass puts the batch's rows back
+                eng.claim(budget=1, now_ms=now, lease_ms=5000)  # expire; may grant one
+                held.update({int(row): (int(tok), int(tok), now + 5000) for row, tok in
+                             zip(*_grants_since(eng, r, held), strict=True)})
+            elif chosen and op in ("complete", "release", "complete_some"):
+                end = eng.complete_many if op != "release" else eng.release_many
+                ok = end(chosen, [held[row][0] for row in chosen], now_ms=now)
+                assert ok.all()
+                for row in chosen:
+                    del held[row]
+            elif chosen and op == "fail":
+                eng.fail(chosen[0], held.pop(chosen[0])[0], now_ms=now)
+            elif chosen and op == "remove":
+                eng.remove(chosen[0])
+                del held[chosen[0]]
+            elif chosen and op == "renew":
+                new = eng.renew(chosen[0], held[chosen[0]][0], lease_ms=7000, now_ms=now)
+                held[chosen[0]] = (new, new, now + 7000)
+            batches = {m.decode(): int(s) for m, s in r.zrange(eng.keys[1], 0, -1,
+                                                                  withscores=True)}
+            assert batches == {str(b): exp for _t, b, exp in held.values()}
+            assert eng.verify() == []
+            for row, (_tok, _b, exp) in held.items():
+                d = eng.describe(row, now_ms=now)
+                assert d["leased"] and d["lease_expiry_ms"] == exp
+    finally:
+        r.close()
+        eng.drop()
+        eng.close()
+
+
+def _grants_since(eng: RedisEngine, r: Any, held: dict[int, Any]) -> tuple[list[int], list[int]]:
+    """(rows, tokens) held in flight on the server that the model does not know: what the
+    expiring claim of one row granted (read back from the holder entries of live batches)."""
+    batches = {m.decode() for m in r.zrange(eng.keys[1], 0, -1)}
+    rows, tokens = [], []
+    for f, v in r.hgetall(eng.keys[4]).items():
+        if f.startswith(b"b"):
+            continue
+        token, batch = v.decode().split(":", 2)[:2]
+        if batch in batches and int(f) not in held and r.zscore(eng.keys[0], f) is None:
+            rows.append(int(f))
+            tokens.append(int(token))
+    return rows, tokens
+
+
+def test_a_claim_pass_puts_back_lapsed_batches_whole_and_bounded(q, server):
+    """The expiry step of a pass puts lapsed batches back whole (every row of a batch, its
+    lease entry and record together), and stops taking batches once their rows reach 1000
+    (lanes.lua EXPIRE_ROWS): three lapsed batches of 600 rows come back as two, then one."""
+    q.add_many(np.full(1800, NOW - HOUR), 600)
+    firsts = [int(q.claim(budget=600, now_ms=NOW + i, lease_ms=1000, window=600).tokens[0])
+              for i in range(3)]
+    r = redis.Redis(unix_socket_path=server.socket)
+    try:
+        def leased() -> list[str]:
+            return [m.decode() for m in r.zrange(q.keys[1], 0, -1)]
+
+        assert leased() == [str(t) for t in firsts]
+        assert q.claim(budget=1, now_ms=NOW + 5000, lease_ms=60_000).rows.size == 1
+        assert leased()[:1] == [str(firsts[2])] and len(leased()) == 2  # + the new batch of one
+        assert r.zcard(q.keys[0]) == 1200 - 1 and q.verify() == []
+        assert q.claim(budget=1, now_ms=NOW + 5000, lease_ms=60_000).rows.size == 1
+        assert str(firsts[2]) not in leased() and len(leased()) == 2
+        assert r.zcard(q.keys[0]) == 1800 - 2 and q.verify() == []
+    finally:
+        r.close()

@@ -270,12 +270,20 @@ def _held_by(server: RedisServer, queue: str, pids: set[int]) -> dict[int, int]:
         pipe = client.pipeline(transaction=True)
         pipe.hgetall(holder)
         pipe.zrange(lease, 0, -1, withscores=True)
-        owners, expiries = pipe.execute()
+        entries, batches = pipe.execute()
     finally:
         client.close()
-    ends = {int(m): int(score) for m, score in expiries}
-    return {int(row): ends[int(row)] for row, owner in owners.items()
-            if int(owner.decode().rsplit(":", 2)[1]) in pids}
+    ends = {m.decode(): int(score) for m, score in batches}  # a lease entry per batch
+    held = {}
+    for row, entry in entries.items():
+        if row.startswith(b"b"):  # a batch's record, not a row
+            continue
+        # token:batch:n:expiry:key:owner, owner = host:pid:start_ms
+        _token, batch, _n, expiry, _key, owner = entry.decode().split(":", 5)
+        if batch in ends and int(owner.rsplit(":", 2)[1]) in pids:
+            assert int(expiry) == ends[batch]  # a row's entry carries its batch's expiry
+            held[int(row)] = ends[batch]
+    return held
 
 
 def _pool_pids(p: Any) -> set[int]:

@@ -32,7 +32,7 @@ import urllib.parse
 from collections.abc import Iterator
 from importlib import resources
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -82,15 +82,18 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "7"
+LIBRARY_VERSION = "8"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4
 """The data model of a queue's keys (lanes.lua LAYOUT): bump when a record or key changes.
-Layout 3: members are zero-padded row ids (``member``); a row's key lives in ready or, in
-flight, in its holder entry (``token:key:owner``), its token only there, and a lapsed lease's
-entry stays until the row is granted again; the record holds interval, failures and flags.
-A queue of layout 1 (20-byte records) or 2 (unpadded members, or 20-byte records) is refused."""
+Layout 4: one lease entry per claimed batch (member: the batch id, its first token; score: the
+expiry); a row's key lives in ready or, in flight, in its holder entry
+(``token:batch:n:expiry:key:owner``), its token only there, and a lapsed lease's entry stays
+until the row is granted again; a batch in flight has a record ``b<batch>`` in holder
+(``count:members``); members are zero-padded row ids (``member``); the record holds interval,
+failures and flags. A queue of layout 1 (20-byte records), 2 (unpadded members, or 20-byte
+records) or 3 (a lease entry per row, ``token:key:owner``) is refused."""
 MIN_REDIS = (7, 0)
 RECORD = 6
 """Bytes per row in the row table (lanes.lua REC)."""
@@ -123,7 +126,7 @@ _ERRORS: dict[str, type[EngineError]] = {
 
 
 def member(row: int) -> str:
-    """Row ``row`` as a member of the ready/lease ZSETs and the holder hash (lanes.lua MEMBER):
+    """Row ``row`` as a member of the ready ZSET and the holder hash (lanes.lua MEMBER):
     8 zero-padded digits, so equal scores order by row id, as the shared-memory engine serves
     rows due at the same millisecond."""
     return f"{row:08d}"
@@ -235,9 +238,18 @@ class RedisClaims:
 
     @classmethod
     def _from_reply(cls, reply: bytes) -> RedisClaims:
-        """The batch as lanes.lua packs it: int64 row, lane, due_ms, token per row."""
-        table = np.frombuffer(reply, "<i8").reshape(-1, 4)
-        return cls(*(np.ascontiguousarray(table[:, k], np.int64) for k in range(4)))
+        """The batch as lanes.lua's ``batch_reply`` sends it: the first token, the keys, the
+        members joined, space separated (empty: no row). The i-th row's token is first + i."""
+        if not reply:
+            empty = np.zeros(0, np.int64)
+            return cls(empty, empty.copy(), empty.copy(), empty.copy())
+        parts = reply.split(b" ")
+        keys = np.array(parts[1:-1], np.int64)
+        rows = np.frombuffer(parts[-1], "S8").astype(np.int64)
+        if len(rows) != len(keys):
+            raise EngineError(f"a claim's reply holds {len(rows)} rows and {len(keys)} keys")
+        return cls(rows, keys // STRIDE, keys % STRIDE,
+                   np.arange(int(parts[0]), int(parts[0]) + len(rows), dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -783,11 +795,10 @@ class RedisEngine:
     def describe(self, row: int, now_ms: int | None = None) -> dict[str, Any]:
         """Everything the row table holds about one row (true due time, never a raw key)."""
         r = self._row(row)
-        ready, lease, rows, meta, holder = self._keys
-        used, rec, key, expiry, held, t = self._snapshot(
+        ready, _lease, rows, meta, holder = self._keys
+        used, rec, key, held, t = self._snapshot(
             ("hget", (meta, "next_row")), ("getrange", (rows, r * RECORD, r * RECORD + RECORD - 1)),
-            ("zscore", (ready, member(r))), ("zscore", (lease, member(r))),
-            ("hget", (holder, member(r))), ("time", ()))
+            ("zscore", (ready, member(r))), ("hget", (holder, member(r))), ("time", ()))
         if used is None:
             raise SegmentMissing(f"queue {self._name!r} is gone")
         if r >= int(used):
@@ -796,12 +807,13 @@ class RedisEngine:
         f = _records(rec)
         live = bool(f["flags"][0] & 4)
         h = _holding(held) if held is not None else None
+        expiry: int | None = None
         if h is not None and key is None:  # in flight; in ready, the entry is a lapsed lease's
-            key = h[1]
+            key, expiry = h.key, h.expiry
         lane, due = (int(key) // STRIDE, int(key) % STRIDE) if live and key is not None \
             else (None, None)
-        leased = live and h is not None and expiry is not None and expiry > now
-        owner = h[2] if h is not None else None
+        leased = live and expiry is not None and expiry > now
+        owner = h.owner if h is not None else None
         return {
             "row": r,
             "queued": live,
@@ -812,7 +824,7 @@ class RedisEngine:
             "provenance": PROVENANCES[int(f["flags"][0]) & 1],
             "urgent": bool(f["flags"][0] & 2),
             "leased": leased,
-            "lease_expiry_ms": int(expiry) if leased else None,
+            "lease_expiry_ms": expiry if leased else None,
             "owner": owner if leased else None,
         }
 
@@ -902,10 +914,13 @@ class RedisEngine:
 
     def verify(self) -> list[str]:
         """Read the whole queue in one MULTI/EXEC; one line per broken invariant (empty when
-        all hold): every live row is in exactly one of ready and lease, a removed row in
-        neither; a row in lease has a holder entry (a row in ready may keep the entry of a
-        lapsed lease nobody was granted since), a removed row none; tokens are below the
-        token counter and unique; every key's lane is one a policy can make."""
+        all hold): every live row is in exactly one of ready and a batch in lease (in flight:
+        its holder entry names a batch in lease), a removed row in neither; a row in flight
+        has its batch's expiry and is listed in its batch's record, every batch in lease has a
+        record counting its rows in flight (at least one) and every record a batch in lease (a
+        row in ready may keep the entry of a lapsed lease nobody was granted since), a removed
+        row no entry; tokens are below the token counter and unique; every key's lane is one
+        a policy can make."""
         meta_all, table, ready, lease, holder = self._snapshot(*self._dump_commands())
         if not meta_all:
             return [f"queue {self._name!r} does not exist"]
@@ -926,21 +941,35 @@ class RedisEngine:
                 continue
             in_ready[row] += 1
             lanes.append(int(score) // STRIDE)
-        for m, _expiry in lease:
-            row = int(m)
-            if not 0 <= row < n:
-                problems.append(f"lease holds row {row}, past next_row {n}")
-                continue
-            in_lease[row] += 1
-        held = {int(k): _holding(v) for k, v in holder.items()}
+        batches = {m.decode(): int(expiry) for m, expiry in lease}
+        records, held = _split_holder(holder)
+        flying = dict.fromkeys(batches, 0)
         tokens = np.zeros(n, np.int64)
-        for row, (token, key, _owner) in held.items():
+        for row, h in held.items():
             if not 0 <= row < n:
                 problems.append(f"holder holds row {row}, past next_row {n}")
                 continue
-            tokens[row] = token
-            if in_lease[row]:  # the key of a lapsed lease's entry (row back in ready) is void
-                lanes.append(key // STRIDE)
+            tokens[row] = h.token
+            if h.batch not in batches:  # a lapsed lease's entry (row back in ready): key void
+                continue
+            in_lease[row] += 1
+            flying[h.batch] += 1
+            lanes.append(h.key // STRIDE)
+            if h.expiry != batches[h.batch]:
+                problems.append(f"row {row}: expiry {h.expiry}, its batch {h.batch}'s is "
+                                f"{batches[h.batch]}")
+            if row not in records.get(h.batch, (0, []))[1]:
+                problems.append(f"row {row}: not in the record of its batch {h.batch}")
+        for batch, count in flying.items():
+            if batch not in records:
+                problems.append(f"batch {batch}: in lease without a record")
+            elif records[batch][0] != count:
+                problems.append(f"batch {batch}: its record counts {records[batch][0]} rows in "
+                                f"flight, {count} are")
+            if count == 0:
+                problems.append(f"batch {batch}: in lease with no row in flight")
+        for batch in records.keys() - batches.keys():
+            problems.append(f"batch {batch}: a record without a lease entry")
         has_holder = np.zeros(n, np.bool_)
         has_holder[[row for row in held if 0 <= row < n]] = True
         for row in np.flatnonzero(live & (in_ready + in_lease != 1)).tolist():
@@ -948,8 +977,6 @@ class RedisEngine:
                             f"{int(in_lease[row])} lease entries")
         for row in np.flatnonzero(~live & (in_ready + in_lease != 0)).tolist():
             problems.append(f"removed row {row} is still queued")
-        for row in np.flatnonzero((in_lease != 0) & ~has_holder).tolist():
-            problems.append(f"row {row}: in lease without a holder entry")
         for row in np.flatnonzero(~live & has_holder).tolist():
             problems.append(f"removed row {row} holds token {int(tokens[row])}")
         for row in np.flatnonzero(has_holder & (tokens == 0)).tolist():
@@ -1002,8 +1029,8 @@ class RedisEngine:
         f = _records((table or b"")[:n * RECORD])
         rows = np.flatnonzero(f["flags"] & 4)
         key = np.zeros(n, np.int64)  # a live row's key: its holder entry's, or its ready score
-        for m, value in held.items():  # (the entry of a row back in ready is a lapsed lease's)
-            key[int(m)] = _holding(value)[1]
+        for row, h in _split_holder(held)[1].items():  # (in ready, a lapsed lease's entry)
+            key[row] = h.key
         for m, score in queued:
             key[int(m)] = int(score)
         cols = {"due_ms": key % STRIDE, "interval_s": f["interval"], "failures": f["failures"],
@@ -1059,9 +1086,9 @@ class RedisEngine:
         from ..segment import is_running
 
         host = socket.gethostname()
-        holders = self._call_plain(self._live().hvals, self._keys[4])
+        holders = _split_holder(self._call_plain(self._live().hgetall, self._keys[4]))[1]
         dead = []
-        for owner in sorted({_holding(h)[2] for h in holders}):
+        for owner in sorted({h.owner for h in holders.values()}):
             parts = owner.rsplit(":", 2)
             if len(parts) != 3 or parts[0] != host or not (parts[1].isdigit()
                                                           and parts[2].isdigit()):
@@ -1083,11 +1110,39 @@ def _records(raw: bytes) -> dict[str, npt.NDArray[np.int64]]:
     return {c: a[c].astype(np.int64) for c in ("interval", "failures", "flags")}
 
 
-def _holding(value: bytes | str) -> tuple[int, int, str]:
-    """(token, key, owner) of a holder entry, ``token:key:owner`` (lanes.lua holder_value)."""
+class Held(NamedTuple):
+    """A row's holder entry, ``token:batch:n:expiry:key:owner`` (lanes.lua holder_value)."""
+
+    token: int
+    batch: str
+    """The lease entry (member of ``lease``) of the batch the row was granted in."""
+    size: int
+    expiry: int
+    key: int
+    owner: str
+
+
+def _holding(value: bytes | str) -> Held:
     text = value.decode() if isinstance(value, bytes) else str(value)
-    token, key, owner = text.split(":", 2)
-    return int(token), int(key), owner
+    token, batch, size, expiry, key, owner = text.split(":", 5)
+    return Held(int(token), batch, int(size), int(expiry), int(key), owner)
+
+
+def _split_holder(fields: dict[bytes, bytes]) -> tuple[dict[str, tuple[int, list[int]]],
+                                                       dict[int, Held]]:
+    """The holder hash read whole, as (batch -> (count, rows) of the batches' records
+    ``b<batch>`` = ``count:members``, row -> its entry)."""
+    records: dict[str, tuple[int, list[int]]] = {}
+    held: dict[int, Held] = {}
+    for k, v in fields.items():
+        name = k.decode()
+        if name.startswith("b"):
+            count, _, members = v.decode().partition(":")
+            records[name[1:]] = (int(count), [int(members[i:i + 8])
+                                              for i in range(0, len(members), 8)])
+        else:
+            held[int(name)] = _holding(v)
+    return records, held
 
 
 def packed_rows(due_ms: Any, interval_s: Any, provenance: Any = "submitted",

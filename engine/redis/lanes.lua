@@ -7,31 +7,42 @@ Keys of one queue (all carry the hash tag {name}, so a queue is one Cluster slot
 in this order as KEYS[1..5]:
 
   ready   ZSET  member = row id, score = key = lane * 2^42 + due_ms: rows waiting to be claimed
-  lease   ZSET  member = row id, score = lease expiry (ms): rows in flight
+  lease   ZSET  member = batch id (the first token of a claim's batch, or a renew's token),
+                score = lease expiry (ms): the batches in flight, one entry per claim
   rows    STRING  the row table: a fixed 6-byte record per row id at offset row * 6
   meta    HASH  layout, counters (next_row, token), the policy, share credits, per-lane grants
-  holder  HASH  member = row id, value = 'token:key:owner': rows in flight, and rows whose
-                lease lapsed and that nobody was granted since (their token still holds)
+  holder  HASH  member = row id, value = 'token:batch:n:expiry:key:owner': rows in flight, and
+                rows whose lease lapsed and that nobody was granted since (their token still
+                holds); and per batch in flight, field 'b<batch>', value = 'count:members' (how
+                many of its rows are still held under it, then the members it was granted)
 
-A row is in exactly one of ready and lease while it is live; a removed row is in neither. A
-claimed row leaves ready, so a claim pass never reads a row in flight, and comes back (with the
-key its holder entry keeps) when its lease is completed, failed, released, or lapses: the first
-step of every claim pass moves lapsed leases back.
+A row is in exactly one of ready and a batch in flight while it is live (in flight: its holder
+entry names a batch in lease and it is not in ready); a removed row is in neither. A claimed row
+leaves ready, so a claim pass never reads a row in flight, and comes back (with the key its
+holder entry keeps) when its lease is completed, failed, released, or lapses: the first step of
+every claim pass moves the rows of lapsed batches back.
 
-Layout 3: a row's key (lane and due time) lives in exactly one place, the ready score while it
-waits, its holder entry while it is in flight (in lease); its fencing token only in its holder
-entry. So a claim writes nothing per row but one field of one variadic HSET, and a complete
-reads the batch's records with one BITFIELD_RO and writes a record only to clear failures or
-urgency.
+Layout 4 leases a batch, not a row: a claim adds one lease entry (its batch) where layout 3
+added one per row, and the end of a batch's last row (or its lapse) removes it, so a row goes
+through five member operations a cycle (ZREM ready, HSET holder; HMGET holder, HDEL holder, ZADD
+ready), not seven. A row's holder entry carries its batch, the batch's size n (a call that ends
+n rows of one batch ends the batch without reading its record) and the expiry (fixed for the
+batch's life: a renew moves the row to a batch of its own), so describe and stats read a row's
+lease from its entry alone. A row's key (lane and due time) lives in exactly one place, the
+ready score while it waits, its holder entry while it is in flight; its fencing token only in
+its holder entry. So a claim writes nothing per row but one field of one variadic HSET, and a
+complete reads the batch's records with one BITFIELD_RO and writes a record only to clear
+failures or urgency.
 
 A token is valid while the row's holder entry holds it, as in shared memory (API.md: stale
 means the lease expired AND the row was claimed again, or the lease ended): an expired lease
 nobody has claimed again can still be completed, failed, released or renewed by its holder.
-So the expiry step puts a lapsed row back into ready (claimable) but leaves its holder entry;
-the next grant of the row overwrites it, a write that ends the lease deletes it. The key of
-such an entry means nothing (the ready score is the row's key); its token and owner do.
+So the expiry step puts a lapsed batch's rows back into ready (claimable) but leaves their
+holder entries; the next grant of a row overwrites its entry, a write that ends the lease
+deletes it. The key and expiry of such an entry mean nothing (the ready score is the row's key,
+its batch is gone); its token and owner do.
 
-A member (in ready, lease and holder) is the row id in 8 zero-padded digits (MEMBER): a ZSET
+A row's member (in ready and holder) is the row id in 8 zero-padded digits (MEMBER): a ZSET
 orders equal scores by member bytes, and padded ids sort as numbers, so rows due at the same
 millisecond are served in row order, as by the shared-memory engine ("10" would precede "9").
 Batch calls take their row ids as members from the client (engine.py ``member``), so no row id
@@ -50,8 +61,8 @@ Every function checks ARGV[1] against VERSION, so a client built for another ver
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '7'
-local LAYOUT = '3' -- bump with any change to a key's or a record's meaning (engine.py too)
+local VERSION = '8'
+local LAYOUT = '4' -- bump with any change to a key's or a record's meaning (engine.py too)
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1
 local ONE = 65536 -- share credit unit (engine.policy.ONE)
@@ -59,7 +70,8 @@ local REC = '>I4BB'
 local RECLEN = 6 -- bytes: BITFIELD's u48, so 'GET u48 #row' reads row's record
 local TOKEN_SEED = 1024 -- tokens per millisecond of the server clock (see the note above)
 local F_DISCOVERED, F_URGENT, F_LIVE = 1, 2, 4
-local EXPIRE_BATCH = 1000 -- lapsed leases put back per claim pass (the rest by the next ones)
+local EXPIRE_BATCH = 100 -- lapsed batches put back per claim pass (the rest by the next ones),
+local EXPIRE_ROWS = 1000 -- and no more batches once their rows reach this (one at least)
 local CHUNK = 1000 -- members per variadic call (unpack() has a C stack limit)
 local MEMBER = '%08d' -- a row id as a member: sorts as a number (MAX_ROWS < 10^8)
 
@@ -84,7 +96,7 @@ local function fmt(x)
   return string.format('%d', x)
 end
 
-local function mem(row) -- a row id as a member of ready, lease and holder
+local function mem(row) -- a row id as a member of ready and holder
   return string.format(MEMBER, row)
 end
 
@@ -193,6 +205,15 @@ local function check_row(K, P, row)
   end
 end
 
+-- check_row of members (8 digits each, as rows_tokens checked): compared as strings, which
+-- order as the numbers do at one length, with no number parsed per row.
+local function check_members(P, rows)
+  local top = mem(P.next_row)
+  for i = 1, #rows do
+    if rows[i] >= top then fail('RANGE', 'row ' .. tonumber(rows[i]) .. ' does not exist') end
+  end
+end
+
 local function get(K, row)
   local s = rcall('GETRANGE', K[3], fmt(row * RECLEN), fmt(row * RECLEN + RECLEN - 1))
   local interval, failures, flags = struct.unpack(REC, s)
@@ -203,10 +224,10 @@ local function put(K, row, r)
   rcall('SETRANGE', K[3], fmt(row * RECLEN), struct.pack(REC, r.interval, r.failures, r.flags))
 end
 
--- The records of rows[1..n] (members) with one BITFIELD_RO per CHUNK (a record is one u48;
--- BITFIELD's '#n' offset refuses leading zeros, so a member goes as its digits from the first
--- nonzero one, cut out of the string: no number conversion). The argument table is kept and
--- reused, as building it per call costs more than the call.
+-- The records of rows[1..n] (members), each as its u48 (see `record`: no table per row), with
+-- one BITFIELD_RO per CHUNK (BITFIELD's '#n' offset refuses leading zeros, so a member goes as
+-- its digits from the first nonzero one, cut out of the string: no number conversion). The
+-- argument table is kept and reused, as building it per call costs more than the call.
 local GETS = {}
 local function get_many(K, rows)
   local out = {}
@@ -220,15 +241,29 @@ local function get_many(K, rows)
       a = a + 3
     end
     local got = rcall('BITFIELD_RO', K[3], unpack(GETS, 1, a))
-    for k = 1, #got do
-      local v = got[k]
-      local flags = v % 256
-      local failures = math.floor(v / 256) % 256
-      out[i + k - 1] = {interval = math.floor(v / 65536), failures = failures, flags = flags}
-    end
+    for k = 1, #got do out[i + k - 1] = got[k] end
   end
   return out
 end
+
+-- interval, failures, flags of a record read as one u48 (get_many): no table per row.
+local function record(v)
+  return math.floor(v / 65536), math.floor(v / 256) % 256, v % 256
+end
+
+-- Scratch tables kept between calls, as GETS is: one grown to a batch's size stays that size,
+-- where a new table per call grows one doubling at a time (a realloc and a rehash each; table
+-- growth was a fifth of a cycle's instructions). Only for arrays that never leave the call
+-- that fills them; `cleared` empties one before use.
+local function cleared(t)
+  for i = #t, 1, -1 do t[i] = nil end
+  return t
+end
+local S_ROWS, S_TOKENS = {}, {} -- rows_tokens
+local S_WHICH, S_OK, S_ENDED, S_HELDS, S_BACK = {}, {}, {}, {}, {} -- complete_many
+local S_LANES, S_MEMBERS, S_KEYS, S_HOLD = {}, {}, {}, {} -- claim_pass
+local S_BYTES = {} -- f_complete_claim
+local S_TEXTS, S_LIVE = {}, {} -- token_texts, live_leases
 
 local function key_of(lane, due)
   return lane * STRIDE + due
@@ -248,7 +283,7 @@ for i = 0, 999 do DIGITS3[i] = (i < 10 and '00' or i < 100 and '0' or '') .. i e
 -- The decimal strings of the n tokens from `first` on: one format per thousand tokens, each
 -- token then its prefix and three digits from DIGITS3 (a format costs more than a concat).
 local function token_texts(first, n)
-  local out = {}
+  local out = cleared(S_TEXTS)
   local base, prefix = nil, nil
   for i = 1, n do
     local tok = first + i - 1
@@ -261,17 +296,30 @@ local function token_texts(first, n)
   return out
 end
 
--- A holder entry: the lease's token, the key the row goes back with (both as exact decimal
--- strings), the owner id.
-local function holder_value(token, key, owner)
-  return token .. ':' .. key .. ':' .. owner
+-- A row's holder entry: the lease's token, its batch, the batch's size, its expiry, the key the
+-- row goes back with (all exact decimal strings), the owner id.
+local function holder_value(token, batch, n, expiry, key, owner)
+  return token .. ':' .. batch .. ':' .. n .. ':' .. expiry .. ':' .. key .. ':' .. owner
 end
 
--- {token, key, owner} of a holder entry, or nil (no entry).
+local HOLDING = '^(%d+):(%d+):(%d+):(%d+):(%d+):(.*)$'
+
+-- The holding of a holder entry (nil: no entry): token, key and expiry as numbers, batch (a
+-- member of lease) and the rest as strings.
 local function holding(v)
   if not v then return nil end
-  local token, key, owner = string.match(v, '^(%d+):(%d+):(.*)$')
-  return {token = tonumber(token), key = tonumber(key), owner = owner}
+  local token, batch, n, expiry, key, owner = string.match(v, HOLDING)
+  return {token = tonumber(token), batch = batch, n = tonumber(n), expiry = tonumber(expiry),
+          key = tonumber(key), owner = owner}
+end
+
+-- The entry of holding h with another key (a prioritize of a row in flight).
+local function rekeyed(h, key)
+  return holder_value(fmt(h.token), h.batch, fmt(h.n), fmt(h.expiry), fmt(key), h.owner)
+end
+
+local function batch_field(batch) -- a batch's record in holder (never a row's 8 digits)
+  return 'b' .. batch
 end
 
 -- The key of a live row (member m) where it is now, and its holding while it is in flight: the
@@ -298,7 +346,7 @@ local function reschedule(K, P, row, r, lane, due, h)
   put(K, row, r)
   note_lane(K, P, lane)
   if h then
-    rcall('HSET', K[5], mem(row), holder_value(fmt(h.token), fmt(key_of(lane, due)), h.owner))
+    rcall('HSET', K[5], mem(row), rekeyed(h, key_of(lane, due)))
   else
     rcall('ZADD', K[1], fmt(key_of(lane, due)), mem(row))
   end
@@ -314,25 +362,25 @@ end
 -- The holding of a row (member m) whose lease `token` still holds, else nil (a stale token).
 -- A lapsed lease holds until the row is granted again (that overwrites the holder entry).
 local function leased(K, m, token)
-  local h = holding(rcall('HGET', K[5], m))
+  local v = rcall('HGET', K[5], m)
+  local h = holding(v)
   if token == 0 or not h or h.token ~= token then return nil end
+  h.value = v
   return h
-end
-
-local function lease_end(K, m)
-  rcall('ZREM', K[2], m)
-  rcall('HDEL', K[5], m)
 end
 
 --[[ Batches: a redis.call costs about as much as the work of a small command (argument and
 reply conversion; ~1-2 us on a slow core), so a batch of n leases reads every holder entry
-with one HMGET, every record it needs with one BITFIELD_RO, and ends the leases with one ZREM,
-one HDEL and one ZADD, instead of several calls per row. A token's validity does not depend on
-the clock, so no expiry is read. A row listed twice in one batch is stale the second time (its
-lease ended with the first). ]]
+with one HMGET, every record it needs with one BITFIELD_RO, and ends the leases with one HDEL
+and one ZADD (and one ZREM of the lease entries of the batches whose last row ended), instead
+of several calls per row. A token's validity does not depend on the clock, so no expiry is
+read. A row listed twice in one batch is stale the second time (its lease ended with the
+first). ]]
 
 -- Per chunk of rows, one call `cmd key rows...`; the replies joined.
 local function per_row(cmd, key, rows)
+  if #rows == 0 then return {} end
+  if #rows <= CHUNK then return rcall(cmd, key, unpack(rows)) end -- the reply as it is
   local out = {}
   for i = 1, #rows, CHUNK do
     local j = math.min(i + CHUNK - 1, #rows)
@@ -347,7 +395,7 @@ end
 -- entry), compared and passed on as they are: a number handed to redis.call is formatted
 -- again, and that costs more than the call.
 local function live_leases(K, rows, tokens)
-  local out = {}
+  local out = cleared(S_LIVE)
   if #rows == 0 then return out end
   local held = per_row('HMGET', K[5], rows)
   local ended = {}
@@ -360,32 +408,111 @@ local function live_leases(K, rows, tokens)
   return out
 end
 
--- End the leases of `ended` (members) and put `back` (score, member pairs) into ready: the
--- batched tail.
-local function leases_end(K, ended, back)
+-- Count `c` more ended rows against each batch of `ends` (batch -> c): a batch whose every row
+-- has ended loses its lease entry and its record (its field goes into `hdel`, the caller's one
+-- HDEL); one that keeps rows in flight gets its count lowered. A call that ends all n rows of
+-- a batch (n from the rows' holder entries, `sizes`) needs no read of its record; a batch that
+-- lapsed has none left, and nothing is done for it.
+local function batches_end(K, ends, sizes, hdel)
+  local gone, partial = {}, {}
+  for b, c in pairs(ends) do
+    if c == sizes[b] then gone[#gone + 1] = b else partial[#partial + 1] = b end
+  end
+  if #partial > 0 then
+    local names = {}
+    for i, b in ipairs(partial) do names[i] = batch_field(b) end
+    local recs = per_row('HMGET', K[5], names)
+    for i, b in ipairs(partial) do
+      if recs[i] then
+        local count, rest = string.match(recs[i], '^(%d+)(:%d*)$')
+        local left = tonumber(count) - ends[b]
+        if left <= 0 then
+          gone[#gone + 1] = b
+        else
+          rcall('HSET', K[5], names[i], fmt(left) .. rest)
+        end
+      end
+    end
+  end
+  if #gone == 0 then return end
+  for _, b in ipairs(gone) do hdel[#hdel + 1] = batch_field(b) end
+  chunked('ZREM', K[2], gone)
+end
+
+-- End the leases of `ended` (members; `helds` their holder entries) and put `back` (score,
+-- member pairs) into ready: the batched tail. `ended` gets the fields of the batches that end
+-- with them appended.
+local function leases_end(K, ended, helds, back)
   if #ended == 0 then return end
-  chunked('ZREM', K[2], ended)
+  local ends, sizes = {}, {}
+  for i = 1, #ended do
+    local b, n = string.match(helds[i], '^%d+:(%d+):(%d+):')
+    local c = ends[b]
+    if not c then
+      c = 0
+      sizes[b] = tonumber(n)
+    end
+    ends[b] = c + 1
+  end
+  batches_end(K, ends, sizes, ended)
   chunked('HDEL', K[5], ended)
   if #back > 0 then chunked('ZADD', K[1], back) end
 end
 
--- Put lapsed leases back into ready with the key their holder entry keeps (expiry <= now). The
--- holder entry stays: its holder may still end the lease until the row is granted again.
+-- The rows still held under `batches` (members of lease), as members, holdings and how many
+-- of the batches they come from: each batch's record lists the rows it was granted; those
+-- whose holder entry still names it are held. With `limit`, the batches from the first on
+-- until their rows reach it (one at least).
+local function batch_rows(K, batches, limit)
+  local ms, holds = {}, {}
+  if #batches == 0 then return ms, holds, 0 end
+  local names = {}
+  for i, b in ipairs(batches) do names[i] = batch_field(b) end
+  local recs = per_row('HMGET', K[5], names)
+  local rows, of = {}, {}
+  local upto = 0
+  for i = 1, #batches do
+    if limit and #rows >= limit then break end
+    local list = recs[i] and string.match(recs[i], '^%d+:(%d*)$') or ''
+    for k = 1, #list, 8 do
+      rows[#rows + 1] = string.sub(list, k, k + 7)
+      of[#of + 1] = batches[i]
+    end
+    upto = i
+  end
+  local held = #rows > 0 and per_row('HMGET', K[5], rows) or {}
+  for i = 1, #rows do
+    local h = holding(held[i])
+    if h and h.batch == of[i] then
+      ms[#ms + 1] = rows[i]
+      holds[#holds + 1] = h
+    end
+  end
+  return ms, holds, upto
+end
+
+-- Put the rows of lapsed batches (expiry <= now) back into ready with the key their holder
+-- entries keep, and drop the batches' lease entries and records: up to EXPIRE_BATCH batches,
+-- fewer once their rows reach EXPIRE_ROWS (a batch is put back whole), the rest by the next
+-- passes. The holder entries stay: a holder may still end its lease until the row is granted
+-- again.
 local function expire(K, now)
   local lapsed = rcall('ZRANGE', K[2], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, EXPIRE_BATCH)
   if #lapsed == 0 then return 0 end
-  local held = per_row('HMGET', K[5], lapsed)
-  local back = {}
-  for i, m in ipairs(lapsed) do
-    local h = holding(held[i])
-    if h then
-      back[#back + 1] = fmt(h.key)
-      back[#back + 1] = m
-    end
+  local ms, holds, upto = batch_rows(K, lapsed, EXPIRE_ROWS)
+  local back, gone, names = {}, {}, {}
+  for i = 1, #ms do
+    back[#back + 1] = fmt(holds[i].key)
+    back[#back + 1] = ms[i]
   end
-  chunked('ZREM', K[2], lapsed)
+  for i = 1, upto do
+    gone[i] = lapsed[i]
+    names[i] = batch_field(lapsed[i])
+  end
+  chunked('ZREM', K[2], gone)
+  chunked('HDEL', K[5], names)
   if #back > 0 then chunked('ZADD', K[1], back) end
-  return #lapsed
+  return upto
 end
 
 -- ---------------------------------------------------------------- the claim pass -----
@@ -400,14 +527,17 @@ end
 Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT taken n, where `taken`
 counts the rows this pass already took from the lane: they leave ready with one ZREM at the
 end, so a second seek of a lane skips them. `window` bounds the rows one lane grants in one
-pass. Returns {rows, lanes, dues, tokens}. ]]
+pass. Returns the batch's first token (0: none), members and keys (texts), in grant order. ]]
 -- Grants from position `start` + 1 on, as the remainder took them lane by lane, put in the
 -- order it serves them: by due time, ties to the lower lane, a lane's own order kept (as the
 -- shared-memory pass grants with remainder = edf, one global earliest row after another).
--- `cols` are the parallel arrays of the batch (dues and lanes among them), permuted alike.
-local function in_due_order(cols, dues, lanes, start)
-  local idx = {}
-  for i = start + 1, #dues do idx[#idx + 1] = i end
+-- `cols` are the parallel arrays of the batch (keys and lanes among them), permuted alike.
+local function in_due_order(cols, keys, lanes, start)
+  local idx, dues = {}, {}
+  for i = start + 1, #keys do
+    idx[#idx + 1] = i
+    dues[i] = tonumber(keys[i]) - lanes[i] * STRIDE
+  end
   table.sort(idx, function(a, b)
     if dues[a] ~= dues[b] then return dues[a] < dues[b] end
     if lanes[a] ~= lanes[b] then return lanes[a] < lanes[b] end
@@ -464,7 +594,8 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
   local nl = P.lanes_high + 1
   local remaining = budget
   local grants, taken = {}, {}
-  local rows, lanes, dues, members, keys = {}, {}, {}, {}, {}
+  -- the batch: a grant's lane, member, key (its text)
+  local lanes, members, keys = cleared(S_LANES), cleared(S_MEMBERS), cleared(S_KEYS)
   for l = 0, nl - 1 do grants[l] = 0; taken[l] = 0 end
 
   local los, his = {}, {} -- a lane's range, formatted once per pass (a lane is sought often)
@@ -485,13 +616,11 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     if n <= 0 then return 0 end
     local got = rcall('ZRANGE', K[1], lo(lane), hi(lane), 'BYSCORE', 'LIMIT', taken[lane], n,
       'WITHSCORES')
-    for i = 1, #got, 2 do
-      members[#members + 1] = got[i]
-      rows[#rows + 1] = tonumber(got[i])
-      lanes[#lanes + 1] = lane
-      dues[#dues + 1] = tonumber(got[i + 1]) - lane * STRIDE
+    local at = #members
+    for i = 1, #got, 2 do -- a key's text (%.17g) is exact below 2^53: no number is parsed
+      at = at + 1
+      members[at], keys[at], lanes[at] = got[i], got[i + 1], lane
     end
-    for i = 2, #got, 2 do keys[#keys + 1] = got[i] end -- %.17g: exact decimal below 2^53
     local k = #got / 2
     taken[lane] = taken[lane] + k
     grants[lane] = grants[lane] + k
@@ -569,7 +698,7 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
             end
             local recs = get_many(K, ms)
             local ivs = {}
-            for i = 1, #recs do ivs[i] = math.max(1, recs[i].interval) end
+            for i = 1, #recs do ivs[i] = math.max(1, (record(recs[i]))) end
             heads[l] = {dues = dues_l, ivs = ivs, at = 1, w = P.weights[l] or ONE}
           end
         end
@@ -592,15 +721,15 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
         picks[#picks + 1] = best
         want[best] = (want[best] or 0) + 1
       end
-      local start = #rows
+      local start = #members
       local at = {}
       for l = first, nl - 1 do
         if want[l] then
-          at[l] = #rows + 1
+          at[l] = #members + 1
           take(l, want[l])
         end
       end
-      local cols = {rows, lanes, dues, members, keys}
+      local cols = {lanes, members, keys}
       local moved = {}
       for k, l in ipairs(picks) do
         for c, col in ipairs(cols) do
@@ -628,11 +757,11 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
         local l = heads[i][2]
         want[l] = (want[l] or 0) + 1
       end
-      local start = #rows
+      local start = #members
       for l = first, nl - 1 do
         if want[l] then take(l, want[l]) end
       end
-      in_due_order({rows, lanes, dues, members, keys}, dues, lanes, start)
+      in_due_order({lanes, members, keys}, keys, lanes, start)
     end
     for cls = 1, 3 do
       if P.shares[cls] > 0 then
@@ -650,24 +779,26 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     end
   end
 
-  local n = #rows
-  local tokens = {}
+  local n = #members
+  local first = 0
   if n > 0 then
     chunked('ZREM', K[1], members)
-    local first = next_tokens(P, n, clock)
+    first = next_tokens(P, n, clock)
     meta[#meta + 1] = 'token'
     meta[#meta + 1] = fmt(P.token)
     local exp = fmt(clamp(now + lease_ms))
-    local z, h = {}, {}
+    local h = cleared(S_HOLD)
     local texts = token_texts(first, n)
+    local batch = texts[1] -- the batch's id: its first token
+    local mid = ':' .. batch .. ':' .. fmt(n) .. ':' .. exp .. ':' -- token:batch:n:expiry:key:owner
+    local tail = ':' .. owner
     for i = 1, n do
-      tokens[i] = first + i - 1
-      z[#z + 1] = exp
-      z[#z + 1] = members[i]
-      h[#h + 1] = members[i]
-      h[#h + 1] = holder_value(texts[i], keys[i], owner)
+      h[2 * i - 1] = members[i]
+      h[2 * i] = texts[i] .. mid .. keys[i] .. tail
     end
-    chunked('ZADD', K[2], z)
+    h[2 * n + 1] = batch_field(batch)
+    h[2 * n + 2] = fmt(n) .. ':' .. table.concat(members)
+    rcall('ZADD', K[2], exp, batch)
     chunked('HSET', K[5], h)
     -- the granted lanes' counters: read with one HMGET, written with the credits' HSET below
     -- (measured: cheaper than an HINCRBY per lane, and than reading them with the meta)
@@ -684,7 +815,7 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     end
   end
   if #meta > 0 then rcall('HSET', K[4], unpack(meta)) end
-  return {rows, lanes, dues, tokens}
+  return first, members, keys
 end
 
 -- ---------------------------------------------------------------- leased writes -----
@@ -693,14 +824,14 @@ end
 -- is checked before anything changes; a stale token reports 0 and changes nothing. A record is
 -- written only when the complete clears its failures or its urgency.
 local function complete_many(K, P, now, rows, tokens, nexts)
-  for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
+  check_members(P, rows)
   local live = live_leases(K, rows, tokens)
-  local which = {}
+  local which = cleared(S_WHICH)
   for i = 1, #rows do
     if live[i] then which[#which + 1] = rows[i] end
   end
   local recs = get_many(K, which)
-  local ok, ended, back = {}, {}, {}
+  local ok, ended, helds, back = cleared(S_OK), cleared(S_ENDED), cleared(S_HELDS), cleared(S_BACK)
   local high = P.lanes_high
   local k = 0
   local texts = {} -- key -> its decimal string: a batch's rows share few keys (one `now`)
@@ -708,17 +839,17 @@ local function complete_many(K, P, now, rows, tokens, nexts)
     local row = rows[i]
     if live[i] then
       k = k + 1
-      local r = recs[k]
-      local discovered = has(r.flags, F_DISCOVERED)
+      local interval, failures, was = record(recs[k])
+      local discovered = has(was, F_DISCOVERED)
       local flags = F_LIVE + (discovered and F_DISCOVERED or 0)
-      if r.failures ~= 0 or r.flags ~= flags then
-        r.failures, r.flags = 0, flags
-        put(K, tonumber(row), r)
+      if failures ~= 0 or was ~= flags then
+        put(K, tonumber(row), {interval = interval, failures = 0, flags = flags})
       end
-      local lane = lane_for(P, discovered, r.interval, 0, false)
-      local due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + r.interval * 1000)
+      local lane = lane_for(P, discovered, interval, 0, false)
+      local due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + interval * 1000)
       if lane > high then high = lane end
       ended[#ended + 1] = row
+      helds[#helds + 1] = live[i]
       local key = key_of(lane, due)
       local text = texts[key]
       if not text then
@@ -732,7 +863,7 @@ local function complete_many(K, P, now, rows, tokens, nexts)
       ok[i] = 0
     end
   end
-  leases_end(K, ended, back)
+  leases_end(K, ended, helds, back)
   note_lane(K, P, high)
   return ok
 end
@@ -741,21 +872,22 @@ end
 -- lapsed lease already put back into ready keeps its ready score (its holder entry's key is
 -- void: a prioritize may have moved the row since).
 local function release_many(K, P, now, rows, tokens)
-  for i = 1, #rows do check_row(K, P, tonumber(rows[i])) end
+  check_members(P, rows)
   local live = live_leases(K, rows, tokens)
   local which = {}
   for i = 1, #rows do
     if live[i] then which[#which + 1] = rows[i] end
   end
   local waiting = #which > 0 and per_row('ZMSCORE', K[1], which) or {}
-  local ok, ended, back = {}, {}, {}
+  local ok, ended, helds, back = {}, {}, {}, {}
   local k = 0
   for i = 1, #rows do
     if live[i] then
       k = k + 1
       ended[#ended + 1] = rows[i]
+      helds[#helds + 1] = live[i]
       if not waiting[k] then
-        back[#back + 1] = string.match(live[i], '^%d+:(%d+):')
+        back[#back + 1] = string.match(live[i], '^%d+:%d+:%d+:%d+:(%d+):')
         back[#back + 1] = rows[i]
       end
       ok[i] = 1
@@ -763,7 +895,7 @@ local function release_many(K, P, now, rows, tokens)
       ok[i] = 0
     end
   end
-  leases_end(K, ended, back)
+  leases_end(K, ended, helds, back)
   return ok
 end
 
@@ -778,7 +910,7 @@ local function rows_tokens(argv, at)
   if n ~= math.floor(n) or not string.find(blob, '^%d*$') then
     fail('VALUE', 'rows must be 8-digit members')
   end
-  local rows, tokens = {}, {}
+  local rows, tokens = cleared(S_ROWS), cleared(S_TOKENS)
   for i = 1, n do rows[i] = string.sub(blob, i * 8 - 7, i * 8) end
   for t in string.gmatch(toks, '%d+:') do tokens[#tokens + 1] = t end
   if #tokens ~= n then fail('VALUE', n .. ' rows but ' .. #tokens .. ' tokens') end
@@ -841,40 +973,25 @@ local function f_add(K, A)
   return first
 end
 
---[[ A batch goes back packed, one int64 each of row, lane, due_ms, token per row ('<l' is
-exact below 2^53), not as four arrays of numbers: converting 64 numbers to RESP here and
-parsing them in Python costs more than the claim's seeks (engine.py RedisClaims reads it with
-one numpy view). ]]
-local PACK_ROWS = 256 -- rows per struct.pack (4 numbers each: unpack() has a C stack limit)
-local PACK = {} -- rows -> the struct format of that many
-local function packed(got)
-  local out = {}
-  local rows, lanes, dues, tokens = got[1], got[2], got[3], got[4]
-  for i = 1, #rows, PACK_ROWS do
-    local j = math.min(i + PACK_ROWS - 1, #rows)
-    local flat, b = {}, 0
-    for k = i, j do
-      flat[b + 1], flat[b + 2], flat[b + 3], flat[b + 4] = rows[k], lanes[k], dues[k], tokens[k]
-      b = b + 4
-    end
-    local f = PACK[j - i + 1]
-    if not f then
-      f = '<' .. string.rep('l', b)
-      PACK[j - i + 1] = f
-    end
-    out[#out + 1] = struct.pack(f, unpack(flat, 1, b))
-  end
-  return table.concat(out)
+--[[ A batch goes back as one string: its first token (the i-th row's token is first + i - 1),
+the rows' keys as the ZRANGEs returned them, and the rows' members joined, space separated
+('' for none). Nothing in it is a number parsed or formatted here: the key texts and members
+are the seeks' own strings, where converting them to numbers (a 16-digit key takes strtod's
+multi-precision path) and back cost more than the seeks (engine.py RedisClaims reads it with
+numpy). ]]
+local function batch_reply(first, members, keys)
+  if #members == 0 then return '' end
+  return fmt(first) .. ' ' .. table.concat(keys, ' ') .. ' ' .. table.concat(members)
 end
 
--- ARGV: version, now, budget, lease_ms, window, owner. Returns the batch packed.
+-- ARGV: version, now, budget, lease_ms, window, owner. Returns the batch (batch_reply).
 local function f_claim(K, A)
   check_version(A)
   local P = queue_meta(K)
   local now, clock = times(A[2])
   expire(K, now)
-  return packed(claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]),
-    A[6]))
+  return batch_reply(claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]),
+    tonumber(A[5]), A[6]))
 end
 
 -- ARGV: version, now, rows, tokens (rows_tokens), has_next, nexts[n] (if has_next).
@@ -893,7 +1010,7 @@ end
 
 -- ARGV: version, now, budget, lease_ms, window, owner, rows, tokens (rows_tokens).
 -- One worker cycle in one round trip: complete the batch, then one claim pass. Returns the
--- new batch packed and one byte per completed row (1: its token was live).
+-- new batch (batch_reply) and one byte per completed row (1: its token was live).
 local function f_complete_claim(K, A)
   check_version(A)
   local P = queue_meta(K)
@@ -901,10 +1018,11 @@ local function f_complete_claim(K, A)
   local rows, tokens = rows_tokens(A, 7)
   local ok = complete_many(K, P, now, rows, tokens, nil)
   expire(K, now)
-  local got = claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]), tonumber(A[5]), A[6])
-  local bytes = {}
+  local first, members, keys = claim_pass(K, P, now, clock, tonumber(A[3]), tonumber(A[4]),
+    tonumber(A[5]), A[6])
+  local bytes = cleared(S_BYTES)
   for i = 1, #ok do bytes[i] = ok[i] == 1 and '\1' or '\0' end
-  return {packed(got), table.concat(bytes)}
+  return {batch_reply(first, members, keys), table.concat(bytes)}
 end
 
 -- ARGV: version, now, rows, tokens (rows_tokens).
@@ -923,7 +1041,8 @@ local function f_fail(K, A)
   local retry_at = tonumber(A[5])
   check_row(K, P, row)
   local m = mem(row)
-  if not leased(K, m, token) then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
+  local h = leased(K, m, token)
+  if not h then fail('LEASE', 'fail row ' .. row .. ': the token is stale') end
   local r = get(K, row)
   local f = r.failures + 1
   if A[6] == '1' and f < P.cold_after then f = P.cold_after end -- a 404 will not heal
@@ -934,7 +1053,7 @@ local function f_fail(K, A)
   local discovered = has(r.flags, F_DISCOVERED)
   r.failures = f
   r.flags = F_LIVE + (discovered and F_DISCOVERED or 0)
-  lease_end(K, m) -- a lapsed lease put back into ready: ZADD below moves it
+  leases_end(K, {m}, {h.value}, {}) -- a lapsed lease put back into ready: ZADD below moves it
   reschedule(K, P, row, r, lane_for(P, discovered, r.interval, f, false),
     retry_at >= 0 and retry_at or clamp(now + backoff), nil)
   return 1
@@ -956,10 +1075,15 @@ local function f_renew(K, A)
     rcall('ZREM', K[1], m)
     key, owner = tonumber(z), A[6]
   end
+  -- the row leaves its batch (the batch ends if it was its last row) for one of its own
+  local hdel = {}
+  batches_end(K, {[h.batch] = 1}, {[h.batch] = h.n}, hdel)
+  if #hdel > 0 then rcall('HDEL', K[5], unpack(hdel)) end
   local tok = next_tokens(P, 1, clock_ms())
-  rcall('HSET', K[4], 'token', fmt(tok))
-  rcall('HSET', K[5], m, holder_value(fmt(tok), fmt(key), owner))
-  rcall('ZADD', K[2], fmt(clamp(now + tonumber(A[5]))), m)
+  local t, exp = fmt(tok), fmt(clamp(now + tonumber(A[5])))
+  rcall('HSET', K[4], 'token', t)
+  rcall('HSET', K[5], m, holder_value(t, t, '1', exp, fmt(key), owner), batch_field(t), '1:' .. m)
+  rcall('ZADD', K[2], exp, t)
   return tok
 end
 
@@ -989,8 +1113,10 @@ local function f_remove(K, A)
   r.flags = r.flags - F_LIVE
   if has(r.flags, F_URGENT) then r.flags = r.flags - F_URGENT end
   put(K, row, r) -- and the lease ends below: its holder's token is stale from now on
-  rcall('ZREM', K[1], mem(row))
-  lease_end(K, mem(row))
+  local m = mem(row)
+  rcall('ZREM', K[1], m)
+  local v = rcall('HGET', K[5], m)
+  if v then leases_end(K, {m}, {v}, {}) end
   return 1
 end
 
@@ -1027,10 +1153,11 @@ local function f_restamp(K, A)
     if left then break end
   end
   if not left then -- rows in flight keep their key in their holder entry
-    for _, m in ipairs(rcall('ZRANGE', K[2], 0, -1)) do
+    local ms, holds = batch_rows(K, rcall('ZRANGE', K[2], 0, -1))
+    for i, m in ipairs(ms) do
       local row = tonumber(m)
       local r = get(K, row)
-      local h = holding(rcall('HGET', K[5], m))
+      local h = holds[i]
       local lane = lane_for(on, has(r.flags, F_DISCOVERED), r.interval, r.failures,
         has(r.flags, F_URGENT))
       local was, due = split(h.key)
@@ -1062,15 +1189,14 @@ local function f_stats(K, A)
     per[#per + 1] = #first > 0 and tonumber(first[2]) - l * STRIDE or -1
   end
   local flight = {}
-  local leases = rcall('ZRANGE', K[2], 0, -1, 'WITHSCORES')
-  for i = 1, #leases, 2 do
-    local row = tonumber(leases[i])
-    local h = holding(rcall('HGET', K[5], leases[i])) or {key = 0, owner = ''} -- verify() tells
+  local ms, holds = batch_rows(K, rcall('ZRANGE', K[2], 0, -1))
+  for i, m in ipairs(ms) do
+    local h = holds[i]
     local lane, due = split(h.key)
-    flight[#flight + 1] = row
+    flight[#flight + 1] = tonumber(m)
     flight[#flight + 1] = lane
     flight[#flight + 1] = due
-    flight[#flight + 1] = tonumber(leases[i + 1])
+    flight[#flight + 1] = h.expiry
     flight[#flight + 1] = h.owner
   end
   return {now, per, flight}
@@ -1177,24 +1303,26 @@ local function f_reap(K, A)
   local dead = {}
   for i = 2, #A do dead[A[i]] = true end
   local held = rcall('HGETALL', K[5])
-  local gone, keys = {}, {}
+  local gone, helds, keys = {}, {}, {}
   for i = 1, #held, 2 do
-    local h = holding(held[i + 1])
-    if dead[h.owner] then
+    local h = string.byte(held[i]) ~= 98 and holding(held[i + 1]) -- 'b': a batch's record
+    if h and dead[h.owner] then
       gone[#gone + 1] = held[i]
+      helds[#helds + 1] = held[i + 1]
       keys[#keys + 1] = fmt(h.key)
     end
   end
-  local flying = #gone > 0 and per_row('ZMSCORE', K[2], gone) or {}
+  local waiting = #gone > 0 and per_row('ZMSCORE', K[1], gone) or {}
   local back = {}
   for i = 1, #gone do
-    if flying[i] then
+    if not waiting[i] then -- in flight (a lapsed lease back in ready keeps its ready score)
       back[#back + 1] = keys[i]
       back[#back + 1] = gone[i]
     end
   end
-  leases_end(K, gone, back)
-  return #back / 2
+  local n = #back / 2
+  leases_end(K, gone, helds, back)
+  return n
 end
 
 register('lanes_add_urls', f_add_urls)
