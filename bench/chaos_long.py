@@ -34,7 +34,8 @@ from chaos_lib import ChaosConfig, children_alive, run_chaos  # noqa: E402
 
 def redis_main(a: argparse.Namespace) -> int:
     """The chaos across hosts on Redis for ``--seconds``; 0 when the oracle finds nothing."""
-    from redis_chaos_lib import RedisChaos, RedisChaosConfig, still_running
+    from pool_testlib import running
+    from redis_chaos_lib import RedisChaos, RedisChaosConfig
     from redis_server import RedisServer
 
     seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
@@ -52,7 +53,7 @@ def redis_main(a: argparse.Namespace) -> int:
         if not a.keep_logs:
             shutil.rmtree(log_dir, ignore_errors=True)
     print(res.summary())
-    left = still_running(chaos.seen)
+    left = running(chaos.seen)
     problems = res.problems() + (["processes left"] if left else [])
     if problems:
         print("FAILED: " + "; ".join(problems))

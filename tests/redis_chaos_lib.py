@@ -456,16 +456,6 @@ class RedisChaos:
             self._eng.close()
 
 
-def still_running(pids: set[int]) -> set[int]:
-    out = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.add(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
 
 # =============================================================================== oracle =====
 

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 
 
 def find_server() -> str | None:
@@ -239,3 +240,32 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def module_server() -> Iterator[RedisServer]:
+    """A pytest fixture's body: one server for a test module, checked gone afterwards."""
+    srv = RedisServer().start()
+    yield srv
+    srv.stop()
+    assert srv.proc is not None and srv.proc.poll() is not None
+    assert not os.path.exists(srv.dir)
+
+
+def fresh_queue(server: RedisServer, prefix: str) -> Iterator[str]:
+    """A pytest fixture's body: a fresh queue name; the queue and its pool's URL keys are
+    dropped afterwards."""
+    import uuid
+
+    from engine import Engine
+    from engine.errors import SegmentMissing
+    from engine.redis.urls import RedisUrls
+
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    yield name
+    try:
+        eng = Engine.connect(server.url, name)
+    except SegmentMissing:
+        return
+    RedisUrls(eng).drop()
+    eng.drop()
+    eng.close()

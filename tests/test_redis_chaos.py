@@ -12,12 +12,11 @@ Three runs, each with a seed of its own, printed and in every failure message;
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pool_testlib import files_of
+from pool_testlib import files_of, running
 from redis_chaos_lib import (
     NEVER,
     RedisChaos,
@@ -26,12 +25,10 @@ from redis_chaos_lib import (
     check_leases,
     final_checks,
     read_log,
-    still_running,
 )
-from redis_server import RedisServer
+from redis_server import RedisServer, fresh_queue, module_server
 
 from engine import Engine
-from engine.errors import SegmentMissing
 from engine.redis.urls import RedisUrls
 
 SECONDS = float(os.environ.get("RL_REDIS_CHAOS_SECONDS", "10"))
@@ -40,24 +37,12 @@ RUNS = 1 if os.environ.get("RL_REDIS_CHAOS_SEED") else 3
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
-    srv = RedisServer().start()
-    yield srv
-    srv.stop()
-    assert srv.proc is not None and srv.proc.poll() is not None
-    assert not os.path.exists(srv.dir)
+    yield from module_server()
 
 
 @pytest.fixture
 def queue(server: RedisServer) -> Iterator[str]:
-    name = f"rl-chaos-{uuid.uuid4().hex[:12]}"
-    yield name
-    try:
-        eng = Engine.connect(server.url, name)
-    except SegmentMissing:
-        return
-    RedisUrls(eng).drop()
-    eng.drop()
-    eng.close()
+    yield from fresh_queue(server, "rl-chaos-")
 
 
 @pytest.mark.parametrize("run", range(RUNS))
@@ -74,7 +59,7 @@ def test_pools_on_several_hosts_survive_kills_stops_and_growth(
     assert res.workers_killed >= 1 and res.workers_stopped >= 1 and res.pools_killed >= 1, why
     assert res.adds >= 1 and res.rows == cfg.rows + cfg.adds * cfg.add_rows, why
     assert res.drained == res.rows, why
-    assert still_running(chaos.seen) == set(), why
+    assert running(chaos.seen) == set(), why
     assert all(files_of(run.local) == [] for run in chaos.runs), why
 
 

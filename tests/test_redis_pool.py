@@ -12,7 +12,6 @@ import multiprocessing
 import os
 import signal
 import time
-import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,7 @@ import psutil
 import pytest
 from lanes_testlib import unique_name
 from pool_testlib import cli, corpus, files_of, rendered, running, until_all, wait_for
-from redis_server import RedisServer, find_server
+from redis_server import RedisServer, find_server, fresh_queue, module_server
 
 from engine import Engine, checkpoint
 from engine.errors import CapacityError, EngineValueError, SegmentExists, SegmentMissing
@@ -39,25 +38,12 @@ assert find_server() is not None, "redis-server is not installed (make test inst
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
-    srv = RedisServer().start()
-    yield srv
-    srv.stop()
-    assert srv.proc is not None and srv.proc.poll() is not None
-    assert not os.path.exists(srv.dir)
+    yield from module_server()
 
 
 @pytest.fixture
 def queue(server: RedisServer) -> Iterator[str]:
-    """A fresh queue name; the queue and its URL keys are dropped afterwards."""
-    name = f"rl-test-{uuid.uuid4().hex[:12]}"
-    yield name
-    try:
-        eng = Engine.connect(server.url, name)
-    except SegmentMissing:
-        return
-    RedisUrls(eng).drop()
-    eng.drop()
-    eng.close()
+    yield from fresh_queue(server, "rl-test-")
 
 
 def _env(**more: str) -> dict[str, str]:

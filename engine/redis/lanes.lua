@@ -677,6 +677,12 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     local before = {}
     for l = 0, nl - 1 do before[l] = grants[l] end
     local first = capped and 1 or 0
+    -- the due rows the remainder may take next from lane l, with their scores
+    local function ahead(l)
+      local n = math.min(remaining, window - taken[l])
+      if n <= 0 then return {} end
+      return rcall('ZRANGE', K[1], lo(l), hi(l), 'BYSCORE', 'LIMIT', taken[l], n, 'WITHSCORES')
+    end
     if P.rem == 0 then
       for l = first, nl - 1 do take(l, remaining) end
     elseif P.rem == 2 and remaining > 0 then
@@ -686,21 +692,17 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
       -- engine.policy.reference_pass; the grants come back in the order they were picked.
       local heads = {}
       for l = first, nl - 1 do
-        local n = math.min(remaining, window - taken[l])
-        if n > 0 then
-          local got = rcall('ZRANGE', K[1], lo(l), hi(l), 'BYSCORE', 'LIMIT', taken[l], n,
-            'WITHSCORES')
-          if #got > 0 then
-            local ms, dues_l = {}, {}
-            for i = 1, #got, 2 do
-              ms[#ms + 1] = got[i]
-              dues_l[#dues_l + 1] = tonumber(got[i + 1]) - l * STRIDE
-            end
-            local recs = get_many(K, ms)
-            local ivs = {}
-            for i = 1, #recs do ivs[i] = math.max(1, (record(recs[i]))) end
-            heads[l] = {dues = dues_l, ivs = ivs, at = 1, w = P.weights[l] or ONE}
+        local got = ahead(l)
+        if #got > 0 then
+          local ms, dues_l = {}, {}
+          for i = 1, #got, 2 do
+            ms[#ms + 1] = got[i]
+            dues_l[#dues_l + 1] = tonumber(got[i + 1]) - l * STRIDE
           end
+          local recs = get_many(K, ms)
+          local ivs = {}
+          for i = 1, #recs do ivs[i] = math.max(1, (record(recs[i]))) end
+          heads[l] = {dues = dues_l, ivs = ivs, at = 1, w = P.weights[l] or ONE}
         end
       end
       local picks, want = {}, {}
@@ -744,12 +746,8 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
     elseif remaining > 0 then
       local heads = {}
       for l = first, nl - 1 do
-        local n = math.min(remaining, window - taken[l])
-        if n > 0 then
-          local got = rcall('ZRANGE', K[1], lo(l), hi(l), 'BYSCORE', 'LIMIT', taken[l], n,
-            'WITHSCORES')
-          for i = 2, #got, 2 do heads[#heads + 1] = {tonumber(got[i]) - l * STRIDE, l} end
-        end
+        local got = ahead(l)
+        for i = 2, #got, 2 do heads[#heads + 1] = {tonumber(got[i]) - l * STRIDE, l} end
       end
       table.sort(heads, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
       local want = {}
