@@ -19,7 +19,7 @@
 (d) What the remainder costs: claim(16) on one engine (every lane due) under the default floors
     with remainder lane-order, edf and lateness (lateness weighs the lane heads of every lane for
     every grant), the three interleaved pass block by pass block on the same rows; ratio per
-    round, to lane-order's block of that round. Issue 15 asks lateness <= 1.2x lane-order.
+    round, to lane-order's block of that round. The goal: lateness <= 1.2x lane-order.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Claims with rows in flight (issue "rows in flight"): claim cost while a pool holds leases,
+"""Claims with rows in flight: claim cost while a pool holds leases,
 after releases, with due writes in the ring, and when leases lapse.
 
     .venv/bin/python bench/bench_inflight.py [--smoke] [--out FILE] [--only PARTS]

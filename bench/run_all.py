@@ -45,7 +45,7 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "engine.bytes_per_row.n1600000": ("<=", 48, "≤ 48 bytes"),
     "engine.bytes_per_row.n16000000": ("<=", 48, "≤ 48 bytes"),
     "engine.merge_ms.n1600000": ("<=", 20, "≤ 20 ms"),
-    # the Redis backend (issue "Past one machine"), on both transports
+    # the Redis backend, on both transports
     **{f"redis.{t}.{k}": v for t in ("unix", "tcp") for k, v in {
         "ratio_zpopmin.p1": (">=", 1, "≥ 1× ZPOPMIN"),
         "ratio_lua.p1": (">=", 2, "≥ 2× naive Lua"),

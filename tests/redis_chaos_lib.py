@@ -1,4 +1,4 @@
-"""Chaos across "hosts" on one Redis queue (issue 14): the runner and the lease-log oracle.
+"""Chaos across "hosts" on one Redis queue: the runner and the lease-log oracle.
 
 Shared by ``tests/test_redis_chaos.py`` (the CI form, seconds per seed) and
 ``bench/chaos_long.py --redis`` (the long form). No pytest import.

@@ -1,4 +1,4 @@
-"""Chaos across "hosts" on Redis (issue 14): two or three ``lanes pool --redis`` pools, each in
+"""Chaos across "hosts" on Redis: two or three ``lanes pool --redis`` pools, each in
 its own process group as a machine of its own, share one queue on a real redis-server; workers
 are SIGKILLed and SIGSTOPped, whole pools killed and replaced, the queue grown with ``lanes
 add``, at random; then the lease-log oracle, nothing lost, a drain (tests/redis_chaos_lib.py).

@@ -125,7 +125,7 @@ def test_json_is_exactly_the_api_shape(grid):
 
 BOUND = {0.75: 1.34, 0.5: 2.02}
 """No policy can give the worst class less than about 1 / capacity; a little more with homepages
-held at 1.0x (issue 15)."""
+held at 1.0x."""
 
 
 @pytest.mark.parametrize("cap", [0.75, 0.5])
