@@ -124,7 +124,7 @@ typedef struct {
     const _Atomic uint64_t *ik;       /* this generation's keys */
     const _Atomic uint32_t *ir;       /* and rows */
     const _Atomic uint32_t *lane_start; /* and the first position of each lane */
-    rl_policy *p;                     /* the policy in force (cached per thread) */
+    const rl_policy *p;               /* the policy in force (cached per thread) */
     uint32_t lanes;                   /* lanes to consider: up to the highest ever written */
     uint32_t n;                       /* rows granted so far */
     uint32_t budget;                  /* rows asked for */
@@ -149,19 +149,6 @@ static __thread uint8_t tls_memo[RL_MAX_OWNERS];
 #define MEMO_TOUCHED 16
 static __thread uint16_t tls_memo_touched[MEMO_TOUCHED];
 static __thread uint32_t tls_memo_n = MEMO_TOUCHED + 1;
-static __thread uint64_t tls_policy_seg;
-static __thread uint64_t tls_policy_version = UINT64_MAX;
-static __thread rl_policy tls_policy;
-
-static rl_policy *policy_cached(rl_seg *s) {
-    uint64_t v = atomic_load(&s->h->policy_version);
-    if (tls_policy_seg != s->serial || tls_policy_version != v) {
-        rl_policy_read(s, &tls_policy);
-        tls_policy_seg = s->serial;
-        tls_policy_version = atomic_load(&s->h->policy_version) == v ? v : UINT64_MAX;
-    }
-    return &tls_policy;
-}
 
 /* Keep the row-table reads of the entries ahead of the cursor in flight (see PREFETCH_AHEAD).
  * A tombstone needs no row read (its row field may hold a jump), and after a jump over a run of
@@ -886,7 +873,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     P.ik = s->ikeys[buf];
     P.ir = s->irows[buf];
     P.lane_start = s->h->lane_start[buf];
-    P.p = policy_cached(s);
+    P.p = rl_policy_cached(s);
     P.lanes = atomic_load_explicit(&s->h->lanes_high, memory_order_relaxed) + 1;
     if (P.lanes > RL_MAX_LANES) P.lanes = RL_MAX_LANES;
     P.n = 0;

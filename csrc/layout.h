@@ -372,6 +372,7 @@ static inline uint32_t rl_class_of(const rl_policy *p, uint32_t lane) {
 }
 
 void rl_policy_read(rl_seg *s, rl_policy *out);                    /* segment.c */
+const rl_policy *rl_policy_cached(rl_seg *s);                   /* segment.c */
 int rl_owner_alive(rl_seg *s, uint32_t owner, uint8_t *memo);      /* owners.c */
 int rl_beacon_init(rl_owner *owner);                                /* owners.c */
 void rl_beacon_take(rl_seg *s, uint32_t owner);                     /* owners.c */

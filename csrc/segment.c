@@ -366,6 +366,23 @@ void rl_policy_read(rl_seg *s, rl_policy *out) {
     }
 }
 
+/* The policy in force, copied once per thread and policy version (the copy is some 800 bytes
+ * with the lane weights: a claim or a write must not pay it every call). The pointer is this
+ * thread's copy, good until its next call here; nothing that holds it calls here again. */
+static __thread uint64_t tls_policy_seg;
+static __thread uint64_t tls_policy_version = UINT64_MAX;
+static __thread rl_policy tls_policy;
+
+const rl_policy *rl_policy_cached(rl_seg *s) {
+    uint64_t v = atomic_load(&s->h->policy_version);
+    if (tls_policy_seg != s->serial || tls_policy_version != v) {
+        rl_policy_read(s, &tls_policy);
+        tls_policy_seg = s->serial;
+        tls_policy_version = atomic_load(&s->h->policy_version) == v ? v : UINT64_MAX;
+    }
+    return &tls_policy;
+}
+
 int rl_policy_get(rl_seg *s, rl_policy *out, uint64_t *version) {
     rl_policy_read(s, out);
     *version = atomic_load(&s->h->policy_version);

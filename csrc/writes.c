@@ -81,7 +81,7 @@ static int row_ok64(rl_seg *s, int64_t row) {
 
 int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const int64_t *interval,
                 const int64_t *prov, const int64_t *failures, int64_t *out_rows, uint32_t *advice) {
-    rl_policy p;
+    const rl_policy *p;
     if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE;
     for (uint32_t i = 0; i < n; i++) { /* every element checked before anything changes */
         if (due[i] < 0 || due[i] >= (int64_t)RL_STRIDE) return RL_E_RANGE;
@@ -94,7 +94,7 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
     do {
         if ((uint64_t)first + n > s->h->row_capacity) return RL_E_CAPACITY;
     } while (!atomic_compare_exchange_weak(&s->h->rows_used, &first, first + n));
-    rl_policy_read(s, &p);
+    p = rl_policy_cached(s);
     uint64_t *keys = malloc((size_t)n * 8);
     uint32_t *rows = malloc((size_t)n * 4);
     if (!keys || !rows) {
@@ -104,7 +104,7 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
     }
     for (uint32_t i = 0; i < n; i++) {
         uint32_t r = first + i, f = failures ? (uint32_t)failures[i] : 0;
-        uint32_t lane = rl_lane_for(&p, (uint32_t)prov[i], (uint32_t)interval[i], f, 0);
+        uint32_t lane = rl_lane_for(p, (uint32_t)prov[i], (uint32_t)interval[i], f, 0);
         atomic_store(&s->intervals[r], (uint32_t)interval[i]);
         keys[i] = rl_encode(lane, (uint64_t)due[i]);
         rows[i] = r;
@@ -183,7 +183,7 @@ static uint32_t leases_end_batch(rl_seg *s, uint32_t n, const int64_t *rows, con
 int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
                      const int64_t *tokens, const int64_t *next_due, int64_t now_ms, uint8_t *ok,
                      uint32_t *advice) {
-    rl_policy p;
+    const rl_policy *p;
     Scratch b;
     if (owner == 0 || owner >= RL_MAX_OWNERS || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
         return RL_E_VALUE;
@@ -196,7 +196,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
         __builtin_prefetch((const void *)&s->intervals[rows[i]]);
     }
     if (n == 0) return RL_OK;
-    rl_policy_read(s, &p);
+    p = rl_policy_cached(s);
     int rc = Scratch_Init(&b, n);
     uint32_t m = 0, done = 0;
     if (rc == RL_OK) {
@@ -208,7 +208,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
             uint32_t interval = atomic_load(&s->intervals[r]), prov = RL_WORD_PROV(word);
             int64_t due = next_due && next_due[i] >= 0 ? next_due[i]
                                                         : clamp_due(now_ms + (int64_t)interval * 1000);
-            b.words[m] = rl_encode(rl_lane_for(&p, prov, interval, 0, 0), (uint64_t)due);
+            b.words[m] = rl_encode(rl_lane_for(p, prov, interval, 0, 0), (uint64_t)due);
             b.rows[m] = r;
             atomic_store(&s->rows[r].word, RL_WORD_MAKE(b.words[m], 0, prov, 0));
             m++;
@@ -229,7 +229,7 @@ int64_t rl_complete_req(const rl_req *r, uint32_t n, const int64_t *rows, const 
 
 int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t retry_at,
             int64_t now_ms, int permanent, uint32_t *advice) {
-    rl_policy p;
+    const rl_policy *p;
     uint64_t writing;
     if (owner == 0 || owner >= RL_MAX_OWNERS || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
         return RL_E_VALUE;
@@ -237,17 +237,17 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
     if (retry_at < -1 || retry_at >= (int64_t)RL_STRIDE) return RL_E_RANGE;
     int rc = lease_begin_write(s, owner, row, token, &writing);
     if (rc != RL_OK) return rc;
-    rl_policy_read(s, &p);
+    p = rl_policy_cached(s);
     uint64_t word = atomic_load(&s->rows[row].word);
     uint32_t interval = atomic_load(&s->intervals[row]), prov = RL_WORD_PROV(word);
     uint32_t f = RL_WORD_FAILURES(word) + 1;
-    if (permanent && f < p.cold_after) f = p.cold_after; /* a 404 will not heal: cold at once */
+    if (permanent && f < p->cold_after) f = p->cold_after; /* a 404 will not heal: cold at once */
     if (f > 255) f = 255;
     /* Back-off: 30 s doubling per failure, never longer than the row's own interval. */
     int64_t backoff = 30000LL << (f - 1 < 20 ? f - 1 : 20);
     if (backoff > (int64_t)interval * 1000) backoff = (int64_t)interval * 1000;
     int64_t due = retry_at >= 0 ? retry_at : clamp_due(now_ms + backoff);
-    uint64_t key = rl_encode(rl_lane_for(&p, prov, interval, f, 0), (uint64_t)due);
+    uint64_t key = rl_encode(rl_lane_for(p, prov, interval, f, 0), (uint64_t)due);
     atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, 0));
     rc = rl_publish(s, owner, 1, &key, &row, advice);
     lease_end_write(s, row, writing);
@@ -318,15 +318,15 @@ int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t no
 /* ================================================================ unleased writes ===== */
 
 int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now_ms, uint32_t *advice) {
-    rl_policy p;
+    const rl_policy *p;
     if (owner == 0 || owner >= RL_MAX_OWNERS || now_ms < 0 || now_ms >= (int64_t)RL_STRIDE)
         return RL_E_VALUE;
     if (!row_ok(s, row)) return RL_E_RANGE;
     uint64_t word = atomic_load(&s->rows[row].word);
     if (RL_WORD_KEY(word) == RL_KEY_NONE) return RL_E_VALUE;
-    rl_policy_read(s, &p);
+    p = rl_policy_cached(s);
     uint32_t interval = atomic_load(&s->intervals[row]), prov = RL_WORD_PROV(word), f = RL_WORD_FAILURES(word);
-    uint64_t key = rl_encode(rl_lane_for(&p, prov, interval, f, rush), (uint64_t)now_ms);
+    uint64_t key = rl_encode(rl_lane_for(p, prov, interval, f, rush), (uint64_t)now_ms);
     atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, rush ? 1u : 0u));
     return rl_publish(s, owner, 1, &key, &row, advice);
 }
