@@ -90,10 +90,9 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
         if (failures && (failures[i] < 0 || failures[i] > 255)) return RL_E_RANGE;
     }
     if (n == 0) return RL_OK;
-    uint32_t first = atomic_load(&s->h->rows_used);
-    do {
-        if ((uint64_t)first + n > s->h->row_capacity) return RL_E_CAPACITY;
-    } while (!atomic_compare_exchange_weak(&s->h->rows_used, &first, first + n));
+    /* Everything that can wait or fail comes before the rows are reserved: a process killed
+     * between the reservation and the row words below leaves reserved rows never queued, so
+     * that window holds nothing but the stores. */
     p = rl_policy_cached(s);
     uint64_t *keys = malloc((size_t)n * 8);
     uint32_t *rows = malloc((size_t)n * 4);
@@ -102,6 +101,14 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
         free(rows);
         return RL_E_SYS;
     }
+    uint32_t first = atomic_load(&s->h->rows_used);
+    do {
+        if ((uint64_t)first + n > s->h->row_capacity) {
+            free(keys);
+            free(rows);
+            return RL_E_CAPACITY;
+        }
+    } while (!atomic_compare_exchange_weak(&s->h->rows_used, &first, first + n));
     for (uint32_t i = 0; i < n; i++) {
         uint32_t r = first + i, f = failures ? (uint32_t)failures[i] : 0;
         uint32_t lane = rl_lane_for(p, (uint32_t)prov[i], (uint32_t)interval[i], f, 0);
