@@ -64,13 +64,18 @@ def normalize_bands(bands: Any) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _share(value: Any, what: str) -> float:
+def _as_float(value: Any, what: str) -> float:
+    """A number as a float (an int too large for one becomes inf, to be refused by range)."""
     if not is_number(value):
         raise EngineTypeError(f"{what} must be a number, got {value!r}")
     try:
-        v = float(value)
+        return float(value)
     except OverflowError:
-        v = math.inf
+        return math.inf
+
+
+def _share(value: Any, what: str) -> float:
+    v = _as_float(value, what)
     if not math.isfinite(v) or not 0.0 <= v <= 1.0:
         raise EngineValueError(f"{what} must lie in [0, 1], got {value!r}")
     return v
@@ -90,12 +95,7 @@ def weight_fp(weight: float) -> int:
 
 
 def _weight(name: str, value: Any) -> float:
-    if not is_number(value):
-        raise EngineTypeError(f"weights[{name!r}] must be a number, got {value!r}")
-    try:
-        v = float(value)
-    except OverflowError:
-        v = math.inf
+    v = _as_float(value, f"weights[{name!r}]")
     if not math.isfinite(v) or not WEIGHT_MIN <= v <= WEIGHT_MAX:
         raise EngineValueError(
             f"weights[{name!r}] must be a finite number in [{WEIGHT_MIN:g}, {WEIGHT_MAX:g}],"

@@ -363,15 +363,18 @@ class RedisChaos:
         finally:
             self._cleanup()
 
-    def _calm(self, timeout: float = 30.0) -> None:
-        """The chaos is over: wake the stopped, restart the killed, and let the pools run until
-        every row has been rendered at least once (nothing starved), or ``timeout``."""
+    def _wake_stopped(self) -> None:
         for pid in list(self.stopped):
             try:
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
         self.stopped.clear()
+
+    def _calm(self, timeout: float = 30.0) -> None:
+        """The chaos is over: wake the stopped, restart the killed, and let the pools run until
+        every row has been rendered at least once (nothing starved), or ``timeout``."""
+        self._wake_stopped()
         for slot in list(self.restarts):
             del self.restarts[slot]
             self._start(slot, corpus=False)
@@ -393,12 +396,7 @@ class RedisChaos:
     def _stop_all(self) -> None:
         """Wake the stopped, SIGTERM every pool still running (a clean stop), read its
         summary; remove the local files of pools killed and not restarted yet."""
-        for pid in list(self.stopped):
-            try:
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        self.stopped.clear()
+        self._wake_stopped()
         self.restarts.clear()
         for run in self.live.values():
             # A pool just restarted may still be starting: SIGTERM before its handlers are in
