@@ -408,22 +408,25 @@ def _redis_arguments(p: argparse.ArgumentParser, local: bool) -> None:
                             " (default NAME; two pools on one host need two)")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lanes", description=__doc__,
-                                     formatter_class=SHOW_DEFAULTS)
-    sub = parser.add_subparsers(dest="command", required=True)
+def _demo_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="a forked pool over a synthetic corpus, with a live view",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("--seconds", type=float, default=45.0, help="how long the pool runs")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     p.set_defaults(fn=_demo)
+
+
+def _sim_parser(sub: Any) -> None:
     p = sub.add_parser("sim", help="the lane simulator: policies x capacities -> age / TTL",
                        formatter_class=SHOW_DEFAULTS)
     from .sim import add_arguments as _sim_arguments
 
     _sim_arguments(p)
     p.set_defaults(fn=_sim)
+
+
+def _pool_parser(sub: Any) -> None:
     from .pool.supervisor import GROWTH_ROOM, START_METHODS, PoolOptions
 
     DEFAULTS = PoolOptions()  # the pool's own defaults, not a copy of them
@@ -473,12 +476,18 @@ def main(argv: list[str] | None = None) -> int:
                         " permanent failure; repeatable")
     _redis_arguments(p, local=True)
     p.set_defaults(fn=_pool)
+
+
+def _add_parser(sub: Any) -> None:
     p = sub.add_parser("add", help="add URLs to a running pool (known URLs left alone)",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     _corpus_arguments(p, routes=False)
     _redis_arguments(p, local=False)
     p.set_defaults(fn=_add)
+
+
+def _failures_parser(sub: Any) -> None:
     p = sub.add_parser("failures", help="failing URLs: count, last error, next retry",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
@@ -487,6 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     _redis_arguments(p, local=True)
     p.set_defaults(fn=_failures)
+
+
+def _stats_parser(sub: Any) -> None:
     p = sub.add_parser("stats", help="per-lane statistics of an engine",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
@@ -496,22 +508,34 @@ def main(argv: list[str] | None = None) -> int:
     fmt.add_argument("--plain", action="store_true", help="plain text even on a terminal")
     _redis_arguments(p, local=True)
     p.set_defaults(fn=_stats)
+
+
+def _check_parser(sub: Any) -> None:
     p = sub.add_parser("check", help="verify every invariant of an engine",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     _redis_arguments(p, local=False)
     p.set_defaults(fn=_check)
+
+
+def _cleanup_parser(sub: Any) -> None:
     p = sub.add_parser("cleanup", help="remove a segment left by a crashed owner",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     p.add_argument("--force", action="store_true", help="even if its pool still runs")
     p.set_defaults(fn=_cleanup)
+
+
+def _restamp_parser(sub: Any) -> None:
     p = sub.add_parser("restamp", help="move rows written with lanes off into their lanes",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
     p.add_argument("--limit", type=int, default=5000)
     _redis_arguments(p, local=False)
     p.set_defaults(fn=_restamp)
+
+
+def _prioritize_parser(sub: Any) -> None:
     p = sub.add_parser("prioritize", help="rush a page to the urgent lane, or make it due now",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
@@ -520,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("rush", "wait"), default="rush")
     _redis_arguments(p, local=False)
     p.set_defaults(fn=_prioritize)
+
+
+def _serve_metrics_parser(sub: Any) -> None:
     p = sub.add_parser("serve-metrics", help="serve Prometheus metrics of an engine over HTTP",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
@@ -528,6 +555,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
     _redis_arguments(p, local=True)
     p.set_defaults(fn=_serve_metrics)
+
+
+_PARSERS = (
+    _demo_parser,
+    _sim_parser,
+    _pool_parser,
+    _add_parser,
+    _failures_parser,
+    _stats_parser,
+    _check_parser,
+    _cleanup_parser,
+    _restamp_parser,
+    _prioritize_parser,
+    _serve_metrics_parser,
+)
+"""One function per command, each adding its own parser."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lanes", description=__doc__,
+                                     formatter_class=SHOW_DEFAULTS)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in _PARSERS:
+        add(sub)
     args: Any = parser.parse_args(argv)
     # SIGTERM before a command installs its own handling (a pool that is still starting) unwinds
     # like Ctrl-C, so whatever was created is removed on the way out.
