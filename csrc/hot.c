@@ -27,14 +27,14 @@
 #include "lanes.h"
 
 #define STRIDE_MS (INT64_C(1) << 42)
-#define DEFAULT_BUDGET 16
-#define DEFAULT_LEASE_MS 30000
-#define DEFAULT_WINDOW 140
-#define MAX_BUDGET (1 << 16)
-#define MAX_WINDOW (1 << 30)
 #define ARENA 8192       /* int64 values (or ok flags) per arena */
-#define STR(x) STR_(x)
-#define STR_(x) #x
+
+/* A claim's defaults and bounds: engine/api.py holds them, and this module reads them from it
+ * when it loads (read_limits), so the Python and C layers cannot disagree. */
+static struct {
+    int64_t budget, lease_ms, window;  /* defaults */
+    int64_t max_budget, max_window;
+} lim;
 
 typedef int64_t (*claim_fn)(const rl_req *, int64_t, uint32_t);
 typedef int64_t (*complete_fn)(const rl_req *, uint32_t, const int64_t *, const int64_t *,
@@ -343,12 +343,12 @@ static void with_claim(rl_req *r, const claim_args *c, const Slot *out) {
 
 /* budget, now_ms, lease_ms, window: the plain case here, the rest through _claim_args. */
 static int get_claim_args(Hot *h, PyObject **a, claim_args *c) {
-    if (fast_int(a[0], DEFAULT_BUDGET, 1, MAX_BUDGET, &c->budget) && fast_now(a[1], &c->now) &&
-        fast_int(a[2], DEFAULT_LEASE_MS, 1, STRIDE_MS - 1, &c->lease) &&
-        fast_int(a[3], DEFAULT_WINDOW, 1, MAX_WINDOW, &c->window))
+    if (fast_int(a[0], lim.budget, 1, lim.max_budget, &c->budget) && fast_now(a[1], &c->now) &&
+        fast_int(a[2], lim.lease_ms, 1, STRIDE_MS - 1, &c->lease) &&
+        fast_int(a[3], lim.window, 1, lim.max_window, &c->window))
         return 0;
-    PyObject *dflt[4] = {PyLong_FromLong(DEFAULT_BUDGET), Py_None, PyLong_FromLong(DEFAULT_LEASE_MS),
-                         PyLong_FromLong(DEFAULT_WINDOW)};
+    PyObject *dflt[4] = {PyLong_FromLongLong(lim.budget), Py_None,
+                         PyLong_FromLongLong(lim.lease_ms), PyLong_FromLongLong(lim.window)};
     PyObject *argv[5] = {(PyObject *)h};
     for (int i = 0; i < 4; i++) argv[i + 1] = a[i] ? a[i] : dflt[i];
     PyObject *t = NULL;
@@ -590,24 +590,25 @@ static PyObject *hot_set_request(Hot *h, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-#define CLAIM_SIG "budget=" STR(DEFAULT_BUDGET) ", now_ms=None, lease_ms=" STR(DEFAULT_LEASE_MS) \
-                  ", window=" STR(DEFAULT_WINDOW)
+/* The docstrings of the claim calls, with their signatures (the defaults in them are filled in
+ * by read_limits). */
+static char claim_doc[256], complete_claim_doc[640];
+static const char claim_text[] =
+    "Lease up to ``budget`` due rows across lanes, as the policy shares them; returns Claims.";
+static const char complete_claim_text[] =
+    "``complete_many(rows, tokens)`` then ``claim(budget, ...)`` at the same ``now_ms``, in\n"
+    "one call into the C core: a worker's whole cycle with one crossing. Returns what\n"
+    "``complete_many`` and ``claim`` return, as ``(ok, batch)``. Every argument is checked\n"
+    "before anything changes: bad input raises and neither completes nor claims.";
 
 static PyMethodDef hot_methods[] = {
-    {"claim", (PyCFunction)(void (*)(void))hot_claim, METH_FASTCALL | METH_KEYWORDS,
-     "claim($self, /, " CLAIM_SIG ")\n--\n\n"
-     "Lease up to ``budget`` due rows across lanes, as the policy shares them; returns Claims."},
+    {"claim", (PyCFunction)(void (*)(void))hot_claim, METH_FASTCALL | METH_KEYWORDS, claim_doc},
     {"complete_many", (PyCFunction)(void (*)(void))hot_complete_many,
      METH_FASTCALL | METH_KEYWORDS,
      "complete_many($self, /, rows, tokens, next_due_ms=None, now_ms=None)\n--\n\n"
      "Complete a batch in one call; returns which leases were still held (and completed)."},
     {"complete_and_claim", (PyCFunction)(void (*)(void))hot_complete_and_claim,
-     METH_FASTCALL | METH_KEYWORDS,
-     "complete_and_claim($self, /, rows, tokens, " CLAIM_SIG ")\n--\n\n"
-     "``complete_many(rows, tokens)`` then ``claim(budget, ...)`` at the same ``now_ms``, in\n"
-     "one call into the C core: a worker's whole cycle with one crossing. Returns what\n"
-     "``complete_many`` and ``claim`` return, as ``(ok, batch)``. Every argument is checked\n"
-     "before anything changes: bad input raises and neither completes nor claims."},
+     METH_FASTCALL | METH_KEYWORDS, complete_claim_doc},
     {"_set_request", (PyCFunction)hot_set_request, METH_VARARGS, NULL},
     {NULL},
 };
@@ -680,8 +681,45 @@ static int intern_all(void) {
                : -1;
 }
 
+/* One int64 attribute of a module, in [1, hi]. */
+static int read_limit(PyObject *mod, const char *name, int64_t hi, int64_t *out) {
+    PyObject *v = PyObject_GetAttrString(mod, name);
+    if (!v) return -1;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (x < 1 || x > hi) {
+        PyErr_Format(PyExc_ValueError, "engine.api.%s = %lld is out of range", name, x);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/* The defaults and bounds from engine.api, and the docstrings that show them. */
+static int read_limits(void) {
+    PyObject *api = PyImport_ImportModule("engine.api");
+    if (!api) return -1;
+    int bad = read_limit(api, "MAX_BUDGET", UINT32_MAX, &lim.max_budget) ||
+              read_limit(api, "MAX_WINDOW", UINT32_MAX, &lim.max_window) ||
+              read_limit(api, "DEFAULT_BUDGET", lim.max_budget, &lim.budget) ||
+              read_limit(api, "DEFAULT_LEASE_MS", STRIDE_MS - 1, &lim.lease_ms) ||
+              read_limit(api, "DEFAULT_WINDOW", lim.max_window, &lim.window);
+    Py_DECREF(api);
+    if (bad) return -1;
+    char sig[160];
+    snprintf(sig, sizeof sig, "budget=%lld, now_ms=None, lease_ms=%lld, window=%lld",
+             (long long)lim.budget, (long long)lim.lease_ms, (long long)lim.window);
+    snprintf(claim_doc, sizeof claim_doc, "claim($self, /, %s)\n--\n\n%s", sig, claim_text);
+    snprintf(complete_claim_doc, sizeof complete_claim_doc,
+             "complete_and_claim($self, /, rows, tokens, %s)\n--\n\n%s", sig,
+             complete_claim_text);
+    return 0;
+}
+
 PyMODINIT_FUNC PyInit__hot(void) {
-    if (PyType_Ready(&ClaimsBase) < 0 || PyType_Ready(&EngineBase) < 0 || intern_all() < 0)
+    if (read_limits() < 0 || PyType_Ready(&ClaimsBase) < 0 || PyType_Ready(&EngineBase) < 0 ||
+        intern_all() < 0)
         return NULL;
     PyObject *np = PyImport_ImportModule("numpy");
     if (!np) return NULL;
@@ -699,11 +737,6 @@ PyMODINIT_FUNC PyInit__hot(void) {
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "ClaimsBase", (PyObject *)&ClaimsBase) < 0 ||
         PyModule_AddObjectRef(m, "EngineBase", (PyObject *)&EngineBase) < 0 ||
-        PyModule_AddIntConstant(m, "DEFAULT_BUDGET", DEFAULT_BUDGET) < 0 ||
-        PyModule_AddIntConstant(m, "DEFAULT_LEASE_MS", DEFAULT_LEASE_MS) < 0 ||
-        PyModule_AddIntConstant(m, "DEFAULT_WINDOW", DEFAULT_WINDOW) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_BUDGET", MAX_BUDGET) < 0 ||
-        PyModule_AddIntConstant(m, "MAX_WINDOW", MAX_WINDOW) < 0 ||
         PyModule_AddIntConstant(m, "ARENA", ARENA) < 0) {
         Py_DECREF(m);
         return NULL;

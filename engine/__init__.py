@@ -1,13 +1,20 @@
-"""render-lanes: a shared-memory, multi-process claim engine for render queues.
+"""render-lanes: a multi-process claim engine for render queues, on shared memory or on Redis.
 
 The package reads as the data flows: ``keys`` (the sort key) -> ``policy`` (lanes and shares)
--> ``segment`` (the shared memory and the C core) -> ``engine`` (writes, claims, stats); the
-CLI and the demo sit on top.
+-> ``api`` (the contract every backend implements) -> the backends: ``engine`` over
+``segment`` (one shared-memory segment and the C core) and ``redis`` (a queue in Redis shared
+by many hosts). The render pool, the CLI and the simulator sit on top and reach an engine
+through ``api.QueueEngine``.
+
+This is the one module that names both backends. Each is imported when first asked for: the
+shared-memory one needs the C core built, the Redis one needs redis-py (an extra), and a
+program using one must not need the other.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from .engine import Claim, Claims, Engine
+from .api import Claim, ClaimBatch, QueueEngine, RowUrls
 from .errors import (
     AttachTimeout,
     CapacityError,
@@ -27,22 +34,25 @@ from .keys import STRIDE, due_ms_of, encode, lane_of
 from .policy import LanePolicy
 
 if TYPE_CHECKING:
+    from .engine import Claims, Engine
     from .redis import RedisEngine
+
+_BACKENDS = {"Engine": "engine", "Claims": "engine", "RedisEngine": "redis"}
 
 
 def __getattr__(name: str) -> Any:
-    # RedisEngine needs redis-py (an extra): imported only when asked for.
-    if name == "RedisEngine":
-        from .redis import RedisEngine
-
-        return RedisEngine
+    if name in _BACKENDS:
+        module = importlib.import_module(f"{__name__}.{_BACKENDS[name]}")
+        value = getattr(module, name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 
 __all__ = [
-    "STRIDE", "AttachTimeout", "CapacityError", "Claim", "Claims", "CorpusError", "Engine",
-    "EngineClosed",
-    "EngineError", "EngineTypeError", "EngineValueError", "LanePolicy", "LayoutMismatch",
-    "LeaseLost", "NotAllowed", "OutcomeUnknown", "RedisEngine", "SegmentExists",
-    "SegmentMissing", "due_ms_of", "encode", "lane_of",
+    "STRIDE", "AttachTimeout", "CapacityError", "Claim", "ClaimBatch", "Claims", "CorpusError",
+    "Engine", "EngineClosed", "EngineError", "EngineTypeError", "EngineValueError",
+    "LanePolicy", "LayoutMismatch", "LeaseLost", "NotAllowed", "OutcomeUnknown",
+    "QueueEngine", "RedisEngine", "RowUrls", "SegmentExists", "SegmentMissing",
+    "due_ms_of", "encode", "lane_of",
 ]

@@ -21,25 +21,22 @@ import os
 import time
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
+from .api import IntArray, QueueEngine
 from .errors import EngineError, EngineValueError
 from .keys import STRIDE
 from .policy import MAX_INTERVAL_S, LanePolicy
-from .segment import check, ffi, lib
-
-if TYPE_CHECKING:
-    from .engine import Engine
-    from .redis import RedisEngine
 
 FORMAT = "render-lanes-checkpoint"
 VERSION = 1
-IntArray = npt.NDArray[np.int64]
 _COLUMNS = ("due_ms", "interval_s", "failures", "provenance", "urgent")
+EXPORTED = (*_COLUMNS, "lane")
+"""The columns of ``QueueEngine.export_rows``: the saved ones and each row's lane (which a
+checkpoint does not keep: a restore derives it again)."""
 
 
 @dataclass(frozen=True)
@@ -63,25 +60,13 @@ class Checkpoint:
         return len(self.due_ms)
 
 
-def snapshot(eng: Engine | RedisEngine) -> tuple[IntArray, dict[str, IntArray]]:
-    """(row ids, columns) of every queued row of ``eng``, read in one pass: the saved columns
-    and each row's ``lane`` (which a checkpoint does not keep: a restore derives it again).
-    A Redis queue reads them in one transaction (``RedisEngine.export_rows``)."""
-    export = getattr(eng, "export_rows", None)
-    if export is not None:
-        rows_cols: tuple[IntArray, dict[str, IntArray]] = export()
-        return rows_cols
-    eng = cast("Engine", eng)
-    n = int(eng._seg.info().rows_used)
-    cols = {c: np.empty(n, np.int64) for c in (*_COLUMNS, "lane")}
-    if n:
-        check(lib.rl_rows_export(eng._h, 0, n, *(ffi.from_buffer("int64_t[]", v)
-                                                 for v in cols.values())), "export rows")
-    rows = np.flatnonzero(cols["due_ms"] >= 0)
-    return rows, {c: v[rows] for c, v in cols.items()}
+def snapshot(eng: QueueEngine) -> tuple[IntArray, dict[str, IntArray]]:
+    """(row ids, columns ``EXPORTED``) of every queued row of ``eng``, read in one pass (one
+    transaction on Redis)."""
+    return eng.export_rows()
 
 
-def save(eng: Engine | RedisEngine, path: str | os.PathLike[str],
+def save(eng: QueueEngine, path: str | os.PathLike[str],
          urls: Sequence[str] | Callable[[], Sequence[str]] | None = None,
          extra: dict[str, Any] | None = None) -> int:
     """Write ``eng``'s schedule to ``path`` atomically; returns the number of rows saved.
@@ -113,7 +98,7 @@ def write(path: str | os.PathLike[str], name: str, rows: IntArray, cols: dict[st
         arrays["urls"] = np.frombuffer(blob, np.uint8)
     meta = {"format": FORMAT, "version": VERSION, "name": name,
             "saved_at_ms": time.time_ns() // 1_000_000, "rows": len(rows),
-            "capacity": int(capacity), "policy": asdict(policy), "has_urls": urls is not None}
+            "capacity": int(capacity), "policy": policy.to_dict(), "has_urls": urls is not None}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     if extra:
         arrays["extra"] = np.frombuffer(json.dumps(extra).encode(), np.uint8)
@@ -157,7 +142,7 @@ def read(path: str | os.PathLike[str]) -> Checkpoint:
             raise EngineValueError(f"{path}: not a version-{VERSION} render-lanes checkpoint")
         n = int(meta["rows"])
         cols = {c: np.ascontiguousarray(data[c], np.int64) for c in _COLUMNS}
-        policy = LanePolicy(**{**meta["policy"], "ttl_bands": tuple(meta["policy"]["ttl_bands"])})
+        policy = LanePolicy.from_dict(meta["policy"])
         urls = bytes(data["urls"]).decode().split("\n") if meta["has_urls"] and n else (
             [] if meta["has_urls"] else None)
         extra = json.loads(bytes(data["extra"]).decode()) if "extra" in data else {}
@@ -180,30 +165,10 @@ def read(path: str | os.PathLike[str]) -> Checkpoint:
                       **cols)
 
 
-def restore(ck: Checkpoint, eng: Engine) -> IntArray:
+def restore(ck: Checkpoint, eng: QueueEngine) -> IntArray:
     """Add a checkpoint's rows to ``eng`` (in saved order); returns their new row ids."""
     rows = eng.add_many(ck.due_ms, ck.interval_s, ck.provenance, ck.failures)
     for i in np.flatnonzero(ck.urgent):
         # A rush puts the row in the urgent lane due at `now_ms`: at its saved due time.
         eng.prioritize(int(rows[i]), "rush", now_ms=int(ck.due_ms[i]))
     return rows
-
-
-def create_from(ck: Checkpoint, name: str, capacity: int | None = None,
-                policy: LanePolicy | None = None) -> Engine:
-    """A new engine ``name`` holding the checkpoint's rows (renumbered from 0 in saved order):
-    the saved capacity and policy unless given. A capacity below the rows saved is refused, never
-    silently raised. Nothing is left behind if the restore fails."""
-    from .engine import Engine
-
-    if capacity is not None and capacity < len(ck):
-        raise EngineValueError(f"capacity {capacity} is below the {len(ck)} rows of the checkpoint")
-    eng = Engine.create(name, max(ck.capacity, len(ck), 1) if capacity is None else capacity,
-                        ck.policy if policy is None else policy)
-    try:
-        restore(ck, eng)
-    except BaseException:
-        eng.close()
-        eng.unlink()
-        raise
-    return eng

@@ -11,7 +11,8 @@ import sys
 from types import FrameType
 from typing import Any
 
-from .engine import Engine, wall_ms
+from .checks import wall_ms
+from .engine import Engine
 from .errors import EngineError, EngineValueError, LayoutMismatch, NotAllowed, SegmentMissing
 from .policy import LanePolicy
 from .segment import Segment

@@ -21,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from .engine import Claim, Engine, wall_ms
+from .api import Claim
+from .checks import wall_ms
+from .engine import Engine
 from .policy import LanePolicy
 from .pool import Pool, PoolOptions
 from .pool.render import RenderSpec

@@ -10,20 +10,44 @@ still cannot corrupt the segment.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import time
 from collections.abc import Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import numpy.typing as npt
 
-from . import _hot
+from . import _hot, checkpoint
+from .api import (
+    DEFAULT_LEASE_MS,
+    BoolArray,
+    Claim,
+    IntArray,
+    QueueEngine,
+    Restamped,
+    RowInfo,
+    Stats,
+)
+from .checks import (
+    broadcast,
+    check_bool,
+    check_int,
+    check_lease_ms,
+    check_mode,
+    check_now,
+    check_token,
+    choice_code,
+    choice_codes,
+    claim_args,
+    is_number,
+    rows_tokens,
+    wall_ms,
+)
 from .errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
-from .keys import STRIDE, as_int64_array, check_due_array, check_due_ms, is_number, ndim_of
+from .keys import check_due_array, check_due_ms
 from .policy import MAX_INTERVAL_S, PROVENANCES, LanePolicy
+from .process import is_running
 from .segment import (
     OWNER_ALIVE,
     OWNER_DEAD,
@@ -31,7 +55,6 @@ from .segment import (
     _fork_generation,
     check,
     ffi,
-    is_running,
     lib,
     owner_state,
 )
@@ -39,14 +62,7 @@ from .segment import (
 if TYPE_CHECKING:
     from .redis import RedisEngine
 
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-
-DEFAULT_LEASE_MS = _hot.DEFAULT_LEASE_MS  # 30 s; the defaults live with the hot calls (csrc/hot.c)
-DEFAULT_WINDOW = _hot.DEFAULT_WINDOW  # 140
-MAX_BUDGET = _hot.MAX_BUDGET  # 65,536
 _U64 = (1 << 64) - 1
-_PROVENANCE_CODE = {name: code for code, name in enumerate(PROVENANCES)}
 
 _PROBLEMS = {
     lib.RL_V_BELOW_FLOOR: "live row below its lane's floor",
@@ -61,30 +77,6 @@ _PROBLEMS = {
     lib.RL_V_LEASE_UNCOVERED: "row in flight whose lease ends before lease_min (no sweep would "
                               "put it back)",
 }
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _int(value: object, what: str, lo: int, hi: int) -> int:
-    """One integer in [lo, hi]; bools, floats and None are refused, not coerced."""
-    if value is None:
-        raise EngineValueError(f"{what} is absent (None)")
-    if isinstance(value, (bool, np.bool_, np.timedelta64, np.datetime64)) or not isinstance(
-            value, numbers.Integral):
-        raise EngineTypeError(f"{what} must be an integer, got {type(value).__name__}")
-    v = int(value)
-    if not lo <= v <= hi:
-        raise EngineValueError(f"{what} must be in [{lo}, {hi}], got {v}")
-    return v
-
-
-class Claim(NamedTuple):
-    row: int
-    lane: int
-    due_ms: int
-    token: int
 
 
 class Claims(_hot.ClaimsBase):
@@ -111,12 +103,16 @@ class Claims(_hot.ClaimsBase):
 
 
 class Engine(_hot.EngineBase):
-    """A claim engine over one named shared-memory segment (see the package README).
+    """A claim engine over one named shared-memory segment: :class:`engine.api.QueueEngine`
+    for the processes of one machine.
 
     ``claim``, ``complete_many`` and ``complete_and_claim`` are methods of the C base class
     (csrc/hot.c): they take the common case in C and call the hooks below (``_claim_args``,
     ``_bind``, ``_after``, ``_refused``, ``_rows_tokens``, ``_complete_many_any``) for the rest.
     """
+
+    supports_compact: ClassVar[bool] = True
+    spans_hosts: ClassVar[bool] = False
 
     def __init__(self, seg: Segment, creator_pid: int | None) -> None:
         self._seg = seg
@@ -138,12 +134,12 @@ class Engine(_hot.EngineBase):
         failing: it attaches, reclaims dead owners' leases, and becomes the owner.
         """
         name = _name(name)
-        capacity = _int(capacity, "capacity", 1, (1 << 31))
+        capacity = check_int(capacity, "capacity", 1, (1 << 31))
         if policy is None:
             policy = LanePolicy()
         if not isinstance(policy, LanePolicy):
             raise EngineTypeError("policy must be a LanePolicy")
-        ring = min(1 << 18, max(64, capacity)) if ring_capacity is None else _int(
+        ring = min(1 << 18, max(64, capacity)) if ring_capacity is None else check_int(
             ring_capacity, "ring_capacity", 1, 1 << 28)
         try:
             seg = Segment.create(name, capacity, ring, policy, wall_ms())
@@ -163,11 +159,12 @@ class Engine(_hot.EngineBase):
             raise EngineValueError("timeout must be a finite number of seconds >= 0")
         return cls(Segment.attach(_name(name), float(timeout)), None)
 
-    @classmethod
-    def connect(cls, url: str, name: str, policy: LanePolicy | None = None,
+    @staticmethod
+    def connect(url: str, name: str, policy: LanePolicy | None = None,
                 create: bool = False, **options: Any) -> RedisEngine:
         """The same engine on a Redis server (``engine.redis.RedisEngine``, docs/redis.md):
         queue ``name`` at ``url``, made when missing if ``create``. Needs redis-py."""
+        # redis-py is an optional extra: the Redis backend is imported when it is asked for.
         from .redis import RedisEngine
 
         return RedisEngine.connect(url, name, policy, create, **options)
@@ -210,21 +207,50 @@ class Engine(_hot.EngineBase):
 
     # -- checkpoints (engine/checkpoint.py) ------------------------------------------------------
 
-    def save(self, path: str | os.PathLike[str], urls: Any = None) -> int:
+    def save(self, path: str | os.PathLike[str], urls: Any = None,
+             extra: dict[str, Any] | None = None) -> int:
         """Write the whole schedule to ``path`` atomically (temp file + rename); returns the rows
-        saved. ``urls`` (row id -> URL), if given, is saved with it. Leases are not saved."""
-        from . import checkpoint
+        saved. ``urls`` (row id -> URL) and ``extra`` (JSON), if given, are saved with it
+        (``checkpoint.save``). Leases are not saved."""
+        return checkpoint.save(self, path, urls, extra)
 
-        return checkpoint.save(self, path, urls)
+    def export_rows(self) -> tuple[IntArray, dict[str, IntArray]]:
+        """(row ids, columns) of every queued row, read in one pass over the row table: the
+        columns of ``checkpoint.snapshot``."""
+        n = self._rows_used()
+        cols = {c: np.empty(n, np.int64) for c in checkpoint.EXPORTED}
+        if n:
+            check(lib.rl_rows_export(self._h, 0, n, *(ffi.from_buffer("int64_t[]", cols[c])
+                                                       for c in checkpoint.EXPORTED)),
+                  "export rows")
+        rows = np.flatnonzero(cols["due_ms"] >= 0)
+        return rows, {c: v[rows] for c, v in cols.items()}
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], name: str, capacity: int | None = None,
+    def load(cls, path: str | os.PathLike[str], name: str, *, capacity: int | None = None,
              policy: LanePolicy | None = None) -> Engine:
         """Create engine ``name`` holding a saved schedule (row ids renumbered from 0 in saved
         order); the saved capacity and policy unless given."""
-        from . import checkpoint
+        return cls.from_checkpoint(checkpoint.read(path), name, capacity=capacity, policy=policy)
 
-        return checkpoint.create_from(checkpoint.read(path), name, capacity, policy)
+    @classmethod
+    def from_checkpoint(cls, ck: checkpoint.Checkpoint, name: str, *,
+                        capacity: int | None = None, policy: LanePolicy | None = None) -> Engine:
+        """A new engine ``name`` holding the checkpoint's rows (renumbered from 0 in saved
+        order): the saved capacity and policy unless given. A capacity below the rows saved is
+        refused, never silently raised. Nothing is left behind if the restore fails."""
+        if capacity is not None and check_int(capacity, "capacity", 1, 1 << 31) < len(ck):
+            raise EngineValueError(f"capacity {capacity} is below the {len(ck)} rows of the "
+                                   "checkpoint")
+        eng = cls.create(name, max(ck.capacity, len(ck), 1) if capacity is None else capacity,
+                         ck.policy if policy is None else policy)
+        try:
+            checkpoint.restore(ck, eng)
+        except BaseException:
+            eng.close()
+            eng.unlink()
+            raise
+        return eng
 
     # -- small helpers ---------------------------------------------------------------------------
 
@@ -236,23 +262,13 @@ class Engine(_hot.EngineBase):
         return int(self._seg.info().rows_used)
 
     def _row(self, row: object) -> int:
-        r = _int(row, "row", 0, (1 << 31))
+        r = check_int(row, "row", 0, (1 << 31))
         if r >= self._rows_used():
             raise EngineValueError(f"row {r} does not exist")
         return r
 
-    @staticmethod
-    def _now(now_ms: object) -> int:
-        if now_ms is None:
-            return time.time_ns() // 1_000_000
-        if type(now_ms) is int and 0 <= now_ms < STRIDE:
-            return now_ms
-        return check_due_ms(now_ms, "now_ms")
-
-    @staticmethod
-    def _token(token: object) -> int:
-        """A token is an opaque 64-bit value carried as int64 (it may be negative)."""
-        return _int(token, "token", -(1 << 63), (1 << 63) - 1)
+    _now = staticmethod(check_now)
+    _token = staticmethod(check_token)
 
     def _hot(self) -> tuple[Any, int]:
         """The C handle and this process's owner id, by attribute reads on the hot path."""
@@ -296,9 +312,9 @@ class Engine(_hot.EngineBase):
             failures: int = 0) -> int:
         """Queue one row; returns its row id."""
         due = check_due_ms(due_ms)
-        interval = _int(interval_s, "interval_s", 1, MAX_INTERVAL_S)
-        prov = _provenance_code(provenance)
-        fails = _int(failures, "failures", 0, 255)
+        interval = check_int(interval_s, "interval_s", 1, MAX_INTERVAL_S)
+        prov = choice_code(provenance, PROVENANCES, "provenance")
+        fails = check_int(failures, "failures", 0, 255)
         d, i, p, f = (ffi.new("int64_t[1]", [v]) for v in (due, interval, prov, fails))
         self._advice[0] = 0
         check(lib.rl_add_many(self._h, self._seg.owner, 1, d, i, p, f, self._out_row,
@@ -311,9 +327,9 @@ class Engine(_hot.EngineBase):
         """Queue many rows at once; every element is checked before any row is written."""
         due = check_due_array(due_ms)
         n = len(due)
-        interval = _broadcast(interval_s, n, "interval_s", 1, MAX_INTERVAL_S)
-        prov = _provenance_array(provenance, n)
-        fails = np.zeros(n, np.int64) if failures is None else _broadcast(
+        interval = broadcast(interval_s, n, "interval_s", 1, MAX_INTERVAL_S)
+        prov = choice_codes(provenance, PROVENANCES, n, "provenance")
+        fails = np.zeros(n, np.int64) if failures is None else broadcast(
             failures, n, "failures", 0, 255)
         out = np.empty(n, np.int64)
         if n == 0:
@@ -338,9 +354,7 @@ class Engine(_hot.EngineBase):
                            now_ms: Any) -> BoolArray:
         """``complete_many`` of anything but the latest batch's own arrays (the C base class
         takes that case)."""
-        r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
-        if len(r) != len(t):
-            raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
+        r, t = rows_tokens(rows, tokens)
         # Row ids and next due times are range-checked by the C core, all of them before it
         # changes anything (RL_E_RANGE); a token that is not a live lease just reports False.
         nxt = ffi.NULL
@@ -368,8 +382,7 @@ class Engine(_hot.EngineBase):
 
         ``permanent`` (a failure that retrying will not heal, such as an HTTP 404) counts the row
         as failed ``cold_after`` times at least, so it goes to the cold lane at once."""
-        if not isinstance(permanent, bool):
-            raise EngineTypeError(f"permanent must be a bool, got {permanent!r}")
+        check_bool(permanent, "permanent")
         r, t = self._row(row), self._token(token)
         retry = -1 if retry_at_ms is None else check_due_ms(retry_at_ms, "retry_at_ms")
         now = self._now(now_ms)
@@ -379,17 +392,18 @@ class Engine(_hot.EngineBase):
               f"fail row {r}")
         self._after(self._advice[0])
 
-    def release(self, row: int, token: int) -> None:
-        """Give the row back unrendered; its schedule is unchanged. ``LeaseLost`` if stale."""
-        if not self.release_many([self._row(row)], [self._token(token)])[0]:
+    def release(self, row: int, token: int, now_ms: int | None = None) -> None:
+        """Give the row back unrendered; its schedule is unchanged. ``LeaseLost`` if stale.
+        ``now_ms`` is checked and otherwise unused: a token holds until the row is granted
+        again or the lease ends, whatever the time of the release."""
+        if not self.release_many([self._row(row)], [self._token(token)], now_ms)[0]:
             check(lib.RL_E_LEASE, f"release row {row}")
 
-    def release_many(self, rows: Any, tokens: Any) -> BoolArray:
+    def release_many(self, rows: Any, tokens: Any, now_ms: int | None = None) -> BoolArray:
         """``release`` of a batch in one call: which tokens were live leases (a stale one
         changes nothing). Row ids are checked, all of them, before anything changes."""
-        r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
-        if len(r) != len(t):
-            raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
+        r, t = rows_tokens(rows, tokens)
+        self._now(now_ms)
         ok = np.zeros(len(r), np.bool_)
         if len(r) == 0:
             return ok
@@ -406,7 +420,7 @@ class Engine(_hot.EngineBase):
               now_ms: int | None = None) -> int:
         """Extend a lease (a long render); returns the new token, the old one is now stale."""
         r, t = self._row(row), self._token(token)
-        lease = _int(lease_ms, "lease_ms", 1, STRIDE - 1)
+        lease = check_lease_ms(lease_ms)
         out = ffi.new("int64_t *")
         check(lib.rl_renew(self._h, self._seg.owner, r, t & _U64, self._now(now_ms), lease,
                            ffi.cast("uint64_t *", out)), f"renew row {r}")
@@ -415,11 +429,10 @@ class Engine(_hot.EngineBase):
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
         """``"rush"``: urgent lane, due now. ``"wait"``: own lane, due now."""
         r = self._row(row)
-        if not isinstance(mode, str) or mode not in ("rush", "wait"):
-            raise EngineValueError(f"mode must be 'rush' or 'wait', got {mode!r}")
+        rush = check_mode(mode)
         now = self._now(now_ms)
         self._advice[0] = 0
-        check(lib.rl_prioritize(self._h, self._seg.owner, r, 1 if mode == "rush" else 0, now,
+        check(lib.rl_prioritize(self._h, self._seg.owner, r, int(rush), now,
                                 self._advice), f"prioritize row {r} (removed?)")
         self._after(self._advice[0])
 
@@ -436,23 +449,16 @@ class Engine(_hot.EngineBase):
                     window: object) -> tuple[int, int, int, int]:
         """A claim's arguments other than plain ints in range, checked (clear errors): returns
         (now, budget, lease_ms, window). The C base class calls it."""
-        b = _int(budget, "budget", 1, MAX_BUDGET)
-        lease = _int(lease_ms, "lease_ms", 1, STRIDE - 1)
-        win = _int(window, "window", 1, _hot.MAX_WINDOW)
+        b, lease, win = claim_args(budget, lease_ms, window)
         return self._now(now_ms), b, lease, win
 
-    @staticmethod
-    def _rows_tokens(rows: Any, tokens: Any) -> tuple[IntArray, IntArray]:
-        """complete_and_claim's rows and tokens other than the latest batch's, as int64 arrays
-        of one length."""
-        r, t = _int64_vector(rows, "rows"), _int64_vector(tokens, "tokens")
-        if len(r) != len(t):
-            raise EngineValueError(f"rows ({len(r)}) and tokens ({len(t)}) differ in length")
-        return r, t
+    # complete_and_claim's rows and tokens other than the latest batch's (the C base class
+    # calls it): int64 arrays of one length.
+    _rows_tokens = staticmethod(rows_tokens)
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def describe(self, row: int, now_ms: int | None = None) -> dict[str, Any]:
+    def describe(self, row: int, now_ms: int | None = None) -> RowInfo:
         """Everything the row table holds about one row (true due time, never a raw key)."""
         r = self._row(row)
         out = ffi.new("rl_row_info *")
@@ -481,11 +487,11 @@ class Engine(_hot.EngineBase):
         return lane
 
     def lane_name(self, lane: int) -> str:
-        return self.policy.lane_name(_int(lane, "lane", 0, lib.RL_MAX_LANES - 1))
+        return self.policy.lane_name(check_int(lane, "lane", 0, lib.RL_MAX_LANES - 1))
 
     def floor_minute(self, lane: int) -> int:
         """The lane's claim floor in minutes since the epoch; 0 means no floor."""
-        return int(self._lane_stats(wall_ms())[_int(lane, "lane", 0, lib.RL_MAX_LANES - 1)]
+        return int(self._lane_stats(wall_ms())[check_int(lane, "lane", 0, lib.RL_MAX_LANES - 1)]
                    .floor_word >> 32)
 
     @property
@@ -503,7 +509,7 @@ class Engine(_hot.EngineBase):
         check(lib.rl_stats(self._h, now, lanes))
         return lanes
 
-    def stats(self, now_ms: int | None = None) -> dict[str, Any]:
+    def stats(self, now_ms: int | None = None) -> Stats:
         now = self._now(now_ms)
         info = self._seg.info()
         policy = self.policy
@@ -564,16 +570,15 @@ class Engine(_hot.EngineBase):
 
     def compact(self, full: bool = False) -> None:
         """Merge recent writes into the sorted index now (``full``: rebuild from the row table)."""
-        if not isinstance(full, bool):
-            raise EngineTypeError(f"full must be a bool, got {full!r}")
+        check_bool(full, "full")
         owner = self._seg.owner
         while (status := lib.rl_compact(self._h, owner, 1 if full else 0)) == lib.RL_E_BUSY:
             time.sleep(0.001)
         check(status, "compact")
 
-    def restamp(self, limit: int = 5000) -> dict[str, Any]:
+    def restamp(self, limit: int = 5000) -> Restamped:
         """Re-encode up to ``limit`` rows written with lanes disabled into their lanes."""
-        lim = _int(limit, "limit", 1, 10_000_000)
+        lim = check_int(limit, "limit", 1, 10_000_000)
         done, left = ffi.new("uint32_t *"), ffi.new("uint32_t *")
         check(lib.rl_restamp(self._h, self._seg.owner, lim, done, left),
               "restamp (refused while lanes are enabled)")
@@ -626,60 +631,4 @@ def _ptr(arr: IntArray) -> Any:
     return ffi.from_buffer("int64_t[]", arr)
 
 
-def _int64_vector(values: Any, what: str) -> IntArray:
-    """Pass a 1-d contiguous int64 array through untouched (a Claims field); copy the rest."""
-    if (type(values) is np.ndarray and values.dtype == np.int64 and values.ndim == 1
-            and values.flags.c_contiguous):
-        return values
-    return as_int64_array(values, what)
-
-
-def _broadcast(values: Any, n: int, what: str, lo: int, hi: int) -> IntArray:
-    """A scalar or an n-array of integers in [lo, hi], as an int64 n-array (checked even when
-    n is 0, so an empty batch cannot smuggle a bad scalar through)."""
-    if ndim_of(values, what) == 0:
-        return np.full(n, _int(values, what, lo, hi), np.int64)
-    arr = as_int64_array(values, what)
-    if len(arr) != n:
-        raise EngineValueError(f"{what} has {len(arr)} elements, due_ms has {n}")
-    if len(arr) and (arr.min() < lo or arr.max() > hi):
-        raise EngineValueError(f"{what} must lie in [{lo}, {hi}]")
-    return np.ascontiguousarray(arr)
-
-
-def _provenance_code(value: object) -> int:
-    if isinstance(value, str):
-        if value not in _PROVENANCE_CODE:
-            raise EngineValueError(f"unknown provenance {value!r} (known: {PROVENANCES})")
-        return _PROVENANCE_CODE[value]
-    if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(
-            value, (bool, np.bool_, np.timedelta64)):
-        if int(value) not in (0, 1):
-            raise EngineValueError(f"provenance code must be 0 or 1, got {value}")
-        return int(value)
-    raise EngineTypeError(f"provenance must be 'submitted', 'discovered', 0 or 1, got {value!r}")
-
-
-def _provenance_array(values: Any, n: int) -> IntArray:
-    if isinstance(values, str) or ndim_of(values, "provenance") == 0:
-        return np.full(n, _provenance_code(values), np.int64)
-    try:
-        arr = np.asarray(values)
-    except (ValueError, OverflowError, TypeError):
-        raise EngineValueError("provenance must be a flat array") from None
-    if arr.ndim != 1 or len(arr) != n:
-        raise EngineValueError(f"provenance must have {n} elements")
-    if arr.dtype.kind in "UO":
-        codes = np.full(n, -1, np.int64)
-        for name, code in _PROVENANCE_CODE.items():
-            codes[arr == name] = code
-        if (codes < 0).any():
-            i = int(np.argmax(codes < 0))
-            raise EngineValueError(f"provenance[{i}] = {arr[i]!r} is not one of {PROVENANCES}")
-        return codes
-    if arr.dtype.kind in "iu":
-        codes = arr.astype(np.int64)
-        if ((codes != 0) & (codes != 1)).any():
-            raise EngineValueError("provenance codes must be 0 (submitted) or 1 (discovered)")
-        return codes
-    raise EngineTypeError(f"provenance must be strings or 0/1 codes, got dtype {arr.dtype}")
+_: type[QueueEngine] = Engine

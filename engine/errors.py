@@ -1,14 +1,8 @@
-"""The exception hierarchy and the one table that maps the C core's status codes onto it.
-
-Nothing else in the package invents an error for a C status: :func:`raise_for` is the only
-translation, so a new code in ``csrc/lanes.h`` needs one line here.
+"""The exception hierarchy every backend raises (the C core's status codes map onto it in
+``engine.segment``, the Redis library's error codes in ``engine.redis.transport``).
 """
 
 from __future__ import annotations
-
-from typing import NoReturn
-
-from ._core import lib
 
 
 class EngineError(Exception):
@@ -65,26 +59,3 @@ class SegmentMissing(EngineError, FileNotFoundError):
 
 class NotAllowed(EngineError):
     """The operation is refused in the current state (restamp while lanes are enabled, ...)."""
-
-
-# Status codes from csrc/lanes.h, by their names there (a renumbered code cannot drift).
-_TABLE: dict[int, tuple[type[EngineError], str]] = {
-    lib.RL_E_LAYOUT: (LayoutMismatch, "segment layout does not match"),
-    lib.RL_E_LEASE: (LeaseLost, "lease lost: the token is stale"),
-    lib.RL_E_CAPACITY: (CapacityError, "capacity exhausted"),
-    lib.RL_E_VALUE: (EngineValueError, "bad argument"),
-    lib.RL_E_RANGE: (EngineValueError,
-                    "out of range (a row id that does not exist, or a value past its limit)"),
-    lib.RL_E_SYS: (EngineError, "system call failed"),
-    lib.RL_E_TIMEOUT: (AttachTimeout, "timed out waiting for the segment"),
-    lib.RL_E_EXISTS: (SegmentExists, "segment already exists"),
-    lib.RL_E_NOTFOUND: (SegmentMissing, "no such segment"),
-    lib.RL_E_NOTALLOWED: (NotAllowed, "not allowed now"),
-    lib.RL_E_BUSY: (EngineError, "busy"),
-}
-
-
-def raise_for(status: int, context: str = "") -> NoReturn:
-    """Raise the exception mapped to a negative C status, with ``context`` in the message."""
-    cls, text = _TABLE.get(status, (EngineError, f"unknown status {status}"))
-    raise cls(f"{context}: {text}" if context else text)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, TypeGuard, overload
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -33,16 +33,6 @@ KEY_LANES: int = 2048
 still."""
 
 IntArray = npt.NDArray[np.int64]
-
-
-def is_int(value: object) -> TypeGuard[int]:
-    """An int and not a bool (``True`` is an ``int`` to Python, never a count or a row here)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: object) -> TypeGuard[int | float]:
-    """An int or a float, and not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _as_int(value: object, what: str) -> int:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from .checks import is_int, is_number
 from .errors import EngineTypeError, EngineValueError
-from .keys import is_int, is_number
 
 PROVENANCES: tuple[str, ...] = ("submitted", "discovered")
 CLASSES: tuple[str, ...] = ("urgent", "submitted", "discovered", "cold")
@@ -163,6 +163,26 @@ class LanePolicy:
         return hash((self.ttl_bands, self.cold_after, self.urgent_max_share,
                      tuple(sorted(self.min_share.items())), self.remainder, self.lanes_enabled,
                      tuple(self.weights.items())))
+
+    # -- as data (checkpoints, the Redis queue's meta) -----------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """The policy as plain JSON data; :meth:`from_dict` reads it back equal."""
+        return {"ttl_bands": list(self.ttl_bands), "cold_after": self.cold_after,
+                "urgent_max_share": self.urgent_max_share, "min_share": dict(self.min_share),
+                "remainder": self.remainder, "lanes_enabled": self.lanes_enabled,
+                "weights": dict(self.weights)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LanePolicy:
+        """A policy from :meth:`to_dict`'s data (a field not given takes its default);
+        ``EngineValueError`` for anything else."""
+        if not isinstance(data, Mapping):
+            raise EngineTypeError(f"a policy is a mapping, got {type(data).__name__}")
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise EngineValueError(f"a policy has no field {sorted(unknown)[0]!r}")
+        return cls(**data)
 
     # -- lane layout -------------------------------------------------------------------------
 
@@ -341,15 +361,3 @@ def reference_pass(
         if extra and cred[cls] > 0:
             cred[cls] = max(0, cred[cls] - extra * ONE)
     return grants, cred
-
-
-def policy_to_dict(policy: LanePolicy) -> dict[str, Any]:
-    return {
-        "ttl_bands": list(policy.ttl_bands),
-        "cold_after": policy.cold_after,
-        "urgent_max_share": policy.urgent_max_share,
-        "min_share": dict(policy.min_share),
-        "remainder": policy.remainder,
-        "lanes_enabled": policy.lanes_enabled,
-        "weights": dict(policy.weights),
-    }

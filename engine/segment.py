@@ -1,4 +1,6 @@
-"""The thin binding layer: one process's handle on a segment, C statuses turned into exceptions.
+"""The thin binding layer: one process's handle on a segment, C statuses turned into exceptions
+(:func:`raise_for`, the one table from a C status to the exception hierarchy: a new code in
+``csrc/lanes.h`` needs one line there).
 
 Why a handle of our own rather than ``multiprocessing.shared_memory.SharedMemory``: before 3.13
 every ``SharedMemory(name)`` registers the segment with the resource tracker, which unlinks it
@@ -15,13 +17,23 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any
-
-import psutil
+from typing import Any, NoReturn
 
 from . import _core
-from .errors import EngineClosed, raise_for
+from .errors import (
+    AttachTimeout,
+    CapacityError,
+    EngineClosed,
+    EngineError,
+    EngineValueError,
+    LayoutMismatch,
+    LeaseLost,
+    NotAllowed,
+    SegmentExists,
+    SegmentMissing,
+)
 from .policy import REMAINDERS, SHARE_CLASSES, LanePolicy, share_fp
+from .process import process_start_ms
 
 ffi = _core.ffi
 lib = _core.lib
@@ -51,23 +63,34 @@ _registering: dict[int, threading.Lock] = {}
 CLASS_INDEX = {"urgent": 0, "submitted": 1, "discovered": 2, "cold": 3}
 
 
+# Status codes from csrc/lanes.h, by their names there (a renumbered code cannot drift).
+_TABLE: dict[int, tuple[type[EngineError], str]] = {
+    lib.RL_E_LAYOUT: (LayoutMismatch, "segment layout does not match"),
+    lib.RL_E_LEASE: (LeaseLost, "lease lost: the token is stale"),
+    lib.RL_E_CAPACITY: (CapacityError, "capacity exhausted"),
+    lib.RL_E_VALUE: (EngineValueError, "bad argument"),
+    lib.RL_E_RANGE: (EngineValueError,
+                    "out of range (a row id that does not exist, or a value past its limit)"),
+    lib.RL_E_SYS: (EngineError, "system call failed"),
+    lib.RL_E_TIMEOUT: (AttachTimeout, "timed out waiting for the segment"),
+    lib.RL_E_EXISTS: (SegmentExists, "segment already exists"),
+    lib.RL_E_NOTFOUND: (SegmentMissing, "no such segment"),
+    lib.RL_E_NOTALLOWED: (NotAllowed, "not allowed now"),
+    lib.RL_E_BUSY: (EngineError, "busy"),
+}
+
+
+def raise_for(status: int, context: str = "") -> NoReturn:
+    """Raise the exception mapped to a negative C status, with ``context`` in the message."""
+    cls, text = _TABLE.get(status, (EngineError, f"unknown status {status}"))
+    raise cls(f"{context}: {text}" if context else text)
+
+
 def check(status: int, context: str = "") -> int:
     """Pass a non-negative status through; raise the mapped exception for a negative one."""
     if status < 0:
         raise_for(status, context)
     return status
-
-
-def process_start_ms(pid: int | None = None) -> int:
-    return int(psutil.Process(pid).create_time() * 1000)
-
-
-def is_running(pid: int, start_ms: int) -> bool:
-    """Whether process ``pid`` runs and is the one that started at ``start_ms`` (not a reuse)."""
-    try:
-        return abs(process_start_ms(pid) - start_ms) < 2000
-    except Exception:  # psutil.NoSuchProcess, AccessDenied on a foreign pid
-        return False
 
 
 def policy_to_c(policy: LanePolicy) -> Any:

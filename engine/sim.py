@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .checks import is_int, is_number
 from .engine import Engine
 from .errors import EngineError, EngineTypeError, EngineValueError
-from .keys import is_int, is_number
 from .policy import PROVENANCES, LanePolicy
 
 HOUR_MS = 3_600_000

@@ -72,9 +72,9 @@ def dispose(eng: Any, name: str) -> None:
     connection if the test closed its own); never raises."""
     from engine.errors import EngineError
 
-    if is_redis(eng) and eng._r is None:
+    if is_redis(eng) and eng.transport.client is None:
         with contextlib.suppress(EngineError, OSError):
-            eng = type(eng).connect(eng._url, eng.name)
+            eng = type(eng).connect(eng.transport.url, eng.name)
     with contextlib.suppress(EngineError, OSError):
         eng.unlink()
     with contextlib.suppress(EngineError, OSError):
@@ -91,7 +91,7 @@ def is_redis(eng: Any) -> bool:
 def address(eng: Any) -> tuple[str, ...]:
     """Where another process finds ``eng`` (picklable): ``("shm", name)`` or
     ``("redis", url, name)``; :func:`another_handle` opens it."""
-    return ("redis", eng._url, eng.name) if is_redis(eng) else ("shm", eng.name)
+    return ("redis", eng.transport.url, eng.name) if is_redis(eng) else ("shm", eng.name)
 
 
 def another_handle(eng_or_address: Any) -> Any:

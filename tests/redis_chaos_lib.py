@@ -155,7 +155,7 @@ class RedisChaosResult:
 
 
 def server_ms(eng: Engine | Any) -> int:
-    sec, usec = eng._live().time()
+    sec, usec = eng.transport.live().time()
     return int(sec) * 1000 + int(usec) // 1000
 
 
@@ -597,7 +597,7 @@ def final_checks(eng: Any, expected_urls: list[str], rendered_rows: set[int],
     queued = np.zeros(n, bool)
     queued[rows] = True
     urls_key, url_rows_key, _ = pool_keys(eng.name)
-    client = eng._live()
+    client = eng.transport.live()
     by_row = {int(k): bytes(v).decode() for k, v in client.hgetall(urls_key).items()}
     by_url = {bytes(k).decode(): int(v) for k, v in client.hgetall(url_rows_key).items()}
     if n != len(expected_urls) or set(by_row.values()) != set(expected_urls):

@@ -85,14 +85,14 @@ def test_c_files_call_only_the_files_before_them() -> None:
 
 
 def test_the_error_table_maps_every_status_of_the_header() -> None:
-    """engine/errors.py's one table covers every RL_E_* code csrc/lanes.h defines."""
-    from engine.errors import _TABLE
+    """engine/segment.py's one table covers every RL_E_* code csrc/lanes.h defines."""
+    from engine.segment import _TABLE
 
     header = (ROOT / "csrc" / "lanes.h").read_text()
     statuses = re.findall(r"^#define (RL_E_\w+) -\d+", header, re.M)
     assert len(statuses) >= 11
     missing = [name for name in statuses if getattr(lib, name) not in _TABLE]
-    assert not missing, f"engine/errors.py's table lacks {missing}"
+    assert not missing, f"engine/segment.py's table lacks {missing}"
 
 
 def test_remainder_codes_and_weight_bounds_match_the_header():

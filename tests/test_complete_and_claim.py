@@ -14,7 +14,7 @@ import pytest
 from lanes_testlib import HOUR, MINUTE, NOW, snapshot
 
 from engine import Claims, Engine, LanePolicy
-from engine.engine import DEFAULT_LEASE_MS, DEFAULT_WINDOW
+from engine.api import DEFAULT_LEASE_MS, DEFAULT_WINDOW
 from engine.errors import EngineClosed, EngineError, EngineTypeError, EngineValueError
 
 pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)

@@ -184,7 +184,7 @@ def state(eng: Engine) -> dict[str, Any]:
     """Everything a refused call must leave as it was. On Redis that is every key of the queue,
     read in one transaction: all that ``describe``, ``stats`` and ``policy`` read, and more."""
     if is_redis(eng):
-        return {"raw": eng._snapshot(*eng._dump_commands())}
+        return {"raw": eng.dump()}
     s = eng.stats(now_ms=FIXED)
     for k in VOLATILE:
         s.pop(k, None)

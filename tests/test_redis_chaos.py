@@ -137,7 +137,7 @@ def test_the_final_checks_see_a_lost_row_a_lost_url_and_an_unrendered_row(
         table.drop()
         table.add(urls, [0] * 6, 60)
         eng.remove(4)
-        eng._live().hset(f"lanes:{{{queue}}}:url_rows", urls[1], 3)  # a URL mapped astray
+        eng.transport.live().hset(f"lanes:{{{queue}}}:url_rows", urls[1], 3)  # a URL mapped astray
         res = RedisChaosResult()
         final_checks(eng, urls, {0, 1, 2, 3, 4}, res)
         assert res.lost == 2 and res.never_rendered == 1  # row 1 (its URL astray), row 4

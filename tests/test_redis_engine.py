@@ -77,7 +77,7 @@ def make_queue(server: RedisServer) -> Iterator[Any]:
 
     yield make
     for eng in made:
-        if eng._r is None:
+        if eng.transport.client is None:
             eng = RedisEngine.connect(server.url, eng.name)
         eng.drop()
         eng.close()
@@ -96,7 +96,7 @@ def _claim_one(eng: RedisEngine, now: int = NOW, lease_ms: int = 30_000) -> tupl
 
 def _dump(eng: RedisEngine) -> tuple[Any, ...]:
     """Everything the queue holds on the server, for 'nothing changed' checks."""
-    r = redis.Redis.from_url(eng._url)
+    r = redis.Redis.from_url(eng.transport.url)
     try:
         ready, lease, rows, meta, holder = queue_keys(eng.name)
         return (r.zrange(ready, 0, -1, withscores=True), r.zrange(lease, 0, -1, withscores=True),
@@ -876,16 +876,16 @@ def test_bad_input_is_refused_before_anything_is_sent(q, server, what, call):
     q.add(NOW - MINUTE, 60)
     before, fcalls = _dump(q), _fcalls(server)
     sent: list[tuple[Any, ...]] = []
-    real = q._r.execute_command
+    real = q.transport.client.execute_command
 
     def spy(*args: Any, **kw: Any) -> Any:
         sent.append(args)
         return real(*args, **kw)
 
-    q._r.execute_command = spy
+    q.transport.client.execute_command = spy
     with pytest.raises((EngineValueError, EngineTypeError)):
         call(q)
-    q._r.execute_command = real
+    q.transport.client.execute_command = real
     assert sent == []
     assert _fcalls(server) == fcalls
     assert _dump(q) == before

@@ -244,8 +244,8 @@ def test_a_cluster_serves_two_queues_on_different_primaries():
         assert len(slots) == 1  # a queue is one slot
         engines = {n: Engine.connect(cluster.url, n, create=True) for n in (a, b)}
         for name, eng in engines.items():
-            assert eng._cluster is not None  # detected from INFO cluster
-            assert eng._r.connection_pool.connection_kwargs["port"] == cluster.node_of(
+            assert eng.transport.cluster is not None  # detected from INFO cluster
+            assert eng.transport.client.connection_pool.connection_kwargs["port"] == cluster.node_of(
                 queue_keys(name)[0])
         for node in cluster.nodes:  # the library is on every primary
             version = node.client().fcall_ro("lanes_version", 0)  # type: ignore[attr-defined]
@@ -273,7 +273,7 @@ def test_a_cluster_serves_two_queues_on_different_primaries():
         cluster.move_slot(queue_keys(a)[0], spare)
         held = eng.claim(budget=4, now_ms=NOW + 60_000)  # every row due, row 2's lease lapsed
         assert sorted(held.rows.tolist()) == [0, 1, 2, 3]
-        assert eng._r.connection_pool.connection_kwargs["port"] == spare
+        assert eng.transport.client.connection_pool.connection_kwargs["port"] == spare
         assert eng.verify() == [] and eng.stats(now_ms=NOW)["in_flight"] == 4
         for eng in engines.values():
             eng.drop()

@@ -49,6 +49,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..checks import is_int
 from ..errors import (
     EngineClosed,
     EngineError,
@@ -57,7 +58,7 @@ from ..errors import (
     SegmentExists,
     SegmentMissing,
 )
-from ..keys import STRIDE, is_int
+from ..keys import STRIDE
 from . import shmfile
 from .render import KINDS, Failure
 

@@ -84,8 +84,8 @@ from dataclasses import dataclass
 from typing import Any, Final, final
 from urllib.parse import urlsplit
 
+from ..checks import is_int
 from ..errors import EngineClosed, EngineError, EngineValueError, LayoutMismatch
-from ..keys import is_int
 from . import shmfile
 
 SUFFIX: Final = "hosts"

@@ -73,9 +73,9 @@ from xml.sax.xmlreader import AttributesNSImpl, Locator
 import numpy as np
 import numpy.typing as npt
 
-from ..engine import wall_ms
+from ..checks import is_int, wall_ms
 from ..errors import CorpusError, EngineTypeError, EngineValueError
-from ..keys import STRIDE, as_int64_array, check_due_array, check_due_ms, is_int
+from ..keys import STRIDE, as_int64_array, check_due_array, check_due_ms
 from ..policy import MAX_INTERVAL_S, PROVENANCES
 from .routes import Routes
 

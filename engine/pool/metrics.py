@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ..checks import is_int
 from ..engine import Engine
 from ..errors import EngineError, EngineValueError, SegmentMissing
-from ..keys import is_int
 from .board import DURATION_BUCKETS, FAILED, OK, Board
 
 _LANE_GAUGES = (("queued", "rows queued in the lane"),

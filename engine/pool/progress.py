@@ -25,8 +25,7 @@ from .board import DURATION_BUCKETS
 from .failures import PARKED_MS
 
 if TYPE_CHECKING:
-    from ..engine import Engine
-    from ..redis import RedisEngine
+    from ..api import QueueEngine
     from .routes import Routes
 
 QUANTILES = (0.5, 0.95, 0.99)
@@ -197,7 +196,7 @@ def format_elapsed(real_s: float, pool_s: float, scale: float) -> str:
 # -- next due per lane -------------------------------------------------------------------------
 
 
-def next_due(eng: Engine | RedisEngine, now_ms: int) -> dict[int, int | None]:
+def next_due(eng: QueueEngine, now_ms: int) -> dict[int, int | None]:
     """{lane: earliest due time (ms) of its queued rows not due yet at ``now_ms``, or None}.
 
     One pass over the row table (``checkpoint.snapshot``, which reads each row's lane from its
@@ -215,7 +214,7 @@ def next_due(eng: Engine | RedisEngine, now_ms: int) -> dict[int, int | None]:
     return out
 
 
-def route_figures(eng: Engine | RedisEngine, urls: Sequence[str], routes: Routes, now_ms: int
+def route_figures(eng: QueueEngine, urls: Sequence[str], routes: Routes, now_ms: int
                   ) -> list[dict[str, Any]]:
     """Per route (first match wins; ``(no route)`` for the rest): its pattern and interval, and
     of its queued rows how many there are, how many are due (backlog), failing and parked."""

@@ -52,9 +52,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine import Claim
+from ..api import Claim
+from ..checks import is_int
 from ..errors import EngineError, EngineTypeError, EngineValueError
-from ..keys import is_int
 
 RenderFn = Callable[[str, Claim], object]
 

@@ -49,8 +49,9 @@ from typing import Any, Final, final
 import numpy as np
 import numpy.typing as npt
 
+from ..checks import is_int
 from ..errors import CorpusError, EngineTypeError, EngineValueError
-from ..keys import as_int64_array, is_int
+from ..keys import as_int64_array
 from ..policy import MAX_INTERVAL_S, PROVENANCES
 
 I16Array = npt.NDArray[np.int16]

@@ -43,7 +43,9 @@ import numpy as np
 import psutil
 
 from .. import checkpoint
-from ..engine import Claim, Claims, Engine, wall_ms
+from ..api import Claim, ClaimBatch, QueueEngine, RowUrls
+from ..checks import is_int, is_number, wall_ms
+from ..engine import Engine
 from ..errors import (
     EngineError,
     EngineValueError,
@@ -52,9 +54,9 @@ from ..errors import (
     SegmentExists,
     SegmentMissing,
 )
-from ..keys import is_int, is_number
 from ..policy import LanePolicy
-from ..segment import Segment, is_running, process_start_ms
+from ..process import is_running, process_start_ms
+from ..segment import Segment
 from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, Board, Clock, record_render
 from .failures import PARKED_MS, FailureLog
 from .grow import Added, add_corpus, store_routes, unlink_routes
@@ -66,11 +68,7 @@ from .routes import Routes
 from .urls import UrlTable
 
 if TYPE_CHECKING:
-    from ..redis import RedisClaims, RedisEngine
-    from ..redis.urls import RedisUrls
-
-    AnyEngine = Engine | RedisEngine
-    AnyUrls = UrlTable | RedisUrls
+    from ..redis import RedisEngine
 
 START_METHODS = ("fork", "spawn", "forkserver")
 GROWTH_ROOM = 100_000
@@ -154,7 +152,7 @@ class WorkerSpec:
 class _Held:
     """The tokens of the rows a worker holds, renewed by a thread while renders run long."""
 
-    def __init__(self, eng: AnyEngine, now: Callable[[], int | None], lease_ms: int,
+    def __init__(self, eng: QueueEngine, now: Callable[[], int | None], lease_ms: int,
                  slot: Any) -> None:
         self._eng, self._now, self._lease_ms, self._slot = eng, now, lease_ms, slot
         self._lock = threading.Lock()
@@ -172,7 +170,7 @@ class _Held:
         if self._thread.is_alive():
             self._thread.join()
 
-    def hold(self, batch: Claims | RedisClaims) -> None:
+    def hold(self, batch: ClaimBatch) -> None:
         with self._lock:
             self._tokens.update(zip(batch.rows.tolist(), batch.tokens.tolist(), strict=True))
 
@@ -227,8 +225,8 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
     local = spec.local or spec.name
     board = Board.attach(local)
     clock = board.clock
-    eng: AnyEngine
-    urls: AnyUrls
+    eng: QueueEngine
+    urls: RowUrls
     now: Callable[[], int | None]
     if spec.redis is None:
         eng, urls, now = Engine.attach(spec.name), UrlTable.attach(spec.name), clock.now_ms
@@ -303,7 +301,7 @@ def _server_time() -> None:
     return None
 
 
-def _give_back(eng: AnyEngine, slot: Any, rows: list[int], tokens: list[int],
+def _give_back(eng: QueueEngine, slot: Any, rows: list[int], tokens: list[int],
                at_stop: bool) -> None:
     """Release rows unrendered (due as they were); those given back at a stop are counted."""
     if rows:
@@ -315,7 +313,7 @@ def _give_back(eng: AnyEngine, slot: Any, rows: list[int], tokens: list[int],
 class _Worker:
     """What a worker needs to render one row and to account for how it went."""
 
-    def __init__(self, spec: WorkerSpec, eng: AnyEngine, failures: FailureLog,
+    def __init__(self, spec: WorkerSpec, eng: QueueEngine, failures: FailureLog,
                  render: Callable[[str, Claim], object], clock: Clock,
                  now: Callable[[], int | None], slot: Any) -> None:
         self.spec, self.eng, self.failures = spec, eng, failures
@@ -384,7 +382,7 @@ class Pool:
     On Redis (``redis`` set) it owns only its connection and its local files (``local``):
     the queue and its URLs belong to every pool that shares them."""
 
-    def __init__(self, eng: AnyEngine, urls: AnyUrls, board: Board, failures: FailureLog,
+    def __init__(self, eng: QueueEngine, urls: RowUrls, board: Board, failures: FailureLog,
                  render: RenderSpec, options: PoolOptions, *, local: str | None = None,
                  redis: str | None = None) -> None:
         self.engine, self.urls, self.board, self.failures = eng, urls, board, failures
@@ -495,7 +493,7 @@ class Pool:
         if capacity is None and corpus is not None:
             capacity = max(ck.capacity, 2 * (len(ck) + len(corpus)), GROWTH_ROOM)
         clear_stale(name)
-        eng = checkpoint.create_from(ck, name, capacity, policy)
+        eng = Engine.from_checkpoint(ck, name, capacity=capacity, policy=policy)
         try:
             pool = cls._around(eng, urls, render, options, routes)
             restored = ck.extra.get("failures")

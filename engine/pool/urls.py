@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ..api import RowUrls
 from ..errors import EngineValueError, LayoutMismatch, SegmentMissing
 from . import shmfile
 
@@ -213,3 +214,6 @@ def _further(name: str) -> list[int]:
         return []
     return sorted(int(e[len(prefix):]) for e in entries
                   if e.startswith(prefix) and e[len(prefix):].isdigit())
+
+
+_: type[RowUrls] = UrlTable

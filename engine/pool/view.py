@@ -10,13 +10,15 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 import numpy as np
 
-from ..engine import Engine, wall_ms
-from ..segment import is_running
+from ..api import Stats
+from ..checks import wall_ms
+from ..engine import Engine
+from ..process import is_running
 from . import progress
 from .board import DURATION_BUCKETS, FAILED, OK, Board
 from .supervisor import Pool
@@ -30,7 +32,7 @@ NEXT_DUE_EVERY_S = 2.0
 """The live view reads the whole row table for "next due" at most this often."""
 
 
-def shown(lane: dict[str, Any], renders: int = 0, failures: int = 0) -> bool:
+def shown(lane: Mapping[str, Any], renders: int = 0, failures: int = 0) -> bool:
     """Whether a lane has anything to report: rows queued or granted, or renders either way."""
     return bool(lane["queued"] or lane["granted"] or renders or failures)
 
@@ -58,7 +60,7 @@ def _latency_cell(d: dict[str, Any]) -> str:
     return progress.format_latency([d[_q_key(q)] for q in progress.QUANTILES])
 
 
-def lane_figures(stats: dict[str, Any], totals: dict[str, Any], next_due: dict[int, int | None],
+def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int | None],
                  per_s: dict[int, float | None], now_ms: int) -> list[dict[str, Any]]:
     """One dict of numbers per lane worth showing: the engine's per-lane statistics with the
     pool's figures added (renders, failures, rate, backlog and the time to drain it, next due,

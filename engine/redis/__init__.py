@@ -1,20 +1,15 @@
-"""The engine on Redis (``RedisEngine``): the API of ``engine.Engine`` for a queue shared by
-many hosts, every write and claim pass one FCALL into the Lua library ``lanes.lua``.
+"""The engine on Redis (``RedisEngine``): :class:`engine.api.QueueEngine` for a queue shared by
+many hosts, every write and claim pass one FCALL into the Lua library.
 
-Needs redis-py (the ``test`` and ``bench`` extras install it) and a Redis >= 7 server. See
-docs/redis.md.
+Three modules: ``engine`` (the API: checks arguments, calls the library), ``transport`` (the
+connection and its one retry rule), ``codec`` (the queue's layout: keys, records, arguments,
+replies, ``verify``). Needs redis-py (the ``test`` and ``bench`` extras install it) and a
+Redis >= 7 server; neither the shared-memory engine nor the C core. See docs/redis.md.
 """
 
-from .engine import (
-    LIBRARY,
-    LIBRARY_VERSION,
-    MAX_ROWS,
-    RedisClaims,
-    RedisEngine,
-    library_source,
-    queue_keys,
-    redact,
-)
+from .codec import LIBRARY, LIBRARY_VERSION, MAX_ROWS, RedisClaims, queue_keys
+from .engine import RedisEngine, library_source
+from .transport import redact
 
 __all__ = ["LIBRARY", "LIBRARY_VERSION", "MAX_ROWS", "RedisClaims", "RedisEngine",
            "library_source", "queue_keys", "redact"]

@@ -13,9 +13,9 @@ now): adding the same corpus from every host is harmless, and a second host's po
 the same command as the first. URLs are never removed or changed, so a scan that runs while
 others add sees every URL that existed when it began (``urls``).
 
-``RedisUrls`` has the interface of the shared-memory ``UrlTable`` that the pool uses:
-``[row]``, ``many(rows)`` (one HMGET per claimed batch), ``urls()`` in row order (for
-checkpoints), ``find(url)``, ``refresh()``, ``close()``, ``len()``.
+``RedisUrls`` is an ``engine.api.RowUrls``, as the shared-memory ``UrlTable`` is: ``[row]``,
+``many(rows)`` (one HMGET per claimed batch), ``urls()`` in row order (for checkpoints),
+``find(url)``, ``refresh()``, ``close()``, ``len()``.
 
 ``restore`` makes a new queue from a pool's checkpoint, rows and URLs together (``lanes pool
 --resume --redis``), whichever backend wrote it: a queue moves from one host's shared memory to
@@ -26,17 +26,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ..api import RowUrls
+from ..checkpoint import Checkpoint
 from ..errors import EngineError, EngineValueError, SegmentExists, SegmentMissing
 from ..policy import LanePolicy
-from .engine import MAX_ROWS, RedisEngine, packed_rows, redact
-
-if TYPE_CHECKING:
-    from ..checkpoint import Checkpoint
+from .codec import MAX_ROWS, now_arg, packed_rows
+from .engine import RedisEngine
+from .transport import redact
 
 URL_CHUNK = 1000
 """URLs per FCALL of ``add``: a big corpus never blocks the server for long (each chunk is
@@ -87,8 +88,7 @@ class RedisUrls:
 
     def _plain(self, fn: str, *args: Any) -> Any:
         """A plain command (a read, or an idempotent write): retried on a lost connection."""
-        eng = self.engine
-        return eng._call_plain(getattr(eng._live(), fn), *args)
+        return self.engine.transport.call(fn, lambda r: getattr(r, fn)(*args))
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -101,12 +101,12 @@ class RedisUrls:
         blob = packed_rows(due_ms, interval_s, provenance, failures)
         if len(blob) != len(encoded):
             raise EngineValueError(f"{len(blob)} rows for {len(encoded)} URLs")
-        now = self.engine._now(now_ms)
+        now = now_arg(now_ms)
         rows = np.empty(len(encoded), np.int64)
         states = np.empty(len(encoded), np.int64)
         for start in range(0, len(encoded), URL_CHUNK):
             stop = min(len(encoded), start + URL_CHUNK)
-            got, state = self.engine._fcall(
+            got, state = self.engine.transport.fcall(
                 "lanes_add_urls", now, blob[start:stop].tobytes(), *encoded[start:stop],
                 extra_keys=(self._urls, self._url_rows))
             rows[start:stop], states[start:stop] = got, state
@@ -148,11 +148,11 @@ class RedisUrls:
         """Every URL in row order (an HSCAN, so the server is never blocked for long).
 
         ``EngineError`` if a row below the last one has no URL (rows added outside a pool)."""
-        def scan() -> dict[int, str]:
+        def scan(client: Any) -> dict[int, str]:
             return {int(r): bytes(u).decode() for r, u in
-                    self.engine._live().hscan_iter(self._urls, count=SCAN_COUNT)}
+                    client.hscan_iter(self._urls, count=SCAN_COUNT)}
 
-        by_row: dict[int, str] = self.engine._call_plain(scan)
+        by_row = self.engine.transport.call("HSCAN", scan)
         out = [by_row.get(r, "") for r in range(len(by_row))]
         if len(by_row) and max(by_row) != len(by_row) - 1:
             gap = next(r for r in range(len(by_row)) if r not in by_row)
@@ -181,7 +181,7 @@ class RedisUrls:
 def restore(ck: Checkpoint, url: str, name: str, policy: LanePolicy | None = None,
             capacity: int | None = None) -> tuple[RedisEngine, RedisUrls]:
     """A new queue ``name`` at ``url`` holding a pool checkpoint's rows and their URLs, row ids
-    renumbered from 0 in saved order (as ``checkpoint.create_from`` does on shared memory); the
+    renumbered from 0 in saved order (as ``Engine.from_checkpoint`` does on shared memory); the
     saved policy unless given, no bound on rows unless ``capacity``.
 
     Refused with ``SegmentExists`` when the queue, or URL keys of an earlier one, exist: a Redis
@@ -208,7 +208,7 @@ def restore(ck: Checkpoint, url: str, name: str, policy: LanePolicy | None = Non
     eng = RedisEngine.connect(url, name, ck.policy if policy is None else policy, create=True,
                               capacity=capacity)
     table = RedisUrls(eng)
-    if not eng._created:  # another host made it meanwhile
+    if not eng.created:  # another host made it meanwhile
         eng.close()
         raise taken
     if len(table):
@@ -231,3 +231,6 @@ def restore(ck: Checkpoint, url: str, name: str, policy: LanePolicy | None = Non
         eng.close()
         raise
     return eng, table
+
+
+_: type[RowUrls] = RedisUrls

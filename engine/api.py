@@ -1,0 +1,222 @@
+"""The contract: what a queue engine is, whichever backend holds the queue.
+
+Two backends implement it: ``engine.Engine`` (one shared-memory segment, the workers of one
+machine; engine/engine.py) and ``engine.redis.RedisEngine`` (a queue in Redis shared by many
+hosts; engine/redis/). Everything above them (the render pool, the CLI, checkpoints) reaches an
+engine through :class:`QueueEngine`, and each backend module checks itself against it with a
+line ``_: type[QueueEngine] = TheBackend``, so a signature that drifts is a mypy error. The
+contract tests (``pytestmark = pytest.mark.contract``) run the same behaviour on both.
+
+A backend that lacks something says so with a ``supports_...`` attribute rather than by
+raising: ``compact()`` exists everywhere and does nothing where there is nothing to merge.
+
+This module imports no backend and nothing compiled: the defaults of a claim are here, and the
+C core's hot calls (csrc/hot.c) read them from this module when they load.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, NotRequired, Protocol, Self, TypedDict
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    # Annotations only: the policy module checks its arguments with engine.checks, which reads
+    # the bounds here, so a run-time import would close a circle.
+    from .policy import LanePolicy
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+DEFAULT_BUDGET = 16
+"""Rows one claim pass leases unless told."""
+DEFAULT_LEASE_MS = 30_000
+"""How long a lease lasts unless told: a render that takes longer renews it."""
+DEFAULT_WINDOW = 140
+"""Due rows a claim pass looks at past each lane's head (the claim window)."""
+MAX_BUDGET = 1 << 16
+"""The largest budget of one claim pass."""
+MAX_WINDOW = 1 << 30
+"""The largest claim window."""
+
+
+class Claim(NamedTuple):
+    """One leased row: what a worker needs to render it and to end its lease."""
+
+    row: int
+    lane: int
+    due_ms: int
+    token: int
+
+
+class ClaimBatch(Protocol):
+    """The rows one claim pass leased: four int64 arrays of one length, ``len(batch)`` rows;
+    iterating yields a :class:`Claim` per row."""
+
+    @property
+    def rows(self) -> IntArray: ...
+    @property
+    def lanes(self) -> IntArray: ...
+    @property
+    def due_ms(self) -> IntArray: ...
+    @property
+    def tokens(self) -> IntArray: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[Claim]: ...
+
+
+class LaneStats(TypedDict):
+    """One lane in :meth:`QueueEngine.stats`."""
+
+    lane: int
+    name: str
+    floor_minute: int
+    queued: int
+    due: int
+    leased: int
+    in_flight: int
+    granted: int
+    spilled: int
+    stale_skipped: int
+    lease_refused: int
+
+
+class Stats(TypedDict):
+    """:meth:`QueueEngine.stats`: the queue and each lane the policy makes or that holds rows.
+    The keys marked ``NotRequired`` are one backend's (see docs/redis.md for Redis's)."""
+
+    name: str
+    layout_version: int
+    capacity: int
+    rows: int
+    queued: int
+    in_flight: int
+    credits: dict[str, float]
+    lanes: list[LaneStats]
+    bytes: NotRequired[int]
+    index: NotRequired[dict[str, int]]
+    ring: NotRequired[dict[str, int]]
+    backend: NotRequired[str]
+    url: NotRequired[str]
+    library_version: NotRequired[str]
+    owners: NotRequired[dict[str, int]]
+
+
+class RowInfo(TypedDict):
+    """:meth:`QueueEngine.describe`: everything the queue holds about one row."""
+
+    row: int
+    queued: bool
+    due_ms: int | None
+    lane: int | None
+    interval_s: int
+    failures: int
+    provenance: str
+    urgent: bool
+    leased: bool
+    lease_expiry_ms: int | None
+    owner: NotRequired[str | None]
+
+
+class Restamped(TypedDict):
+    """:meth:`QueueEngine.restamp`: rows re-encoded, and whether none is left."""
+
+    restamped: int
+    done: bool
+
+
+class QueueEngine(Protocol):
+    """A claim queue: rows with a due time and an interval, leased in claim passes that share
+    capacity between lanes as the :class:`~engine.policy.LanePolicy` says.
+
+    ``now_ms`` everywhere defaults to the clock (the process's wall clock on shared memory, the
+    server's on Redis); passing it runs the engine in virtual time. Bad input raises an
+    ``EngineError`` and changes nothing; a stale token raises ``LeaseLost`` (the ``_many``
+    calls report it per row instead).
+    """
+
+    supports_compact: ClassVar[bool]
+    """Whether recent writes wait in a buffer that :meth:`compact` merges into the index
+    (shared memory); where a write is in order at once (a Redis ZSET), ``compact`` only checks
+    that the engine is open."""
+    spans_hosts: ClassVar[bool]
+    """Whether processes on several hosts share the queue (Redis). Then :meth:`reap` judges
+    only this host's processes: the leases of another host's lapse by themselves."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def policy(self) -> LanePolicy: ...
+
+    # lifetime
+    def close(self) -> None: ...
+    def unlink(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None: ...
+
+    # writes
+    def add(self, due_ms: int, interval_s: int, provenance: str = "submitted",
+            failures: int = 0) -> int: ...
+    def add_many(self, due_ms: Any, interval_s: Any, provenance: Any = "submitted",
+                 failures: Any = None) -> IntArray: ...
+    def complete(self, row: int, token: int, next_due_ms: int | None = None,
+                 now_ms: int | None = None) -> None: ...
+    def complete_many(self, rows: Any, tokens: Any, next_due_ms: Any = None,
+                      now_ms: int | None = None) -> BoolArray: ...
+    def fail(self, row: int, token: int, retry_at_ms: int | None = None,
+             now_ms: int | None = None, permanent: bool = False) -> None: ...
+    def release(self, row: int, token: int, now_ms: int | None = None) -> None: ...
+    def release_many(self, rows: Any, tokens: Any, now_ms: int | None = None) -> BoolArray: ...
+    def renew(self, row: int, token: int, lease_ms: int = DEFAULT_LEASE_MS,
+              now_ms: int | None = None) -> int: ...
+    def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None: ...
+    def remove(self, row: int) -> None: ...
+
+    # claims
+    def claim(self, budget: int = DEFAULT_BUDGET, now_ms: int | None = None,
+              lease_ms: int = DEFAULT_LEASE_MS, window: int = DEFAULT_WINDOW) -> ClaimBatch: ...
+    def complete_and_claim(self, rows: Any, tokens: Any, budget: int = DEFAULT_BUDGET,
+                           now_ms: int | None = None, lease_ms: int = DEFAULT_LEASE_MS,
+                           window: int = DEFAULT_WINDOW) -> tuple[BoolArray, ClaimBatch]: ...
+
+    # reading
+    def describe(self, row: int, now_ms: int | None = None) -> RowInfo: ...
+    def due_ms(self, row: int) -> int | None: ...
+    def lane(self, row: int) -> int | None: ...
+    def lane_name(self, lane: int) -> str: ...
+    def floor_minute(self, lane: int) -> int: ...
+    def set_policy(self, policy: LanePolicy) -> None: ...
+    def stats(self, now_ms: int | None = None) -> Stats: ...
+    def verify(self) -> list[str]: ...
+    def check(self) -> list[str]: ...
+
+    # maintenance
+    def compact(self, full: bool = False) -> None: ...
+    def restamp(self, limit: int = 5000) -> Restamped: ...
+    def reap(self) -> int: ...
+
+    # checkpoints (engine/checkpoint.py)
+    def export_rows(self) -> tuple[IntArray, dict[str, IntArray]]: ...
+    def save(self, path: str | os.PathLike[str], urls: Any = None,
+             extra: dict[str, Any] | None = None) -> int: ...
+
+
+class RowUrls(Protocol):
+    """Row id -> URL of a render pool's queue: files in /dev/shm beside a segment
+    (``engine.pool.urls.UrlTable``), or two hashes beside a Redis queue
+    (``engine.redis.urls.RedisUrls``)."""
+
+    name: str
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, row: int) -> str: ...
+    def many(self, rows: Sequence[int]) -> list[str]: ...
+    def urls(self) -> list[str]: ...
+    def find(self, url: str) -> int: ...
+    def refresh(self) -> None: ...
+    def close(self) -> None: ...
