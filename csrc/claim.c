@@ -36,7 +36,7 @@
 #define PREFETCH_LOW 4
 /* Entries that are stale or held in flight do not use up the window, and the pass tombstones
  * them, so the next pass crosses them in one jump: a lane never stalls behind rows in flight,
- * however many (they used to count against a cap of 4096, past which a lane granted nothing).
+ * however many (a cap on them would let a lane holding that many rows in flight grant nothing).
  * A pass that reads more stale entries than `window` asks for a merge, which drops them. */
 /* The most index entries a pass steps over after losing a row to another claimer (lane_take_one). */
 #define JUMP_MAX 64

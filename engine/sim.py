@@ -242,7 +242,7 @@ def provenance_demand(config: SimConfig) -> dict[str, float]:
 
 
 def policy_spec(name: str, config: SimConfig) -> PolicySpec:
-    """The policies of API.md. ``fixed`` splits what the urgent cap and the cold share leave
+    """The policies the simulator knows (docs/simulator.md). ``fixed`` splits what the urgent cap and the cold share leave
     between submitted and discovered by their demand, so every class has a share and the shares
     sum to 1; ``floors`` is ``LanePolicy()``, the product default."""
     if name == "today":
@@ -296,7 +296,7 @@ class SimResult:
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        """Exactly the shape API.md shows."""
+        """The object ``lanes sim --json`` prints."""
         return {
             "policy": self.policy,
             "capacity": self.capacity,
@@ -808,7 +808,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--claimers", help="comma-separated claim budgets, one claimer each")
     p.add_argument("--reschedule", choices=RESCHEDULES)
     p.add_argument("--jobs", type=int, help="processes (default: one per core)")
-    p.add_argument("--json", action="store_true", help="print the results as JSON (API.md)")
+    p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--plot", metavar="FILE.png", help="write a bar chart (needs matplotlib)")
     p.add_argument("--sweep", action="store_true",
                    help="search shares, remainder, bands and lane weights for the best"

@@ -23,7 +23,7 @@ settings.register_profile(
 settings.load_profile("lanes")
 
 
-# -- one contract, every backend (DESIGN.md §8, invariant 10) ----------------------------------
+# -- one contract, every backend (docs/design.md §14) ------------------------------------------
 #
 # A module marked ``pytestmark = pytest.mark.contract`` runs each of its tests that takes an
 # engine (``eng``, ``make_engine``, ``fresh``, or ``backend`` itself) once per backend, with ids

@@ -19,8 +19,8 @@ holds the engine to the model:
 Small ring capacities (16) make writes overflow the recent-write ring and merge, and bulk adds
 larger than the ring take the full-rebuild path; small capacities reach ``CapacityError``.
 
-The same machine runs against the Redis backend (``RedisLanesMachine``, DESIGN.md §8 invariant
-10): every rule and invariant as here, but for three that read the shared-memory engine's own
+The same machine runs against the Redis backend (``RedisLanesMachine``, docs/design.md
+§14, "one contract"): every rule and invariant as here, but for three that read the shared-memory engine's own
 mechanics: ``compact`` (on Redis a no-op: it must change nothing), the token a renew returns (a
 shared-memory token encodes the lease's expiry, so a renew to the same expiry returns the same
 token; a Redis token comes from a counter and is always new), and which rows a bounded restamp

@@ -113,7 +113,7 @@
  * its expiry; or else (r not held in flight) a publication of r's current key is under way
  * (between the store of its key or the clear of its FLIGHT and the end of the floor lower that
  * follows: the ghosts wp_*, hp_*, sp_*), or r is at or above the floor's minute (or the floor
- * is 0: DESIGN §8.3 "no live row is ever below its lane's floor"), or r is FLIGHT with a
+ * is 0: docs/design.md §14 "no live row is ever below its lane's floor"), or r is FLIGHT with a
  * claimable lease and covered, which for a claimable lease means a sweep is due (ms <= now).
  * Only a step that changes what the property reads can falsify it, and each of those asserts
  * it (CHECK). When every process has ended, every queued row is held in flight, or FLIGHT with

@@ -1,0 +1,160 @@
+"""Every cross-reference resolves: a "§N" names a section its doc has, and a file named in the
+docs, the README or a comment is in the repo; the README stays short."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import subprocess
+import tokenize
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README_LIMIT = 12 * 1024
+
+FILE_NAME = re.compile(r"(?<![\w/.<-])((?:[\w-]+/)*[\w-]+\.(?:md|py|pyi|c|h|lua|pml|sh|toml))\b")
+"""A name of a file of the kinds the repo is made of (data files in examples are left out: a
+corpus named ``urls.csv`` in a usage line is the reader's, not ours)."""
+SECTION = re.compile(r"§(\d+(?:\.\d+)?)")
+NAMED = re.compile(
+    r"(?P<doc>(?:[\w-]+/)*[\w-]+\.md)\)?\W{0,3}(?P<refs>§\d+(?:\.\d+)?"
+    r"(?:\s*(?:,|and|–|-|to|or)\s*§\d+(?:\.\d+)?)*)")
+"""A doc name and the sections cited right after it: ``design.md §5, §14`` or
+``design.md §14–§15``."""
+
+
+@cache
+def tracked() -> tuple[str, ...]:
+    out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return tuple(out)
+
+
+def _sources() -> list[Path]:
+    kinds = (".md", ".py", ".pyi", ".c", ".h", ".lua", ".pml", ".sh", ".toml")
+    return [ROOT / p for p in tracked() if p.endswith(kinds) and (ROOT / p).exists()]
+
+
+def _python_text(source: str) -> str:
+    """The comments and docstrings of a Python file: its prose."""
+    parts = [tok.string for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+             if tok.type == tokenize.COMMENT]
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                parts.append(doc)
+    for node in ast.walk(tree):  # attribute docstrings: a string statement after an assignment
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            parts += [s.value.value for s in body[1:] if isinstance(s, ast.Expr)
+                      and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)]
+    return "\n".join(parts)
+
+
+def _c_text(source: str) -> str:
+    return "\n".join(re.findall(r"/\*.*?\*/|//[^\n]*", source, re.S))
+
+
+def _lua_text(source: str) -> str:
+    return "\n".join(re.findall(r"--\[\[.*?\]\]|--[^\n]*", source, re.S))
+
+
+def prose(path: Path) -> str:
+    """What a reader reads in ``path``: a doc whole, the comments of code."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        return _python_text(text)
+    if path.suffix in (".c", ".h", ".pml"):
+        return _c_text(text)
+    if path.suffix == ".lua":
+        return _lua_text(text)
+    if path.suffix in (".sh", ".toml"):
+        return "\n".join(re.findall(r"#[^\n]*", text))
+    return text
+
+
+def resolve(name: str, near: Path) -> Path | None:
+    """The tracked file ``name`` means, seen from ``near``: a path relative to it or to the
+    root, or a tracked path that ends in it."""
+    for base in (near.parent, ROOT, ROOT / "docs"):
+        candidate = (base / name).resolve()
+        if candidate.is_file() and str(candidate.relative_to(ROOT)) in tracked():
+            return candidate
+    ends = [p for p in tracked() if p == name or p.endswith("/" + name)]
+    return ROOT / ends[0] if ends else None
+
+
+def sections(doc: Path) -> set[str]:
+    """The numbered headings of a doc (``## 8. Floors`` is "8", ``### 8.2 ...`` is "8.2")."""
+    return set(re.findall(r"^#+\s+(\d+(?:\.\d+)*)\.?\s", doc.read_text(), re.M))
+
+
+def dangling_sections(path: Path) -> list[str]:
+    text = prose(path)
+    bad: list[str] = []
+    cited: set[int] = set()
+    for m in NAMED.finditer(text):
+        doc = resolve(m["doc"], path)
+        numbers = SECTION.findall(m["refs"])
+        cited.update(range(m.start("refs"), m.end("refs")))
+        if doc is None:
+            bad.append(f"{m['doc']} (no such doc) {m['refs']}")
+            continue
+        have = sections(doc)
+        bad += [f"{m['doc']} §{n}" for n in numbers if n not in have]
+    for m in SECTION.finditer(text):
+        if m.start() in cited:
+            continue
+        if path.suffix != ".md":
+            bad.append(f"§{m[1]} names no doc")
+        elif m[1] not in sections(path):
+            bad.append(f"§{m[1]} (this doc)")
+    return bad
+
+
+def _system_header(name: str) -> bool:
+    """A C header of the system (``linux/futex.h``), named beside the code that follows it."""
+    return name.endswith(".h") and (Path("/usr/include") / name).is_file()
+
+
+def missing_files(path: Path) -> list[str]:
+    return sorted({m[1] for m in FILE_NAME.finditer(prose(path))
+                   if resolve(m[1], path) is None and not _system_header(m[1])})
+
+
+SOURCES = _sources()
+IDS = [str(p.relative_to(ROOT)) for p in SOURCES]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=IDS)
+def test_every_section_reference_names_a_section_of_its_doc(path: Path) -> None:
+    assert dangling_sections(path) == []
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=IDS)
+def test_every_file_named_in_docs_and_comments_is_in_the_repo(path: Path) -> None:
+    assert missing_files(path) == []
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
+    doc = ROOT / "docs" / "design.md"
+    assert {"2", "8", "14"} <= sections(doc)
+    note = ROOT / "tests" / "x.py"  # as if it were a test module here
+    assert resolve("design.md", note) == doc and resolve("redis/engine.py", note) is not None
+    assert resolve("API.md", note) is None and resolve("DESIGN.md", note) is None
+    fake = tmp_path / "note.md"
+    fake.write_text("See docs/design.md §8 and §99, API.md, design.md §3, §14–§15; here §1.\n")
+    problems = dangling_sections(fake)
+    assert problems == ["docs/design.md §99", "§1 (this doc)"], problems
+    assert missing_files(fake) == ["API.md"]
+
+
+def test_the_readme_stays_short() -> None:
+    size = len((ROOT / "README.md").read_bytes())
+    assert size <= README_LIMIT, f"README.md is {size} bytes; move detail into docs/"
