@@ -242,8 +242,8 @@ def provenance_demand(config: SimConfig) -> dict[str, float]:
 
 
 def policy_spec(name: str, config: SimConfig) -> PolicySpec:
-    """The policies the simulator knows. ``fixed`` splits what the urgent cap and the cold share
-    leave between submitted and discovered by their demand, so every class has a share and the shares
+    """The policies it knows. ``fixed`` splits what the urgent cap and the cold share leave
+    between submitted and discovered by their demand, so every class has a share and the shares
     sum to 1; ``floors`` is ``LanePolicy()``, the product default."""
     if name == "today":
         return PolicySpec(name, LanePolicy(lanes_enabled=False))
