@@ -23,6 +23,7 @@ from .api import (
     DEFAULT_LEASE_MS,
     BoolArray,
     Claim,
+    ClaimBatch,
     IntArray,
     QueueEngine,
     Restamped,
@@ -632,3 +633,4 @@ def _ptr(arr: IntArray) -> Any:
 
 
 _: type[QueueEngine] = Engine
+_batch: type[ClaimBatch] = Claims

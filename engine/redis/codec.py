@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ..api import BoolArray, Claim, IntArray, RowInfo
+from ..api import Claim, ClaimBatch, IntArray, RowInfo
 from ..checks import broadcast, choice_codes
 from ..errors import EngineError
 from ..keys import STRIDE, check_due_array, check_due_ms
@@ -165,11 +165,7 @@ class RedisClaims:
         return f"RedisClaims(n={len(self)}, rows={self.rows.tolist()})"
 
 
-def ok_flags(reply: Any) -> BoolArray:
-    """A per-row reply (one flag per row of a batch) as a bool array."""
-    if isinstance(reply, bytes):
-        return np.frombuffer(reply, np.uint8).astype(np.bool_)
-    return np.array(reply, dtype=np.bool_)
+_: type[ClaimBatch] = RedisClaims
 
 
 def text_map(fields: dict[bytes, bytes]) -> dict[str, str]:
