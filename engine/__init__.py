@@ -6,9 +6,9 @@ The package reads as the data flows: ``keys`` (the sort key) -> ``policy`` (lane
 by many hosts). The render pool, the CLI and the simulator sit on top and reach an engine
 through ``api.QueueEngine``.
 
-This is the one module that names both backends. Each is imported when first asked for: the
-shared-memory one needs the C core built, the Redis one needs redis-py (an extra), and a
-program using one must not need the other.
+Both backends are exported here, each imported when it is first asked for: the shared-memory
+one needs the C core built, the Redis one needs redis-py (an extra), and a program using one
+must not need the other.
 """
 
 import importlib

@@ -46,7 +46,7 @@ from engine.errors import (  # noqa: E402
 )
 from engine.keys import STRIDE  # noqa: E402
 from engine.policy import CLASSES, ONE, reference_pass  # noqa: E402
-from engine.redis.engine import member, queue_keys  # noqa: E402
+from engine.redis.codec import member, queue_keys  # noqa: E402
 
 assert find_server() is not None, "redis-server is not installed (make test installs it)"
 
@@ -223,18 +223,6 @@ def test_describe_names_the_owner_of_a_live_lease_only(q):
     assert q.describe(row, now_ms=NOW + 45_000)["owner"] is None  # lapsed
 
 
-def test_add_many_takes_arrays_and_codes_and_derives_lanes(q):
-    due = np.array([NOW - 3, NOW - 2, NOW - 1, NOW])
-    rows = q.add_many(due, np.array(BAND_INTERVALS), ["submitted", "discovered"] * 2,
-                      failures=[0, 0, 3, 0])
-    assert rows.dtype == np.int64 and rows.tolist() == [0, 1, 2, 3]
-    assert [q.lane(int(r)) for r in rows] == [1, 6, 9, 8]
-    assert q.add_many([NOW], 60, [1]).tolist() == [4]  # codes too
-    assert [q.due_ms(int(r)) for r in rows] == due.tolist()
-    assert q.add_many([], 60).tolist() == []
-    assert q.verify() == []
-
-
 def test_add_many_in_chunks_keeps_every_row(q):
     n = 25_000  # three FCALLs
     rows = q.add_many(np.arange(n) + NOW - DAY, 600)
@@ -353,18 +341,6 @@ def test_fail_backs_off_doubling_capped_at_the_interval_then_goes_cold(q):
         q.fail(r, tok, now_ms=now)
         assert q.due_ms(r) == now + backoff_ms
         now += backoff_ms
-
-
-def test_fail_with_retry_at_and_permanent(q):
-    row = q.add(NOW - MINUTE, 3600)
-    _, tok = _claim_one(q)
-    q.fail(row, tok, retry_at_ms=NOW + 5, now_ms=NOW)
-    d = q.describe(row)
-    assert d["due_ms"] == NOW + 5 and d["failures"] == 1 and d["lane"] == 1
-    _, tok = _claim_one(q, now=NOW + 5)
-    q.fail(row, tok, now_ms=NOW + 5, permanent=True)
-    d = q.describe(row)
-    assert d["failures"] == 3 and d["lane"] == LanePolicy().cold_lane
 
 
 def test_tokens_survive_a_lost_second_of_writes(q, server):
