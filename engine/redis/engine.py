@@ -30,7 +30,6 @@ import socket
 import time
 import urllib.parse
 from collections.abc import Iterator
-from importlib import resources
 from types import TracebackType
 from typing import Any, NamedTuple, cast
 
@@ -77,14 +76,16 @@ from ..policy import (
     LanePolicy,
     share_fp,
 )
+from .library import library_source as library_source
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "8"
-"""Bump with any change to lanes.lua (its VERSION): a server holding another version is
-refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
+LIBRARY_VERSION = "9"
+"""Bump with any change to the library's Lua files (lua/includes/base.lua VERSION): a server
+holding another version is refused, or replaced when the caller allows it (``create=True`` or
+``upgrade=True``)."""
 LAYOUT_VERSION = 4
 """The data model of a queue's keys (lanes.lua LAYOUT): bump when a record or key changes.
 Layout 4: one lease entry per claimed batch (member: the batch id, its first token; score: the
@@ -140,10 +141,6 @@ def _batch(rows: list[int], tokens: list[int]) -> tuple[str, str]:
     more than one join here and one split there."""
     return ("".join([f"{row:08d}" for row in rows]),
             "".join([f"{token}:" if 0 < token < TOKEN_LIMIT else "0:" for token in tokens]))
-
-
-def library_source() -> str:
-    return resources.files(__package__).joinpath("lanes.lua").read_text()
 
 
 def redact(url: str) -> str:
