@@ -10,6 +10,7 @@ same steps under the same names:
                                              class_take, credit_refund
   remainder edf       remainder_edf        remainder_edf                      remainder_edf
   remainder lateness  remainder_lateness   remainder_lateness                 remainder_lateness
+  lane order          lane_order           rl_claim: a loop of lane_take      a loop of take
   commit              commit               rl_claim: credit_absorb,           commit
                                              notes_flush, floors_raise
 
@@ -17,12 +18,12 @@ same steps under the same names:
      plus ONE;
   2. urgent_cap: urgent (lane 0) takes at most its credit while capped;
   3. floors: each min_share class, its lanes in order, takes up to its credit;
-  4. the remainder in lane order, by global due time (remainder_edf), or one grant at a time to
-     the lane whose head is latest relative to its interval, times the lane's weight
-     (remainder_lateness);
+  4. the remainder in lane order (lane_order), by global due time (remainder_edf), or one grant
+     at a time to the lane whose head is latest relative to its interval, times the lane's
+     weight (remainder_lateness);
   5. commit: what a floor class got from the remainder counts against its credit; the credits,
      the batch's leases and the counters are written.
-With lanes disabled the pass takes every lane in order, with no shares (as C and Python).
+With lanes disabled the pass is lane_order over every lane, with no shares (as C and Python).
 
 Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT taken n, where `taken`
 counts the rows this pass already took from the lane: they leave ready with one ZREM at commit,
@@ -68,9 +69,10 @@ end
 
 -- Grant up to `want` due rows of `lane` (within what is left of the budget and the window).
 local function take(pass, lane, want)
-  if lane >= pass.nl then return 0 end -- never written: empty
+  local remaining = pass.remaining
+  if want <= 0 or remaining <= 0 or lane >= pass.nl then return 0 end -- lane >= nl: never written
   local taken = pass.taken
-  local n = math.min(want, pass.remaining, pass.window - taken[lane])
+  local n = math.min(want, remaining, pass.window - taken[lane])
   if n <= 0 then return 0 end
   local got = rcall('ZRANGE', pass.K[1], lane_lo(pass, lane), lane_hi(pass, lane), 'BYSCORE',
     'LIMIT', taken[lane], n, 'WITHSCORES')
@@ -83,7 +85,7 @@ local function take(pass, lane, want)
   local k = #got / 2
   taken[lane] = taken[lane] + k
   pass.grants[lane] = pass.grants[lane] + k
-  pass.remaining = pass.remaining - k
+  pass.remaining = remaining - k
   return k
 end
 
@@ -98,6 +100,15 @@ local function ahead(pass, l)
   if n <= 0 then return {} end
   return rcall('ZRANGE', pass.K[1], lane_lo(pass, l), lane_hi(pass, l), 'BYSCORE', 'LIMIT',
     pass.taken[l], n, 'WITHSCORES')
+end
+
+-- Lanes from `first` on take what is left of the budget, in lane order (with lanes disabled, and
+-- the lane-order remainder).
+local function lane_order(pass, first)
+  for l = first, pass.nl - 1 do
+    if pass.remaining <= 0 then return end
+    take(pass, l, pass.remaining)
+  end
 end
 
 -- The lanes below nl of each class, in order.
@@ -339,7 +350,7 @@ end
 local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
   local pass = pass_open(K, P, now, budget, window)
   if not P.on then
-    for l = 0, pass.nl - 1 do take(pass, l, pass.remaining) end
+    lane_order(pass, 0)
     return commit(pass, clock, lease_ms, owner)
   end
   local cred = {}
@@ -354,7 +365,7 @@ local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
   pass.before = before
   local first = capped and 1 or 0 -- a capped urgent lane takes no more than its credit
   if P.rem == 0 then
-    for l = first, pass.nl - 1 do take(pass, l, pass.remaining) end
+    lane_order(pass, first)
   elseif P.rem == 2 then
     remainder_lateness(pass, first)
   else
