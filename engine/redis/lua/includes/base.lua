@@ -116,10 +116,10 @@ local function check_version(argv)
   end
 end
 
--- Scratch tables kept between calls, as GETS is: one grown to a batch's size stays that size,
--- where a new table per call grows one doubling at a time (a realloc and a rehash each; table
--- growth was a fifth of a cycle's instructions). Only for arrays that never leave the call
--- that fills them; `cleared` empties one before use.
+-- Scratch tables kept between calls (S_* beside their users, and records' GETS): one grown to
+-- a batch's size stays that size, where a new table per call grows one doubling at a time (a
+-- realloc and a rehash each; table growth was a fifth of a cycle's instructions). Only for
+-- arrays that never leave the call that fills them; `cleared` empties one before use.
 local function cleared(t)
   for i = #t, 1, -1 do t[i] = nil end
   return t
