@@ -903,7 +903,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
             if ((fp > 0 || (cls == 0 && fp == 0)) && class_has_due(&P, cls))
                 credit_accrue(s, cls, fp * budget, fp * budget + RL_ONE);
         }
-        /* 2. urgent, capped */
+        /* 2. urgent_cap: urgent, capped */
         if (capped) {
             uint32_t held = credit_reserve(s, 0, budget);
             credit_refund(s, 0, held - lane_take(&P, 0, held));
@@ -914,13 +914,15 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
                 uint32_t held = credit_reserve(s, cls, budget - P.n);
                 credit_refund(s, cls, held - class_take(&P, cls, held));
             }
-        /* 4. remainder */
+        /* 4. remainder: remainder_edf, remainder_lateness, or lane order */
         uint32_t before[RL_CLASSES];
         memcpy(before, P.cls_granted, sizeof before);
         if (p->remainder == RL_REMAINDER_EDF) remainder_edf(&P, capped);
         else if (p->remainder == RL_REMAINDER_LATENESS) remainder_lateness(&P, capped);
         else
             for (uint32_t l = capped ? 1 : 0; l < P.lanes && P.n < budget; l++) lane_take(&P, l, budget);
+        /* 5. commit: the floor classes' grants from the remainder against their credit (the
+         * rows were granted as they were taken; the lanes' bookkeeping follows the pass) */
         for (uint32_t cls = 1; cls < RL_CLASSES; cls++)
             if (p->min_share[cls] > 0) credit_absorb(s, cls, P.cls_granted[cls] - before[cls]);
     }

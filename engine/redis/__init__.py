@@ -1,5 +1,6 @@
 """The engine on Redis (``RedisEngine``): :class:`engine.api.QueueEngine` for a queue shared by
-many hosts, every write and claim pass one FCALL into the Lua library.
+many hosts, every write and claim pass one FCALL into the Lua library render_lanes (its files in
+lua/, made into one payload by ``library.py``).
 
 Three modules: ``engine`` (the API: checks arguments, calls the library), ``transport`` (the
 connection and its one retry rule), ``codec`` (the queue's layout: keys, records, arguments,
@@ -8,7 +9,8 @@ Redis >= 7 server; neither the shared-memory engine nor the C core. See docs/red
 """
 
 from .codec import LIBRARY, LIBRARY_VERSION, MAX_ROWS, RedisClaims, queue_keys
-from .engine import RedisEngine, library_source
+from .engine import RedisEngine
+from .library import library_source
 from .transport import redact
 
 __all__ = ["LIBRARY", "LIBRARY_VERSION", "MAX_ROWS", "RedisClaims", "RedisEngine",

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import socket
-from importlib import resources
 from types import TracebackType
 from typing import Any, ClassVar
 
@@ -81,15 +80,12 @@ from .codec import (
     queue_keys,
     split_holder,
 )
+from .library import library_source as library_source
 from .transport import Transport, redact
 
 MIN_REDIS = (7, 0)
 ADD_CHUNK = 10_000
 """Rows per FCALL of add_many: a big batch never blocks the server for long."""
-
-
-def library_source() -> str:
-    return resources.files(__package__).joinpath("lanes.lua").read_text()
 
 
 def _check_name(name: object) -> str:

@@ -1,0 +1,375 @@
+--[[ One claim pass, exactly as engine.policy.reference_pass and csrc/claim.c's rl_claim, in the
+same steps under the same names:
+
+  step                Lua (this file)      C (csrc/claim.c)                   reference_pass
+  accrue              accrue               rl_claim: class_has_due,           accrue
+                                             credit_accrue
+  urgent cap          urgent_cap           rl_claim: credit_reserve,          urgent_cap
+                                             lane_take, credit_refund
+  floors              floors               rl_claim: credit_reserve,          floors
+                                             class_take, credit_refund
+  remainder edf       remainder_edf        remainder_edf                      remainder_edf
+  remainder lateness  remainder_lateness   remainder_lateness                 remainder_lateness
+  lane order          lane_order           rl_claim: a loop of lane_take      a loop of take
+  commit              commit               rl_claim: credit_absorb,           commit
+                                             notes_flush, floors_raise
+
+  1. accrue: each share class with a due row accrues share * budget credit, capped at that
+     plus ONE;
+  2. urgent_cap: urgent (lane 0) takes at most its credit while capped;
+  3. floors: each min_share class, its lanes in order, takes up to its credit;
+  4. the remainder in lane order (lane_order), by global due time (remainder_edf), or one grant
+     at a time to the lane whose head is latest relative to its interval, times the lane's
+     weight (remainder_lateness);
+  5. commit: what a floor class got from the remainder counts against its credit; the credits,
+     the batch's leases and the counters are written.
+With lanes disabled the pass is lane_order over every lane, with no shares (as C and Python).
+
+Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT taken n, where `taken`
+counts the rows this pass already took from the lane: they leave ready with one ZREM at commit,
+so a second seek of a lane skips them. `window` bounds the rows one lane grants in one pass.
+(C's lane_take grants each row with a CAS on the row as it goes, so its commit has only the
+credits and the lane bookkeeping left; floors_raise raises the index's skip floors, which have
+nothing to do with the share floors of step 3.) ]]
+--- @include "base"
+--- @include "tokens"
+--- @include "queue"
+--- @include "records"
+--- @include "holder"
+--- @include "exact"
+
+local S_LANES, S_MEMBERS, S_KEYS, S_HOLD = {}, {}, {}, {} -- pass_open, batch_lease
+
+-- A pass (C's Pass): the queue (K, P), the time, the budget and what is left of it, per lane
+-- the rows granted (`grants`) and taken from ready (`taken`), the batch (a grant's lane, member
+-- and key text, in grant order), and with lanes enabled the share credits (`cred`, by class),
+-- each class's lanes (`lanes_of`) and the grants per lane before the remainder (`before`).
+local function pass_open(K, P, now, budget, window)
+  local nl = P.lanes_high + 1
+  local pass = {K = K, P = P, now = now, nl = nl, budget = budget, remaining = budget,
+    window = window, grants = {}, taken = {}, los = {}, his = {},
+    lanes = cleared(S_LANES), members = cleared(S_MEMBERS), keys = cleared(S_KEYS),
+    cred = false, lanes_of = false, before = false}
+  for l = 0, nl - 1 do pass.grants[l] = 0; pass.taken[l] = 0 end
+  return pass
+end
+
+-- A lane's range in ready, from its first key to its key due now, formatted once per pass (a
+-- lane is sought often).
+local function lane_lo(pass, lane)
+  local v = pass.los[lane]
+  if not v then v = fmt(lane * STRIDE); pass.los[lane] = v end
+  return v
+end
+local function lane_hi(pass, lane)
+  local v = pass.his[lane]
+  if not v then v = fmt(lane * STRIDE + pass.now); pass.his[lane] = v end
+  return v
+end
+
+-- Grant up to `want` due rows of `lane` (within what is left of the budget and the window).
+local function take(pass, lane, want)
+  local remaining = pass.remaining
+  if want <= 0 or remaining <= 0 or lane >= pass.nl then return 0 end -- lane >= nl: never written
+  local taken = pass.taken
+  local n = math.min(want, remaining, pass.window - taken[lane])
+  if n <= 0 then return 0 end
+  local got = rcall('ZRANGE', pass.K[1], lane_lo(pass, lane), lane_hi(pass, lane), 'BYSCORE',
+    'LIMIT', taken[lane], n, 'WITHSCORES')
+  local members, keys, lanes = pass.members, pass.keys, pass.lanes
+  local at = #members
+  for i = 1, #got, 2 do -- a key's text (%.17g) is exact below 2^53: no number is parsed
+    at = at + 1
+    members[at], keys[at], lanes[at] = got[i], got[i + 1], lane
+  end
+  local k = #got / 2
+  taken[lane] = taken[lane] + k
+  pass.grants[lane] = pass.grants[lane] + k
+  pass.remaining = remaining - k
+  return k
+end
+
+local function has_due(pass, lane)
+  return #rcall('ZRANGE', pass.K[1], lane_lo(pass, lane), lane_hi(pass, lane), 'BYSCORE',
+    'LIMIT', pass.taken[lane], 1) > 0
+end
+
+-- The due rows the remainder may take next from lane l, with their scores.
+local function ahead(pass, l)
+  local n = math.min(pass.remaining, pass.window - pass.taken[l])
+  if n <= 0 then return {} end
+  return rcall('ZRANGE', pass.K[1], lane_lo(pass, l), lane_hi(pass, l), 'BYSCORE', 'LIMIT',
+    pass.taken[l], n, 'WITHSCORES')
+end
+
+-- Lanes from `first` on take what is left of the budget, in lane order (with lanes disabled, and
+-- the lane-order remainder).
+local function lane_order(pass, first)
+  for l = first, pass.nl - 1 do
+    if pass.remaining <= 0 then return end
+    take(pass, l, pass.remaining)
+  end
+end
+
+-- The lanes below nl of each class, in order.
+local function class_lanes(P, nl)
+  local lanes_of = {[0] = {}, {}, {}, {}}
+  for l = 0, nl - 1 do
+    local t = lanes_of[class_of(P, l)]
+    t[#t + 1] = l
+  end
+  return lanes_of
+end
+
+-- 1. Urgent while capped (even at share 0: it sheds credit banked under an earlier policy), and
+-- the floor classes with a share, accrue if a lane of theirs has a due row.
+local function accrue(pass, capped)
+  local P, cred, budget = pass.P, pass.cred, pass.budget
+  for cls = 0, 3 do
+    local fp = cls == 0 and (capped and P.urgent or -1) or P.shares[cls]
+    if fp > 0 or (cls == 0 and fp == 0) then
+      for _, l in ipairs(pass.lanes_of[cls]) do
+        if has_due(pass, l) then
+          cred[cls] = math.min(cred[cls] + fp * budget, fp * budget + ONE)
+          break
+        end
+      end
+    end
+  end
+end
+
+-- 2. Urgent, capped: lane 0 takes the whole grants its credit holds.
+local function urgent_cap(pass)
+  local cred = pass.cred
+  local want = math.max(0, math.floor(cred[0] / ONE))
+  cred[0] = cred[0] - take(pass, 0, want) * ONE
+end
+
+-- 3. Each class with a min_share takes the whole grants its credit holds, its lanes in order.
+local function floors(pass)
+  local cred = pass.cred
+  for cls = 1, 3 do
+    if pass.P.shares[cls] > 0 then
+      local want = math.max(0, math.floor(cred[cls] / ONE))
+      for _, l in ipairs(pass.lanes_of[cls]) do
+        local got = take(pass, l, want)
+        want = want - got
+        cred[cls] = cred[cls] - got * ONE
+      end
+    end
+  end
+end
+
+-- Grants from position `start` + 1 on, as the remainder took them lane by lane, put in the
+-- order it serves them: by due time, ties to the lower lane, a lane's own order kept (as the
+-- shared-memory pass grants with remainder = edf, one global earliest row after another).
+-- `cols` are the parallel arrays of the batch (keys and lanes among them), permuted alike.
+local function in_due_order(cols, keys, lanes, start)
+  local idx, dues = {}, {}
+  for i = start + 1, #keys do
+    idx[#idx + 1] = i
+    dues[i] = tonumber(keys[i]) - lanes[i] * STRIDE
+  end
+  table.sort(idx, function(a, b)
+    if dues[a] ~= dues[b] then return dues[a] < dues[b] end
+    if lanes[a] ~= lanes[b] then return lanes[a] < lanes[b] end
+    return a < b
+  end)
+  for _, col in ipairs(cols) do
+    local moved = {}
+    for k, i in ipairs(idx) do moved[k] = col[i] end
+    for k = 1, #idx do col[start + k] = moved[k] end
+  end
+end
+
+-- 4. The remainder by global due time, lanes from `first` on: the earliest `remaining` of the
+-- lanes' next due rows, taken lane by lane, then put in due order.
+local function remainder_edf(pass, first)
+  if pass.remaining <= 0 then return end
+  local heads = {}
+  for l = first, pass.nl - 1 do
+    local got = ahead(pass, l)
+    for i = 2, #got, 2 do heads[#heads + 1] = {tonumber(got[i]) - l * STRIDE, l} end
+  end
+  table.sort(heads, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+  local want = {}
+  for i = 1, math.min(pass.remaining, #heads) do
+    local l = heads[i][2]
+    want[l] = (want[l] or 0) + 1
+  end
+  local start = #pass.members
+  for l = first, pass.nl - 1 do
+    if want[l] then take(pass, l, want[l]) end
+  end
+  in_due_order({pass.lanes, pass.members, pass.keys}, pass.keys, pass.lanes, start)
+end
+
+-- The heads remainder_lateness weighs, per lane from `first` on: the next `remaining` due rows,
+-- their due times and intervals (an interval of 0 as 1 s), the lane's weight.
+local function late_heads(pass, first)
+  local heads = {}
+  for l = first, pass.nl - 1 do
+    local got = ahead(pass, l)
+    if #got > 0 then
+      local ms, dues = {}, {}
+      for i = 1, #got, 2 do
+        ms[#ms + 1] = got[i]
+        dues[#dues + 1] = tonumber(got[i + 1]) - l * STRIDE
+      end
+      local recs = get_many(pass.K, ms)
+      local ivs = {}
+      for i = 1, #recs do ivs[i] = math.max(1, (record(recs[i]))) end
+      heads[l] = {dues = dues, ivs = ivs, at = 1, w = pass.P.weights[l] or ONE}
+    end
+  end
+  return heads
+end
+
+-- The lane of each of the next `remaining` grants, one pick at a time of the lane whose head has
+-- the highest weight * (now - due) / interval (compared as products, ties to the lower lane),
+-- and how many grants each lane gets.
+local function late_picks(pass, heads, first)
+  local now = pass.now
+  local picks, want = {}, {}
+  for _ = 1, pass.remaining do
+    local best, best_w, best_late, best_iv
+    for l = first, pass.nl - 1 do
+      local h = heads[l]
+      if h and h.at <= #h.dues then
+        local late = math.max(0, now - h.dues[h.at])
+        local iv = h.ivs[h.at]
+        if not best or product_gt(h.w, late, best_iv, best_w, best_late, iv) then
+          best, best_w, best_late, best_iv = l, h.w, late, iv
+        end
+      end
+    end
+    if not best then break end
+    heads[best].at = heads[best].at + 1
+    picks[#picks + 1] = best
+    want[best] = (want[best] or 0) + 1
+  end
+  return picks, want
+end
+
+-- 4. The remainder by lateness, lanes from `first` on: the grants late_picks chose, taken lane
+-- by lane, then put in the order they were picked.
+local function remainder_lateness(pass, first)
+  if pass.remaining <= 0 then return end
+  local picks, want = late_picks(pass, late_heads(pass, first), first)
+  local start = #pass.members
+  local at = {}
+  for l = first, pass.nl - 1 do
+    if want[l] then
+      at[l] = #pass.members + 1
+      take(pass, l, want[l])
+    end
+  end
+  local cols = {pass.lanes, pass.members, pass.keys}
+  local moved = {}
+  for k, l in ipairs(picks) do
+    for c, col in ipairs(cols) do
+      moved[c] = moved[c] or {}
+      moved[c][k] = col[at[l]]
+    end
+    at[l] = at[l] + 1
+  end
+  for c, col in ipairs(cols) do
+    for k = 1, #picks do col[start + k] = moved[c][k] end
+  end
+end
+
+-- The batch leased: its rows out of ready, a holder entry per row and the batch's record, its
+-- lease entry, the token counter and the granted lanes' counters (fields of meta appended to
+-- `meta`, the caller's one HSET). Returns the batch's first token.
+local function batch_lease(pass, clock, lease_ms, owner, meta)
+  local K, P, members, keys = pass.K, pass.P, pass.members, pass.keys
+  local n = #members
+  chunked('ZREM', K[1], members)
+  local first = next_tokens(P, n, clock)
+  meta[#meta + 1] = 'token'
+  meta[#meta + 1] = fmt(P.token)
+  local exp = fmt(clamp(pass.now + lease_ms))
+  local h = cleared(S_HOLD)
+  local texts = token_texts(first, n)
+  local batch = texts[1] -- the batch's id: its first token
+  local mid = ':' .. batch .. ':' .. fmt(n) .. ':' .. exp .. ':' -- token:batch:n:expiry:key:owner
+  local tail = ':' .. owner
+  for i = 1, n do
+    h[2 * i - 1] = members[i]
+    h[2 * i] = texts[i] .. mid .. keys[i] .. tail
+  end
+  h[2 * n + 1] = batch_field(batch)
+  h[2 * n + 2] = fmt(n) .. ':' .. table.concat(members)
+  rcall('ZADD', K[2], exp, batch)
+  chunked('HSET', K[5], h)
+  -- the granted lanes' counters: read with one HMGET, written with the credits' HSET
+  -- (measured: cheaper than an HINCRBY per lane, and than reading them with the meta)
+  local fields = {}
+  for l = 0, pass.nl - 1 do
+    if pass.grants[l] > 0 then fields[#fields + 1] = l end
+  end
+  local names = {}
+  for i, l in ipairs(fields) do names[i] = 'g' .. l end
+  local was = rcall('HMGET', K[4], unpack(names))
+  for i, l in ipairs(fields) do
+    meta[#meta + 1] = names[i]
+    meta[#meta + 1] = fmt((tonumber(was[i]) or 0) + pass.grants[l])
+  end
+  return first
+end
+
+-- 5. What a floor class got from the remainder counts against its credit (down to 0); the
+-- credits that moved, the batch's leases and the counters are written, with one HSET of meta.
+-- Returns the batch's first token (0: none), members and keys (texts), in grant order.
+local function commit(pass, clock, lease_ms, owner)
+  local P, cred, meta = pass.P, pass.cred, {}
+  if cred then
+    for cls = 1, 3 do
+      if P.shares[cls] > 0 then
+        local extra = 0
+        for _, l in ipairs(pass.lanes_of[cls]) do
+          extra = extra + pass.grants[l] - pass.before[l]
+        end
+        if extra > 0 and cred[cls] > 0 then cred[cls] = math.max(0, cred[cls] - extra * ONE) end
+      end
+    end
+    for i = 0, 3 do
+      if cred[i] ~= P.credits[i] then
+        meta[#meta + 1] = 'c' .. i
+        meta[#meta + 1] = fmt(cred[i])
+        P.credits[i] = cred[i]
+      end
+    end
+  end
+  local first = 0
+  if #pass.members > 0 then first = batch_lease(pass, clock, lease_ms, owner, meta) end
+  if #meta > 0 then rcall('HSET', pass.K[4], unpack(meta)) end
+  return first, pass.members, pass.keys
+end
+
+local function claim_pass(K, P, now, clock, budget, lease_ms, window, owner)
+  local pass = pass_open(K, P, now, budget, window)
+  if not P.on then
+    lane_order(pass, 0)
+    return commit(pass, clock, lease_ms, owner)
+  end
+  local cred = {}
+  for i = 0, 3 do cred[i] = P.credits[i] end
+  local capped = P.urgent < ONE
+  pass.cred, pass.lanes_of = cred, class_lanes(P, pass.nl)
+  accrue(pass, capped)
+  if capped then urgent_cap(pass) end
+  floors(pass)
+  local before = {}
+  for l = 0, pass.nl - 1 do before[l] = pass.grants[l] end
+  pass.before = before
+  local first = capped and 1 or 0 -- a capped urgent lane takes no more than its credit
+  if P.rem == 0 then
+    lane_order(pass, first)
+  elseif P.rem == 2 then
+    remainder_lateness(pass, first)
+  else
+    remainder_edf(pass, first)
+  end
+  return commit(pass, clock, lease_ms, owner)
+end

@@ -1,0 +1,18 @@
+--[[ lanes_set_policy: replace a queue's policy.
+KEYS: ready, lease, rows, meta, holder (a queue's five keys: includes/base.lua).
+ARGV: version, policy fields (on, bands, cold, urgent, s1, s2, s3, remainder, weights),
+  policy json.
+Returns 1. ]]
+--- @include "base"
+--- @include "queue"
+--- @include "register"
+
+local function f_set_policy(K, A)
+  check_version(A)
+  queue_meta(K)
+  rcall('HSET', K[4], 'p_on', A[2], 'p_bands', A[3], 'p_cold', A[4], 'p_urgent', A[5],
+    'p_s1', A[6], 'p_s2', A[7], 'p_s3', A[8], 'p_edf', A[9], 'p_w', A[10], 'policy', A[11])
+  return 1
+end
+
+register('lanes_set_policy', f_set_policy)
