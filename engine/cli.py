@@ -181,12 +181,17 @@ def _serve_metrics(args: argparse.Namespace) -> int:
 
 
 def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
-    """The --corpus files as one corpus (duplicates dropped and reported)."""
+    """The --corpus files and sitemap URLs as one corpus (duplicates dropped and reported)."""
+    from .pool.fetch import FetchLimits
     from .pool.ingest import read_corpora
 
-    c = read_corpora(args.corpus, base_url=args.base_url, routes=routes)
+    limits = FetchLimits(timeout_s=args.fetch_timeout, deadline_s=args.fetch_deadline)
+    c = read_corpora(args.corpus, base_url=args.base_url, routes=routes, fetch=limits)
     if c.duplicates:
         print(f"{c.duplicates} duplicate URL(s) dropped: {c.duplicate_note}", file=sys.stderr)
+    if c.off_site:
+        print(f"{c.off_site} sitemap(s) on another host skipped: {c.off_site_note}",
+              file=sys.stderr)
     return c
 
 
@@ -387,8 +392,13 @@ SHOW_DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
 
 
 def _corpus_arguments(p: argparse.ArgumentParser, routes: bool) -> None:
-    p.add_argument("--corpus", action="append", default=[], metavar="FILE",
-                   help="CSV, JSONL or sitemap (index) XML, optionally .gz; repeatable")
+    p.add_argument("--corpus", action="append", default=[], metavar="FILE|URL",
+                   help="CSV, JSONL or sitemap (index) XML, optionally .gz, or the http(s) URL"
+                        " of a sitemap (index); repeatable")
+    p.add_argument("--fetch-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a sitemap URL's connection and each read")
+    p.add_argument("--fetch-deadline", type=float, default=300.0, metavar="SECONDS",
+                   help="a sitemap URL with every child it lists, in all")
     p.add_argument("--base-url", metavar="URL",
                    help="what root-relative <loc>s of a sitemap resolve against,"
                         " e.g. https://shop.example/")
