@@ -213,6 +213,9 @@ def _pool(args: argparse.Namespace) -> int:
                           per_host=args.per_host, delay_ms=args.delay_ms,
                           max_failures=args.max_failures)
     policy = None if args.lanes else LanePolicy(lanes_enabled=False)
+    if args.refresh_corpus is not None and not args.corpus:
+        raise EngineValueError("--refresh-corpus needs --corpus: the files or sitemap URLs to"
+                               " read again")
     routes = Routes.load(args.routes) if args.routes else None
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     if args.redis is not None:
@@ -237,6 +240,10 @@ def _pool(args: argparse.Namespace) -> int:
             raise EngineValueError(f"the corpus is empty: {', '.join(args.corpus)} hold no URL")
         pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
                            options, policy=policy, capacity=args.capacity, routes=routes)
+    if args.refresh_corpus is not None:
+        from .pool.refresh import CorpusRefresh
+
+        pool.refresh = CorpusRefresh(lambda: _read_corpus(args, routes), args.refresh_corpus)
     server, scraped = None, None
     view = LiveView(force_plain=args.plain)
     try:
@@ -391,6 +398,16 @@ def _sim(args: argparse.Namespace) -> int:
 SHOW_DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
 
 
+def _period(text: str) -> int:
+    """A --refresh-corpus period, checked while the arguments are parsed."""
+    from .pool.refresh import parse_duration
+
+    try:
+        return parse_duration(text)
+    except EngineValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _corpus_arguments(p: argparse.ArgumentParser, routes: bool) -> None:
     p.add_argument("--corpus", action="append", default=[], metavar="FILE|URL",
                    help="CSV, JSONL or sitemap (index) XML, optionally .gz, or the http(s) URL"
@@ -471,6 +488,9 @@ def _pool_parser(sub: Any) -> None:
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     _corpus_arguments(p, routes=True)
+    p.add_argument("--refresh-corpus", type=_period, default=None, metavar="PERIOD",
+                   help="read --corpus again every PERIOD (30s, 15m, 1h, 1d) while the pool"
+                        " runs: new URLs added, URLs gone from it made discovered")
     p.add_argument("--per-host", type=int, default=DEFAULTS.per_host, metavar="N",
                    help="at most N renders in flight per host, across all workers")
     p.add_argument("--delay-ms", type=int, default=DEFAULTS.delay_ms, metavar="MS",

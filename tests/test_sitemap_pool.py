@@ -5,9 +5,11 @@ pool file), and `lanes add` from such a URL adds nothing."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from lanes_testlib import unique_name
@@ -131,3 +133,82 @@ def _rows(name: str) -> int:
         return int(eng.stats()["rows"])
     finally:
         eng.close()
+
+
+def _provenance(name: str, url: str) -> str:
+    eng, table = Engine.attach(name), UrlTable.attach(name)
+    try:
+        return str(eng.describe(table.find(url))["provenance"])
+    finally:
+        table.close()
+        eng.close()
+
+
+def _queued_per_provenance(name: str) -> dict[str, int]:
+    r = _run("stats", name, "--json")
+    assert r.returncode == 0, r.stderr
+    out = {"submitted": 0, "discovered": 0}
+    for lane in json.loads(r.stdout)["lanes"]:
+        for prov in out:
+            if lane["name"].startswith(prov):
+                out[prov] += lane["queued"]
+    return out
+
+
+def test_a_refreshed_corpus_follows_the_site(tmp_path: Path) -> None:
+    """--refresh-corpus 2s over a sitemap URL and a file: a new URL is added and rendered, a
+    URL gone from every sitemap turns discovered and back to submitted when it returns, a
+    failed fetch changes nothing, and an edited file is read again."""
+    name = unique_name()
+    local = tmp_path / "sitemap.xml"
+    with SitemapServer() as site:
+        urls = _serve_pages(site, [*PAGES, "/p/new", "/p/file"])
+        site.put("/sitemap.xml", sitemapindex("/a.xml", "/b.xml"))
+        site.put("/a.xml", urlset(*urls[:3]))
+        site.put("/b.xml", urlset(*urls[3:6]))
+        local.write_text(urlset(urls[0]))
+        pool = cli("pool", name, "--corpus", site.url("/sitemap.xml"), "--corpus", str(local),
+                   "--refresh-corpus", "2s", "--fetch-timeout", "2",
+                   "--command", "curl -fsS -o /dev/null {url}", "--workers", "1", "--plain")
+        try:
+            _wait("every page", lambda: all(site.hits(p) >= 1 for p in PAGES))
+            assert _queued_per_provenance(name) == {"submitted": 6, "discovered": 0}
+            # /p/2 leaves the site's sitemaps, /p/new joins them.
+            site.put("/a.xml", urlset(urls[0], urls[1], urls[6]))
+            _wait("the new page rendered", lambda: site.hits("/p/new") >= 1)
+            _wait("the page gone discovered", lambda: _provenance(name, urls[2]) == "discovered")
+            assert _queued_per_provenance(name) == {"submitted": 6, "discovered": 1}
+            # A refresh that fails changes nothing: /p/3../p/5 stay submitted.
+            site.put("/b.xml", "down", status=503)
+            _wait("a failed refresh", lambda: site.hits("/b.xml") >= 4)
+            time.sleep(0.5)
+            assert _queued_per_provenance(name) == {"submitted": 6, "discovered": 1}
+            # The page comes back; the site recovers; the file gains a page.
+            site.put("/a.xml", urlset(*urls[:3], urls[6]))
+            site.put("/b.xml", urlset(*urls[3:6]))
+            local.write_text(urlset(urls[0], urls[7]))
+            _wait("the page submitted again", lambda: _provenance(name, urls[2]) == "submitted")
+            _wait("the file's new page rendered", lambda: site.hits("/p/file") >= 1)
+            assert _queued_per_provenance(name) == {"submitted": 8, "discovered": 0}
+        finally:
+            pool.send_signal(signal.SIGTERM)
+            out, err = pool.communicate(timeout=60)
+    assert pool.returncode == 0, err
+    assert "corpus refresh: " in err and "1 new URL(s) added" in err
+    assert "1 now discovered (left every sitemap)" in err and "1 submitted again" in err
+    assert "corpus refresh failed, nothing changed (next in 2 s)" in err
+    assert "/b.xml: cannot fetch: HTTP 503" in err
+    assert "invariants: hold" in out
+    assert files_of(name) == []
+
+
+def test_refresh_corpus_needs_a_corpus_and_a_period(tmp_path: Path) -> None:
+    name = unique_name()
+    r = _run("pool", name, "--resume", "--checkpoint", str(tmp_path / "ck.npz"),
+             "--refresh-corpus", "1h", "--command", "true {url}")
+    assert r.returncode == 2 and "--refresh-corpus needs --corpus" in r.stderr
+    for bad in ("0s", "1.5h", "1w", "h", "-1m"):
+        r = _run("pool", name, "--corpus", "x.csv", "--refresh-corpus", bad,
+                 "--command", "true {url}")
+        assert r.returncode == 2 and "--refresh-corpus" in r.stderr, (bad, r.stderr)
+    assert files_of(name) == []

@@ -82,7 +82,7 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "8"
+LIBRARY_VERSION = "9"
 """Bump with any change to lanes.lua (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
 LAYOUT_VERSION = 4
@@ -750,6 +750,11 @@ class RedisEngine:
         if not isinstance(mode, str) or mode not in ("rush", "wait"):
             raise EngineValueError(f"mode must be 'rush' or 'wait', got {mode!r}")
         self._fcall("lanes_prioritize", self._now(now_ms), r, int(mode == "rush"))
+
+    def reclassify(self, row: int, provenance: str | int) -> None:
+        """Change the row's provenance: its lane is derived again, its due time, failures and
+        urgency kept; a lease on it goes on (its key waits in the holder entry)."""
+        self._fcall("lanes_reclassify", self._row(row), _provenance_code(provenance))
 
     def remove(self, row: int) -> None:
         """Take the row out for good; a lease on it becomes stale."""

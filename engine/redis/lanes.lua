@@ -61,7 +61,7 @@ Every function checks ARGV[1] against VERSION, so a client built for another ver
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '8'
+local VERSION = '9'
 local LAYOUT = '4' -- bump with any change to a key's or a record's meaning (engine.py too)
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1
@@ -1100,6 +1100,25 @@ local function f_prioritize(K, A)
   return 1
 end
 
+-- ARGV: version, row, provenance (0 submitted, 1 discovered). The lane is derived again from
+-- the new provenance; due time, failures and urgency stay; a row in flight keeps its lease (its
+-- key waits in the holder entry). Returns 1, or 0 when the row had that provenance already.
+local function f_reclassify(K, A)
+  check_version(A)
+  local P = queue_meta(K)
+  local row, discovered = tonumber(A[2]), A[3] == '1'
+  check_row(K, P, row)
+  local r = get(K, row)
+  if not has(r.flags, F_LIVE) then fail('VALUE', 'row ' .. row .. ' was removed') end
+  if has(r.flags, F_DISCOVERED) == discovered then return 0 end
+  r.flags = r.flags + (discovered and F_DISCOVERED or -F_DISCOVERED)
+  local key, h = where(K, mem(row))
+  local _, due = split(key)
+  local lane = lane_for(P, discovered, r.interval, r.failures, has(r.flags, F_URGENT))
+  reschedule(K, P, row, r, lane, due, h)
+  return 1
+end
+
 -- ARGV: version, row.
 local function f_remove(K, A)
   check_version(A)
@@ -1221,6 +1240,7 @@ register('lanes_fail', f_fail)
 register('lanes_renew', f_renew)
 register('lanes_prioritize', f_prioritize)
 register('lanes_remove', f_remove)
+register('lanes_reclassify', f_reclassify)
 register('lanes_restamp', f_restamp)
 register('lanes_stats', f_stats, true)
 

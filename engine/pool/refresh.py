@@ -1,0 +1,153 @@
+"""A corpus that follows the site: ``lanes pool --refresh-corpus 1h`` reads the pool's
+``--corpus`` again (files re-read, sitemap URLs fetched again) every period while it runs.
+
+What a refresh does to the running pool (:func:`follow`):
+
+* URLs the pool does not have yet are added, as ``lanes add`` adds them (``grow.add_corpus``);
+  only the new ones are passed, so a refresh never unparks a row (re-adding a parked URL is
+  how an operator says "try again", and a timer is not an operator);
+* provenance is derived, not stored intent: a known URL gets the provenance the corpus gives it
+  now (``submitted`` for a sitemap's), and a URL that left every source becomes ``discovered``
+  (``reclassify``, which keeps its due time, failures and any lease). A URL that comes back is
+  ``submitted`` again. URLs added by ``lanes add`` from other files count as not in the corpus.
+
+The read runs in a thread, so a slow site never holds up the supervisor's tick (restarting
+dead workers, checkpoints); the changes are made in the supervisor's own thread once the read
+is done. A read that fails (the site down, a malformed sitemap: ``CorpusError``) is logged
+with its reason and changes nothing; the next period tries again. Periods are counted from the
+end of the previous refresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from .. import checkpoint
+from ..errors import EngineError, EngineValueError
+from ..policy import PROVENANCES
+from .grow import add_corpus
+from .ingest import Corpus
+from .progress import format_duration
+
+log = logging.getLogger("engine.pool")
+
+_DURATION: Final = re.compile(r"([0-9]{1,9})([smhd])")
+_UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+_DISCOVERED: Final = PROVENANCES.index("discovered")
+JOIN_S: Final = 1.0
+"""How long ``close`` waits for a read in flight (it ends by its own timeouts otherwise)."""
+
+
+def parse_duration(text: str) -> int:
+    """``"2s"``, ``"15m"``, ``"1h"``, ``"1d"`` -> seconds (at least 1)."""
+    m = _DURATION.fullmatch(text.strip()) if isinstance(text, str) else None
+    if m is None or int(m.group(1)) == 0:
+        raise EngineValueError(f"a period is a whole number and a unit, like 30s, 15m, 1h or"
+                               f" 1d, got {text!r}")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+@dataclass(frozen=True)
+class Refreshed:
+    """What one refresh changed."""
+
+    rows: int  # URLs in the corpus read
+    added: int  # new URLs, now rows
+    discovered: int  # known URLs that left the corpus (or that it now says are discovered)
+    submitted: int  # known URLs back in the corpus as submitted
+
+    def __str__(self) -> str:
+        return (f"{self.rows} URLs read; {self.added} new URL(s) added, {self.discovered} now"
+                f" discovered (left every sitemap), {self.submitted} submitted again")
+
+
+def follow(eng: Any, urls: Any, corpus: Corpus) -> Refreshed:
+    """Make the pool over ``eng`` (URL table ``urls``, either backend) follow ``corpus``: add its
+    new URLs, then reclassify every known row whose provenance differs from what ``corpus``
+    says (not in it: discovered). Raises ``EngineError`` (nothing added) if the adding fails."""
+    urls.refresh()
+    known = urls.urls()
+    row_of = {u: r for r, u in enumerate(known)}
+    fresh = np.fromiter((u not in row_of for u in corpus.urls), np.bool_, len(corpus))
+    added = add_corpus(eng, urls, corpus.select(fresh)).added if fresh.any() else 0
+    want = np.full(len(known), _DISCOVERED, np.int64)
+    for url, prov in zip(corpus.urls, corpus.provenance.tolist(), strict=True):
+        row = row_of.get(url)
+        if row is not None:
+            want[row] = prov
+    rows, cols = checkpoint.snapshot(eng)
+    mine = rows < len(known)  # rows added meanwhile (another adder, another host) wait
+    rows, prov_now = rows[mine], cols["provenance"][mine]
+    moved = [0, 0]
+    for row in rows[prov_now != want[rows]].tolist():
+        try:
+            eng.reclassify(row, int(want[row]))
+        except EngineValueError:
+            continue  # removed meanwhile: nothing to classify
+        moved[int(want[row])] += 1
+    return Refreshed(len(corpus), added, moved[_DISCOVERED], moved[1 - _DISCOVERED])
+
+
+class CorpusRefresh:
+    """Reads the corpus (``read()``) every ``every_s`` seconds in a thread and applies it in
+    ``tick``, which the supervisor calls each tick."""
+
+    def __init__(self, read: Callable[[], Corpus], every_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not every_s > 0:
+            raise EngineValueError(f"the refresh period must be positive, got {every_s!r}")
+        self.read, self.every_s, self._clock = read, every_s, clock
+        self._next = clock() + every_s
+        self._thread: threading.Thread | None = None
+        self._got: Corpus | BaseException | None = None
+        self.done = 0  # refreshes applied
+        self.failed = 0  # refreshes that changed nothing (a read or an add failed)
+        self.last: Refreshed | None = None
+
+    def tick(self, eng: Any, urls: Any) -> Refreshed | None:
+        """Start a read when one is due; apply a finished one (returned, or None)."""
+        if self._thread is None:
+            if self._clock() >= self._next:
+                self._thread = threading.Thread(target=self._read, name="corpus-refresh",
+                                                daemon=True)
+                self._thread.start()
+            return None
+        if self._thread.is_alive():
+            return None
+        self._thread.join()
+        self._thread = None
+        got, self._got = self._got, None
+        self._next = self._clock() + self.every_s
+        then = f"next in {format_duration(self.every_s)}"
+        if not isinstance(got, Corpus):
+            self.failed += 1
+            log.warning("corpus refresh failed, nothing changed (%s): %s", then, got)
+            return None
+        try:
+            self.last = follow(eng, urls, got)
+        except EngineError as e:
+            self.failed += 1
+            log.warning("corpus refresh: the new URLs could not be added (%s): %s", then, e)
+            return None
+        self.done += 1
+        log.info("corpus refresh: %s (%s)", self.last, then)
+        return self.last
+
+    def _read(self) -> None:
+        try:
+            self._got = self.read()
+        except Exception as e:  # any failure of the read is reported by tick, never raised
+            self._got = e
+
+    def close(self) -> None:
+        """Wait a little for a read in flight (a daemon thread: it ends by its timeouts)."""
+        if self._thread is not None:
+            self._thread.join(JOIN_S)
