@@ -8,19 +8,28 @@ and every refusal is a :class:`~engine.errors.CorpusError` of the form ``path:li
 Sitemaps come from the open web, so they are parsed as hostile input: through defusedxml's
 expat reader with DTDs, entity declarations and external references forbidden (billion laughs
 and XXE are refused, never expanded), with the protocol's size limits (50 MiB uncompressed,
-also after gunzip, and 50,000 entries per file). A sitemap index is followed on disk only; a
-``<loc>`` is never fetched from the network.
+also after gunzip, and 50,000 entries per file).
+
+**Sitemaps over HTTP.** A corpus source that is an http(s) URL is fetched
+(``engine.pool.fetch``: timeouts, a deadline, bounded redirects, gzip, the size limit enforced
+while the body streams), and so is every child of a fetched index that lies on the index's own
+host (after redirects); a child on another host is skipped and counted (``Corpus.off_site``),
+as the protocol allows an index to list only its own host's sitemaps. A failed fetch is a
+``CorpusError`` naming the URL and why. An index read from a file is followed on disk only.
 
 **The corpus directory.** The directory of each file given to :func:`read_corpus` /
-:func:`read_corpora` mirrors the site root, as a download of the site would. An index child
-named by an http(s) URL or a root-relative path (``/en/sitemap.xml``) is looked for at its URL
-path (percent-decoded) under that directory, or under it relative to ``base_url``'s path when
-the URL lies below it (``https://site/blog/`` maps ``/blog/x.xml`` to ``x.xml``); a relative
-child (``en/sitemap.xml``) is relative to its index; a ``file://`` child is taken as given. A
-URL child missing there is looked for by its basename next to the index (a flat download), but
-never as the index itself or one of its ancestors. Whatever the spelling, a child whose real
-path (symlinks resolved) lies outside the corpus directory is refused before it is opened: an
-index is input from the web and must not make the tool read ``/etc/hostname``.
+:func:`read_corpora` mirrors the site root, or a subpath of it, as a download of the site
+would. An index child named by an http(s) URL or a root-relative path (``/en/sitemap.xml``) is
+looked for by the longest suffix of its URL path (percent-decoded) that exists under that
+directory, so a project site under a subpath resolves (the index ``name/sitemap.xml`` listing
+``https://host/name/en/sitemap.xml`` finds ``name/en/sitemap.xml``); with ``base_url``, a URL
+that lies below its path is taken relative to it first (``https://site/blog/`` maps
+``/blog/x.xml`` to ``x.xml``). A relative child (``en/sitemap.xml``) is relative to its index;
+a ``file://`` child is taken as given. A URL child found nowhere else is looked for by its
+basename next to the index (a flat download). A suffix or a basename is never the index itself
+or one of its ancestors. Whatever the spelling, a child whose real path (symlinks resolved)
+lies outside the corpus directory is refused before it is opened: an index is input from the
+web and must not make the tool read ``/etc/hostname``.
 
 Choices the issue left open (the readers' docstrings give the rest):
 
