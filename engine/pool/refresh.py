@@ -76,13 +76,11 @@ def follow(eng: Any, urls: Any, corpus: Corpus) -> Refreshed:
     urls.refresh()
     known = urls.urls()
     row_of = {u: r for r, u in enumerate(known)}
-    fresh = np.fromiter((u not in row_of for u in corpus.urls), np.bool_, len(corpus))
+    at = np.fromiter((row_of.get(u, -1) for u in corpus.urls), np.int64, len(corpus))
+    fresh = at < 0
     added = add_corpus(eng, urls, corpus.select(fresh)).added if fresh.any() else 0
     want = np.full(len(known), _DISCOVERED, np.int64)
-    for url, prov in zip(corpus.urls, corpus.provenance.tolist(), strict=True):
-        row = row_of.get(url)
-        if row is not None:
-            want[row] = prov
+    want[at[~fresh]] = corpus.provenance[~fresh]
     rows, cols = checkpoint.snapshot(eng)
     mine = rows < len(known)  # rows added meanwhile (another adder, another host) wait
     rows, prov_now = rows[mine], cols["provenance"][mine]
