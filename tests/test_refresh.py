@@ -114,7 +114,7 @@ def test_a_failed_read_changes_nothing_and_the_next_period_tries_again(
         pool: Pool, caplog: pytest.LogCaptureFixture) -> None:
     clock = _Clock()
     outcomes: list[Any] = [CorpusError("https://shop.test/sitemap.xml: cannot fetch: HTTP 503"),
-                           _corpus(URLS[:4])]
+                           _corpus([]), _corpus(URLS[:4])]
     reads: list[str] = []
 
     def read() -> Corpus:
@@ -138,8 +138,13 @@ def test_a_failed_read_changes_nothing_and_the_next_period_tries_again(
         assert refresh._thread is None  # the period counts from the end of the last one
         clock.t = 121
         refresh.tick(pool.engine, pool.urls)
+        assert _settle(refresh, pool) is None  # an empty corpus empties nothing
+        assert refresh.failed == 2 and [_prov(pool, u) for u in URLS] == ["submitted"] * 5
+        assert "the corpus read holds no URL" in caplog.text
+        clock.t = 200
+        refresh.tick(pool.engine, pool.urls)
         got = _settle(refresh, pool)
     assert got is not None and got.discovered == 1 and refresh.done == 1
-    assert reads == ["corpus-refresh"] * 2  # never in the supervisor's thread
+    assert reads == ["corpus-refresh"] * 3  # never in the supervisor's thread
     assert "corpus refresh: 4 URLs read; 0 new URL(s) added, 1 now discovered" in caplog.text
     refresh.close()

@@ -14,8 +14,9 @@ What a refresh does to the running pool (:func:`follow`):
 The read runs in a thread, so a slow site never holds up the supervisor's tick (restarting
 dead workers, checkpoints); the changes are made in the supervisor's own thread once the read
 is done. A read that fails (the site down, a malformed sitemap: ``CorpusError``) is logged
-with its reason and changes nothing; the next period tries again. Periods are counted from the
-end of the previous refresh.
+with its reason and changes nothing; the next period tries again. So does a read that finds no
+URL at all (a site answering an empty sitemap is likelier broken than emptied). Periods are
+counted from the end of the previous refresh.
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ class CorpusRefresh:
         got, self._got = self._got, None
         self._next = self._clock() + self.every_s
         then = f"next in {format_duration(self.every_s)}"
+        if isinstance(got, Corpus) and not len(got):
+            # A site that answers an empty sitemap is far likelier broken than emptied: taken
+            # at its word, it would make every page discovered at once.
+            got = EngineValueError("the corpus read holds no URL; a pool is never emptied by a"
+                                   " refresh")
         if not isinstance(got, Corpus):
             self.failed += 1
             log.warning("corpus refresh failed, nothing changed (%s): %s", then, got)
