@@ -136,7 +136,7 @@ class Fetcher:
                     raise _Refused(f"unsupported Content-Encoding {encoding!r} (asked for gzip)")
                 body = self._body(resp)
         except urllib.error.HTTPError as exc:
-            if 300 <= exc.code < 400:
+            if exc.code in (301, 302, 303, 307, 308) and exc.headers.get("Location"):
                 raise _Refused(f"more than {limits.max_redirects} redirects (last: HTTP"
                                f" {exc.code})") from None
             raise _Refused(f"HTTP {exc.code} {exc.reason}") from None
