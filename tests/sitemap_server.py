@@ -7,7 +7,7 @@ ends, a gzip bomb::
         site.put("/sitemap.xml", urlset_text)                 # plain
         site.put("/posts.xml.gz", gzip.compress(data))        # a .gz file
         site.put("/pages.xml", data, gzip_encoding=True)     # Content-Encoding: gzip
-        site.hang("/slow.xml"); site.endless("/big.xml")
+        site.hang("/slow.xml"); site.endless("/big.xml"); site.drip("/trickle.xml")
         read_corpus(site.url("/sitemap.xml"))
 
 Leaving the ``with`` block releases every waiting answer, stops the server and joins every
@@ -42,7 +42,8 @@ class Answer:
     status: int = 200
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
-    mode: str = "whole"  # "whole", "hang" (never answers), "endless" (a body that never ends)
+    mode: str = "whole"  # "whole", "hang" (never answers), "endless" (a body that never
+    # ends), "drip" (a byte every 0.2 s: each read is quick, the whole never comes)
 
 
 class SitemapServer:
@@ -81,6 +82,11 @@ class SitemapServer:
         """200 with no Content-Length and a body that never ends."""
         with self._lock:
             self._answers[path] = Answer(mode="endless")
+
+    def drip(self, path: str) -> None:
+        """200, then the body a byte every 0.2 s, for ever (until the server closes)."""
+        with self._lock:
+            self._answers[path] = Answer(mode="drip")
 
     def remove(self, path: str) -> None:
         with self._lock:
@@ -156,6 +162,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/xml")
         for k, v in answer.headers.items():
             self.send_header(k, v)
+        if answer.mode == "drip":
+            self.end_headers()
+            self.wfile.write(b"<")
+            while not site.closing.wait(0.2):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+            return
         if answer.mode == "endless":
             self.end_headers()
             chunk = b"<!-- " + b"x" * 65_000 + b" -->\n"

@@ -116,6 +116,14 @@ def test_a_server_that_never_answers_times_out(site: SitemapServer) -> None:
     assert time.monotonic() - t0 < 5
 
 
+def test_a_body_that_trickles_in_stops_at_the_deadline(site: SitemapServer) -> None:
+    site.drip("/sitemap.xml")  # every read answers within the timeout; the body never ends
+    t0 = time.monotonic()
+    _refused(site.url("/sitemap.xml"), "the deadline of 1.5 s for the sitemap and its children"
+             " passed", limits=FetchLimits(timeout_s=1.0, deadline_s=1.5))
+    assert 1.4 < time.monotonic() - t0 < 4
+
+
 def test_the_deadline_bounds_an_index_and_its_children_together(site: SitemapServer) -> None:
     site.put("/index.xml", sitemapindex(*(f"/s{i}.xml" for i in range(5))))
     for i in range(5):
