@@ -35,6 +35,16 @@ def _url_source(args: argparse.Namespace, eng: Any) -> Any:
     return RedisUrls(eng)
 
 
+def _attached(args: argparse.Namespace) -> tuple[Any, Any]:
+    """A handle of one's own on engine NAME and its URLs (the caller closes both)."""
+    eng = _engine(args)
+    try:
+        return eng, _url_source(args, eng)
+    except BaseException:
+        eng.close()
+        raise
+
+
 def _local(args: argparse.Namespace) -> str:
     """The name of this host's pool files in /dev/shm (``--local-name``, else NAME)."""
     local: str = getattr(args, "local_name", None) or args.name
@@ -243,7 +253,8 @@ def _pool(args: argparse.Namespace) -> int:
     if args.refresh_corpus is not None:
         from .pool.refresh import CorpusRefresh
 
-        pool.refresh = CorpusRefresh(lambda: _read_corpus(args, routes), args.refresh_corpus)
+        pool.refresh = CorpusRefresh(lambda: _read_corpus(args, routes), args.refresh_corpus,
+                                     lambda: _attached(args))
     server, scraped = None, None
     view = LiveView(force_plain=args.plain)
     try:

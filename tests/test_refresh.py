@@ -18,6 +18,7 @@ from engine.pool.failures import PARKED_MS
 from engine.pool.ingest import Corpus
 from engine.pool.refresh import CorpusRefresh, follow, parse_duration
 from engine.pool.render import RenderSpec
+from engine.pool.urls import UrlTable
 from engine.redis.urls import RedisUrls
 
 URLS = [f"https://shop.test/p/{i}" for i in range(5)]
@@ -34,7 +35,8 @@ def pool(request: pytest.FixtureRequest) -> Any:
     redis = request.getfixturevalue("redis_server").url if request.param == "redis" else None
     name = unique_name()
     p = Pool.create(name, c.urls, c.due_ms, c.interval_s, c.provenance,
-                    RenderSpec(command="true {url}"), PoolOptions(workers=1), redis=redis)
+                    RenderSpec(command="true {url}"), PoolOptions(workers=1), capacity=64,
+                    redis=redis)
     yield p
     p.close()  # on Redis the queue outlives its pools: dropped here
     if redis is not None:
@@ -97,17 +99,27 @@ class _Clock:
         return self.t
 
 
-def _settle(refresh: CorpusRefresh, pool: Pool) -> Any:
-    """Tick until the read in flight is applied (the read runs in a thread)."""
-    for _ in range(1000):
-        thread = refresh._thread
-        if thread is None:
-            return None
-        thread.join(5)
-        got = refresh.tick(pool.engine, pool.urls)
-        if refresh._thread is None:
-            return got
-    raise AssertionError("the refresh never finished")
+def _settle(refresh: CorpusRefresh) -> Any:
+    """Tick until the refresh in flight is reported (it runs in a thread)."""
+    thread = refresh._thread
+    assert thread is not None, "no refresh started"
+    thread.join(30)
+    got = refresh.tick()
+    assert refresh._thread is None, "the refresh never finished"
+    return got
+
+
+def _attach(pool: Pool) -> Any:
+    """Handles of one's own on the pool's engine and URLs, as the CLI gives a refresh."""
+    name = pool.engine.name
+    if pool.redis is None:
+        return lambda: (Engine.attach(name), UrlTable.attach(name))
+
+    def connect() -> tuple[Any, Any]:
+        eng = Engine.connect(pool.redis, name)
+        return eng, RedisUrls(eng)
+
+    return connect
 
 
 def test_a_failed_read_changes_nothing_and_the_next_period_tries_again(
@@ -124,27 +136,54 @@ def test_a_failed_read_changes_nothing_and_the_next_period_tries_again(
             raise got
         return got
 
-    refresh = CorpusRefresh(read, 60, clock=clock)
-    assert refresh.tick(pool.engine, pool.urls) is None and not reads  # not due yet
+    refresh = CorpusRefresh(read, 60, _attach(pool), clock=clock)
+    assert refresh.tick() is None and not reads  # not due yet
     clock.t = 60
     with caplog.at_level(logging.INFO, logger="engine.pool"):
-        refresh.tick(pool.engine, pool.urls)
-        assert _settle(refresh, pool) is None
+        refresh.tick()
+        assert _settle(refresh) is None
         assert refresh.failed == 1 and [_prov(pool, u) for u in URLS] == ["submitted"] * 5
         assert "corpus refresh failed, nothing changed (next in 1 min): https://shop.test/" \
                "sitemap.xml: cannot fetch: HTTP 503" in caplog.text
         clock.t = 100
-        refresh.tick(pool.engine, pool.urls)
+        refresh.tick()
         assert refresh._thread is None  # the period counts from the end of the last one
         clock.t = 121
-        refresh.tick(pool.engine, pool.urls)
-        assert _settle(refresh, pool) is None  # an empty corpus empties nothing
+        refresh.tick()
+        assert _settle(refresh) is None  # an empty corpus empties nothing
         assert refresh.failed == 2 and [_prov(pool, u) for u in URLS] == ["submitted"] * 5
         assert "the corpus read holds no URL" in caplog.text
         clock.t = 200
-        refresh.tick(pool.engine, pool.urls)
-        got = _settle(refresh, pool)
+        refresh.tick()
+        got = _settle(refresh)
     assert got is not None and got.discovered == 1 and refresh.done == 1
+    assert [_prov(pool, u) for u in URLS] == ["submitted"] * 4 + ["discovered"]
     assert reads == ["corpus-refresh"] * 3  # never in the supervisor's thread
     assert "corpus refresh: 4 URLs read; 0 new URL(s) added, 1 now discovered" in caplog.text
-    refresh.close()
+
+
+def test_a_closed_refresh_changes_nothing_and_a_full_pool_is_a_failure(pool: Pool) -> None:
+    clock = _Clock()
+    reading = threading.Event()
+
+    def slow_read() -> Corpus:
+        reading.wait(30)
+        return _corpus(URLS[:2])
+
+    refresh = CorpusRefresh(slow_read, 1, _attach(pool), clock=clock)
+    clock.t = 1
+    refresh.tick()
+    refresh.close()  # the pool is going: the refresh still reading changes nothing
+    reading.set()
+    assert _settle(refresh) is None and refresh.failed == 0 and refresh.done == 0
+    assert [_prov(pool, u) for u in URLS] == ["submitted"] * 5
+    clock.t = 10
+    assert refresh.tick() is None and refresh._thread is None  # and none starts
+    room = int(pool.engine.stats()["capacity"]) - len(URLS)
+    big = CorpusRefresh(lambda: _corpus([f"https://shop.test/n/{i}" for i in range(room + 1)]),
+                        1, _attach(pool), clock=clock)
+    clock.t = 20
+    big.tick()
+    assert _settle(big) is None and big.failed == 1
+    assert len(pool.urls.urls()) == len(URLS) and [_prov(pool, u) for u in URLS] == [
+        "submitted"] * 5

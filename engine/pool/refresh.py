@@ -11,12 +11,13 @@ What a refresh does to the running pool (:func:`follow`):
   (``reclassify``, which keeps its due time, failures and any lease). A URL that comes back is
   ``submitted`` again. URLs added by ``lanes add`` from other files count as not in the corpus.
 
-The read runs in a thread, so a slow site never holds up the supervisor's tick (restarting
-dead workers, checkpoints); the changes are made in the supervisor's own thread once the read
-is done. A read that fails (the site down, a malformed sitemap: ``CorpusError``) is logged
-with its reason and changes nothing; the next period tries again. So does a read that finds no
-URL at all (a site answering an empty sitemap is likelier broken than emptied). Periods are
-counted from the end of the previous refresh.
+A refresh runs in a thread of the supervisor's process with handles of its own on the engine
+and the URLs (``attach``), so neither a slow site nor matching a large corpus to the pool's
+rows holds up the supervisor's tick (restarting dead workers, checkpoints); the tick only
+starts it and reports how it went. A read that fails (the site down, a malformed sitemap:
+``CorpusError``) is logged with its reason and changes nothing; the next period tries again.
+So does a read that finds no URL at all (a site answering an empty sitemap is likelier broken
+than emptied). Periods are counted from the end of the previous refresh.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, Final
 import numpy as np
 
 from .. import checkpoint
-from ..errors import EngineError, EngineValueError
+from ..errors import CapacityError, EngineValueError
 from ..policy import PROVENANCES
 from .grow import add_corpus
 from .ingest import Corpus
@@ -43,8 +44,6 @@ log = logging.getLogger("engine.pool")
 _DURATION: Final = re.compile(r"([0-9]{1,9})([smhd])")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 _DISCOVERED: Final = PROVENANCES.index("discovered")
-JOIN_S: Final = 1.0
-"""How long ``close`` waits for a read in flight (it ends by its own timeouts otherwise)."""
 
 
 def parse_duration(text: str) -> int:
@@ -95,27 +94,39 @@ def follow(eng: Any, urls: Any, corpus: Corpus) -> Refreshed:
     return Refreshed(len(corpus), added, moved[_DISCOVERED], moved[1 - _DISCOVERED])
 
 
+@dataclass(frozen=True)
+class _PartWay:
+    """A refresh that failed once it had begun to change the pool (a lost connection, say);
+    adding comes first and fails whole where it can (capacity), reclassifying is idempotent."""
+
+    error: Exception
+
+
 class CorpusRefresh:
-    """Reads the corpus (``read()``) every ``every_s`` seconds in a thread and applies it in
-    ``tick``, which the supervisor calls each tick."""
+    """Every ``every_s`` seconds, in a thread: ``read()`` the corpus, ``attach()`` the pool
+    (its engine and URL table: handles of the thread's own, closed after) and :func:`follow`.
+    The supervisor calls ``tick`` each tick."""
 
     def __init__(self, read: Callable[[], Corpus], every_s: float,
+                 attach: Callable[[], tuple[Any, Any]],
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not every_s > 0:
             raise EngineValueError(f"the refresh period must be positive, got {every_s!r}")
-        self.read, self.every_s, self._clock = read, every_s, clock
+        self.read, self.every_s, self.attach, self._clock = read, every_s, attach, clock
         self._next = clock() + every_s
         self._thread: threading.Thread | None = None
-        self._got: Corpus | BaseException | None = None
+        self._got: Refreshed | _PartWay | Exception | None = None
+        self._applying = threading.Lock()
+        self._closed = False
         self.done = 0  # refreshes applied
         self.failed = 0  # refreshes that changed nothing (a read or an add failed)
         self.last: Refreshed | None = None
 
-    def tick(self, eng: Any, urls: Any) -> Refreshed | None:
-        """Start a read when one is due; apply a finished one (returned, or None)."""
+    def tick(self) -> Refreshed | None:
+        """Start a refresh when one is due; report a finished one (returned, or None)."""
         if self._thread is None:
-            if self._clock() >= self._next:
-                self._thread = threading.Thread(target=self._read, name="corpus-refresh",
+            if self._clock() >= self._next and not self._closed:
+                self._thread = threading.Thread(target=self._refresh, name="corpus-refresh",
                                                 daemon=True)
                 self._thread.start()
             return None
@@ -125,33 +136,61 @@ class CorpusRefresh:
         self._thread = None
         got, self._got = self._got, None
         self._next = self._clock() + self.every_s
+        return self._report(got)
+
+    def _report(self, got: Refreshed | _PartWay | Exception | None) -> Refreshed | None:
+        """Count and log how a refresh went."""
         then = f"next in {format_duration(self.every_s)}"
-        if isinstance(got, Corpus) and not len(got):
-            # A site that answers an empty sitemap is far likelier broken than emptied: taken
-            # at its word, it would make every page discovered at once.
-            got = EngineValueError("the corpus read holds no URL; a pool is never emptied by a"
-                                   " refresh")
-        if not isinstance(got, Corpus):
+        if got is None:
+            return None  # closed before it changed anything
+        if isinstance(got, _PartWay):
+            self.failed += 1
+            log.warning("corpus refresh stopped part way (the next, in %s, completes it): %s",
+                        format_duration(self.every_s), got.error)
+            return None
+        if not isinstance(got, Refreshed):
             self.failed += 1
             log.warning("corpus refresh failed, nothing changed (%s): %s", then, got)
             return None
-        try:
-            self.last = follow(eng, urls, got)
-        except EngineError as e:
-            self.failed += 1
-            log.warning("corpus refresh: the new URLs could not be added (%s): %s", then, e)
-            return None
         self.done += 1
-        log.info("corpus refresh: %s (%s)", self.last, then)
-        return self.last
+        self.last = got
+        log.info("corpus refresh: %s (%s)", got, then)
+        return got
 
-    def _read(self) -> None:
+    def _refresh(self) -> None:
         try:
-            self._got = self.read()
-        except Exception as e:  # any failure of the read is reported by tick, never raised
+            corpus = self.read()
+            if not len(corpus):
+                # A site that answers an empty sitemap is far likelier broken than emptied:
+                # taken at its word, it would make every page discovered at once.
+                raise EngineValueError("the corpus read holds no URL; a pool is never emptied"
+                                       " by a refresh")
+        except Exception as e:  # reported by tick, never raised in the supervisor
             self._got = e
+            return
+        with self._applying:
+            if self._closed:
+                return  # the pool is going: its files must not gain a URL file now
+            try:
+                eng, urls = self.attach()
+            except Exception as e:
+                self._got = e
+                return
+            try:
+                self._got = follow(eng, urls, corpus)
+            except CapacityError as e:  # refused before anything was added
+                self._got = e
+            except Exception as e:
+                self._got = _PartWay(e)
+            finally:
+                urls.close()
+                eng.close()
 
     def close(self) -> None:
-        """Wait a little for a read in flight (a daemon thread: it ends by its timeouts)."""
-        if self._thread is not None:
-            self._thread.join(JOIN_S)
+        """No refresh changes the pool from now on: one changing it is waited for (and
+        reported), one still reading is left to end by its own timeouts (a daemon thread) and
+        then does nothing."""
+        with self._applying:
+            self._closed = True
+            got, self._got = self._got, None
+        self._report(got)

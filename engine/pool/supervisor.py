@@ -392,7 +392,7 @@ class Pool:
         self.local = local or eng.name  # the name of the pool's files in /dev/shm
         self.redis = redis  # the queue's Redis URL; None: the shared-memory engine
         self.added: Added | None = None  # what --resume --corpus (or, on Redis, --corpus) added
-        self.refresh: CorpusRefresh | None = None  # --refresh-corpus: applied each tick
+        self.refresh: CorpusRefresh | None = None  # --refresh-corpus: ticked by supervise
         self.render, self.options = render, options
         self.clock = board.clock
         self._ctx: Any = mp.get_context(options.start_method)
@@ -657,7 +657,7 @@ class Pool:
                 self.board.note_restart()
                 self._start_worker(i)
         if self.refresh is not None:
-            self.refresh.tick(self.engine, self.urls)
+            self.refresh.tick()
         if (self.options.checkpoint is not None and time.monotonic() - self._last_checkpoint
                 >= self.options.checkpoint_every_s):
             self.checkpoint()
