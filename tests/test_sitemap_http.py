@@ -129,8 +129,8 @@ def test_the_deadline_bounds_an_index_and_its_children_together(site: SitemapSer
     for i in range(5):
         site.hang(f"/s{i}.xml")
     t0 = time.monotonic()
-    _refused(site.url("/index.xml"), "cannot fetch",
-             limits=FetchLimits(timeout_s=0.6, deadline_s=1.0))
+    _refused(site.url("/index.xml"), "cannot fetch", "the deadline of 1 s for the sitemap and"
+             " its children", limits=FetchLimits(timeout_s=0.6, deadline_s=1.0))
     assert time.monotonic() - t0 < 3  # not 5 timeouts in a row
     assert sum(site.hits(f"/s{i}.xml") for i in range(5)) <= 2
 

@@ -124,8 +124,12 @@ class Fetcher:
         limits = self.limits
         request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT,
                                                        "Accept-Encoding": "gzip"})
+        wait = min(limits.timeout_s, self._left())
+        waited = (f"within {limits.timeout_s:g} s" if wait == limits.timeout_s else
+                  f"before the deadline of {limits.deadline_s:g} s for the sitemap and its"
+                  " children")
         try:
-            with self._opener.open(request, timeout=min(limits.timeout_s, self._left())) as resp:
+            with self._opener.open(request, timeout=wait) as resp:
                 final = resp.geturl()
                 length = resp.headers.get("Content-Length")
                 if length is not None and length.isdigit() and int(length) > limits.max_bytes:
@@ -143,11 +147,11 @@ class Fetcher:
         except urllib.error.URLError as exc:
             reason = exc.reason
             if isinstance(reason, TimeoutError):
-                raise _Refused(f"no connection within {limits.timeout_s:g} s") from None
+                raise _Refused(f"no connection {waited}") from None
             raise _Refused(f"cannot connect: {getattr(reason, 'strerror', None) or reason}"
                            ) from None
         except TimeoutError:
-            raise _Refused(f"no answer within {limits.timeout_s:g} s") from None
+            raise _Refused(f"no answer {waited}") from None
         except (http.client.HTTPException, OSError) as exc:
             raise _Refused(f"the connection broke: {type(exc).__name__}: {exc}") from None
         except _TooLarge:
