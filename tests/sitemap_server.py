@@ -42,6 +42,7 @@ class Answer:
     status: int = 200
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0  # before the answer
     mode: str = "whole"  # "whole", "hang" (never answers), "endless" (a body that never
     # ends), "drip" (a byte every 0.2 s: each read is quick, the whole never comes)
 
@@ -60,14 +61,14 @@ class SitemapServer:
     # -- what it serves --------------------------------------------------------------------------
 
     def put(self, path: str, body: str | bytes, *, status: int = 200, gzip_encoding: bool = False,
-            headers: dict[str, str] | None = None) -> None:
+            headers: dict[str, str] | None = None, delay_s: float = 0.0) -> None:
         data = body.encode() if isinstance(body, str) else body
         extra = dict(headers or {})
         if gzip_encoding:
             data = gzip.compress(data)
             extra["Content-Encoding"] = "gzip"
         with self._lock:
-            self._answers[path] = Answer(status, data, extra)
+            self._answers[path] = Answer(status, data, extra, delay_s=delay_s)
 
     def redirect(self, path: str, to: str, status: int = 302) -> None:
         with self._lock:
@@ -157,6 +158,8 @@ class _Handler(BaseHTTPRequestHandler):
             answer = Answer(404, b"not here\n")
         if answer.mode == "hang":
             site.closing.wait()
+            return
+        if site.closing.wait(answer.delay_s):
             return
         self.send_response(answer.status)
         self.send_header("Content-Type", "application/xml")
