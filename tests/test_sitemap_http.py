@@ -153,6 +153,14 @@ def test_a_gzip_bomb_and_a_large_content_length_are_refused_unread(site: Sitemap
     _refused(site.url("/bad.xml.gz"), "not valid gzip", "truncated")
 
 
+def test_the_entry_cap_holds_for_fetched_sitemaps_and_indexes(site: SitemapServer) -> None:
+    site.put("/big.xml", urlset(*(f"https://shop.test/{i}" for i in range(4))))
+    site.put("/wide.xml", sitemapindex(*(f"/s{i}.xml" for i in range(4))))
+    for url, entry in ((site.url("/big.xml"), "<url>"), (site.url("/wide.xml"), "<sitemap>")):
+        with pytest.raises(CorpusError, match=f"more than 3 {entry} entries in one file"):
+            read_corpus(url, now_ms=NOW, fetch=QUICK, max_sitemap_urls=3)
+
+
 def test_a_malformed_body_is_refused_with_its_line(site: SitemapServer) -> None:
     site.put("/sitemap.xml", "<html><body>\nWelcome</body></html>")
     _refused(site.url("/sitemap.xml"), f"{site.url('/sitemap.xml')}:1: root element <html>")
