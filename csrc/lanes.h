@@ -202,6 +202,7 @@ int rl_renew(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t no
 int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now_ms,
                   uint32_t *advice);
 int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice);
+int rl_reclassify(rl_seg *s, uint32_t owner, uint32_t row, uint32_t provenance, uint32_t *advice);
 int rl_restamp(rl_seg *s, uint32_t owner, uint32_t limit, uint32_t *restamped, uint32_t *remaining);
 
 /* ---- index ---- */

@@ -338,6 +338,28 @@ int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now
     return rl_publish(s, owner, 1, &key, &row, advice);
 }
 
+/* A row's provenance changed (its page left every sitemap, or came back): the lane is derived
+ * again, the due time, failures and urgency kept. As prioritize does, a leased row is rewritten
+ * too: its new key is published (FLIGHT clear), its lease goes on, and whatever ends the lease
+ * derives the lane from the new provenance. A CAS, so a write landing meanwhile is not undone. */
+int rl_reclassify(rl_seg *s, uint32_t owner, uint32_t row, uint32_t provenance, uint32_t *advice) {
+    if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE;
+    if (provenance != RL_PROV_SUBMITTED && provenance != RL_PROV_DISCOVERED) return RL_E_VALUE;
+    if (!row_ok(s, row)) return RL_E_RANGE;
+    const rl_policy *p = rl_policy_cached(s);
+    uint32_t interval = atomic_load(&s->intervals[row]);
+    uint64_t word = atomic_load(&s->rows[row].word), key, nw;
+    do {
+        if (RL_WORD_KEY(word) == RL_KEY_NONE) return RL_E_VALUE;
+        if (RL_WORD_PROV(word) == provenance) return RL_OK;
+        uint32_t f = RL_WORD_FAILURES(word), urgent = RL_WORD_URGENT(word);
+        key = rl_encode(rl_lane_for(p, provenance, interval, f, (int)urgent),
+                        rl_key_due(RL_WORD_KEY(word)));
+        nw = RL_WORD_MAKE(key, f, provenance, urgent);
+    } while (!atomic_compare_exchange_weak(&s->rows[row].word, &word, nw));
+    return rl_publish(s, owner, 1, &key, &row, advice);
+}
+
 int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice) {
     if (owner == 0 || owner >= RL_MAX_OWNERS) return RL_E_VALUE; /* it may have to merge */
     if (!row_ok(s, row)) return RL_E_RANGE;

@@ -36,6 +36,16 @@ def _url_source(args: argparse.Namespace, eng: Any) -> Any:
     return RedisUrls(eng)
 
 
+def _attached(args: argparse.Namespace) -> tuple[Any, Any]:
+    """A handle of one's own on engine NAME and its URLs (the caller closes both)."""
+    eng = _engine(args)
+    try:
+        return eng, _url_source(args, eng)
+    except BaseException:
+        eng.close()
+        raise
+
+
 def _local(args: argparse.Namespace) -> str:
     """The name of this host's pool files in /dev/shm (``--local-name``, else NAME)."""
     local: str = getattr(args, "local_name", None) or args.name
@@ -182,12 +192,17 @@ def _serve_metrics(args: argparse.Namespace) -> int:
 
 
 def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
-    """The --corpus files as one corpus (duplicates dropped and reported)."""
+    """The --corpus files and sitemap URLs as one corpus (duplicates dropped and reported)."""
+    from .pool.fetch import FetchLimits
     from .pool.ingest import read_corpora
 
-    c = read_corpora(args.corpus, base_url=args.base_url, routes=routes)
+    limits = FetchLimits(timeout_s=args.fetch_timeout, deadline_s=args.fetch_deadline)
+    c = read_corpora(args.corpus, base_url=args.base_url, routes=routes, fetch=limits)
     if c.duplicates:
         print(f"{c.duplicates} duplicate URL(s) dropped: {c.duplicate_note}", file=sys.stderr)
+    if c.off_site:
+        print(f"{c.off_site} sitemap(s) on another host skipped: {c.off_site_note}",
+              file=sys.stderr)
     return c
 
 
@@ -209,6 +224,9 @@ def _pool(args: argparse.Namespace) -> int:
                           per_host=args.per_host, delay_ms=args.delay_ms,
                           max_failures=args.max_failures)
     policy = None if args.lanes else LanePolicy(lanes_enabled=False)
+    if args.refresh_corpus is not None and not args.corpus:
+        raise EngineValueError("--refresh-corpus needs --corpus: the files or sitemap URLs to"
+                               " read again")
     routes = Routes.load(args.routes) if args.routes else None
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     if args.redis is not None:
@@ -233,6 +251,11 @@ def _pool(args: argparse.Namespace) -> int:
             raise EngineValueError(f"the corpus is empty: {', '.join(args.corpus)} hold no URL")
         pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
                            options, policy=policy, capacity=args.capacity, routes=routes)
+    if args.refresh_corpus is not None:
+        from .pool.refresh import CorpusRefresh
+
+        pool.refresh = CorpusRefresh(lambda: _read_corpus(args, routes), args.refresh_corpus,
+                                     lambda: _attached(args))
     server, scraped = None, None
     view = LiveView(force_plain=args.plain)
     try:
@@ -387,9 +410,24 @@ def _sim(args: argparse.Namespace) -> int:
 SHOW_DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
 
 
+def _period(text: str) -> int:
+    """A --refresh-corpus period, checked while the arguments are parsed."""
+    from .pool.refresh import parse_duration
+
+    try:
+        return parse_duration(text)
+    except EngineValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _corpus_arguments(p: argparse.ArgumentParser, routes: bool) -> None:
-    p.add_argument("--corpus", action="append", default=[], metavar="FILE",
-                   help="CSV, JSONL or sitemap (index) XML, optionally .gz; repeatable")
+    p.add_argument("--corpus", action="append", default=[], metavar="FILE|URL",
+                   help="CSV, JSONL or sitemap (index) XML, optionally .gz, or the http(s) URL"
+                        " of a sitemap (index); repeatable")
+    p.add_argument("--fetch-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="a sitemap URL's connection and each read")
+    p.add_argument("--fetch-deadline", type=float, default=300.0, metavar="SECONDS",
+                   help="a sitemap URL with every child it lists, in all")
     p.add_argument("--base-url", metavar="URL",
                    help="what root-relative <loc>s of a sitemap resolve against,"
                         " e.g. https://shop.example/")
@@ -462,6 +500,9 @@ def _pool_parser(sub: Any) -> None:
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     _corpus_arguments(p, routes=True)
+    p.add_argument("--refresh-corpus", type=_period, default=None, metavar="PERIOD",
+                   help="read --corpus again every PERIOD (30s, 15m, 1h, 1d) while the pool"
+                        " runs: new URLs added, URLs gone from it made discovered")
     p.add_argument("--per-host", type=int, default=DEFAULTS.per_host, metavar="N",
                    help="at most N renders in flight per host, across all workers")
     p.add_argument("--delay-ms", type=int, default=DEFAULTS.delay_ms, metavar="MS",

@@ -437,6 +437,17 @@ class Engine(_hot.EngineBase):
                                 self._advice), f"prioritize row {r} (removed?)")
         self._after(self._advice[0])
 
+    def reclassify(self, row: int, provenance: str | int) -> None:
+        """Change the row's provenance (``"submitted"``: its page is in a sitemap;
+        ``"discovered"``: not): its lane is derived again, its due time, failures and urgency
+        kept; a lease on it goes on. The same provenance again changes nothing."""
+        r = self._row(row)
+        code = choice_code(provenance, PROVENANCES, "provenance")
+        self._advice[0] = 0
+        check(lib.rl_reclassify(self._h, self._seg.owner, r, code, self._advice),
+              f"reclassify row {r} (removed?)")
+        self._after(self._advice[0])
+
     def remove(self, row: int) -> None:
         r = self._row(row)
         self._advice[0] = 0

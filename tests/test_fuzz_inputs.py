@@ -130,6 +130,7 @@ SCALAR_METHODS: dict[str, dict[str, Any]] = {
     "renew": {"row": "row", "token": "token", "lease_ms": ("int", 1, STRIDE - 1), "now_ms": "due?"},
     "prioritize": {"row": "row", "mode": "mode", "now_ms": "due?"},
     "remove": {"row": "row"},
+    "reclassify": {"row": "row", "provenance": "prov"},
     "due_ms": {"row": "row"},
     "lane": {"row": "row"},
     "describe": {"row": "row", "now_ms": "due?"},
@@ -601,6 +602,7 @@ def default_kwargs(method: str, ctx: Ctx) -> dict[str, Any]:
         "renew": {"row": row, "token": stale},
         "prioritize": {"row": row, "mode": "wait", "now_ms": NOW + DAY},
         "remove": {"row": row},
+        "reclassify": {"row": row, "provenance": "discovered"},  # what it is already
         "due_ms": {"row": row},
         "lane": {"row": row},
         "describe": {"row": row, "now_ms": NOW},

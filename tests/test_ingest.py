@@ -968,7 +968,8 @@ def test_base_url_with_a_path_maps_urls_below_it_to_the_corpus_directory(tmp_pat
     (tmp_path / "en").mkdir()
     write(tmp_path / "en" / "s.xml", urlset(url_entry("https://site.test/blog/en/a")))
     top = write(tmp_path / "sitemap.xml", index("https://site.test/blog/en/s.xml"))
-    refused(top, 3, f"looked for {tmp_path / 'blog' / 'en' / 's.xml'}")
+    # Without it, the longest suffix of the URL path that exists is found all the same.
+    assert read_corpus(top, now_ms=NOW).urls == ["https://site.test/blog/en/a"]
     c = read_corpus(top, now_ms=NOW, base_url="https://site.test/blog/")
     assert c.urls == ["https://site.test/blog/en/a"]
     assert len(read_corpus(top, now_ms=NOW, base_url="https://site.test/blog")) == 1

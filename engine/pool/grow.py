@@ -4,8 +4,8 @@ New URLs become new rows: their URLs are published first (a further URL file, se
 then the rows are added to the engine, so a worker never claims a row whose URL it cannot
 find. Known URLs are left alone, except a row parked after ``--max-failures``: adding its URL
 again is how an operator says "try it again", so it is made due now (``prioritize(.., "wait")``).
-Two adders are serialised by a lock on the pool's board file; the supervisor adds no rows
-while it runs, so the new rows' ids follow the table's last row.
+Two adders are serialised by a lock on the pool's board file (a corpus refresh in the
+supervisor is one more adder), so the new rows' ids follow the table's last row.
 
 The pool's routes (``--routes``) are kept beside its files (``<name>.routes``), so rows added
 later get the intervals the pool started with.

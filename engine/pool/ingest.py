@@ -8,19 +8,28 @@ and every refusal is a :class:`~engine.errors.CorpusError` of the form ``path:li
 Sitemaps come from the open web, so they are parsed as hostile input: through defusedxml's
 expat reader with DTDs, entity declarations and external references forbidden (billion laughs
 and XXE are refused, never expanded), with the protocol's size limits (50 MiB uncompressed,
-also after gunzip, and 50,000 entries per file). A sitemap index is followed on disk only; a
-``<loc>`` is never fetched from the network.
+also after gunzip, and 50,000 entries per file).
+
+**Sitemaps over HTTP.** A corpus source that is an http(s) URL is fetched
+(``engine.pool.fetch``: timeouts, a deadline, bounded redirects, gzip, the size limit enforced
+while the body streams), and so is every child of a fetched index that lies on the index's own
+host (after redirects); a child on another host is skipped and counted (``Corpus.off_site``),
+as the protocol allows an index to list only its own host's sitemaps. A failed fetch is a
+``CorpusError`` naming the URL and why. An index read from a file is followed on disk only.
 
 **The corpus directory.** The directory of each file given to :func:`read_corpus` /
-:func:`read_corpora` mirrors the site root, as a download of the site would. An index child
-named by an http(s) URL or a root-relative path (``/en/sitemap.xml``) is looked for at its URL
-path (percent-decoded) under that directory, or under it relative to ``base_url``'s path when
-the URL lies below it (``https://site/blog/`` maps ``/blog/x.xml`` to ``x.xml``); a relative
-child (``en/sitemap.xml``) is relative to its index; a ``file://`` child is taken as given. A
-URL child missing there is looked for by its basename next to the index (a flat download), but
-never as the index itself or one of its ancestors. Whatever the spelling, a child whose real
-path (symlinks resolved) lies outside the corpus directory is refused before it is opened: an
-index is input from the web and must not make the tool read ``/etc/hostname``.
+:func:`read_corpora` mirrors the site root, or a subpath of it, as a download of the site
+would. An index child named by an http(s) URL or a root-relative path (``/en/sitemap.xml``) is
+looked for by the longest suffix of its URL path (percent-decoded) that exists under that
+directory, so a project site under a subpath resolves (the index ``name/sitemap.xml`` listing
+``https://host/name/en/sitemap.xml`` finds ``name/en/sitemap.xml``); with ``base_url``, a URL
+that lies below its path is taken relative to it first (``https://site/blog/`` maps
+``/blog/x.xml`` to ``x.xml``). A relative child (``en/sitemap.xml``) is relative to its index;
+a ``file://`` child is taken as given. A URL child found nowhere else is looked for by its
+basename next to the index (a flat download). A suffix or a basename is never the index itself
+or one of its ancestors. Whatever the spelling, a child whose real path (symlinks resolved)
+lies outside the corpus directory is refused before it is opened: an index is input from the
+web and must not make the tool read ``/etc/hostname``.
 
 Choices the issue left open (the readers' docstrings give the rest):
 
@@ -77,6 +86,7 @@ from ..checks import is_int, wall_ms
 from ..errors import CorpusError, EngineTypeError, EngineValueError
 from ..keys import STRIDE, as_int64_array, check_due_array, check_due_ms
 from ..policy import MAX_INTERVAL_S, PROVENANCES
+from .fetch import Fetcher, FetchLimits, is_http_url
 from .routes import Routes
 
 IntArray = npt.NDArray[np.int64]
@@ -168,6 +178,8 @@ class Corpus:
     route: I16Array = None  # type: ignore[assignment]  # None given: no route, all -1
     duplicates: int = 0  # rows the reader dropped as repeats of an earlier URL
     duplicate_note: str | None = None  # the first of them and where it was first seen
+    off_site: int = 0  # sitemaps an index listed on another host, skipped (fetched indexes)
+    off_site_note: str | None = None  # the first of them and the index that listed it
 
     def __post_init__(self) -> None:
         if isinstance(self.urls, (str, bytes)) or not isinstance(self.urls, Sequence):
@@ -196,21 +208,25 @@ class Corpus:
             raise EngineValueError("route must hold route indexes (int16), or -1 for none")
         if not is_int(self.duplicates) or self.duplicates < 0:
             raise EngineValueError(f"duplicates must be a count >= 0, got {self.duplicates!r}")
-        if self.duplicate_note is not None and not isinstance(self.duplicate_note, str):
-            raise EngineTypeError("duplicate_note must be a str or None")
+        if not is_int(self.off_site) or self.off_site < 0:
+            raise EngineValueError(f"off_site must be a count >= 0, got {self.off_site!r}")
+        for what, note in (("duplicate_note", self.duplicate_note),
+                           ("off_site_note", self.off_site_note)):
+            if note is not None and not isinstance(note, str):
+                raise EngineTypeError(f"{what} must be a str or None")
         _refuse_duplicates([urls])
         _freeze(self, urls, interval, prov.astype(np.uint8), due, route.astype(np.int16),
-                self.duplicates, self.duplicate_note)
+                _Notes(self.duplicates, self.duplicate_note, self.off_site, self.off_site_note))
 
     @classmethod
     def _trusted(cls, urls: list[str], interval_s: IntArray, provenance: U8Array,
-                 due_ms: IntArray, route: I16Array | None = None, duplicates: int = 0,
-                 duplicate_note: str | None = None) -> Corpus:
+                 due_ms: IntArray, route: I16Array | None = None,
+                 notes: _Notes | None = None) -> Corpus:
         """Skip the per-URL checks for parts the readers (or another Corpus) already checked."""
         self = object.__new__(cls)
         if route is None:
             route = np.full(len(urls), -1, np.int16)
-        _freeze(self, urls, interval_s, provenance, due_ms, route, duplicates, duplicate_note)
+        _freeze(self, urls, interval_s, provenance, due_ms, route, notes or _Notes())
         return self
 
     @classmethod
@@ -236,9 +252,21 @@ class Corpus:
             np.concatenate([p.provenance for p in parts]),
             np.concatenate([p.due_ms for p in parts]),
             np.concatenate([p.route for p in parts]),
-            sum(p.duplicates for p in parts),
-            next((p.duplicate_note for p in parts if p.duplicate_note), None),
+            _Notes(sum(p.duplicates for p in parts),
+                   next((p.duplicate_note for p in parts if p.duplicate_note), None),
+                   sum(p.off_site for p in parts),
+                   next((p.off_site_note for p in parts if p.off_site_note), None)),
         )
+
+    def select(self, mask: npt.ArrayLike) -> Corpus:
+        """The rows where ``mask`` (booleans, one per row) is true, in order; the reader's
+        counts stay with the whole corpus, not with a part of it."""
+        keep = np.asarray(mask, dtype=np.bool_)
+        if keep.shape != (len(self),):
+            raise EngineValueError(f"mask must hold {len(self)} booleans, got shape {keep.shape}")
+        return Corpus._trusted([u for u, k in zip(self.urls, keep.tolist(), strict=True) if k],
+                               self.interval_s[keep], self.provenance[keep], self.due_ms[keep],
+                               self.route[keep])
 
     def __len__(self) -> int:
         return len(self.urls)
@@ -261,11 +289,13 @@ class Corpus:
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         # Pickle by value and come back frozen, so spawn/forkserver workers get the same object.
         return (_rebuild, (self.urls, self.interval_s, self.provenance, self.due_ms, self.route,
-                           self.duplicates, self.duplicate_note))
+                           self.duplicates, self.duplicate_note, self.off_site,
+                           self.off_site_note))
 
     def statistics(self) -> dict[str, Any]:
         """Rows per provenance, per interval and per route index (-1: none), the span of due
-        times (None when empty) and the duplicates a reader dropped."""
+        times (None when empty), the duplicates a reader dropped and the sitemaps on other
+        hosts it skipped."""
         prov = {name: int((self.provenance == code).sum())
                 for name, code in _PROVENANCE_CODE.items()}
         values, counts = np.unique(self.interval_s, return_counts=True)
@@ -278,6 +308,7 @@ class Corpus:
             "due_ms": ({"min": int(self.due_ms.min()), "max": int(self.due_ms.max())}
                        if len(self) else None),
             "duplicates": self.duplicates,
+            "off_site": self.off_site,
         }
 
     def describe(self) -> str:
@@ -293,13 +324,26 @@ class Corpus:
             lines.append(f"  due_ms     {s['due_ms']['min']} .. {s['due_ms']['max']}")
         if self.duplicate_note:
             lines.append(f"  duplicates {self.duplicate_note}")
+        if self.off_site_note:
+            lines.append(f"  off-site   {self.off_site_note}")
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class _Notes:
+    """What a reader dropped or skipped, as ``Corpus`` reports it."""
+
+    duplicates: int = 0
+    duplicate_note: str | None = None
+    off_site: int = 0
+    off_site_note: str | None = None
+
+
 def _freeze(obj: Corpus, urls: list[str], interval: IntArray, prov: U8Array, due: IntArray,
-            route: I16Array, duplicates: int, duplicate_note: str | None) -> None:
-    cols: dict[str, Any] = {"urls": urls, "duplicates": duplicates,
-                            "duplicate_note": duplicate_note}
+            route: I16Array, notes: _Notes) -> None:
+    cols: dict[str, Any] = {"urls": urls, "duplicates": notes.duplicates,
+                            "duplicate_note": notes.duplicate_note, "off_site": notes.off_site,
+                            "off_site_note": notes.off_site_note}
     for name, arr, dtype in (("interval_s", interval, np.int64), ("provenance", prov, np.uint8),
                              ("due_ms", due, np.int64), ("route", route, np.int16)):
         own = np.array(arr, dtype=dtype, copy=True)
@@ -311,9 +355,10 @@ def _freeze(obj: Corpus, urls: list[str], interval: IntArray, prov: U8Array, due
 
 def _rebuild(urls: list[str], interval_s: IntArray, provenance: U8Array, due_ms: IntArray,
              route: I16Array | None = None, duplicates: int = 0,
-             duplicate_note: str | None = None) -> Corpus:
-    return Corpus._trusted(list(urls), interval_s, provenance, due_ms, route, duplicates,
-                           duplicate_note)
+             duplicate_note: str | None = None, off_site: int = 0,
+             off_site_note: str | None = None) -> Corpus:
+    return Corpus._trusted(list(urls), interval_s, provenance, due_ms, route,
+                           _Notes(duplicates, duplicate_note, off_site, off_site_note))
 
 
 def _refuse_duplicates(url_lists: Sequence[Sequence[str]]) -> None:
@@ -341,9 +386,10 @@ def read_corpus(path: PathLike, *, now_ms: int | None = None,
                 default_provenance: str = "submitted",
                 changefreq_map: Mapping[str, int] | None = None,
                 max_sitemap_urls: int = MAX_SITEMAP_URLS, base_url: str | None = None,
-                routes: Routes | None = None) -> Corpus:
+                routes: Routes | None = None, fetch: FetchLimits | None = None) -> Corpus:
     """Read one corpus file, chosen by suffix: ``.csv``, ``.jsonl``/``.ndjson``, ``.xml``
-    (a sitemap or a sitemap index), each optionally gzipped (``.gz``).
+    (a sitemap or a sitemap index), each optionally gzipped (``.gz``); or fetch a sitemap (or
+    sitemap index) from an http(s) URL, within ``fetch``'s limits (``engine.pool.fetch``).
 
     ``now_ms`` is the due time of every row whose source gives none (default: the wall clock,
     read once). ``default_provenance`` fills CSV/JSONL rows when the ``provenance`` column or key
@@ -361,21 +407,24 @@ def read_corpus(path: PathLike, *, now_ms: int | None = None,
     """
     return read_corpora([path], now_ms=now_ms, default_provenance=default_provenance,
                         changefreq_map=changefreq_map, max_sitemap_urls=max_sitemap_urls,
-                        base_url=base_url, routes=routes)
+                        base_url=base_url, routes=routes, fetch=fetch)
 
 
 def read_corpora(paths: Iterable[PathLike], *, now_ms: int | None = None,
                  default_provenance: str = "submitted",
                  changefreq_map: Mapping[str, int] | None = None,
                  max_sitemap_urls: int = MAX_SITEMAP_URLS, base_url: str | None = None,
-                 routes: Routes | None = None) -> Corpus:
-    """Read several corpus files (as :func:`read_corpus`) into one corpus, in order, with one
-    ``now_ms`` for all of them. A URL in two files is kept once, where it came first; one
-    sitemap read twice is refused. Each file's directory is its own corpus directory."""
+                 routes: Routes | None = None, fetch: FetchLimits | None = None) -> Corpus:
+    """Read several corpus files and sitemap URLs (as :func:`read_corpus`) into one corpus,
+    in order, with one ``now_ms`` for all of them. A URL in two files is kept once, where it
+    came first; one sitemap read twice is refused. Each file's directory is its own corpus
+    directory; each sitemap URL has its own deadline (``fetch.deadline_s``)."""
     if isinstance(paths, (str, bytes, os.PathLike)):
         raise EngineTypeError("read_corpora takes a list of paths (use read_corpus for one)")
     if routes is not None and not isinstance(routes, Routes):
         raise EngineTypeError(f"routes must be a Routes (Routes.load(path)), got {routes!r}")
+    if fetch is not None and not isinstance(fetch, FetchLimits):
+        raise EngineTypeError(f"fetch must be a FetchLimits, got {fetch!r}")
     base, base_path = _base_url(base_url)
     opts = _Options(
         now_ms=wall_ms() if now_ms is None else check_due_ms(now_ms, "now_ms"),
@@ -390,6 +439,12 @@ def read_corpora(paths: Iterable[PathLike], *, now_ms: int | None = None,
         if not isinstance(p, (str, os.PathLike)):
             raise EngineTypeError(f"a corpus path must be a str or os.PathLike, got {p!r}")
         path = os.fspath(p)
+        if isinstance(path, str) and is_http_url(path):
+            _read_remote_sitemap(_check_url(path, path), rows, opts, Fetcher(fetch), parents=[])
+            continue
+        if "://" in path:
+            raise CorpusError(f"{path}: only http(s) URLs are fetched; a file is named by its"
+                              " path")
         fmt, compressed = _format_of(path)
         if fmt == "csv":
             _read_csv(path, compressed, rows, opts)
@@ -426,6 +481,8 @@ class _Rows:
         self.sitemaps: dict[str, str] = {}  # realpath -> where it was reached from
         self.duplicates = 0
         self._first_duplicate = ""  # "b.xml:12 repeats a.xml:3 (url)"
+        self.off_site = 0
+        self.off_site_note: str | None = None
 
     def file(self, path: str) -> int:
         self._files.append(path)
@@ -457,8 +514,12 @@ class _Rows:
         if self.duplicates:
             dropped = f"{self.duplicates} duplicate{'s' if self.duplicates > 1 else ''} dropped"
             note = f"{self._first_duplicate}; {dropped}"
+        if self.off_site:
+            assert self.off_site_note is not None
+            self.off_site_note += f"; {self.off_site} skipped"
         return Corpus._trusted(self.urls, interval, provenance, np.array(self.due, np.int64),
-                               route, self.duplicates, note)
+                               route, _Notes(self.duplicates, note, self.off_site,
+                                             self.off_site_note))
 
 
 def _default_provenance(value: object) -> int:
@@ -959,27 +1020,10 @@ def _read_sitemap(path: str, compressed: bool, rows: _Rows, opts: _Options, corp
                               "a file is read once")
         rows.sitemaps[real] = ""
     handler = _parse_sitemap(path, _read_xml_bytes(path, compressed), opts.max_entries)
-    file = rows.file(path)
     if handler.kind == "urlset":
-        for entry in handler.entries:
-            loc_line, loc = entry.fields["loc"]
-            where = f"{path}:{loc_line}"
-            cf_line, word = entry.fields.get("changefreq", (loc_line, MISSING_CHANGEFREQ))
-            if loc.startswith("/"):
-                if opts.base_url is None:
-                    raise CorpusError(f"{where}: <loc> {loc!r} is root-relative; say which site "
-                                      "it belongs to with --base-url (base_url=)")
-                loc = urljoin(opts.base_url, loc)
-            url = _check_url(where, loc)
-            interval = opts.changefreq.get(word.lower())
-            if interval is None:
-                raise CorpusError(f"{path}:{cf_line}: unknown changefreq {word!r} (known: "
-                                  f"{', '.join(opts.changefreq)})")
-            rows.add(file, loc_line, url, interval, _SUBMITTED, opts.now_ms)
+        _add_urlset(path, handler, rows, opts, opts.base_url)
         return
-    if len(parents) >= MAX_INDEX_DEPTH:
-        raise CorpusError(f"{path}:{handler.root_line}: sitemap indexes nested deeper than "
-                          f"{MAX_INDEX_DEPTH}")
+    _check_depth(path, handler, parents)
     chain = [*parents, real]
     for entry in handler.entries:
         loc_line, loc = entry.fields["loc"]
@@ -998,13 +1042,85 @@ def _read_sitemap(path: str, compressed: bool, rows: _Rows, opts: _Options, corp
             raise CorpusError(f"{exc} (listed at {where})") from None
 
 
+def _add_urlset(source: str, handler: _SitemapHandler, rows: _Rows, opts: _Options,
+                base: str | None) -> None:
+    """A ``<urlset>``'s URLs, submitted, due now, every ``<changefreq>`` mapped to seconds; a
+    root-relative ``<loc>`` resolves against ``base`` (a fetched sitemap's own URL)."""
+    file = rows.file(source)
+    for entry in handler.entries:
+        loc_line, loc = entry.fields["loc"]
+        where = f"{source}:{loc_line}"
+        cf_line, word = entry.fields.get("changefreq", (loc_line, MISSING_CHANGEFREQ))
+        if loc.startswith("/"):
+            if base is None:
+                raise CorpusError(f"{where}: <loc> {loc!r} is root-relative; say which site "
+                                  "it belongs to with --base-url (base_url=)")
+            loc = urljoin(base, loc)
+        url = _check_url(where, loc)
+        interval = opts.changefreq.get(word.lower())
+        if interval is None:
+            raise CorpusError(f"{source}:{cf_line}: unknown changefreq {word!r} (known: "
+                              f"{', '.join(opts.changefreq)})")
+        rows.add(file, loc_line, url, interval, _SUBMITTED, opts.now_ms)
+
+
+def _check_depth(source: str, handler: _SitemapHandler, parents: Sequence[str]) -> None:
+    if len(parents) >= MAX_INDEX_DEPTH:
+        raise CorpusError(f"{source}:{handler.root_line}: sitemap indexes nested deeper than "
+                          f"{MAX_INDEX_DEPTH}")
+
+
+def _read_remote_sitemap(url: str, rows: _Rows, opts: _Options, fetcher: Fetcher,
+                         parents: list[str]) -> None:
+    """A sitemap fetched from ``url`` (normal): a ``<urlset>`` as on disk, its root-relative
+    ``<loc>``s resolved against the URL it came from; a ``<sitemapindex>`` fetches each child
+    on the index's own host (after redirects), and skips and counts the others, which the
+    protocol does not allow. Errors name the URL and line, then each index line that led
+    there."""
+    if not parents:
+        if url in rows.sitemaps:
+            raise CorpusError(f"{url}: this sitemap was already read{rows.sitemaps[url]}; a "
+                              "sitemap is read once")
+        rows.sitemaps[url] = ""
+    final, data = fetcher.get(url)
+    handler = _parse_sitemap(url, data, opts.max_entries)
+    if handler.kind == "urlset":
+        _add_urlset(url, handler, rows, opts, final)
+        return
+    _check_depth(url, handler, parents)
+    chain = [*parents, url]
+    site = urlsplit(final).netloc.lower()
+    for entry in handler.entries:
+        loc_line, loc = entry.fields["loc"]
+        where = f"{url}:{loc_line}"
+        child = _check_url(where, urljoin(final, loc))
+        if urlsplit(child).netloc != site:
+            rows.off_site += 1
+            if rows.off_site_note is None:
+                rows.off_site_note = (f"{where} lists {child}, on another host than the index "
+                                      f"({site}): sitemaps of an index must be on its host")
+            continue
+        if child in chain:
+            cycle = " -> ".join([*chain[chain.index(child):], child])
+            raise CorpusError(f"{where}: sitemap index cycle: {cycle}")
+        if child in rows.sitemaps:
+            raise CorpusError(f"{where}: sitemap {child} was already read"
+                              f"{rows.sitemaps[child]}; a sitemap is read once")
+        rows.sitemaps[child] = f" (via {where})"
+        try:
+            _read_remote_sitemap(child, rows, opts, fetcher, chain)
+        except CorpusError as exc:
+            raise CorpusError(f"{exc} (listed at {where})") from None
+
+
 def _child_path(index: str, where: str, loc: str, corpus_dir: str, base_path: str,
                 chain: Sequence[str]) -> str:
     """The real path of a ``<sitemap><loc>``, inside ``corpus_dir`` (which mirrors the site
-    root, or ``base_path`` of it): an http(s) URL or a root-relative path by its URL path,
-    else by its basename next to the index (a flat download) unless that is the index or an
-    ancestor (``chain``); a relative path from the index; a local ``file://`` URL as given.
-    Anything resolving outside ``corpus_dir`` is refused before it is opened. Never fetched."""
+    root, or ``base_path`` of it, or a subpath of the site): an http(s) URL or a root-relative
+    path by the longest suffix of its URL path found under ``corpus_dir``, else by its basename
+    next to the index (a flat download), a suffix never being the index or an ancestor
+    (``chain``); a relative path from the index; a local ``file://`` URL as given. Anything
+    resolving outside ``corpus_dir`` is refused before it is opened. Never fetched."""
     if not loc:
         raise CorpusError(f"{where}: <loc> is empty")
     try:
@@ -1025,8 +1141,12 @@ def _child_path(index: str, where: str, loc: str, corpus_dir: str, base_path: st
                               "directory")
         if url_path.startswith(base_path):
             url_path = url_path[len(base_path):]
-        candidates = [os.path.join(corpus_dir, url_path.lstrip("/")),
-                      os.path.join(index_dir, name)]
+        # The longest suffix of the URL path that exists wins: a project site under a subpath
+        # (index at name/sitemap.xml, child https://host/name/en/sitemap.xml) is a download
+        # whose directory is the subpath, not the site root.
+        segments = [seg for seg in url_path.split("/") if seg]
+        candidates = [os.path.join(corpus_dir, *segments[i:]) for i in range(len(segments))]
+        candidates = list(dict.fromkeys([*candidates, os.path.join(index_dir, name)]))
     elif not scheme:
         candidates = [os.path.join(index_dir, unquote(parts.path))]
     else:
@@ -1047,6 +1167,6 @@ def _child_path(index: str, where: str, loc: str, corpus_dir: str, base_path: st
             return real
         else:
             looked.append(candidate)
-    raise CorpusError(f"{where}: sitemap {loc!r} is not on disk (looked for "
-                      f"{' and '.join(looked)}); sitemap indexes are followed on disk only, "
-                      "never fetched")
+    places = looked[0] if len(looked) == 1 else f"{', '.join(looked[:-1])} and {looked[-1]}"
+    raise CorpusError(f"{where}: sitemap {loc!r} is not on disk (looked for {places}); an "
+                      "index read from a file is followed on disk only, never fetched")

@@ -69,6 +69,7 @@ from .urls import UrlTable
 
 if TYPE_CHECKING:
     from ..redis import RedisEngine
+    from .refresh import CorpusRefresh
 
 START_METHODS = ("fork", "spawn", "forkserver")
 GROWTH_ROOM = 100_000
@@ -389,6 +390,7 @@ class Pool:
         self.local = local or eng.name  # the name of the pool's files in /dev/shm
         self.redis = redis  # the queue's Redis URL; None: the shared-memory engine
         self.added: Added | None = None  # what --resume --corpus (or, on Redis, --corpus) added
+        self.refresh: CorpusRefresh | None = None  # --refresh-corpus: ticked by supervise
         self.render, self.options = render, options
         self.clock = board.clock
         self._ctx: Any = mp.get_context(options.start_method)
@@ -652,6 +654,8 @@ class Pool:
             if p is None and not self.board.stopping and now >= self._restart_at[i]:
                 self.board.note_restart()
                 self._start_worker(i)
+        if self.refresh is not None:
+            self.refresh.tick()
         if (self.options.checkpoint is not None and time.monotonic() - self._last_checkpoint
                 >= self.options.checkpoint_every_s):
             self.checkpoint()
@@ -748,6 +752,8 @@ class Pool:
         if self._closed:
             return
         self._closed = True
+        if self.refresh is not None:
+            self.refresh.close()
         self._kill_workers()
         self.urls.close()
         self.board.close()

@@ -372,6 +372,12 @@ class RedisEngine:
         return int(self.transport.fcall("lanes_renew", now_arg(now_ms), r, t, lease,
                                         self.owner))
 
+    def reclassify(self, row: int, provenance: str | int) -> None:
+        """Change the row's provenance: its lane is derived again, its due time, failures and
+        urgency kept; a lease on it goes on (its key waits in the holder entry)."""
+        self.transport.fcall("lanes_reclassify", self._row(row),
+                             choice_code(provenance, PROVENANCES, "provenance"))
+
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
         """``"rush"``: urgent lane, due now. ``"wait"``: own lane, due now."""
         r = self._row(row)
