@@ -299,8 +299,9 @@ class SnapshotStore:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def get(self, url: str) -> Snapshot | None:
-        """``url``'s latest snapshot, or None if it was never rendered."""
+    def get(self, url: str, known: Snapshot | None = None) -> Snapshot | None:
+        """``url``'s latest snapshot, or None if it was never rendered. When ``known`` (an
+        earlier answer for ``url``) holds the same HTML, its body is reused, not read again."""
         if not isinstance(url, str):
             raise EngineTypeError(f"a URL is a str, got {type(url).__name__}")
         for _attempt in range(5):
@@ -310,6 +311,8 @@ class SnapshotStore:
             if row is None:
                 return None
             path = self.path_of(url, row[9])
+            if known is not None and known.url == url and known.hash == row[9]:
+                return _snapshot(row, path, known.gz)
             try:
                 with open(path, "rb") as f:
                     gz = f.read()

@@ -394,3 +394,45 @@ def test_serve_metrics_is_an_alias_of_serve(store_dir: Path) -> None:
         assert p.returncode == 0
     finally:
         eng.unlink()
+
+
+def test_a_new_render_is_served_within_the_revalidation_time(tmp_path: Path) -> None:
+    from engine.serve.snapshots import REVALIDATE_S
+
+    directory = tmp_path / "store"
+    url = "https://shop.example/p/9"
+    with SnapshotStore.open(directory) as s:
+        s.put(url, "<p>first</p>", status=200, location=None, interval_s=60, lane=1,
+              render_ms=1.0)
+        with serving("--store", str(directory)) as base:
+            _, h1, body = request(base, f"/{url}")
+            assert body == b"<p>first</p>"
+            s.put(url, "<p>second</p>", status=200, location=None, interval_s=60, lane=1,
+                  render_ms=1.0)
+            deadline = time.monotonic() + REVALIDATE_S + 5
+            while request(base, f"/{url}")[2] != b"<p>second</p>":
+                assert time.monotonic() < deadline, "the new render was never served"
+                time.sleep(0.1)
+            _, h2, _ = request(base, f"/{url}")
+            assert h2["etag"] != h1["etag"]
+
+
+def test_processes_share_the_port_and_stop_together(store_dir: Path) -> None:
+    import psutil
+
+    p = cli("serve", "--store", str(store_dir), "--port", "0", "--processes", "2")
+    try:
+        assert p.stdout is not None
+        base = p.stdout.readline().split()[-1]
+        wait_for(lambda: len(psutil.Process(p.pid).children()) == 1, timeout=20)
+        child = psutil.Process(p.pid).children()[0]
+        port = urllib.parse.urlsplit(base).port
+        wait_for(lambda: any(c.laddr.port == port and c.status == "LISTEN"
+                             for c in child.net_connections()), timeout=20)
+        for _ in range(40):  # new connections, spread by the kernel over both
+            assert request(base, "/https://shop.example/old")[0] == 301
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=30)
+    assert p.returncode == 0
+    assert not child.is_running()
