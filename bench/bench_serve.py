@@ -121,18 +121,24 @@ class Server:
 
 
 class LanesServe(Server):
-    def __init__(self, store: Path, pages: list[tuple[str, str]], processes: int) -> None:
-        self.store, self.processes = store, processes
-        self.name = f"lanes_p{processes}"
-        self.label = f"lanes serve, {processes} process{'es' if processes > 1 else ''}"
+    def __init__(self, store: Path, pages: list[tuple[str, str]], processes: int,
+                 source: Path | None = None) -> None:
+        self.store, self.processes, self.source = store, processes, source
+        self.name = f"lanes_p{processes}" + ("_before" if source else "")
+        self.label = (f"lanes serve, {processes} process{'es' if processes > 1 else ''}"
+                      + (f" (from {source})" if source else ""))
         self.paths = [f"/{url}" for url, _ in pages]
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> str:
+        env = dict(os.environ)
+        if self.source is not None:  # another tree of the package, with its built core
+            env["PYTHONPATH"] = str(self.source)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine", "serve", "--store", str(self.store), "--port", "0",
-             "--processes", str(self.processes)], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True)
+             *(["--processes", str(self.processes)] if self.processes > 1 else [])],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env=env, cwd=self.source)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if not line.startswith("lanes serve:"):
@@ -250,8 +256,12 @@ def check(base: str, server: Server, store: Path, pages: list[tuple[str, str]]) 
 
 
 def main() -> None:
-    args = parse_args(__doc__, lambda ap: (ap.add_argument("--runs", type=int),
-                                           ap.add_argument("--seconds", type=float)))
+    args = parse_args(__doc__, lambda ap: (
+        ap.add_argument("--runs", type=int), ap.add_argument("--seconds", type=float),
+        ap.add_argument("--before", type=Path, metavar="DIR",
+                        help="also run `lanes serve` (1 process) from this copy of the package"
+                             " (a tree holding engine/ with its built core): a before/after in"
+                             " the same run")))
     started = time.perf_counter()
     cfg = dict(SMOKE if args.smoke else FULL)
     cfg["runs"] = args.runs or cfg["runs"]
@@ -262,6 +272,8 @@ def main() -> None:
     pages = fill_store(store, cfg["pages"])
     servers: list[Server] = [LanesServe(store, pages, 1), Nginx(store, pages, 1, tmp),
                              LanesServe(store, pages, 2), Nginx(store, pages, 2, tmp)]
+    if args.before is not None:
+        servers.insert(1, LanesServe(store, pages, 1, args.before.resolve()))
     for s in servers:
         on_exit(s.stop)
     results: dict[str, dict[str, list[float]]] = {s.name: {"rps": [], "p99": []}
@@ -306,8 +318,9 @@ def figures(servers: list[Server], results: dict[str, dict[str, list[float]]],
                           better="higher", note=note))
         out.append(figure(f"serve.p99_ms.{s.name}", f"{s.label}: p99", "ms", r["p99"],
                           note=note))
-    for lanes, nginx in (("lanes_p1", "nginx_w1"), ("lanes_p2", "nginx_w2")):
-        a, b = results[lanes]["rps"], results[nginx]["rps"]
+    for lanes, nginx in (("lanes_p1", "nginx_w1"), ("lanes_p2", "nginx_w2"),
+                         ("lanes_p1", "lanes_p1_before")):
+        a, b = results.get(lanes, {}).get("rps", []), results.get(nginx, {}).get("rps", [])
         if a and b:
             out.append(figure(f"serve.ratio_rps.{lanes}_over_{nginx}",
                               f"req/s, {lanes} / {nginx} (same rounds)", "x", ratios(a, b),
