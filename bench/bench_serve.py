@@ -8,6 +8,8 @@ them in turn with ``Accept-Encoding: gzip``, so both servers send the stored gzi
 
 * ``lanes serve --store DIR`` answers ``GET /{URL}`` (the prerender-style route) with one
   process and with ``--processes 2`` (SO_REUSEPORT);
+* a bare aiohttp handler sending the same bytes from memory (the floor of any aiohttp server:
+  what `lanes serve` adds is the distance to it);
 * nginx (Debian's), started by this script with its own config in a temp dir, serves the same
   files by path (``Content-Encoding: gzip`` added, access log off, sendfile on) with one worker
   and with two. It does less than ``lanes serve`` per request (no URL lookup, no Age, no hit
@@ -147,13 +149,54 @@ class LanesServe(Server):
         return line.split()[-1].rstrip("/")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.communicate()
+        _stop(self.proc, signal.SIGTERM)
+        self.proc = None
+
+
+FLOOR = """
+import sys
+from aiohttp import web
+
+bodies = {}
+
+async def send(request):
+    # the least an aiohttp handler can do: look the bytes up and send them
+    return web.Response(body=bodies[request.path], headers={
+        "Content-Encoding": "gzip", "Content-Type": "text/html; charset=utf-8"})
+
+for line in open(sys.argv[1]):
+    path, file = line.rstrip("\\n").split(" ", 1)
+    bodies[path] = open(file, "rb").read()
+app = web.Application()
+app.router.add_get("/{tail:.*}", send)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[2]), access_log=None, print=None)
+"""
+
+
+class AiohttpFloor(Server):
+    """A bare aiohttp handler sending the same bytes from memory: what any aiohttp server
+    costs per request, so the distance between it and `lanes serve` is what `lanes serve`
+    itself costs."""
+
+    def __init__(self, store: Path, pages: list[tuple[str, str]], tmp: Path) -> None:
+        self.name, self.label = "aiohttp_floor", "bare aiohttp handler, 1 process"
+        self.paths = [f"/{url}" for url, _ in pages]
+        self.index = tmp / "floor.txt"
+        self.index.write_text("".join(f"{p} {store / 'snapshots' / rel}\n"
+                                      for p, (_, rel) in zip(self.paths, pages, strict=True)))
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> str:
+        port = _free_port()
+        self.proc = subprocess.Popen([sys.executable, "-c", FLOOR, str(self.index), str(port)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        _wait_until_up(base + self.paths[0], self.proc, "the aiohttp floor")
+        return base
+
+    def stop(self) -> None:
+        _stop(self.proc, signal.SIGTERM)
         self.proc = None
 
 
@@ -210,14 +253,20 @@ class Nginx(Server):
         return base
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGQUIT)  # graceful: workers finish, master exits
-            try:
-                self.proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.communicate()
+        _stop(self.proc, signal.SIGQUIT)  # graceful: workers finish, master exits
         self.proc = None
+
+
+def _stop(proc: subprocess.Popen[str] | None, sig: int) -> None:
+    """Stop a server started in its own session: ``sig``, then SIGKILL to its whole group."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
 
 
 def _free_port() -> int:
@@ -270,8 +319,9 @@ def main() -> None:
     on_exit(lambda: shutil.rmtree(tmp, ignore_errors=True))
     store = tmp / "store"
     pages = fill_store(store, cfg["pages"])
-    servers: list[Server] = [LanesServe(store, pages, 1), Nginx(store, pages, 1, tmp),
-                             LanesServe(store, pages, 2), Nginx(store, pages, 2, tmp)]
+    servers: list[Server] = [LanesServe(store, pages, 1), AiohttpFloor(store, pages, tmp),
+                             Nginx(store, pages, 1, tmp), LanesServe(store, pages, 2),
+                             Nginx(store, pages, 2, tmp)]
     if args.before is not None:
         servers.insert(1, LanesServe(store, pages, 1, args.before.resolve()))
     for s in servers:
@@ -319,7 +369,7 @@ def figures(servers: list[Server], results: dict[str, dict[str, list[float]]],
         out.append(figure(f"serve.p99_ms.{s.name}", f"{s.label}: p99", "ms", r["p99"],
                           note=note))
     for lanes, nginx in (("lanes_p1", "nginx_w1"), ("lanes_p2", "nginx_w2"),
-                         ("lanes_p1", "lanes_p1_before")):
+                         ("lanes_p1", "aiohttp_floor"), ("lanes_p1", "lanes_p1_before")):
         a, b = results.get(lanes, {}).get("rps", []), results.get(nginx, {}).get("rps", [])
         if a and b:
             out.append(figure(f"serve.ratio_rps.{lanes}_over_{nginx}",

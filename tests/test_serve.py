@@ -436,3 +436,20 @@ def test_processes_share_the_port_and_stop_together(store_dir: Path) -> None:
         p.communicate(timeout=30)
     assert p.returncode == 0
     assert not child.is_running()
+
+
+def test_a_pool_on_redis_is_served_too(store_dir: Path, redis_server: Any) -> None:
+    from lanes_testlib import dispose
+
+    name = unique_name()
+    eng = Engine.connect(redis_server.url, name, create=True, capacity=64)
+    try:
+        eng.add(NOW, 3600)
+        with serving(name, "--redis", redis_server.url, "--store", str(store_dir)) as base:
+            status, _, page = request(base, "/")
+            assert status == 200 and name.encode() in page and b"1 rows" in page
+            _, _, metrics = request(base, "/metrics")
+            assert b"lanes_lane_queued" in metrics and b"lanes_snapshots" in metrics
+            assert request(base, "/https://shop.example/old")[0] == 301
+    finally:
+        dispose(eng, name)

@@ -31,9 +31,9 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import functools
-import threading
+import logging
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
@@ -51,6 +51,8 @@ MAX_PENDING: Final = 100_000
 """Hits waiting for the hit log beyond this are dropped (and counted): a store that cannot keep
 up must cost the log, never the server's memory."""
 
+log = logging.getLogger(__name__)
+
 REVALIDATE_S: Final = 1.0
 CACHE_BYTES: Final = 64 << 20
 """The answers kept in memory, gzip and (once asked for) plain HTML counted, least recently
@@ -66,17 +68,21 @@ class HitLog:
         self._store = SnapshotStore.open(directory, create=False)
         self._pending: list[tuple[int, int, int, float, bool]] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="lanes-serve-hits")
-        self._lock = threading.Lock()
-        self.counts: Counter[tuple[int, str]] = Counter()  # (lane, outcome) -> hits
-        self.dropped = 0
+        self.noted = 0
+        self.written = 0
+        self.dropped = 0  # noted past MAX_PENDING, or lost with a batch the store refused
         self._task: asyncio.Task[None] | None = None
 
     def note(self, snap: Snapshot, at_ms: int, ratio: float, served: bool) -> None:
-        self.counts[(snap.lane, "served" if served else "stale")] += 1
+        self.noted += 1
         if len(self._pending) >= MAX_PENDING:
             self.dropped += 1
             return
         self._pending.append((at_ms, snap.id, snap.lane, ratio, served))
+
+    def statistics(self) -> dict[str, int]:
+        return {"noted": self.noted, "written": self.written, "dropped": self.dropped,
+                "pending": len(self._pending)}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -94,8 +100,10 @@ class HitLog:
     def _write(self, batch: list[tuple[int, int, int, float, bool]]) -> None:
         try:
             self._store.log_hits(batch)
-        except EngineError:
-            self.dropped += len(batch)  # a busy or vanished store costs the log, not the server
+            self.written += len(batch)
+        except EngineError as e:  # a busy or vanished store costs the log, not the server
+            self.dropped += len(batch)
+            log.warning("lanes serve: %d hit(s) not logged: %s", len(batch), e)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -222,7 +230,7 @@ def _normal(url: str) -> str | Exception:
     try:
         return normalize_url(url)
     except EngineError as e:
-        return e
+        return e.with_traceback(None)  # kept without the frames it was raised in
 
 
 def _plain(status: int, text: str, state: str,
