@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import numpy as np
+import psutil
 
 from .engine import wall_ms
 from .errors import EngineClosed, EngineTypeError, EngineValueError, StoreError
@@ -370,7 +371,7 @@ class SnapshotStore:
                         candidates.append(path)
                     continue
                 pid = name[len(_TMP):].split("-", 1)[0]
-                if pid.isdigit() and not _alive(int(pid)):
+                if pid.isdigit() and not psutil.pid_exists(int(pid)):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
                         removed["temporary"] += 1
@@ -514,16 +515,6 @@ def _probe(directory: str) -> None:
     probe = os.path.join(directory, f"{_TMP}{os.getpid()}-probe-{secrets.token_hex(4)}")
     os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     os.unlink(probe)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _create_database(database: str) -> None:
