@@ -31,10 +31,10 @@ hash rewrites nothing: its row's rendered-at and counters move, and it is counte
 Gzip is written with a zero mtime, so the same HTML always makes the same bytes.
 
 The hit log (``hits``) is what ``lanes serve`` appends, in batches, with each hit's age ÷
-interval; it keeps ``HIT_WINDOW_MS`` of them. Every SQLite connection belongs to the process that
-opened it: a store is opened in each process after a fork (using one across a fork raises
-:class:`StoreError`; the inherited connection is abandoned, never closed, so the parent's locks
-stay).
+interval; it keeps the last ``HIT_WINDOW_MS`` of them, ``HIT_CAP`` at most. Every SQLite
+connection belongs to the process that opened it: a store is opened in each process after a
+fork (using one across a fork raises :class:`StoreError`; the inherited connection is
+abandoned, never closed, so the parent's locks stay).
 """
 
 from __future__ import annotations
@@ -66,7 +66,9 @@ DATABASE: Final = "store.sqlite"
 FILES: Final = "snapshots"
 BUSY_TIMEOUT_S: Final = 10.0
 HIT_WINDOW_MS: Final = 3_600_000
-"""How long the hit log keeps a hit: the served figures are over the last hour."""
+HIT_CAP: Final = 200_000
+"""The hit log keeps the hits of the last hour, and at most the last ``HIT_CAP`` of them (at
+thousands of hits a second an hour would be millions of rows to read for each figure)."""
 
 _OURS: Final = frozenset({DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", FILES})
 _TMP: Final = ".tmp-"
@@ -337,7 +339,7 @@ class SnapshotStore:
 
     def log_hits(self, hits: Sequence[tuple[int, int, int, float, bool]]) -> None:
         """Append ``(at_ms, snapshot id, lane, age ÷ interval, served)`` hits in one
-        transaction, and forget those older than ``HIT_WINDOW_MS``."""
+        transaction, and forget those older than ``HIT_WINDOW_MS`` or past ``HIT_CAP``."""
         if not hits:
             return
         newest = max(h[0] for h in hits)
@@ -345,6 +347,8 @@ class SnapshotStore:
             db.executemany("INSERT INTO hits VALUES (?, ?, ?, ?, ?)",
                            [(a, s, ln, r, int(ok)) for a, s, ln, r, ok in hits])
             db.execute("DELETE FROM hits WHERE at_ms < ?", (newest - HIT_WINDOW_MS,))
+            db.execute("DELETE FROM hits WHERE rowid <= (SELECT max(rowid) FROM hits) - ?",
+                       (HIT_CAP,))
 
     def hits(self, since_ms: int) -> list[tuple[str, int, float, bool]]:
         """The hits logged since ``since_ms``: ``(url, lane, age ÷ interval, served)``."""
