@@ -335,6 +335,21 @@ class SnapshotStore:
             return db.execute("SELECT url, lane, rendered_at_ms, interval_s FROM snapshots"
                               ).fetchall()
 
+    def ratios(self, now_ms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every snapshot's ``(id, lane, age ÷ interval at now_ms)``, as three arrays (the ratio
+        computed by SQLite; about a second per million snapshots)."""
+        with self._sql("list snapshot ages") as db:
+            rows = db.execute("SELECT id, lane, max(0, ? - rendered_at_ms) / 1000.0 / interval_s"
+                              " FROM snapshots", (int(now_ms),)).fetchall()
+        a = np.array(rows, dtype=np.float64).reshape(-1, 3)
+        return a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2]
+
+    def urls_after(self, last_id: int) -> list[tuple[int, str]]:
+        """``(id, url)`` of the snapshots whose id is above ``last_id`` (a URL keeps its id)."""
+        with self._sql("list snapshot URLs") as db:
+            return db.execute("SELECT id, url FROM snapshots WHERE id > ? ORDER BY id",
+                              (int(last_id),)).fetchall()
+
     # -- the hit log --------------------------------------------------------------------------
 
     def log_hits(self, hits: Sequence[tuple[int, int, int, float, bool]]) -> None:
@@ -357,6 +372,17 @@ class SnapshotStore:
                              " JOIN snapshots s ON s.id = h.snapshot WHERE h.at_ms >= ?",
                              (since_ms,)).fetchall()
         return [(u, ln, r, bool(ok)) for u, ln, r, ok in got]
+
+    def hit_ratios(self, since_ms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                   np.ndarray]:
+        """The hits logged since ``since_ms`` as arrays: snapshot id, lane, age ÷ interval,
+        served (bool)."""
+        with self._sql("read hits") as db:
+            rows = db.execute("SELECT snapshot, lane, age_over_interval, served FROM hits"
+                              " WHERE at_ms >= ?", (int(since_ms),)).fetchall()
+        a = np.array(rows, dtype=np.float64).reshape(-1, 4)
+        return (a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2],
+                a[:, 3].astype(bool))
 
     # -- upkeep -------------------------------------------------------------------------------
 

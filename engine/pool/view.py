@@ -256,7 +256,7 @@ class LiveView:
 
 class _StalenessReader:
     """The live view's staleness figures, re-read at most every ``STALENESS_EVERY_S`` and
-    never more than a tenth of the time (reading a million snapshots takes a second, on the
+    never more than a tenth of the time (reading a million snapshots takes seconds, on the
     supervisor's tick)."""
 
     def __init__(self, directory: str) -> None:
