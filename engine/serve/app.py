@@ -7,8 +7,9 @@ What it serves depends on what it is given (:class:`ServeOptions`):
   metrics;
 * always ``/metrics`` (Prometheus) and ``/healthz``; with a token, ``/login`` and ``/logout``.
 
-The checks that can refuse a start (the binding, the token file, the store) all run before
-anything is opened or bound, so a refused start leaves nothing behind.
+A refused start leaves nothing behind: the options, the binding rule and the token file are
+checked before anything is bound; a store or a pool that cannot be opened stops the server
+before it announces itself (and a store directory made by the failed open is removed).
 """
 
 from __future__ import annotations
