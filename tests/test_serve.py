@@ -453,3 +453,19 @@ def test_a_pool_on_redis_is_served_too(store_dir: Path, redis_server: Any) -> No
             assert request(base, "/https://shop.example/old")[0] == 301
     finally:
         dispose(eng, name)
+
+
+def test_serving_a_directory_without_a_store_says_it_made_an_empty_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli import main
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert main(["serve", "--store", str(tmp_path / "typo"), "--port", "0",
+                     "--seconds", "0.2"]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    out, err = capsys.readouterr()
+    assert "made an empty one" in err and out.startswith("lanes serve: snapshots")
+    with SnapshotStore.open(tmp_path / "typo", create=False) as s:
+        assert s.statistics()["snapshots"] == 0
