@@ -317,6 +317,11 @@ def test_login_sets_a_session_cookie_that_opens_the_server(store_dir: Path,
                            headers={"Content-Type": form, "Cookie": cookie_header(jar)})
 
         assert login(TOKEN, with_csrf=False)[0] == 403
+        evil = urllib.parse.quote('/"><script>alert(1)</script>', safe="")
+        _, _, page = request(base, f"/login?next={evil}")
+        assert b"<script>" not in page and b"&lt;script&gt;" in page
+        _, _, page = request(base, "/login?next=https%3A%2F%2Felsewhere.example%2F")
+        assert b'name="next" value="/"' in page  # never another site
         status, _, page = login("not-the-token-at-all")
         assert status == 401 and b"Wrong token" in page
         status, h, _ = login(TOKEN)
