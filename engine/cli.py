@@ -70,8 +70,13 @@ def _stats(args: argparse.Namespace) -> int:
     try:
         if args.prometheus:
             from .pool.metrics import exposition
+            from .store import SnapshotStore
 
-            sys.stdout.write(exposition(eng, _local(args)))
+            if args.store is None:
+                sys.stdout.write(exposition(eng, _local(args)))
+                return 0
+            with SnapshotStore.open(args.store, create=False) as store:
+                sys.stdout.write(exposition(eng, _local(args), store, _routes(args, eng)))
             return 0
         try:
             board: Board | None = Board.attach(_local(args))
@@ -100,6 +105,8 @@ def _stats(args: argparse.Namespace) -> int:
             for lane in report["lanes"]:
                 lane["next_due_ms"] = due.get(lane["lane"])
             report["now_ms"] = now
+        if args.store is not None:
+            report["staleness"] = _staleness(args, eng)
     finally:
         eng.close()
     if args.json:
@@ -126,7 +133,20 @@ def _stats(args: argparse.Namespace) -> int:
         print_table(f"{report['name']}: {report['rows']} rows ({report['queued']} queued) of"
                     f" {report['capacity']}, layout v{report['layout_version']} (no pool)",
                     rows, cols, plain=args.plain)
+    if "staleness" in report and not args.json:
+        from .pool.view import print_staleness
+
+        print_staleness(report["staleness"], plain=args.plain)
     return 0
+
+
+def _staleness(args: argparse.Namespace, eng: Any) -> dict[str, Any]:
+    """``--store DIR``'s served staleness, per lane and (when the pool has routes) per route."""
+    from .pool.staleness import staleness
+    from .store import SnapshotStore
+
+    with SnapshotStore.open(args.store, create=False) as store:
+        return staleness(store, wall_ms(), _routes(args, eng), eng.lane_name)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -184,10 +204,27 @@ def _prioritize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_metrics(args: argparse.Namespace) -> int:
-    from .pool.metrics import serve
+def _serve(args: argparse.Namespace) -> int:
+    from .serve.app import ServeOptions, run
 
-    serve(args.name, args.port, args.host, args.seconds, args.redis, _local(args))
+    options = ServeOptions(name=args.name, store=args.store, redis=args.redis,
+                           local=args.local_name, host=args.host, port=args.port,
+                           read_only=args.read_only, token_file=args.token_file,
+                           max_stale=args.max_stale, processes=args.processes)
+    parts = [what for what, given in (("the dashboard at /", args.name), ("snapshots at"
+             " /render?url=URL", args.store)) if given]
+
+    def announce(base: str) -> None:
+        if args.command == "serve-metrics":
+            print(f"serving metrics of {args.name!r} on {base}metrics", flush=True)
+        else:
+            print(f"lanes serve: {', '.join(parts)}, /metrics"
+                  f"{' (read-only)' if args.read_only else ''} at {base}", flush=True)
+
+    try:
+        run(options, seconds=args.seconds, announce=announce)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -257,7 +294,7 @@ def _pool(args: argparse.Namespace) -> int:
         pool.refresh = CorpusRefresh(lambda: _read_corpus(args, routes), args.refresh_corpus,
                                      lambda: _attached(args))
     server, scraped = None, None
-    view = LiveView(force_plain=args.plain)
+    view = LiveView(force_plain=args.plain, store=getattr(args, "store", None))
     try:
         if args.metrics_port is not None:
             from .pool.metrics import start_server
@@ -548,6 +585,8 @@ def _stats_parser(sub: Any) -> None:
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--prometheus", action="store_true", help="Prometheus text exposition")
     fmt.add_argument("--plain", action="store_true", help="plain text even on a terminal")
+    p.add_argument("--store", metavar="DIR",
+                   help="the pool's snapshot store: served staleness per lane and per route")
     _redis_arguments(p, local=True)
     p.set_defaults(fn=_stats)
 
@@ -588,15 +627,44 @@ def _prioritize_parser(sub: Any) -> None:
     p.set_defaults(fn=_prioritize)
 
 
+def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
+    p.add_argument("--port", type=int, default=port, help="0: any free port")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind; anything but loopback needs --token-file")
+    p.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--token-file", metavar="F",
+                   help="a file (mode 0600) holding the token: a login form sets a session"
+                        " cookie; also Authorization: Bearer, and X-Prerender-Token on the"
+                        " snapshot routes")
+    p.add_argument("--read-only", action="store_true",
+                   help="show no action and refuse every POST (403)")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="N server processes on one port (SO_REUSEPORT)")
+    _redis_arguments(p, local=True)
+    p.set_defaults(fn=_serve, store=None, max_stale=None)
+
+
+def _serve_parser(sub: Any) -> None:
+    from .serve.app import DEFAULT_PORT
+
+    p = sub.add_parser("serve", help="one server: the dashboard at / (with NAME), /metrics,"
+                                     " and the snapshots of --store DIR",
+                       formatter_class=SHOW_DEFAULTS)
+    p.add_argument("name", nargs="?", help="the pool's engine (segment, or with --redis the"
+                                           " queue): its dashboard and metrics")
+    _serve_arguments(p, DEFAULT_PORT)
+    p.add_argument("--store", metavar="DIR",
+                   help="the snapshot store: GET /render?url=URL and GET /URL")
+    p.add_argument("--max-stale", type=float, metavar="F",
+                   help="refuse (503) a snapshot older than F x its interval, so middleware"
+                        " falls through to the origin")
+
+
 def _serve_metrics_parser(sub: Any) -> None:
-    p = sub.add_parser("serve-metrics", help="serve Prometheus metrics of an engine over HTTP",
+    p = sub.add_parser("serve-metrics", help="lanes serve NAME on port 9464 (its /metrics)",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
-    p.add_argument("--port", type=int, default=9464)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
-    p.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
-    _redis_arguments(p, local=True)
-    p.set_defaults(fn=_serve_metrics)
+    _serve_arguments(p, 9464)
 
 
 _PARSERS = (
@@ -610,6 +678,7 @@ _PARSERS = (
     _cleanup_parser,
     _restamp_parser,
     _prioritize_parser,
+    _serve_parser,
     _serve_metrics_parser,
 )
 """One function per command, each adding its own parser."""

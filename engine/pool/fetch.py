@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import CorpusError, EngineValueError
 from ..checks import is_int, is_number
+from ..errors import CorpusError, EngineValueError
 
 GZIP_MAGIC: Final = b"\x1f\x8b"
 READ_CHUNK: Final = 1 << 16
