@@ -63,7 +63,7 @@ from .render import KINDS, Failure
 
 SUFFIX = "failures"
 APPLICATION_ID = 0x524C_4631  # "RLF1": a database that is not ours is refused on attach
-SCHEMA_VERSION = 1  # PRAGMA user_version; bump when the table changes
+SCHEMA_VERSION = 2  # PRAGMA user_version; bump when a table changes
 BUSY_TIMEOUT_S = 5.0
 
 _SCHEMA = f"""
@@ -81,6 +81,9 @@ CREATE TABLE failures (
     http_status INTEGER NULL
 );
 CREATE INDEX failures_by_last ON failures (last_ms);  -- newest first, without a sort
+CREATE TABLE parking (
+    row INTEGER PRIMARY KEY    -- to be parked by the worker that claims it next, unrendered
+);
 """
 
 _COLUMNS = "row, url, failures, first_ms, last_ms, reason, kind, permanent, http_status"
@@ -262,6 +265,30 @@ class FailureLog:
                 raise
         return len(params)
 
+    def request_park(self, rows: Sequence[int]) -> None:
+        """Ask the pool to park ``rows``: parking takes a lease, so the worker that next claims
+        one of them parks it instead of rendering it (it asks :meth:`parking` per batch)."""
+        ids = _row_list(rows)
+        with self._sql("request a park") as db:
+            db.execute("INSERT OR IGNORE INTO parking SELECT value FROM json_each(?)", (ids,))
+
+    def cancel_park(self, rows: Sequence[int]) -> None:
+        """Forget the park requests of ``rows`` (a retry was asked for, or the park is done)."""
+        ids = _row_list(rows)
+        if ids == "[]":
+            return
+        with self._sql("cancel a park") as db:
+            db.execute(f"DELETE FROM parking WHERE {_IN_ROWS}", (ids,))
+
+    def parking(self, rows: Sequence[int] | None = None) -> set[int]:
+        """Of ``rows`` (of every row if None), those with a park request."""
+        sql, params = "SELECT row FROM parking", []
+        if rows is not None:
+            sql += f" WHERE {_IN_ROWS}"
+            params.append(_row_list(rows))
+        with self._sql("read park requests") as db:
+            return {r for (r,) in db.execute(sql, params).fetchall()}
+
     # -- reading --------------------------------------------------------------------------------
 
     def entries(self, rows: Sequence[int] | None = None,
@@ -331,6 +358,33 @@ class FailureLog:
         else:
             _ABANDONED.append(self._conn)  # never finalised here: see the module docstring
         self._conn, self._pid = None, 0
+
+
+def failure_rows(eng: Any, entries: Sequence[FailureEntry], now_ms: int,
+                 lane: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """``entries`` with what the engine says of their rows now (lane, next try; ``kind``:
+    ``parked``, ``permanent`` or ``transient``), in lane ``lane`` only if given, at most
+    ``limit``: the rows of ``lanes failures --json`` and of the dashboard."""
+    from .progress import format_due
+
+    rows: list[dict[str, Any]] = []
+    for e in entries:
+        if limit is not None and len(rows) >= limit:
+            break
+        info = eng.describe(e.row, now_ms=now_ms)
+        if lane is not None and info["lane"] != lane:
+            continue
+        due = info["due_ms"]
+        retry = ("removed" if due is None else "parked (rush or re-add)"
+                 if due == PARKED_MS else format_due(due, now_ms))
+        rows.append({"row": e.row, "url": e.url, "failures": e.failures,
+                     "lane": None if info["lane"] is None else eng.lane_name(info["lane"]),
+                     "last_error": e.reason, "permanent": e.permanent,
+                     "kind": "parked" if due == PARKED_MS else "permanent" if e.permanent
+                     else "transient",
+                     "first_failed_ms": e.first_ms, "last_failed_ms": e.last_ms,
+                     "next_retry_ms": due, "next_retry": retry})
+    return rows
 
 
 def _path(name: str) -> str:
