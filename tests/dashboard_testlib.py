@@ -159,3 +159,63 @@ class OpenParts:
         for part in (self._urls, self._board, self._log, self.engine):
             if part is not None:
                 part.close()
+
+
+class ThreadServer:
+    """An aiohttp app with the dashboard of ``parts``, served on a loopback port from a thread
+    of its own (its own event loop); ``close()`` stops it and joins the thread."""
+
+    def __init__(self, parts: Any, read_only: bool = False) -> None:
+        import asyncio
+        import threading
+
+        from aiohttp import web
+
+        from engine.serve.dashboard import add_routes
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        app = web.Application()
+        add_routes(app, parts, read_only=read_only)
+        self._loop = asyncio.new_event_loop()
+        self._runner = web.AppRunner(app)
+        started = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(self._loop)
+            self._loop.run_until_complete(self._runner.setup())
+            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+            self._loop.run_until_complete(site.start())
+            started.set()
+            self._loop.run_forever()
+            self._loop.run_until_complete(self._runner.cleanup())
+            self._loop.close()
+
+        self._thread = threading.Thread(target=serve, name="dashboard-test-server")
+        self._thread.start()
+        assert started.wait(30), "the dashboard never started"
+
+    def close(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(30)
+        assert not self._thread.is_alive()
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+
+
+@contextlib.contextmanager
+def browser(user_data: Path) -> Iterator[Any]:
+    """Debian's Chromium under Playwright, with a fresh profile; closed (and gone) at the end."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        ctx = pw.chromium.launch_persistent_context(
+            str(user_data), executable_path="/usr/bin/chromium", headless=True,
+            args=CHROMIUM_FLAGS)  # the fresh profile: user_data, passed as --user-data-dir
+        try:
+            yield ctx
+        finally:
+            ctx.close()

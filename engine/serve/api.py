@@ -495,6 +495,10 @@ def add_api_routes(app: web.Application, read_only: bool) -> None:
     app.router.add_get("/api/routes", api_routes)
     app.router.add_get("/api/url", api_url)
     app.router.add_get("/api/policy", api_policy)
-    if not read_only:
-        app.router.add_post("/api/{action:retry|park}", api_action)
-        app.router.add_post("/api/policy", api_set_policy)
+    app.router.add_post("/api/{action:retry|park}", refused if read_only else api_action)
+    app.router.add_post("/api/policy", refused if read_only else api_set_policy)
+
+
+async def refused(request: web.Request) -> web.Response:
+    """Every action of a read-only server."""
+    raise web.HTTPForbidden(text="this dashboard is read-only (lanes serve --read-only)")

@@ -177,6 +177,5 @@ def add_routes(app: web.Application, source: Any, *, read_only: bool) -> None:
     r.add_get("/policy", policy_page)
     r.add_static("/static/", HERE / "static")
     api.add_api_routes(app, read_only)
-    if not read_only:
-        r.add_post("/failures/{action:retry|park}", failures_action)
-        r.add_post("/policy", policy_action)
+    r.add_post("/failures/{action:retry|park}", api.refused if read_only else failures_action)
+    r.add_post("/policy", api.refused if read_only else policy_action)
