@@ -135,8 +135,8 @@ def test_every_page_loads_with_no_console_error_and_no_request_elsewhere(setup: 
         try:
             for page, path in (*PAGES, ("url", f"/url?row={row}")):
                 w.page.goto(s.url + path)
-                if page == "overview":  # its charts drawn
-                    w.page.wait_for_selector(".chart .uplot", timeout=10_000)
+                if page == "overview":  # its charts drawn, over a few samples
+                    w.page.wait_for_selector(".chart .uplot", timeout=15_000)
                 w.page.screenshot(path=shots / f"{page}-{width}.png", full_page=True)
                 assert w.page.evaluate("document.documentElement.scrollWidth") <= width, (
                     f"{page} is wider than {width} px")

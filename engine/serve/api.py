@@ -362,7 +362,8 @@ def policy_from_form(current: LanePolicy, form: dict[str, str]) -> LanePolicy:
 
 def policy_dict(p: LanePolicy) -> dict[str, Any]:
     lanes = p.lane_names()
-    return {"urgent_max_share": p.urgent_max_share, "min_share": dict(p.min_share),
+    return {"urgent_max_share": p.urgent_max_share,
+            "min_share": {c: p.min_share[c] for c in SHARE_CLASSES if c in p.min_share},
             "remainder": p.remainder, "remainders": list(REMAINDERS),
             "share_classes": list(SHARE_CLASSES), "lanes_enabled": p.lanes_enabled,
             "weights": {name: p.weights.get(name, 1.0) for name in lanes},

@@ -47,8 +47,30 @@
     };
   }
 
+  function note(h) {
+    const el = document.getElementById("history-note");
+    if (!el) return;
+    const since = new Date(h.since_ms).toLocaleTimeString([], {hour: "2-digit", minute: "2-digit"});
+    el.textContent = "Sampled by this server every " + h.every_s + " s" + (h.full ? "." :
+      " since it started at " + since + ": the charts cover only the " +
+      (h.covers_s < 120 ? Math.round(h.covers_s) + " s" : Math.round(h.covers_s / 60) + " min") +
+      " it has been up, not the whole hour.");
+  }
+
   function draw(h) {
+    note(h);
     boxes.forEach(function (box) {
+      const waiting = box.querySelector(".waiting");
+      if (h.t.length < 2) {
+        if (!waiting) {
+          const note = document.createElement("p");
+          note.className = "waiting note";
+          note.textContent = "Collecting samples (one every " + h.every_s + " s)…";
+          box.appendChild(note);
+        }
+        return;
+      }
+      if (waiting) waiting.remove();
       const key = box.getAttribute("data-series");
       const data = [h.t].concat(h[key]);
       const had = charts.get(box);
