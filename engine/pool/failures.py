@@ -360,6 +360,11 @@ class FailureLog:
         self._conn, self._pid = None, 0
 
 
+DESCRIBE_AT_MOST = 256
+"""``failure_rows`` asks the engine about each row up to this many rows (a round trip each on
+Redis); past it, it reads every row's schedule in one export instead."""
+
+
 def failure_rows(eng: Any, entries: Sequence[FailureEntry], now_ms: int,
                  lane: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
     """``entries`` with what the engine says of their rows now (lane, next try; ``kind``:
@@ -367,24 +372,45 @@ def failure_rows(eng: Any, entries: Sequence[FailureEntry], now_ms: int,
     ``limit``: the rows of ``lanes failures --json`` and of the dashboard."""
     from .progress import format_due
 
+    where = _lanes_and_dues(eng, [e.row for e in entries], now_ms)
     rows: list[dict[str, Any]] = []
     for e in entries:
         if limit is not None and len(rows) >= limit:
             break
-        info = eng.describe(e.row, now_ms=now_ms)
-        if lane is not None and info["lane"] != lane:
+        row_lane, due = where.get(e.row, (None, None))
+        if lane is not None and row_lane != lane:
             continue
-        due = info["due_ms"]
         retry = ("removed" if due is None else "parked (rush or re-add)"
                  if due == PARKED_MS else format_due(due, now_ms))
         rows.append({"row": e.row, "url": e.url, "failures": e.failures,
-                     "lane": None if info["lane"] is None else eng.lane_name(info["lane"]),
+                     "lane": None if row_lane is None else eng.lane_name(row_lane),
                      "last_error": e.reason, "permanent": e.permanent,
                      "kind": "parked" if due == PARKED_MS else "permanent" if e.permanent
                      else "transient",
                      "first_failed_ms": e.first_ms, "last_failed_ms": e.last_ms,
                      "next_retry_ms": due, "next_retry": retry})
     return rows
+
+
+def _lanes_and_dues(eng: Any, rows: list[int], now_ms: int) -> dict[int, tuple[int, int]]:
+    """{row: (lane, due_ms)} of those of ``rows`` still queued."""
+    if len(rows) <= DESCRIBE_AT_MOST:
+        out = {}
+        for r in rows:
+            info = eng.describe(r, now_ms=now_ms)
+            if info["due_ms"] is not None:
+                out[r] = (info["lane"], info["due_ms"])
+        return out
+    import numpy as np
+
+    from ..checkpoint import snapshot
+
+    queued, cols = snapshot(eng)  # row ids ascending
+    wanted = np.asarray(rows, np.int64)
+    at = np.minimum(np.searchsorted(queued, wanted), max(0, len(queued) - 1))
+    found = (queued[at] == wanted) if len(queued) else np.zeros(len(wanted), bool)
+    return {int(r): (int(cols["lane"][i]), int(cols["due_ms"][i]))
+            for r, i, ok in zip(wanted.tolist(), at.tolist(), found.tolist(), strict=True) if ok}
 
 
 def _path(name: str) -> str:
