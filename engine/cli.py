@@ -173,10 +173,27 @@ def _prioritize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve_metrics(args: argparse.Namespace) -> int:
-    from .pool.metrics import serve
+def _serve(args: argparse.Namespace) -> int:
+    from .serve.app import ServeOptions, run
 
-    serve(args.name, args.port, args.host, args.seconds, args.redis, _local(args))
+    options = ServeOptions(name=args.name, store=args.store, redis=args.redis,
+                           local=args.local_name, host=args.host, port=args.port,
+                           read_only=args.read_only, token_file=args.token_file,
+                           max_stale=args.max_stale, processes=args.processes)
+    parts = [what for what, given in (("the dashboard at /", args.name), ("snapshots at"
+             " /render?url=URL", args.store)) if given]
+
+    def announce(base: str) -> None:
+        if args.command == "serve-metrics":
+            print(f"serving metrics of {args.name!r} on {base}metrics", flush=True)
+        else:
+            print(f"lanes serve: {', '.join(parts)}, /metrics"
+                  f"{' (read-only)' if args.read_only else ''} at {base}", flush=True)
+
+    try:
+        run(options, seconds=args.seconds, announce=announce)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
@@ -530,15 +547,44 @@ def _prioritize_parser(sub: Any) -> None:
     p.set_defaults(fn=_prioritize)
 
 
+def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
+    p.add_argument("--port", type=int, default=port, help="0: any free port")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind; anything but loopback needs --token-file")
+    p.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--token-file", metavar="F",
+                   help="a file (mode 0600) holding the token: a login form sets a session"
+                        " cookie; also Authorization: Bearer, and X-Prerender-Token on the"
+                        " snapshot routes")
+    p.add_argument("--read-only", action="store_true",
+                   help="show no action and refuse every POST (403)")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="N server processes on one port (SO_REUSEPORT)")
+    _redis_arguments(p, local=True)
+    p.set_defaults(fn=_serve, store=None, max_stale=None)
+
+
+def _serve_parser(sub: Any) -> None:
+    from .serve.app import DEFAULT_PORT
+
+    p = sub.add_parser("serve", help="one server: the dashboard at / (with NAME), /metrics,"
+                                     " and the snapshots of --store DIR",
+                       formatter_class=SHOW_DEFAULTS)
+    p.add_argument("name", nargs="?", help="the pool's engine (segment, or with --redis the"
+                                           " queue): its dashboard and metrics")
+    _serve_arguments(p, DEFAULT_PORT)
+    p.add_argument("--store", metavar="DIR",
+                   help="the snapshot store: GET /render?url=URL and GET /URL")
+    p.add_argument("--max-stale", type=float, metavar="F",
+                   help="refuse (503) a snapshot older than F x its interval, so middleware"
+                        " falls through to the origin")
+
+
 def _serve_metrics_parser(sub: Any) -> None:
-    p = sub.add_parser("serve-metrics", help="serve Prometheus metrics of an engine over HTTP",
+    p = sub.add_parser("serve-metrics", help="lanes serve NAME on port 9464 (its /metrics)",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
-    p.add_argument("--port", type=int, default=9464)
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
-    p.add_argument("--seconds", type=float, default=None, help=argparse.SUPPRESS)
-    _redis_arguments(p, local=True)
-    p.set_defaults(fn=_serve_metrics)
+    _serve_arguments(p, 9464)
 
 
 _PARSERS = (
@@ -552,6 +598,7 @@ _PARSERS = (
     _cleanup_parser,
     _restamp_parser,
     _prioritize_parser,
+    _serve_parser,
     _serve_metrics_parser,
 )
 """One function per command, each adding its own parser."""

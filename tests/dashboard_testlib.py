@@ -96,109 +96,31 @@ def engine_of(name: str, redis: str | None = None) -> Any:
     return Engine.attach(name) if redis is None else Engine.connect(redis, name)
 
 
-def wait_http(url: str, timeout: float = 30.0) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2).close()
-            return
-        except urllib.error.HTTPError:
-            return  # it answers
-        except OSError:
-            assert time.monotonic() < deadline, f"{url} never answered"
-            time.sleep(0.1)
-
-
-class OpenParts:
-    """The parts of pool ``name`` (what a server's pool source opens), for an app in-process."""
-
-    def __init__(self, name: str, redis: str | None = None, local: str | None = None) -> None:
-        self.name, self.redis, self.local = name, redis, local or name
-        self.engine = engine_of(name, redis)
-        self._urls: Any = None
-        self._board: Board | None = None
-        self._log: FailureLog | None = None
-
-    def urls(self) -> Any:
-        if self._urls is None:
-            if self.redis is None:
-                from engine.pool.urls import UrlTable
-
-                self._urls = UrlTable.attach(self.name)
-            else:
-                from engine.redis.urls import RedisUrls
-
-                self._urls = RedisUrls(self.engine)
-        return self._urls
-
-    def board(self) -> Board | None:
-        if self._board is None:
-            try:
-                self._board = Board.attach(self.local)
-            except SegmentMissing:
-                return None
-        return self._board
-
-    def failures(self) -> FailureLog | None:
-        if self._log is None:
-            try:
-                self._log = FailureLog.attach(self.local)
-            except SegmentMissing:
-                return None
-        return self._log
-
-    def routes(self) -> Any:
-        from engine.pool.grow import stored_routes
-
-        return stored_routes(self.name, None if self.redis is None else self.urls())
-
-    def close(self) -> None:
-        for part in (self._urls, self._board, self._log, self.engine):
-            if part is not None:
-                part.close()
+@contextlib.contextmanager
+def serving(*args: str) -> Iterator[str]:
+    """``lanes serve ARGS`` on a free loopback port; yields its base URL (no trailing slash);
+    stopped with SIGTERM and checked to exit 0 at the end."""
+    p = cli("serve", *args, "--port", "0")
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert line.startswith("lanes serve:"), line + (p.stderr.read() if p.stderr else "")
+        yield line.split()[-1].rstrip("/")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
 
 
-class ThreadServer:
-    """An aiohttp app with the dashboard of ``parts``, served on a loopback port from a thread
-    of its own (its own event loop); ``close()`` stops it and joins the thread."""
+def fill_store(directory: Path, urls: list[str], lane: int) -> None:
+    """Snapshots of ``urls`` in a store at ``directory``, rendered half an interval ago."""
+    from engine.store import SnapshotStore
 
-    def __init__(self, parts: Any, read_only: bool = False) -> None:
-        import asyncio
-        import threading
-
-        from aiohttp import web
-
-        from engine.serve.dashboard import add_routes
-
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        app = web.Application()
-        add_routes(app, parts, read_only=read_only)
-        self._loop = asyncio.new_event_loop()
-        self._runner = web.AppRunner(app)
-        started = threading.Event()
-
-        def serve() -> None:
-            asyncio.set_event_loop(self._loop)
-            self._loop.run_until_complete(self._runner.setup())
-            site = web.TCPSite(self._runner, "127.0.0.1", self.port)
-            self._loop.run_until_complete(site.start())
-            started.set()
-            self._loop.run_forever()
-            self._loop.run_until_complete(self._runner.cleanup())
-            self._loop.close()
-
-        self._thread = threading.Thread(target=serve, name="dashboard-test-server")
-        self._thread.start()
-        assert started.wait(30), "the dashboard never started"
-
-    def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(30)
-        assert not self._thread.is_alive()
+    now = int(time.time() * 1000)
+    with SnapshotStore.open(directory) as store:
+        for url in urls:
+            store.put(url, f"<html><body>{url}</body></html>", status=200, location=None,
+                      interval_s=60, lane=lane, render_ms=40.0, rendered_at_ms=now - 30_000)
 
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",

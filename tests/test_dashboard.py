@@ -8,6 +8,7 @@ redis-server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import time
@@ -21,14 +22,15 @@ from typing import Any
 
 import pytest
 from dashboard_testlib import (
+    GOOD,
     HOSTILE,
-    OpenParts,
-    ThreadServer,
     browser,
     corpus_csv,
     engine_of,
     failure_entry,
+    fill_store,
     pool_cli,
+    serving,
     site,
     wait_for_pool,
 )
@@ -44,54 +46,59 @@ PAGES = (("overview", "/"), ("failures", "/failures"), ("routes", "/routes"),
 WIDTHS = (1280, 390)
 
 
+TOKEN = "dashboard-test-token-0123456789"
+
+
 @dataclass
 class Setup:
     name: str  # the queue
     local: str  # this host's pool files
     redis: str | None
-    url: str  # the dashboard
+    url: str  # the dashboard (with a store on shared memory)
     read_only_url: str
+    token_url: str  # a token-protected server
     tmp: Path
     browser: Any
+    store: Path | None
+
+    def pool_args(self) -> tuple[str, ...]:
+        return ("--redis", self.redis, "--local-name", self.local) if self.redis else ()
 
 
 @pytest.fixture(scope="module", params=["shm", "redis"])
 def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
           ) -> Iterator[Setup]:
     tmp = tmp_path_factory.mktemp(f"dashboard-{request.param}")
-    name, local = unique_name(), unique_name()
-    with contextlib_exit() as stack:
+    name = unique_name()
+    local = unique_name() if request.param == "redis" else name
+    with contextlib.ExitStack() as stack:
         redis = None
         if request.param == "redis":
-            srv = stack.enter_context(RedisServer())
-            redis = srv.url
+            redis = stack.enter_context(RedisServer()).url
         s = stack.enter_context(site())
         csv = corpus_csv(tmp, s)
         more = ("--redis", redis, "--local-name", local) if redis else ()
         stack.enter_context(pool_cli(name, csv, *more))
-        if redis is None:
-            local = name
         wait_for_pool(name, local, redis, failures=3)
-        parts = OpenParts(name, redis, local)
-        stack.callback(parts.close)
-        server = ThreadServer(parts)
-        stack.callback(server.close)
-        read_only = ThreadServer(parts, read_only=True)
-        stack.callback(read_only.close)
+        store = None
+        if redis is None:  # a store beside one of the backends: snapshots and staleness
+            store = tmp / "store"
+            fill_store(store, [f"{s.url()}{p}" for p in GOOD[:10]], lane=1)
+        with_store = ("--store", str(store)) if store else ()
+        url = stack.enter_context(serving(name, *more, *with_store))
+        read_only = stack.enter_context(serving(name, *more, "--read-only"))
+        token_file = tmp / "token"
+        token_file.write_text(TOKEN + "\n")
+        token_file.chmod(0o600)
+        token = stack.enter_context(serving(name, *more, "--token-file", str(token_file)))
         ctx = stack.enter_context(browser(tmp / "profile"))
-        yield Setup(name, local, redis, server.url, read_only.url, tmp, ctx)
+        yield Setup(name, local, redis, url, read_only, token, tmp, ctx, store)
         if redis is not None:
             from engine.redis.urls import RedisUrls
 
             eng = engine_of(name, redis)
             RedisUrls(eng).drop()
             eng.close()
-
-
-def contextlib_exit() -> Any:
-    import contextlib
-
-    return contextlib.ExitStack()
 
 
 class Watched:
@@ -314,7 +321,7 @@ def test_read_only_shows_no_action_and_refuses_posts(setup: Setup) -> None:
 
 def test_the_json_api_agrees_with_lanes_stats_json(setup: Setup) -> None:
     s = setup
-    more = ("--redis", s.redis, "--local-name", s.local) if s.redis else ()
+    more = s.pool_args()
     p = cli("stats", s.name, "--json", *more)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 0, err
@@ -342,3 +349,60 @@ def test_the_json_api_agrees_with_lanes_stats_json(setup: Setup) -> None:
     for r in failures["rows"]:
         assert r["lane"] == cli_rows[r["url"]]["lane"]
         assert r["last_error"] == cli_rows[r["url"]]["last_error"]
+
+
+def test_a_token_protected_server_refuses_without_the_token(setup: Setup) -> None:
+    s = setup
+    for path in ("/api/overview", "/failures", "/static/dashboard.js"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(s.token_url + path, timeout=10)
+        assert refused.value.code == 401, path
+    bearer = urllib.request.Request(s.token_url + "/api/overview",
+                                    headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(bearer, timeout=10) as r:
+        assert json.load(r)["name"] == s.name
+    w = Watched(s.browser)
+    try:
+        w.page.goto(s.token_url + "/failures")
+        assert urllib.parse.urlsplit(w.page.url).path == "/login"
+        assert w.page.locator("#failures").count() == 0
+        w.page.get_by_label("Token").fill(TOKEN)
+        w.page.get_by_role("button", name="Log in").click()
+        w.page.wait_for_selector("#failures")
+        assert urllib.parse.urlsplit(w.page.url).path == "/failures"
+    finally:
+        w.close()
+
+
+def test_a_url_page_links_its_snapshot_and_the_overview_shows_served_staleness(
+        setup: Setup) -> None:
+    s = setup
+    if s.store is None:
+        pytest.skip("the store runs beside the shared-memory pool only")
+    eng = engine_of(s.name)
+    try:
+        from engine.pool.urls import UrlTable
+
+        table = UrlTable.attach(s.name)
+        url = next(u for u in table.urls() if u.endswith(GOOD[3]))
+        table.close()
+    finally:
+        eng.close()
+    w = Watched(s.browser)
+    try:
+        w.page.goto(s.url + "/url?url=" + urllib.parse.quote(url, safe=""))
+        link = w.page.get_by_role("link", name="open the snapshot")
+        assert "× its interval old" in w.page.inner_text("main")
+        assert w.errors == []
+        link.click()
+        assert url.encode() in w.page.content().encode()  # the snapshot, served by the server
+        w.errors.clear()  # the snapshot is the site's page (Chromium asks it for a favicon)
+        w.page.goto(s.url + "/")
+        header = "served age/interval p50/95/max"
+        w.page.wait_for_function(
+            "h => document.querySelector('#lanes thead').innerText.includes(h)", arg=header)
+        row = w.page.locator("#lanes tbody tr", has_text="submitted/b0")
+        wait_for(lambda: row.locator("td").last.inner_text() != "-", timeout=20)
+    finally:
+        w.close()
+    assert w.errors == []

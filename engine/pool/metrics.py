@@ -1,8 +1,9 @@
-"""Prometheus metrics of an engine and, when a pool runs over it, of the pool.
+"""Prometheus metrics of an engine and, when a pool runs over it, of the pool; with a snapshot
+store, its served staleness (``engine.pool.staleness``).
 
 Nothing is counted twice: on every scrape a collector reads the engine's own per-lane counters
 (``Engine.stats``) and the pool board's per-worker counters (``engine.board``) and turns them
-into metric families, so a scrape from ``lanes serve-metrics`` in another process sees exactly
+into metric families, so a scrape from ``lanes serve`` in another process sees exactly
 what the pool's processes counted. The lane is a label (its name, e.g. ``submitted/b0``).
 prometheus_client (the ``metrics`` extra) does the exposition format and the HTTP server.
 """
@@ -13,10 +14,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..engine import Engine
+from ..engine import wall_ms
 from ..errors import EngineError, EngineValueError, SegmentMissing
 from ..keys import is_int
+from ..store import SnapshotStore
 from .board import DURATION_BUCKETS, FAILED, OK, Board
+from .routes import Routes
+from .staleness import staleness
 
 _LANE_GAUGES = (("queued", "rows queued in the lane"),
                 ("due", "backlog: rows due now in the lane"),
@@ -125,15 +129,79 @@ def _cumulative(counts: Any) -> list[tuple[str, int]]:
     return buckets
 
 
-def registry(eng: Any, local: str | None = None) -> Any:
+STALENESS_EVERY_S = 10.0
+"""A scrape reads every snapshot's metadata at most this often (a million rows take a second)."""
+
+_STALENESS = (("snapshot", "lanes_snapshot_age_over_interval",
+               "age / interval of every snapshot in the store (quantile 1: the max)"),
+              ("served", "lanes_served_age_over_interval",
+               "age / interval of the snapshots served over the last hour, when served"))
+
+
+class StalenessCollector:
+    """The store's staleness figures, per lane and per route (with ``routes``)."""
+
+    def __init__(self, store: SnapshotStore, routes: Routes | None = None,
+                 lane_name: Any = None) -> None:
+        self.store = store
+        self.routes = routes
+        self.lane_name = lane_name
+        self._last: tuple[float, dict[str, Any]] | None = None
+
+    def figures(self) -> dict[str, Any]:
+        now = time.monotonic()
+        if self._last is None or now - self._last[0] > STALENESS_EVERY_S:
+            self._last = (now, staleness(self.store, wall_ms(), self.routes, self.lane_name))
+        return self._last[1]
+
+    def collect(self) -> Iterator[Any]:
+        core = _client().core
+        f = self.figures()
+        for by, groups in (("lane", f["lanes"]), ("route", f.get("routes", []))):
+            prefix = "" if by == "lane" else "route_"
+            for reading, metric, help_ in _STALENESS:
+                g = core.GaugeMetricFamily(metric.replace("lanes_", f"lanes_{prefix}", 1),
+                                           f"{help_}, per {by}", labels=[by, "quantile"])
+                for group in groups:
+                    q = group[reading]
+                    for label, key in (("0.5", "p50"), ("0.95", "p95"), ("1", "max")):
+                        if q[key] is not None:
+                            g.add_metric([group["key"], label], q[key])
+                yield g
+            counts = core.GaugeMetricFamily(f"lanes_{prefix}snapshots",
+                                            f"snapshots in the store, per {by}", labels=[by])
+            hits = core.GaugeMetricFamily(f"lanes_{prefix}served_hits",
+                                          f"hits served over the last hour, per {by}",
+                                          labels=[by])
+            refused = core.GaugeMetricFamily(f"lanes_{prefix}refused_stale_hits",
+                                             "hits refused as staler than --max-stale over"
+                                             f" the last hour, per {by}", labels=[by])
+            for group in groups:
+                counts.add_metric([group["key"]], group["snapshot"]["count"])
+                hits.add_metric([group["key"]], group["served"]["count"])
+                refused.add_metric([group["key"]], group["refused"])
+            yield from (counts, hits, refused)
+
+
+def registry(eng: Any, local: str | None = None, store: SnapshotStore | None = None,
+             routes: Routes | None = None) -> Any:
     reg = _client().CollectorRegistry()
-    reg.register(LanesCollector(eng, local))
+    if eng is not None:
+        reg.register(LanesCollector(eng, local))
+    if store is not None:
+        reg.register(StalenessCollector(store, routes, None if eng is None else eng.lane_name))
     return reg
 
 
-def exposition(eng: Any, local: str | None = None) -> str:
-    """The Prometheus text exposition of ``eng`` (and its pool) right now."""
-    text: bytes = _client().generate_latest(registry(eng, local))
+def exposition(eng: Any, local: str | None = None, store: SnapshotStore | None = None,
+               routes: Routes | None = None) -> str:
+    """The Prometheus text exposition of ``eng`` (and its pool, and ``store``) right now."""
+    return generate(registry(eng, local, store, routes))
+
+
+def generate(reg: Any) -> str:
+    """The Prometheus text exposition of registry ``reg`` right now."""
+    text: bytes = _client().generate_latest(reg)
     return text.decode()
 
 
@@ -149,22 +217,3 @@ def start_server(eng: Any, port: int, host: str = "127.0.0.1", local: str | None
     print(f"serving metrics of {eng.name!r} on http://{host}:{server.server_port}/metrics",
           flush=True)
     return server
-
-
-def serve(name: str, port: int, host: str = "127.0.0.1", seconds: float | None = None,
-          redis: str | None = None, local: str | None = None) -> None:
-    """Serve ``/metrics`` for engine ``name`` (or the Redis queue ``name`` at ``redis``, with
-    this host's pool ``local``) until interrupted (or for ``seconds``)."""
-    eng: Any = Engine.attach(name) if redis is None else Engine.connect(redis, name)
-    try:
-        server = start_server(eng, port, host, local)
-        try:
-            deadline = None if seconds is None else time.monotonic() + seconds
-            while deadline is None or time.monotonic() < deadline:
-                time.sleep(0.2)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.shutdown()
-    finally:
-        eng.close()

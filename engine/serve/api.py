@@ -10,8 +10,9 @@ figure comes from one :class:`Figures` per server process:
 * a figure that reads every row (next due per lane, per-route counts: a row export, at 1M rows
   tens of milliseconds to seconds) is computed on demand, at most once per its ``*_EVERY_S``,
   and shared by every viewer (:meth:`Figures.cached`);
-* every call into the engine, the URL table or the failure log runs on one thread of its own,
-  so the event loop never waits on them and the server never takes more than one core.
+* every call into the engine, the URL table, the failure log or the store runs on the pool
+  source's one thread (``PoolSource.call``), so the event loop never waits on them and the
+  figures never take more than one core.
 
 The history only covers the time the server has been up (the pool keeps no history of its
 own); the overview says so while it covers less than ``HISTORY_S``.
@@ -20,13 +21,13 @@ own); the overview says so while it covers less than ``HISTORY_S``.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 from aiohttp import web
@@ -36,8 +37,10 @@ from ..errors import EngineError, EngineValueError
 from ..policy import REMAINDERS, SHARE_CLASSES, LanePolicy
 from ..pool import progress
 from ..pool.board import Board
-from ..pool.failures import PARKED_MS, FailureLog, failure_rows
+from ..pool.failures import PARKED_MS, failure_rows
+from ..pool.staleness import staleness
 from ..pool.view import for_json, lane_figures, lane_sums, pool_figures
+from .source import PoolSource
 
 SAMPLE_EVERY_S = 2.0
 HISTORY_S = 3600.0
@@ -45,26 +48,11 @@ RATE_WINDOW_S = 10.0
 """The live table's renders/s and age/TTL are over (about) the last this many seconds."""
 NEXT_DUE_EVERY_S = 5.0
 ROUTES_EVERY_S = 10.0
+STALENESS_EVERY_S = 10.0
 FAILURES_EVERY_S = 2.0
 SHOWN_FAILURES = 500
 """A failure search lists at most this many rows (an action on "all matching" takes all)."""
 KINDS = ("transient", "permanent", "parked")
-
-
-class Parts(Protocol):
-    """The shared parts of one pool, as a server opens them: the engine (either backend), the
-    URL table, and this host's board and failure log (None when no pool runs here)."""
-
-    @property
-    def engine(self) -> Any: ...
-
-    def urls(self) -> Any: ...
-
-    def board(self) -> Board | None: ...
-
-    def failures(self) -> FailureLog | None: ...
-
-    def routes(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -105,12 +93,11 @@ def _num(v: float) -> float | None:
 class Figures:
     """Everything the dashboard shows, shared by all its viewers (see the module docstring)."""
 
-    def __init__(self, parts: Parts) -> None:
+    def __init__(self, parts: PoolSource) -> None:
         self.parts = parts
         self.started_ms = wall_ms()
         self.ring: deque[Sample] = deque(maxlen=int(HISTORY_S / SAMPLE_EVERY_S) + 1)
         self._latest: tuple[dict[str, Any], dict[str, Any], int] | None = None
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, "lanes-dashboard")
         self._cache: dict[str, tuple[float, Any]] = {}
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -118,8 +105,8 @@ class Figures:
     # -- running ---------------------------------------------------------------------------------
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the figures' thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        """``fn(*args)`` on the pool source's thread."""
+        return await self.parts.call(fn, *args)
 
     async def cached(self, key: str, every_s: float, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)``, computed at most once per ``every_s`` for all callers of ``key``."""
@@ -154,7 +141,6 @@ class Figures:
                 await self._task
             except asyncio.CancelledError:
                 pass
-        self._thread.shutdown(wait=True)
 
     async def _sampling(self) -> None:
         while True:
@@ -167,11 +153,11 @@ class Figures:
     # -- the sampler -----------------------------------------------------------------------------
 
     def sample(self) -> None:
-        """Take one sample (on the figures' thread)."""
-        board = self.parts.board()
-        now = board.clock.now_ms() if board is not None else wall_ms()
-        stats = self.parts.engine.stats(now_ms=now)
-        totals = board.totals() if board is not None else None
+        """Take one sample (on the source's thread)."""
+        with self.parts.board() as board:
+            now = board.clock.now_ms() if board is not None else wall_ms()
+            stats = self.parts.engine.stats(now_ms=now)
+            totals = board.totals() if board is not None else None
         zeros = np.zeros(64)
         self.ring.append(Sample(
             time.monotonic(), wall_ms(),
@@ -191,12 +177,23 @@ class Figures:
                 return new, old
         return new, self.ring[0]
 
-    # -- figures (on the figures' thread) --------------------------------------------------------
+    # -- figures (on the source's thread) --------------------------------------------------------
 
-    def next_due(self, now_ms: int) -> dict[int, int | None]:
-        return progress.next_due(self.parts.engine, now_ms)
+    def next_due(self) -> dict[int, int | None]:
+        with self.parts.board() as board:
+            now = board.clock.now_ms() if board is not None else wall_ms()
+        return progress.next_due(self.parts.engine, now)
 
-    def overview(self, next_due: dict[int, int | None]) -> dict[str, Any]:
+    def staleness(self) -> dict[str, Any] | None:
+        """The store's staleness per lane and per route (``lanes serve --store``), or None."""
+        store = self.parts.store
+        if store is None:
+            return None
+        eng = self.parts.engine
+        return staleness(store, wall_ms(), self.parts.routes(), eng.lane_name)
+
+    def overview(self, next_due: dict[int, int | None], stale: dict[str, Any] | None
+                 ) -> dict[str, Any]:
         """The live table, the pool's headline, the policy and the workers."""
         assert self._latest is not None
         stats, totals, now = self._latest
@@ -206,23 +203,27 @@ class Figures:
         if window is not None:
             rates, age = _rate(*window)
             per_s = {ln["lane"]: float(rates[ln["lane"]]) for ln in stats["lanes"]}
-        board = self.parts.board()
-        if totals and board is not None:
-            lanes = lane_figures(stats, totals, next_due, per_s, now)
-            pool = pool_figures(board, totals, now)
-            pool["recent_renders_per_s"] = (None if window is None
-                                            else _num(float(np.nansum(_rate(*window)[0]))))
-            workers = self._workers(board)
-        else:
-            lanes = [{**ln, "backlog": max(0, ln["due"] - ln["in_flight"]),
-                      "next_due_ms": next_due.get(ln["lane"])} for ln in stats["lanes"]]
-            pool, workers = None, []
+        pool: dict[str, Any] | None = None
+        workers: list[dict[str, Any]] = []
+        with self.parts.board() as board:
+            if totals and board is not None:
+                lanes = lane_figures(stats, totals, next_due, per_s, now)
+                pool = pool_figures(board, totals, now)
+                pool["recent_renders_per_s"] = (None if window is None else
+                                                _num(float(np.nansum(_rate(*window)[0]))))
+                workers = self._workers(board)
+            else:
+                lanes = [{**ln, "backlog": max(0, ln["due"] - ln["in_flight"]),
+                          "next_due_ms": next_due.get(ln["lane"])} for ln in stats["lanes"]]
+        served = {} if stale is None else {g["key"]: g for g in stale["lanes"]}
         for f in lanes:
             f["age_over_ttl"] = None if age is None else _num(age[f["lane"]])
+            if stale is not None:
+                f["staleness"] = served.get(f["name"])
         return {"name": stats["name"], "rows": stats["rows"], "queued": stats["queued"],
                 "capacity": stats["capacity"], "now_ms": now, "lanes": lanes, "pool": pool,
                 "workers": workers, "policy": policy_dict(self.parts.engine.policy),
-                "history": self.history_note()}
+                "store": stale is not None, "history": self.history_note()}
 
     def _workers(self, board: Board) -> list[dict[str, Any]]:
         workers = board.workers()
@@ -268,13 +269,19 @@ class Figures:
             r["park_requested"] = r["row"] in parking
         return rows
 
-    def routes(self) -> list[dict[str, Any]] | None:
+    def routes(self, stale: dict[str, Any] | None) -> list[dict[str, Any]] | None:
+        """``lanes stats``' per-route figures, with the store's staleness per route."""
         routes = self.parts.routes()
         if routes is None:
             return None
-        board = self.parts.board()
-        now = board.clock.now_ms() if board is not None else wall_ms()
-        return progress.route_figures(self.parts.engine, self.parts.urls().urls(), routes, now)
+        with self.parts.board() as board:
+            now = board.clock.now_ms() if board is not None else wall_ms()
+        out = progress.route_figures(self.parts.engine, self.parts.urls().urls(), routes, now)
+        if stale is not None:
+            served = {g["key"]: g for g in stale.get("routes", [])}
+            for r in out:
+                r["staleness"] = served.get(r["route"])
+        return out
 
     def url_page(self, url: str | None, row: int | None) -> dict[str, Any]:
         """One row: where it is, why it failed, what route it follows."""
@@ -301,10 +308,24 @@ class Figures:
                 failure["park_requested"] = bool(log.parking([row]))
         due = info["due_ms"]
         return {**info, "url": url, "route": route, "failure": failure,
+                "snapshot": self._snapshot(url),
                 "lane_name": None if info["lane"] is None else eng.lane_name(info["lane"]),
                 "parked": due == PARKED_MS, "now_ms": wall_ms()}
 
-    # -- actions (on the figures' thread) --------------------------------------------------------
+    def _snapshot(self, url: str) -> dict[str, Any] | None:
+        """``url``'s snapshot in the store: when, its status, age and age / interval, and where
+        this server serves it; None without a store or a snapshot."""
+        store = self.parts.store
+        snap = None if store is None else store.get(url)
+        if snap is None:
+            return None
+        now = wall_ms()
+        return {"rendered_at_ms": snap.rendered_at_ms, "status": snap.status,
+                "age_s": snap.age_s(now), "age_over_interval": round(snap.age_over_interval(now),
+                                                                     4),
+                "html_bytes": snap.html_bytes, "link": "/render?url=" + quote(url, safe="")}
+
+    # -- actions (on the source's thread) --------------------------------------------------------
 
     def retry(self, rows: list[int]) -> int:
         """Render ``rows`` now, through the urgent lane and its cap (``prioritize`` rush)."""
@@ -390,10 +411,10 @@ def _json(value: Any, status: int = 200) -> web.Response:
 
 
 async def overview_of(fig: Figures) -> dict[str, Any]:
-    board = fig.parts.board()
-    now = board.clock.now_ms() if board is not None else wall_ms()
-    due = await fig.cached("next_due", NEXT_DUE_EVERY_S, fig.next_due, now)
-    result: dict[str, Any] = await fig.cached("overview", SAMPLE_EVERY_S / 2, fig.overview, due)
+    due = await fig.cached("next_due", NEXT_DUE_EVERY_S, fig.next_due)
+    stale = await fig.cached("staleness", STALENESS_EVERY_S, fig.staleness)
+    result: dict[str, Any] = await fig.cached("overview", SAMPLE_EVERY_S / 2, fig.overview, due,
+                                              stale)
     return result
 
 
@@ -420,16 +441,22 @@ async def api_failures(request: web.Request) -> web.Response:
     return _json({"filter": f, "matching": len(rows), "rows": rows[:SHOWN_FAILURES]})
 
 
+async def routes_of(fig: Figures) -> list[dict[str, Any]] | None:
+    stale = await fig.cached("staleness", STALENESS_EVERY_S, fig.staleness)
+    routes: list[dict[str, Any]] | None = await fig.cached("routes", ROUTES_EVERY_S, fig.routes,
+                                                           stale)
+    return routes
+
+
 async def api_routes(request: web.Request) -> web.Response:
-    fig = request.app[FIGURES]
-    return _json({"routes": await fig.cached("routes", ROUTES_EVERY_S, fig.routes)})
+    return _json({"routes": await routes_of(request.app[FIGURES])})
 
 
 async def api_url(request: web.Request) -> web.Response:
     fig = request.app[FIGURES]
     row = request.query.get("row")
     return _json(await fig.run(fig.url_page, request.query.get("url"),
-                               None if row is None else _row(row)))
+                               None if row is None else row_number(row)))
 
 
 async def api_policy(request: web.Request) -> web.Response:
@@ -437,7 +464,7 @@ async def api_policy(request: web.Request) -> web.Response:
     return _json(policy_dict(await fig.run(lambda: fig.parts.engine.policy)))
 
 
-def _row(text: str) -> int:
+def row_number(text: str) -> int:
     try:
         return int(text)
     except ValueError:
@@ -452,7 +479,7 @@ async def action_rows(request: web.Request, form: Any) -> list[int]:
         fig.forget("failures")
         found, _ = await failures_of(fig, form)
         return [r["row"] for r in found]
-    rows = [_row(v) for v in form.getall("row", [])]
+    rows = [row_number(v) for v in form.getall("row", [])]
     if not rows:
         raise EngineValueError("name the rows (row=N) or all=1 with a filter")
     return rows

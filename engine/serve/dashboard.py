@@ -25,12 +25,17 @@ from aiohttp import web
 from ..engine import wall_ms
 from ..errors import EngineError
 from ..pool import progress
+from ..pool.staleness import cells as staleness_cells
 from ..pool.view import COLUMNS, lane_cells
 from . import api
+from .source import PoolSource
 
 HERE = Path(__file__).parent
 READ_ONLY = web.AppKey("lanes_read_only", bool)
 TEMPLATES = web.AppKey("lanes_templates", jinja2.Environment)
+CSP = ("default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none';"
+       " frame-ancestors 'none'; form-action 'self'")
+"""Every page: nothing but this server's own files; no inline script runs."""
 LIVE_EVERY_MS = 1000
 """How often the overview's open page asks for its live part."""
 
@@ -39,7 +44,7 @@ def _environment() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(due=_due, duration=_duration, number=_number_cell,
+    env.filters.update(due=_due, duration=_duration, number=_number_cell, served=served_cell,
                        rate=progress.format_rate, quote=urllib.parse.quote)
     return env
 
@@ -63,14 +68,30 @@ def _page(request: web.Request, template: str, status: int = 200, **values: Any
     html = env.get_template(template).render(
         csrf=request.get("csrf", ""), read_only=request.app[READ_ONLY], path=request.path,
         live_every_ms=LIVE_EVERY_MS, **values)
-    return web.Response(text=html, status=status, content_type="text/html")
+    return web.Response(text=html, status=status, content_type="text/html",
+                        headers={"Content-Security-Policy": CSP})
+
+
+SERVED = "served age/interval p50/95/max"
+
+
+def lane_columns(overview: dict[str, Any]) -> tuple[str, ...]:
+    """``view.COLUMNS``, and the served staleness when the server has a store."""
+    return (*COLUMNS, SERVED) if overview["store"] else COLUMNS
 
 
 def lane_table(overview: dict[str, Any]) -> list[tuple[str, ...]]:
-    """The overview's lane rows as the cells of ``view.COLUMNS`` (age/TTL: recent renders)."""
+    """The overview's lane rows as the cells of ``lane_columns`` (age/TTL: recent renders)."""
     if overview["pool"] is None:
         return []
-    return [lane_cells(f, overview["now_ms"], f["age_over_ttl"]) for f in overview["lanes"]]
+    return [(*lane_cells(f, overview["now_ms"], f["age_over_ttl"]),
+             *((served_cell(f["staleness"]),) if overview["store"] else ()))
+            for f in overview["lanes"]]
+
+
+def served_cell(group: dict[str, Any] | None) -> str:
+    """A lane's or route's served staleness (``staleness.cells``), "-" with no hits."""
+    return "-" if group is None else staleness_cells(group["served"])
 
 
 # -- pages -------------------------------------------------------------------------------------
@@ -78,12 +99,12 @@ def lane_table(overview: dict[str, Any]) -> list[tuple[str, ...]]:
 
 async def overview_page(request: web.Request) -> web.Response:
     ov = await api.overview_of(request.app[api.FIGURES])
-    return _page(request, "overview.html", ov=ov, columns=COLUMNS, rows=lane_table(ov))
+    return _page(request, "overview.html", ov=ov, columns=lane_columns(ov), rows=lane_table(ov))
 
 
 async def live_part(request: web.Request) -> web.Response:
     ov = await api.overview_of(request.app[api.FIGURES])
-    return _page(request, "live.html", ov=ov, columns=COLUMNS, rows=lane_table(ov))
+    return _page(request, "live.html", ov=ov, columns=lane_columns(ov), rows=lane_table(ov))
 
 
 async def failures_page(request: web.Request) -> web.Response:
@@ -99,18 +120,17 @@ async def url_page(request: web.Request) -> web.Response:
     fig = request.app[api.FIGURES]
     url, row = request.query.get("url"), request.query.get("row")
     try:
-        info = await fig.run(fig.url_page, url, None if row is None else api._row(row))
+        info = await fig.run(fig.url_page, url, None if row is None else api.row_number(row))
     except EngineError as e:
         return _page(request, "url.html", status=404, info=None, error=str(e), asked=url or row)
     return _page(request, "url.html", info=info, error=None, asked=url,
                  cold_after=(await fig.run(lambda: fig.parts.engine.policy)).cold_after,
-                 done=request.query.get("done", ""))
+                 store=fig.parts.store is not None, done=request.query.get("done", ""))
 
 
 async def routes_page(request: web.Request) -> web.Response:
     fig = request.app[api.FIGURES]
-    routes = await fig.cached("routes", api.ROUTES_EVERY_S, fig.routes)
-    return _page(request, "routes.html", routes=routes)
+    return _page(request, "routes.html", routes=await api.routes_of(fig))
 
 
 async def policy_page(request: web.Request) -> web.Response:
@@ -159,7 +179,7 @@ async def policy_action(request: web.Request) -> web.Response:
 # -- the hook ----------------------------------------------------------------------------------
 
 
-def add_routes(app: web.Application, source: Any, *, read_only: bool) -> None:
+def add_routes(app: web.Application, source: PoolSource, *, read_only: bool) -> None:
     """Serve the dashboard of ``source``'s pool at ``/`` and its JSON API under ``/api/``."""
     figures = api.Figures(source)
     app[api.FIGURES] = figures

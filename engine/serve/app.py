@@ -1,0 +1,309 @@
+"""``lanes serve``: one aiohttp server for the dashboard, its API, /metrics and the snapshots.
+
+What it serves depends on what it is given (:class:`ServeOptions`):
+
+* with NAME, the pool's dashboard (``engine.serve.dashboard.add_routes``) and its metrics;
+* with ``--store DIR``, the snapshot routes (``engine.serve.snapshots``) and the staleness
+  metrics;
+* always ``/metrics`` (Prometheus) and ``/healthz``; with a token, ``/login`` and ``/logout``.
+
+The checks that can refuse a start (the binding, the token file, the store) all run before
+anything is opened or bound, so a refused start leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+from aiohttp import web
+
+from ..errors import EngineValueError
+from ..keys import is_int
+from ..store import SnapshotStore
+from . import auth
+from .snapshots import HitLog, SnapshotRoutes
+from .source import PoolSource
+
+T = TypeVar("T")
+DEFAULT_PORT: Final = 8090
+SOURCE_KEY: Final = web.AppKey("source", PoolSource)
+STORE_KEY: Final = web.AppKey("store", SnapshotStore)
+_SECURITY_HEADERS: Final = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+                            "Referrer-Policy": "same-origin"}
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What ``lanes serve`` was asked for; :meth:`check` refuses a bad combination."""
+
+    name: str | None = None
+    store: str | None = None
+    redis: str | None = None
+    local: str | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    read_only: bool = False
+    token_file: str | None = None
+    max_stale: float | None = None
+    processes: int = 1
+
+    def check(self) -> None:
+        if self.name is None and self.store is None:
+            raise EngineValueError("nothing to serve: give a pool NAME (the dashboard) or"
+                                   " --store DIR (the snapshots), or both")
+        if self.name is None and (self.redis is not None or self.local is not None):
+            raise EngineValueError("--redis and --local-name name a pool: give its NAME")
+        if not is_int(self.port) or not 0 <= self.port <= 65535:
+            raise EngineValueError(f"--port must lie in [0, 65535], got {self.port!r}")
+        if self.max_stale is not None and (self.store is None or not math.isfinite(
+                self.max_stale) or self.max_stale <= 0):
+            raise EngineValueError("--max-stale F needs --store and a number > 0 (a snapshot"
+                                   f" older than F x its interval is refused), got"
+                                   f" {self.max_stale!r}")
+        if not is_int(self.processes) or not 1 <= self.processes <= 64:
+            raise EngineValueError(f"--processes must lie in [1, 64], got {self.processes!r}")
+        auth.check_binding(self.host, self.token_file)
+
+
+@dataclass
+class Parts:
+    """What one server process opened, and closes at its end. The snapshot routes read
+    ``store`` on the event loop; everything slow (the dashboard's figures, ``/metrics``) runs on
+    the pool source's thread, or without a pool on ``slow``, and reads the store through
+    ``figures``, a connection of its own, so a long read never holds the routes' lock."""
+
+    source: PoolSource | None
+    store: SnapshotStore | None
+    figures: SnapshotStore | None
+    hits: HitLog | None
+    slow: ThreadPoolExecutor
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        if self.source is not None:
+            return await self.source.call(fn)
+        return await asyncio.get_running_loop().run_in_executor(self.slow, fn)
+
+    def close(self) -> None:
+        self.slow.shutdown(wait=True)
+        if self.source is not None:
+            self.source.close()
+        for store in (self.store, self.figures):
+            if store is not None:
+                store.close()
+
+
+def open_parts(options: ServeOptions) -> Parts:
+    """The stores and the pool source of one server process (after any fork)."""
+    opened: list[Any] = []
+    try:
+        store = figures = None
+        if options.store is not None:
+            store = SnapshotStore.open(options.store)
+            opened.append(store)
+            figures = SnapshotStore.open(store.directory, create=False)
+            opened.append(figures)
+        source = None
+        if options.name is not None:
+            source = PoolSource(options.name, redis=options.redis, local=options.local,
+                                store=figures)
+            opened.append(source)
+        hits = None if store is None else HitLog(store.directory)
+    except BaseException:
+        for part in reversed(opened):
+            part.close()
+        raise
+    return Parts(source, store, figures, hits,
+                 ThreadPoolExecutor(1, thread_name_prefix="lanes-serve-slow"))
+
+
+def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts) -> web.Application:
+    """The application: middleware, the server's own routes, the snapshot routes (with a
+    store) and the dashboard's (with a pool)."""
+    app = web.Application(middlewares=[auth.middleware(guard), _security_headers])
+    if guard.token is not None:
+        auth.add_login_routes(app, guard)
+    app.router.add_get("/healthz", _healthz, name="healthz")
+    app.router.add_get("/metrics", _metrics_handler(parts), name="metrics")
+    if parts.store is not None and parts.hits is not None:
+        app[STORE_KEY] = parts.store
+        SnapshotRoutes(parts.store, parts.hits, options.max_stale).add_to(app)
+        hits = parts.hits
+
+        async def start_hits(app: web.Application) -> None:
+            hits.start()
+
+        async def stop_hits(app: web.Application) -> None:
+            await hits.close()
+
+        app.on_startup.append(start_hits)
+        app.on_cleanup.append(stop_hits)
+    if parts.source is not None:
+        from . import dashboard  # the hook: engine/serve/__init__.py
+
+        app[SOURCE_KEY] = parts.source
+        dashboard.add_routes(app, parts.source, read_only=options.read_only)
+    elif parts.store is not None:
+        app.router.add_get("/", _store_index, name="index")
+    return app
+
+
+@web.middleware
+async def _security_headers(request: web.Request,
+                            handler: auth.Handler) -> web.StreamResponse:
+    response = await handler(request)
+    if not response.prepared:
+        for key, value in _SECURITY_HEADERS.items():
+            response.headers.setdefault(key, value)
+    return response
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def _store_index(request: web.Request) -> web.Response:
+    return web.Response(text="lanes serve: snapshots at /render?url=URL and /URL; metrics at"
+                             " /metrics\n")
+
+
+def _metrics_handler(parts: Parts) -> Callable[[web.Request], Any]:
+    """``/metrics``: the pool's metrics and the store's staleness, computed off the event
+    loop; one registry per server process, so the staleness figures are cached across
+    scrapes (``STALENESS_EVERY_S``)."""
+    from ..pool.metrics import generate, registry
+
+    made: list[Any] = []
+
+    def exposition() -> str:
+        if not made:
+            source = parts.source
+            made.append(registry(None if source is None else source.engine,
+                                 None if source is None else source.local, parts.figures,
+                                 None if source is None else source.routes()))
+        return generate(made[0])
+
+    async def metrics(request: web.Request) -> web.Response:
+        text = await parts.call(exposition)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    return metrics
+
+
+# -- running ----------------------------------------------------------------------------------
+
+def run(options: ServeOptions, *, seconds: float | None = None,
+        announce: Callable[[str], None] | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (or ``seconds``); ``announce`` gets the base URL once bound."""
+    options.check()
+    token = None if options.token_file is None else auth.read_token(options.token_file)
+    guard = auth.Auth(token, read_only=options.read_only)
+    sock = bind(options.host, options.port, reuse_port=options.processes > 1)
+    try:
+        base = _base_url(options.host, sock.getsockname()[1])
+        children = _fork_workers(options, guard, sock, options.processes - 1)
+        try:
+            parts = open_parts(options)  # a store or pool that cannot be opened stops us here
+            if announce is not None:
+                announce(base)
+            asyncio.run(_serve(options, guard, sock, parts, seconds))
+        finally:
+            _stop_workers(children)
+    finally:
+        sock.close()
+
+
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening socket on ``host:port`` (``reuse_port``: shared by forked processes)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise EngineValueError(f"cannot bind {host}: {e.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+        sock.listen(1024)
+    except OSError as e:
+        sock.close()
+        raise EngineValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.setblocking(False)
+    return sock
+
+
+def _base_url(host: str, port: int) -> str:
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+
+async def _serve(options: ServeOptions, guard: auth.Auth, sock: socket.socket, parts: Parts,
+                 seconds: float | None) -> None:
+    try:
+        runner = web.AppRunner(build_app(options, guard, parts), access_log=None,
+                               handle_signals=False)
+        await runner.setup()
+        try:
+            await web.SockSite(runner, sock).start()
+            await _until_stopped(seconds)
+        finally:
+            await runner.cleanup()
+    finally:
+        parts.close()
+
+
+async def _until_stopped(seconds: float | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        pass
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def _fork_workers(options: ServeOptions, guard: auth.Auth, sock: socket.socket,
+                  n: int) -> list[int]:
+    """``n`` more server processes on the same socket (the kernel spreads connections); each
+    opens its own store and pool source after the fork."""
+    children: list[int] = []
+    for _ in range(n):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                asyncio.run(_serve(options, guard, sock, open_parts(options), None))
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        children.append(pid)
+    return children
+
+
+def _stop_workers(children: list[int]) -> None:
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+    for pid in children:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
