@@ -45,6 +45,25 @@ def corpus_csv(tmp: Path, site: SiteServer) -> Path:
     return path
 
 
+ROUTES = """
+[[route]]
+name = "pages"
+match = "http://127.0.0.1:*/p/*"
+interval = "60s"
+
+[[route]]
+name = "broken"
+match = "http://127.0.0.1:*/broken/*"
+interval = "1h"
+"""
+
+
+def routes_toml(tmp: Path) -> Path:
+    path = tmp / "routes.toml"
+    path.write_text(ROUTES)
+    return path
+
+
 def site() -> SiteServer:
     return SiteServer(GOOD, delay_ms=(30, 120), failing=FAILING)  # HOSTILE: a 404
 

@@ -109,20 +109,28 @@ class Figures:
         return await self.parts.call(fn, *args)
 
     async def cached(self, key: str, every_s: float, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)``, computed at most once per ``every_s`` for all callers of ``key``."""
+        """``fn(*args)``, computed at most once per ``every_s`` for all callers of ``key``.
+
+        A value older than that is still answered at once while its successor is computed
+        (a row export at 1M rows takes a while): only the first call, and the first after an
+        action dropped it (:meth:`forget`), waits."""
         got = self._cache.get(key)
-        if got is not None and time.monotonic() - got[0] < every_s:
+        if got is not None and (time.monotonic() - got[0] < every_s or key in self._pending):
             return got[1]
         pending = self._pending.get(key)
         if pending is None:
             pending = asyncio.ensure_future(self.run(fn, *args))
             self._pending[key] = pending
-            try:
-                value = await pending
-                self._cache[key] = (time.monotonic(), value)
-                return value
-            finally:
+
+            def keep(done: asyncio.Future[Any]) -> None:
                 del self._pending[key]
+                if not done.cancelled() and done.exception() is None:
+                    self._cache[key] = (time.monotonic(), done.result())
+
+            pending.add_done_callback(keep)
+        if got is not None:
+            return got[1]
+        # A viewer that leaves cancels its own wait, never the figure the others wait for.
         return await asyncio.shield(pending)
 
     def forget(self, *keys: str) -> None:

@@ -72,7 +72,8 @@ def _page(request: web.Request, template: str, status: int = 200, **values: Any
                         headers={"Content-Security-Policy": CSP})
 
 
-SERVED = "served age/interval p50/95/max"
+SERVED = "served age/TTL"
+"""p50/p95/max of age ÷ interval of the snapshots served over the last hour."""
 
 
 def lane_columns(overview: dict[str, Any]) -> tuple[str, ...]:
