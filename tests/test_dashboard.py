@@ -300,6 +300,13 @@ def test_a_url_holding_a_script_is_shown_as_text(setup: Setup) -> None:
             assert w.page.get_by_text(HOSTILE, exact=False).count() >= 1
             assert w.page.locator("script").count() == 2  # ours: uPlot and the dashboard's
             assert w.page.evaluate("typeof window.alert") == "function"
+        # A filter no form offers is refused in words, and those words are text too.
+        answer = w.page.goto(setup.url + "/failures?kind=" + urllib.parse.quote(
+            "<script>alert(2)</script>"))
+        assert answer is not None and answer.status == 400
+        assert "kind must be one of" in w.page.get_by_role("alert").inner_text()
+        assert w.page.locator("script").count() == 2
+        w.errors = [e for e in w.errors if "400 (Bad Request)" not in e]
         assert w.dialogs == []
     finally:
         w.close()

@@ -110,11 +110,17 @@ async def live_part(request: web.Request) -> web.Response:
 
 async def failures_page(request: web.Request) -> web.Response:
     fig = request.app[api.FIGURES]
-    rows, f = await api.failures_of(fig, request.query)
+    status, error = 200, ""
+    try:
+        rows, f = await api.failures_of(fig, request.query)
+    except EngineError as e:  # a filter no form offers: say so, list everything
+        status, error = 400, str(e)
+        rows, f = await api.failures_of(fig, {})
     ov = await api.overview_of(fig)
-    return _page(request, "failures.html", rows=rows[:api.SHOWN_FAILURES], matching=len(rows),
-                 filter=f, kinds=api.KINDS, lanes=[ln["name"] for ln in ov["lanes"]],
-                 done=request.query.get("done", ""), now_ms=wall_ms())
+    return _page(request, "failures.html", status, rows=rows[:api.SHOWN_FAILURES],
+                 matching=len(rows), filter=f, kinds=api.KINDS, error=error,
+                 lanes=[ln["name"] for ln in ov["lanes"]], done=request.query.get("done", ""),
+                 now_ms=wall_ms())
 
 
 async def url_page(request: web.Request) -> web.Response:

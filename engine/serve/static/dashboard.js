@@ -35,10 +35,16 @@
   if (!boxes.length || typeof uPlot === "undefined") return;
   const charts = new Map();  // box -> {plot, lanes}
 
+  // From 0 up; age / TTL shows at least 0..1.5 (1.0 = exactly on time), even with no renders.
+  function yRange(key) {
+    const least = key === "age_over_ttl" ? 1.5 : 1;
+    return function (u, min, max) { return [0, Math.max(least, (max || 0) * 1.1)]; };
+  }
+
   function options(box, lanes) {
     return {
       width: Math.max(240, box.clientWidth - 4), height: 200,
-      scales: {x: {time: true}},
+      scales: {x: {time: true}, y: {range: yRange(box.getAttribute("data-series"))}},
       series: [{}].concat(lanes.map(function (name, i) {
         return {label: name, stroke: PALETTE[i % PALETTE.length], width: 1.5};
       })),
