@@ -74,7 +74,7 @@ $(SAN_STAMP): $(SOURCES) $(PACKAGE) Makefile
 	cd $(SAN_VENV)/src && RL_SANITIZE=address,undefined ../bin/python -m pip install -q \
 		--no-build-isolation --target ../core --no-deps .
 	$(SAN_PY) -m pip install -q numpy psutil pytest hypothesis defusedxml rich prometheus_client redis \
-		matplotlib
+		matplotlib aiohttp jinja2
 	touch $@
 
 # The unit, property, pool and simulator tests against the sanitized core (installed apart, put

@@ -59,8 +59,13 @@ def _stats(args: argparse.Namespace) -> int:
     try:
         if args.prometheus:
             from .pool.metrics import exposition
+            from .store import SnapshotStore
 
-            sys.stdout.write(exposition(eng, _local(args)))
+            if args.store is None:
+                sys.stdout.write(exposition(eng, _local(args)))
+                return 0
+            with SnapshotStore.open(args.store, create=False) as store:
+                sys.stdout.write(exposition(eng, _local(args), store, _routes(args, eng)))
             return 0
         try:
             board: Board | None = Board.attach(_local(args))
@@ -89,6 +94,8 @@ def _stats(args: argparse.Namespace) -> int:
             for lane in report["lanes"]:
                 lane["next_due_ms"] = due.get(lane["lane"])
             report["now_ms"] = now
+        if args.store is not None:
+            report["staleness"] = _staleness(args, eng)
     finally:
         eng.close()
     if args.json:
@@ -115,7 +122,20 @@ def _stats(args: argparse.Namespace) -> int:
         print_table(f"{report['name']}: {report['rows']} rows ({report['queued']} queued) of"
                     f" {report['capacity']}, layout v{report['layout_version']} (no pool)",
                     rows, cols, plain=args.plain)
+    if "staleness" in report and not args.json:
+        from .pool.view import print_staleness
+
+        print_staleness(report["staleness"], plain=args.plain)
     return 0
+
+
+def _staleness(args: argparse.Namespace, eng: Any) -> dict[str, Any]:
+    """``--store DIR``'s served staleness, per lane and (when the pool has routes) per route."""
+    from .pool.staleness import staleness
+    from .store import SnapshotStore
+
+    with SnapshotStore.open(args.store, create=False) as store:
+        return staleness(store, wall_ms(), _routes(args, eng), eng.lane_name)
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -250,7 +270,7 @@ def _pool(args: argparse.Namespace) -> int:
         pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
                            options, policy=policy, capacity=args.capacity, routes=routes)
     server, scraped = None, None
-    view = LiveView(force_plain=args.plain)
+    view = LiveView(force_plain=args.plain, store=getattr(args, "store", None))
     try:
         if args.metrics_port is not None:
             from .pool.metrics import start_server
@@ -507,6 +527,8 @@ def _stats_parser(sub: Any) -> None:
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--prometheus", action="store_true", help="Prometheus text exposition")
     fmt.add_argument("--plain", action="store_true", help="plain text even on a terminal")
+    p.add_argument("--store", metavar="DIR",
+                   help="the pool's snapshot store: served staleness per lane and per route")
     _redis_arguments(p, local=True)
     p.set_defaults(fn=_stats)
 

@@ -31,10 +31,10 @@ hash rewrites nothing: its row's rendered-at and counters move, and it is counte
 Gzip is written with a zero mtime, so the same HTML always makes the same bytes.
 
 The hit log (``hits``) is what ``lanes serve`` appends, in batches, with each hit's age ÷
-interval; it keeps ``HIT_WINDOW_MS`` of them. Every SQLite connection belongs to the process that
-opened it: a store is opened in each process after a fork (using one across a fork raises
-:class:`StoreError`; the inherited connection is abandoned, never closed, so the parent's locks
-stay).
+interval; it keeps the last ``HIT_WINDOW_MS`` of them, ``HIT_CAP`` at most. Every SQLite
+connection belongs to the process that opened it: a store is opened in each process after a
+fork (using one across a fork raises :class:`StoreError`; the inherited connection is
+abandoned, never closed, so the parent's locks stay).
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 import numpy as np
+import psutil
 
 from .engine import wall_ms
 from .errors import EngineClosed, EngineTypeError, EngineValueError, StoreError
@@ -65,7 +66,9 @@ DATABASE: Final = "store.sqlite"
 FILES: Final = "snapshots"
 BUSY_TIMEOUT_S: Final = 10.0
 HIT_WINDOW_MS: Final = 3_600_000
-"""How long the hit log keeps a hit: the served figures are over the last hour."""
+HIT_CAP: Final = 200_000
+"""The hit log keeps the hits of the last hour, and at most the last ``HIT_CAP`` of them (at
+thousands of hits a second an hour would be millions of rows to read for each figure)."""
 
 _OURS: Final = frozenset({DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", FILES})
 _TMP: Final = ".tmp-"
@@ -299,8 +302,9 @@ class SnapshotStore:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def get(self, url: str) -> Snapshot | None:
-        """``url``'s latest snapshot, or None if it was never rendered."""
+    def get(self, url: str, known: Snapshot | None = None) -> Snapshot | None:
+        """``url``'s latest snapshot, or None if it was never rendered. When ``known`` (an
+        earlier answer for ``url``) holds the same HTML, its body is reused, not read again."""
         if not isinstance(url, str):
             raise EngineTypeError(f"a URL is a str, got {type(url).__name__}")
         for _attempt in range(5):
@@ -310,6 +314,8 @@ class SnapshotStore:
             if row is None:
                 return None
             path = self.path_of(url, row[9])
+            if known is not None and known.url == url and known.hash == row[9]:
+                return _snapshot(row, path, known.gz)
             try:
                 with open(path, "rb") as f:
                     gz = f.read()
@@ -329,11 +335,26 @@ class SnapshotStore:
             return db.execute("SELECT url, lane, rendered_at_ms, interval_s FROM snapshots"
                               ).fetchall()
 
+    def ratios(self, now_ms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every snapshot's ``(id, lane, age ÷ interval at now_ms)``, as three arrays (the ratio
+        computed by SQLite; about a second per million snapshots)."""
+        with self._sql("list snapshot ages") as db:
+            rows = db.execute("SELECT id, lane, max(0, ? - rendered_at_ms) / 1000.0 / interval_s"
+                              " FROM snapshots", (int(now_ms),)).fetchall()
+        a = np.array(rows, dtype=np.float64).reshape(-1, 3)
+        return a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2]
+
+    def urls_after(self, last_id: int) -> list[tuple[int, str]]:
+        """``(id, url)`` of the snapshots whose id is above ``last_id`` (a URL keeps its id)."""
+        with self._sql("list snapshot URLs") as db:
+            return db.execute("SELECT id, url FROM snapshots WHERE id > ? ORDER BY id",
+                              (int(last_id),)).fetchall()
+
     # -- the hit log --------------------------------------------------------------------------
 
     def log_hits(self, hits: Sequence[tuple[int, int, int, float, bool]]) -> None:
         """Append ``(at_ms, snapshot id, lane, age ÷ interval, served)`` hits in one
-        transaction, and forget those older than ``HIT_WINDOW_MS``."""
+        transaction, and forget those older than ``HIT_WINDOW_MS`` or past ``HIT_CAP``."""
         if not hits:
             return
         newest = max(h[0] for h in hits)
@@ -341,6 +362,8 @@ class SnapshotStore:
             db.executemany("INSERT INTO hits VALUES (?, ?, ?, ?, ?)",
                            [(a, s, ln, r, int(ok)) for a, s, ln, r, ok in hits])
             db.execute("DELETE FROM hits WHERE at_ms < ?", (newest - HIT_WINDOW_MS,))
+            db.execute("DELETE FROM hits WHERE rowid <= (SELECT max(rowid) FROM hits) - ?",
+                       (HIT_CAP,))
 
     def hits(self, since_ms: int) -> list[tuple[str, int, float, bool]]:
         """The hits logged since ``since_ms``: ``(url, lane, age ÷ interval, served)``."""
@@ -349,6 +372,17 @@ class SnapshotStore:
                              " JOIN snapshots s ON s.id = h.snapshot WHERE h.at_ms >= ?",
                              (since_ms,)).fetchall()
         return [(u, ln, r, bool(ok)) for u, ln, r, ok in got]
+
+    def hit_ratios(self, since_ms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                   np.ndarray]:
+        """The hits logged since ``since_ms`` as arrays: snapshot id, lane, age ÷ interval,
+        served (bool)."""
+        with self._sql("read hits") as db:
+            rows = db.execute("SELECT snapshot, lane, age_over_interval, served FROM hits"
+                              " WHERE at_ms >= ?", (int(since_ms),)).fetchall()
+        a = np.array(rows, dtype=np.float64).reshape(-1, 4)
+        return (a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2],
+                a[:, 3].astype(bool))
 
     # -- upkeep -------------------------------------------------------------------------------
 
@@ -367,7 +401,7 @@ class SnapshotStore:
                         candidates.append(path)
                     continue
                 pid = name[len(_TMP):].split("-", 1)[0]
-                if pid.isdigit() and not _alive(int(pid)):
+                if pid.isdigit() and not psutil.pid_exists(int(pid)):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(path)
                         removed["temporary"] += 1
@@ -511,16 +545,6 @@ def _probe(directory: str) -> None:
     probe = os.path.join(directory, f"{_TMP}{os.getpid()}-probe-{secrets.token_hex(4)}")
     os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     os.unlink(probe)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _create_database(database: str) -> None:

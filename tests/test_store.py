@@ -242,6 +242,18 @@ def test_hits_are_logged_and_kept_for_the_window(store: SnapshotStore) -> None:
     assert store.hits(0) == [("https://s.test/a", 2, 0.5, True)]
 
 
+def test_the_hit_log_keeps_at_most_the_cap(store: SnapshotStore,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "HIT_CAP", 5)
+    store.put("https://s.test/a", "x", **META)
+    snap = store.get("https://s.test/a")
+    assert snap is not None
+    t = 10 * HIT_WINDOW_MS
+    store.log_hits([(t + i, snap.id, 2, i / 10, True) for i in range(8)])
+    store.log_hits([(t + 8, snap.id, 2, 0.8, True)])
+    assert sorted(r for _u, _ln, r, _ok in store.hits(0)) == [0.4, 0.5, 0.6, 0.7, 0.8]
+
+
 def test_sweep_removes_orphans_and_dead_writers_temporary_files(store: SnapshotStore) -> None:
     store.put("https://s.test/a", "kept", **META)
     snap = store.get("https://s.test/a")

@@ -20,7 +20,7 @@ from ..keys import is_int
 from ..store import SnapshotStore
 from .board import DURATION_BUCKETS, FAILED, OK, Board
 from .routes import Routes
-from .staleness import staleness
+from .staleness import RouteOf, staleness
 
 _LANE_GAUGES = (("queued", "rows queued in the lane"),
                 ("due", "backlog: rows due now in the lane"),
@@ -130,7 +130,7 @@ def _cumulative(counts: Any) -> list[tuple[str, int]]:
 
 
 STALENESS_EVERY_S = 10.0
-"""A scrape reads every snapshot's metadata at most this often (a million rows take a second)."""
+"""A scrape reads every snapshot's metadata at most this often (a million take seconds)."""
 
 _STALENESS = (("snapshot", "lanes_snapshot_age_over_interval",
                "age / interval of every snapshot in the store (quantile 1: the max)"),
@@ -144,7 +144,7 @@ class StalenessCollector:
     def __init__(self, store: SnapshotStore, routes: Routes | None = None,
                  lane_name: Any = None) -> None:
         self.store = store
-        self.routes = routes
+        self.routes = None if routes is None else RouteOf(routes)  # URLs matched once
         self.lane_name = lane_name
         self._last: tuple[float, dict[str, Any]] | None = None
 

@@ -36,50 +36,68 @@ def figures(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
             "max": round(float(a.max()), 4)}
 
 
-def staleness(store: SnapshotStore, now_ms: int, routes: Routes | None = None,
+class RouteOf:
+    """The route of every snapshot, by snapshot id, matched once per URL: a URL keeps its id,
+    so a kept ``RouteOf`` matches only the snapshots added since its last call."""
+
+    def __init__(self, routes: Routes) -> None:
+        self.routes = routes
+        self.names = [*routes.names(), NO_ROUTE]
+        self._codes = np.full(0, -1, np.int64)  # by id; -1: no route (the last name)
+        self._last_id = 0
+
+    def codes(self, store: SnapshotStore, ids: np.ndarray) -> np.ndarray:
+        """The route index (into ``names``) of each snapshot id in ``ids``."""
+        new = store.urls_after(self._last_id)
+        if new:
+            top = new[-1][0]
+            if top >= len(self._codes):
+                grown = np.full(top + 1, -1, np.int64)
+                grown[:len(self._codes)] = self._codes
+                self._codes = grown
+            got = self.routes.match([u for _i, u in new])
+            self._codes[[i for i, _u in new]] = got
+            self._last_id = top
+        out = self._codes[ids] if len(ids) else np.empty(0, np.int64)
+        return np.where(out >= 0, out, len(self.names) - 1)
+
+
+def staleness(store: SnapshotStore, now_ms: int, routes: Routes | RouteOf | None = None,
               lane_name: Callable[[int], str] | None = None,
               window_ms: int = HIT_WINDOW_MS) -> dict[str, Any]:
     """Both readings, overall, per lane (by name when ``lane_name`` is given) and, with
-    ``routes``, per route."""
-    ages = store.ages()
-    hits = store.hits(now_ms - window_ms)
+    ``routes`` (or a kept :class:`RouteOf`, which matches each URL once), per route."""
+    ids, lanes, ratio = store.ratios(now_ms)
+    hit_ids, hit_lanes, hit_ratio, served = store.hit_ratios(now_ms - window_ms)
+    present = np.unique(np.concatenate([lanes, hit_lanes]))  # lane numbers, sorted
     name = lane_name or str
-    snap_ratio = np.array([max(0, now_ms - at) / 1000 / iv for _u, _ln, at, iv in ages])
-    snap_lane = [name(ln) for _u, ln, _a, _i in ages]
-    served = [(u, ln, r) for u, ln, r, ok in hits if ok]
-    hit_ratio = np.array([r for _u, _ln, r in served])
-    hit_lane = [name(ln) for _u, ln, _r in served]
-    refused = [name(ln) for _u, ln, _r, ok in hits if not ok]
     out: dict[str, Any] = {
         "now_ms": now_ms, "window_s": window_ms // 1000, "directory": store.directory,
-        "all": {"snapshot": figures(snap_ratio), "served": figures(hit_ratio),
-                "refused": len(refused)},
-        "lanes": _grouped(snap_lane, snap_ratio, hit_lane, hit_ratio, refused)}
+        "all": {"snapshot": figures(ratio), "served": figures(hit_ratio[served]),
+                "refused": int((~served).sum())},
+        "lanes": _grouped([name(int(ln)) for ln in present], np.searchsorted(present, lanes),
+                          np.searchsorted(present, hit_lanes), ratio, hit_ratio, served)}
     if routes is not None:
-        cache: dict[str, str] = {}
-        route_of = _route_namer(routes, cache, [u for u, *_ in ages] + [u for u, *_ in hits])
-        out["routes"] = _grouped([route_of(u) for u, *_ in ages], snap_ratio,
-                                 [route_of(u) for u, *_ in served], hit_ratio,
-                                 [route_of(u) for u, _ln, _r, ok in hits if not ok])
+        route_of = routes if isinstance(routes, RouteOf) else RouteOf(routes)
+        out["routes"] = _grouped(route_of.names, route_of.codes(store, ids),
+                                 route_of.codes(store, hit_ids), ratio, hit_ratio, served)
     return out
 
 
-def _grouped(snap_keys: list[str], snap_ratio: np.ndarray, hit_keys: list[str],
-             hit_ratio: np.ndarray, refused: list[str]) -> list[dict[str, Any]]:
-    keys = sorted(set(snap_keys) | set(hit_keys) | set(refused))
-    sk, hk = np.array(snap_keys, dtype=object), np.array(hit_keys, dtype=object)
-    return [{"key": k, "snapshot": figures(snap_ratio[sk == k] if len(sk) else []),
-             "served": figures(hit_ratio[hk == k] if len(hk) else []),
-             "refused": refused.count(k)} for k in keys]
-
-
-def _route_namer(routes: Routes, cache: dict[str, str], urls: list[str]
-                 ) -> Callable[[str], str]:
-    unique = sorted(set(urls))
-    names = routes.names()
-    for url, i in zip(unique, routes.match(unique), strict=True):
-        cache[url] = names[i] if i >= 0 else NO_ROUTE
-    return cache.__getitem__
+def _grouped(names: list[str], snap_codes: np.ndarray, hit_codes: np.ndarray,
+             snap_ratio: np.ndarray, hit_ratio: np.ndarray, served: np.ndarray
+             ) -> list[dict[str, Any]]:
+    """Figures per group (``names[code]``, in that order), for the groups with a snapshot or a
+    hit."""
+    out = []
+    for i, key in enumerate(names):
+        mine, hits = snap_codes == i, hit_codes == i
+        if not (mine.any() or hits.any()):
+            continue
+        out.append({"key": key, "snapshot": figures(snap_ratio[mine]),
+                    "served": figures(hit_ratio[hits & served]),
+                    "refused": int((hits & ~served).sum())})
+    return out
 
 
 def cells(f: dict[str, Any]) -> str:

@@ -213,16 +213,18 @@ def headline(pool: Pool, renders_per_s: float | None = None) -> str:
 
 
 class LiveView:
-    """Call ``update(pool)`` from the pool's tick; ``close()`` at the end."""
+    """Call ``update(pool)`` from the pool's tick; ``close()`` at the end. With ``store`` (the
+    pool's snapshot store directory) it also shows the served staleness per lane."""
 
     def __init__(self, out: TextIO | None = None, plain_every_s: float = 5.0,
-                 force_plain: bool = False) -> None:
+                 force_plain: bool = False, store: str | None = None) -> None:
         self.out = out or sys.stdout
         self.plain = force_plain or not self.out.isatty()
         self.plain_every_s = plain_every_s
         self._state: dict[str, Any] | None = None
         self._last = 0.0
         self._live: Any = None
+        self._staleness = None if store is None else _StalenessReader(store)
 
     def update(self, pool: Pool) -> None:
         now = time.monotonic()
@@ -231,23 +233,89 @@ class LiveView:
         rows, self._state = lane_rows(pool, self._state)
         self._last = now
         title = headline(pool, self._state["rate"])
+        stale = None if self._staleness is None else self._staleness.read(pool)
         if self.plain:
             print_table(title, rows, COLUMNS, self.out, plain=True)
+            if stale is not None:
+                print_staleness(stale, self.out, plain=True, routes=False)
             self.out.flush()
             return
+        from rich.console import Group
         from rich.live import Live
 
-        table = render_table(title, rows)
+        shown: Any = render_table(title, rows)
+        if stale is not None:
+            shown = Group(shown, render_table(*staleness_table(stale, "lanes")))
         if self._live is None:
-            self._live = Live(table, refresh_per_second=4, transient=False)
+            self._live = Live(shown, refresh_per_second=4, transient=False)
             self._live.start()
         else:
-            self._live.update(table)
+            self._live.update(shown)
 
     def close(self) -> None:
         if self._live is not None:
             self._live.stop()
             self._live = None
+        if self._staleness is not None:
+            self._staleness.close()
+
+
+class _StalenessReader:
+    """The live view's staleness figures, re-read at most every ``STALENESS_EVERY_S`` and
+    never more than a tenth of the time (reading a million snapshots takes seconds, on the
+    supervisor's tick)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._store: Any = None
+        self._figures: dict[str, Any] | None = None
+        self._next = 0.0
+
+    def read(self, pool: Pool) -> dict[str, Any] | None:
+        from ..errors import StoreError
+        from ..store import SnapshotStore
+        from .staleness import staleness
+
+        start = time.monotonic()
+        if start < self._next:
+            return self._figures
+        try:
+            if self._store is None:
+                self._store = SnapshotStore.open(self.directory, create=False)
+            self._figures = staleness(self._store, wall_ms(), None, pool.engine.lane_name)
+        except StoreError:
+            self._figures = None  # not made yet by the first render: shown once it is
+        spent = time.monotonic() - start
+        self._next = start + max(STALENESS_EVERY_S, 10 * spent)
+        return self._figures
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+STALENESS_EVERY_S = 5.0
+
+
+def staleness_table(f: dict[str, Any], by: str) -> tuple[str, list[tuple[str, ...]],
+                                                         tuple[str, ...]]:
+    """The per-lane (``by="lanes"``) or per-route table of ``staleness`` figures."""
+    from .staleness import COLUMNS as STALE_COLUMNS
+    from .staleness import cells, table_rows
+
+    a = f["all"]
+    title = (f"served staleness per {by[:-1]} (age / interval; store {f['directory']}): all"
+             f" {a['snapshot']['count']} snapshots {cells(a['snapshot'])}; last"
+             f" {f['window_s'] // 60} min: {a['served']['count']} served"
+             f" {cells(a['served'])}, {a['refused']} refused stale")
+    return title, table_rows(f[by]), (by[:-1], *STALE_COLUMNS[1:])
+
+
+def print_staleness(f: dict[str, Any], out: TextIO | None = None, plain: bool = False,
+                    routes: bool = True) -> None:
+    """The staleness tables: per lane, and per route when the figures have routes."""
+    for by in ("lanes", "routes") if routes and "routes" in f else ("lanes",):
+        print_table(*staleness_table(f, by), out=out, plain=plain)
 
 
 def render_table(title: str, rows: Sequence[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS

@@ -7,8 +7,9 @@ What it serves depends on what it is given (:class:`ServeOptions`):
   metrics;
 * always ``/metrics`` (Prometheus) and ``/healthz``; with a token, ``/login`` and ``/logout``.
 
-The checks that can refuse a start (the binding, the token file, the store) all run before
-anything is opened or bound, so a refused start leaves nothing behind.
+A refused start leaves nothing behind: the options, the binding rule and the token file are
+checked before anything is bound; a store or a pool that cannot be opened stops the server
+before it announces itself (and a store directory made by the failed open is removed).
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ T = TypeVar("T")
 DEFAULT_PORT: Final = 8090
 SOURCE_KEY: Final = web.AppKey("source", PoolSource)
 STORE_KEY: Final = web.AppKey("store", SnapshotStore)
-_SECURITY_HEADERS: Final = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
-                            "Referrer-Policy": "same-origin"}
 
 
 @dataclass(frozen=True)
@@ -128,7 +127,7 @@ def open_parts(options: ServeOptions) -> Parts:
 def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts) -> web.Application:
     """The application: middleware, the server's own routes, the snapshot routes (with a
     store) and the dashboard's (with a pool)."""
-    app = web.Application(middlewares=[auth.middleware(guard), _security_headers])
+    app = web.Application(middlewares=[auth.middleware(guard)])
     if guard.token is not None:
         auth.add_login_routes(app, guard)
     app.router.add_get("/healthz", _healthz, name="healthz")
@@ -154,16 +153,6 @@ def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts) -> web.Appl
     elif parts.store is not None:
         app.router.add_get("/", _store_index, name="index")
     return app
-
-
-@web.middleware
-async def _security_headers(request: web.Request,
-                            handler: auth.Handler) -> web.StreamResponse:
-    response = await handler(request)
-    if not response.prepared:
-        for key, value in _SECURITY_HEADERS.items():
-            response.headers.setdefault(key, value)
-    return response
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -277,9 +266,11 @@ async def _until_stopped(seconds: float | None) -> None:
 
 def _fork_workers(options: ServeOptions, guard: auth.Auth, sock: socket.socket,
                   n: int) -> list[int]:
-    """``n`` more server processes on the same socket (the kernel spreads connections); each
-    opens its own store and pool source after the fork."""
+    """``n`` more server processes, each with a socket of its own on the same port
+    (SO_REUSEPORT: the kernel spreads new connections over them evenly) and its own store
+    and pool source, opened after the fork."""
     children: list[int] = []
+    port = sock.getsockname()[1]
     for _ in range(n):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -287,7 +278,9 @@ def _fork_workers(options: ServeOptions, guard: auth.Auth, sock: socket.socket,
         if pid == 0:
             code = 0
             try:
-                asyncio.run(_serve(options, guard, sock, open_parts(options), None))
+                sock.close()
+                own = bind(options.host, port, reuse_port=True)
+                asyncio.run(_serve(options, guard, own, open_parts(options), None))
             except BaseException:
                 code = 1
             finally:

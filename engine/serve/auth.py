@@ -167,13 +167,21 @@ def is_snapshot_route(request: web.Request) -> bool:
     return name is not None and name.startswith(SNAPSHOT_ROUTE)
 
 
+SECURITY_HEADERS: Final = {"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY",
+                           "Referrer-Policy": "same-origin"}
+
+
 def middleware(auth: Auth) -> Middleware:
-    """Token, read-only and CSRF rules, in that order, and the CSRF cookie."""
+    """Token, read-only and CSRF rules, in that order; the CSRF cookie and the security
+    headers. A snapshot read only passes the token check: it goes to a bot, which keeps no
+    cookie and posts nothing, and its route sets its own headers."""
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not auth.allowed(request):
             return _unauthenticated(request)
+        if request.method in ("GET", "HEAD") and is_snapshot_route(request):
+            return await handler(request)
         cookie = request.cookies.get(CSRF_COOKIE)
         fresh = not auth.valid_csrf(cookie)
         request["csrf"] = auth.new_csrf() if fresh else cookie
@@ -183,9 +191,12 @@ def middleware(auth: Auth) -> Middleware:
             if fresh or not hmac.compare_digest(await _sent_csrf(request), request["csrf"]):
                 return _refused(403, "missing or wrong CSRF token: reload the page and retry")
         response = await handler(request)
-        if fresh and not is_snapshot_route(request) and not response.prepared:
-            response.set_cookie(CSRF_COOKIE, request["csrf"], httponly=True, samesite="Strict",
-                                path="/", secure=request.secure)
+        if not response.prepared:
+            for key, value in SECURITY_HEADERS.items():
+                response.headers.setdefault(key, value)
+            if fresh:
+                response.set_cookie(CSRF_COOKIE, request["csrf"], httponly=True,
+                                    samesite="Strict", path="/", secure=request.secure)
         return response
 
     return guard
@@ -201,7 +212,7 @@ async def _sent_csrf(request: web.Request) -> str:
 
 
 def _refused(status: int, why: str) -> web.Response:
-    return web.Response(status=status, text=why + "\n")
+    return web.Response(status=status, text=why + "\n", headers=SECURITY_HEADERS)
 
 
 def _unauthenticated(request: web.Request) -> web.Response:

@@ -19,18 +19,23 @@ here is what the crawler gets, and must say honestly how old it is:
 Every answer carries ``X-Lanes-Snapshot: served | stale | missing``, so a middleware can tell a
 rendered 404 (``served``) from a URL never rendered (``missing``).
 
-Nothing here waits on the pool: a snapshot is read from the local store. Each hit is noted in
-memory with its age ÷ interval and written to the store's hit log in batches, from a thread
-with its own connection, every ``FLUSH_S``.
+Nothing here waits on the pool: a snapshot is read from the local store. The answers of hot
+URLs are kept in memory, their fixed headers built once, and checked against the store at most
+every ``REVALIDATE_S`` (a new render is served within that); a check that finds the same HTML
+reads no file. Each hit is noted in memory with its age ÷ interval and written to the store's
+hit log in batches, from a thread with its own connection, every ``FLUSH_S``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
-import threading
-from collections import Counter
+import functools
+import logging
+import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Final
 
 from aiohttp import web
@@ -39,12 +44,19 @@ from ..engine import wall_ms
 from ..errors import EngineError
 from ..pool.ingest import normalize_url
 from ..store import Snapshot, SnapshotStore
-from .auth import SNAPSHOT_ROUTE
+from .auth import SECURITY_HEADERS, SNAPSHOT_ROUTE
 
 FLUSH_S: Final = 1.0
 MAX_PENDING: Final = 100_000
 """Hits waiting for the hit log beyond this are dropped (and counted): a store that cannot keep
 up must cost the log, never the server's memory."""
+
+log = logging.getLogger(__name__)
+
+REVALIDATE_S: Final = 1.0
+CACHE_BYTES: Final = 64 << 20
+"""The answers kept in memory, gzip and (once asked for) plain HTML counted, least recently
+used dropped first."""
 
 _SANDBOX: Final = "sandbox"  # a snapshot opened in a browser runs in no origin: not the server's
 
@@ -56,17 +68,21 @@ class HitLog:
         self._store = SnapshotStore.open(directory, create=False)
         self._pending: list[tuple[int, int, int, float, bool]] = []
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="lanes-serve-hits")
-        self._lock = threading.Lock()
-        self.counts: Counter[tuple[int, str]] = Counter()  # (lane, outcome) -> hits
-        self.dropped = 0
+        self.noted = 0
+        self.written = 0
+        self.dropped = 0  # noted past MAX_PENDING, or lost with a batch the store refused
         self._task: asyncio.Task[None] | None = None
 
     def note(self, snap: Snapshot, at_ms: int, ratio: float, served: bool) -> None:
-        self.counts[(snap.lane, "served" if served else "stale")] += 1
+        self.noted += 1
         if len(self._pending) >= MAX_PENDING:
             self.dropped += 1
             return
         self._pending.append((at_ms, snap.id, snap.lane, ratio, served))
+
+    def statistics(self) -> dict[str, int]:
+        return {"noted": self.noted, "written": self.written, "dropped": self.dropped,
+                "pending": len(self._pending)}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -84,8 +100,10 @@ class HitLog:
     def _write(self, batch: list[tuple[int, int, int, float, bool]]) -> None:
         try:
             self._store.log_hits(batch)
-        except EngineError:
-            self.dropped += len(batch)  # a busy or vanished store costs the log, not the server
+            self.written += len(batch)
+        except EngineError as e:  # a busy or vanished store costs the log, not the server
+            self.dropped += len(batch)
+            log.warning("lanes serve: %d hit(s) not logged: %s", len(batch), e)
 
     async def close(self) -> None:
         if self._task is not None:
@@ -103,6 +121,8 @@ class SnapshotRoutes:
         self.store = store
         self.hits = hits
         self.max_stale = max_stale
+        self._cache: OrderedDict[str, _Answer] = OrderedDict()
+        self._bytes = 0  # gzip bytes held by _cache
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/render", self.by_query, name=f"{SNAPSHOT_ROUTE}-query")
@@ -121,13 +141,13 @@ class SnapshotRoutes:
         # merged the slashes
 
     def answer(self, request: web.Request, url: str) -> web.StreamResponse:
-        try:
-            key = normalize_url(url)
-        except EngineError as e:
-            return _plain(400, f"not an absolute http(s) URL: {e}", "missing")
-        snap = self.store.get(key)
-        if snap is None:
+        key = _normal(url)
+        if isinstance(key, Exception):
+            return _plain(400, f"not an absolute http(s) URL: {key}", "missing")
+        found = self._answer(key)
+        if found is None:
             return _plain(404, f"never rendered: {key}", "missing")
+        snap = found.snap
         now = wall_ms()
         ratio = snap.age_over_interval(now)
         served = self.max_stale is None or ratio <= self.max_stale
@@ -136,33 +156,87 @@ class SnapshotRoutes:
             return _plain(503, f"the snapshot of {key} is {ratio:.2f} x its interval old, past"
                           f" --max-stale {self.max_stale}", "stale",
                           {"Retry-After": str(min(snap.interval_s, 3600))})
-        return _snapshot_response(request, snap, now, ratio)
+        headers = {**found.fixed, "Age": str(snap.age_s(now)),
+                   "X-Lanes-Age-Over-Interval": f"{ratio:.3f}"}
+        if _matches(request.headers.get("If-None-Match"), found.etag):
+            del headers["Content-Type"]
+            return web.Response(status=304, headers=headers)
+        if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            headers["Content-Encoding"] = "gzip"
+            return web.Response(status=snap.status, body=snap.gz, headers=headers)
+        return web.Response(status=snap.status, body=found.plain(), headers=headers)
+
+    def _answer(self, key: str) -> _Answer | None:
+        """``key``'s answer from memory, checked against the store if it is older than
+        ``REVALIDATE_S``; None when ``key`` was never rendered."""
+        now = time.monotonic()
+        cache = self._cache
+        found = cache.get(key)
+        if found is not None and now - found.checked <= REVALIDATE_S:
+            cache.move_to_end(key)
+            return found
+        snap = self.store.get(key, None if found is None else found.snap)
+        if found is not None and snap == found.snap:
+            found.checked = now
+            cache.move_to_end(key)
+            return found
+        if found is not None:
+            self._drop(key)
+        if snap is None:
+            return None
+        found = cache[key] = _Answer.of(snap, now)
+        self._bytes += len(snap.gz)
+        while self._bytes > CACHE_BYTES and len(cache) > 1:
+            self._drop(next(iter(cache)))
+        return found
+
+    def _drop(self, key: str) -> None:
+        self._bytes -= len(self._cache.pop(key).snap.gz)
 
 
-def _snapshot_response(request: web.Request, snap: Snapshot, now_ms: int,
-                       ratio: float) -> web.Response:
-    etag = f'W/"{snap.hash[:24]}-{snap.status}"'
-    headers = {"ETag": etag, "Age": str(snap.age_s(now_ms)),
-               "Last-Modified": email.utils.formatdate(snap.rendered_at_ms / 1000, usegmt=True),
-               "Vary": "Accept-Encoding", "Content-Security-Policy": _SANDBOX,
-               "X-Lanes-Snapshot": "served", "X-Lanes-Age-Over-Interval": f"{ratio:.3f}"}
-    if snap.location is not None and 300 <= snap.status < 400:
-        headers["Location"] = snap.location
-    if _matches(request.headers.get("If-None-Match"), etag):
-        return web.Response(status=304, headers=headers)
-    if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
-        headers["Content-Encoding"] = "gzip"
-        body = snap.gz
-    else:
-        body = snap.html()
-    return web.Response(status=snap.status, body=body, headers=headers,
-                        content_type="text/html", charset="utf-8")
+@dataclass
+class _Answer:
+    """A snapshot ready to send: the headers that do not change with time, and its bodies."""
+
+    snap: Snapshot
+    checked: float  # time.monotonic() of the last look at the store
+    etag: str
+    fixed: dict[str, str]
+    html: bytes | None = None
+
+    @classmethod
+    def of(cls, snap: Snapshot, now: float) -> _Answer:
+        etag = f'W/"{snap.hash[:24]}-{snap.status}"'
+        fixed = {**SECURITY_HEADERS, "ETag": etag, "Vary": "Accept-Encoding",
+                 "Last-Modified": email.utils.formatdate(snap.rendered_at_ms / 1000,
+                                                         usegmt=True),
+                 "Content-Security-Policy": _SANDBOX, "X-Lanes-Snapshot": "served",
+                 "Content-Type": "text/html; charset=utf-8"}
+        if snap.location is not None and 300 <= snap.status < 400:
+            fixed["Location"] = snap.location
+        return cls(snap, now, etag, fixed)
+
+    def plain(self) -> bytes:
+        """The HTML, decompressed once (not counted in ``CACHE_BYTES``: most clients take
+        gzip)."""
+        if self.html is None:
+            self.html = self.snap.html()
+        return self.html
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _normal(url: str) -> str | Exception:
+    """A requested URL in the store's spelling, or why it is none (kept: bots repeat)."""
+    try:
+        return normalize_url(url)
+    except EngineError as e:
+        return e.with_traceback(None)  # kept without the frames it was raised in
 
 
 def _plain(status: int, text: str, state: str,
            extra: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, text=text + "\n",
-                        headers={"X-Lanes-Snapshot": state, **(extra or {})})
+                        headers={**SECURITY_HEADERS, "X-Lanes-Snapshot": state, **(extra or {})})
 
 
 def _matches(if_none_match: str | None, etag: str) -> bool:
