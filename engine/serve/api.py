@@ -38,7 +38,7 @@ from ..policy import REMAINDERS, SHARE_CLASSES, LanePolicy
 from ..pool import progress
 from ..pool.board import Board
 from ..pool.failures import PARKED_MS, failure_rows
-from ..pool.staleness import staleness
+from ..pool.staleness import RouteOf, staleness
 from ..pool.view import for_json, lane_figures, lane_sums, pool_figures
 from .source import PoolSource
 
@@ -101,6 +101,7 @@ class Figures:
         self._cache: dict[str, tuple[float, Any]] = {}
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._route_of: RouteOf | None = None
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -197,8 +198,10 @@ class Figures:
         store = self.parts.store
         if store is None:
             return None
-        eng = self.parts.engine
-        return staleness(store, wall_ms(), self.parts.routes(), eng.lane_name)
+        if self._route_of is None:
+            routes = self.parts.routes()
+            self._route_of = None if routes is None else RouteOf(routes)  # URLs matched once
+        return staleness(store, wall_ms(), self._route_of, self.parts.engine.lane_name)
 
     def overview(self, next_due: dict[int, int | None], stale: dict[str, Any] | None
                  ) -> dict[str, Any]:
