@@ -32,12 +32,14 @@ from urllib.parse import quote
 import numpy as np
 from aiohttp import web
 
+from .. import checkpoint
 from ..engine import wall_ms
 from ..errors import EngineError, EngineValueError
 from ..policy import REMAINDERS, SHARE_CLASSES, LanePolicy
 from ..pool import progress
 from ..pool.board import Board
 from ..pool.failures import PARKED_MS, failure_rows
+from ..pool.routes import Routes
 from ..pool.staleness import RouteOf, staleness
 from ..pool.view import for_json, lane_figures, lane_sums, pool_figures
 from .source import PoolSource
@@ -102,6 +104,7 @@ class Figures:
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._task: asyncio.Task[None] | None = None
         self._route_of: RouteOf | None = None
+        self._row_routes: tuple[Routes, Any] | None = None
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -287,12 +290,27 @@ class Figures:
             return None
         with self.parts.board() as board:
             now = board.clock.now_ms() if board is not None else wall_ms()
-        out = progress.route_figures(self.parts.engine, self.parts.urls().urls(), routes, now)
+        rows, cols = checkpoint.snapshot(self.parts.engine)
+        out = progress.route_counts(routes, self._route_ids(routes, rows), cols, now)
         if stale is not None:
             served = {g["key"]: g for g in stale.get("routes", [])}
             for r in out:
                 r["staleness"] = served.get(r["route"])
         return out
+
+    def _route_ids(self, routes: Routes, rows: Any) -> Any:
+        """The route of each of ``rows``, each row's URL matched once (rows only grow, and a
+        row keeps its URL): at a million rows, matching them all is seconds of CPU."""
+        kept = self._row_routes
+        if kept is None or kept[0] != routes:
+            kept = self._row_routes = (routes, np.empty(0, np.int16))
+        known = kept[1]
+        top = int(rows.max()) + 1 if len(rows) else 0
+        if top > len(known):
+            new = self.parts.urls().many(list(range(len(known), top)))
+            known = np.concatenate([known, routes.match(new)])
+            self._row_routes = (routes, known)
+        return known[rows]
 
     def url_page(self, url: str | None, row: int | None) -> dict[str, Any]:
         """One row: where it is, why it failed, what route it follows."""
