@@ -11,7 +11,7 @@ with the server for the machine's cores) over a corpus of ``rows`` URLs, all due
   start-up);
 * the pool's renders per second in windows with the overview open in Chromium (it asks for
   its live part every second and for the charts every five) and without it, alternated, so
-  both see the same machine: medians and ranges.
+  both see the same machine, with the server's own CPU in each window: medians and ranges.
 
     .venv/bin/python bench/bench_dashboard.py [--smoke] [--out FILE] [--rows N]
 """
@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 from common import ROOT, figure, finish, on_exit, parse_args
 
 from engine import Engine
@@ -97,7 +98,7 @@ def _board_up(name: str) -> bool:
 
 
 @contextlib.contextmanager
-def pool_and_server(rows: int, tmp: Path) -> Iterator[tuple[str, str]]:
+def pool_and_server(rows: int, tmp: Path) -> Iterator[tuple[str, str, int]]:
     """A pool over ``rows`` due URLs and a dashboard over it."""
     name = f"rl-bench-dash-{os.getpid()}"
     csv = tmp / "corpus.csv"
@@ -106,8 +107,12 @@ def pool_and_server(rows: int, tmp: Path) -> Iterator[tuple[str, str]]:
         for i in range(rows):
             f.write(f"https://shop.example/p/{i},{3600 if i % 3 else 86400},"
                     f"{'submitted' if i % 4 else 'discovered'}\n")
+    routes = tmp / "routes.toml"
+    routes.write_text('[[route]]\nname = "even"\nregex = ".*[02468]"\ninterval = "1h"\n\n'
+                      '[[route]]\nname = "products"\nmatch = "https://shop.example/p/*"\n'
+                      'interval = "1d"\n')
     pool = _lanes("pool", name, "--corpus", str(csv), "--render", "bench_dashboard:busy",
-                  "--workers", "2", "--batch", "16", "--plain")
+                  "--workers", "2", "--batch", "16", "--plain", "--routes", str(routes))
     on_exit(lambda: _stop(pool))
     try:
         _wait(lambda: pool.poll() is None and _board_up(name), "the pool never started")
@@ -116,7 +121,7 @@ def pool_and_server(rows: int, tmp: Path) -> Iterator[tuple[str, str]]:
         try:
             url = f"http://127.0.0.1:{port}"
             _wait(lambda: _answers(url + "/api/policy"), "the server never answered", 60)
-            yield name, url
+            yield name, url, server.pid
         finally:
             _stop(server)
     finally:
@@ -163,36 +168,50 @@ def stats_costs(name: str, runs: int) -> tuple[list[float], list[float]]:
     return cli, inside
 
 
-def renders_per_s(name: str, seconds: float) -> float:
+def renders_per_s(name: str, seconds: float, server: psutil.Process) -> tuple[float, float]:
+    """The pool's renders per second over ``seconds``, and the server's CPU meanwhile (% of
+    one core)."""
     board = Board.attach(name)
     try:
-        t0, n0 = time.perf_counter(), board.totals()["renders"]
+        t0, n0, c0 = time.perf_counter(), board.totals()["renders"], _cpu(server)
         time.sleep(seconds)
-        return (board.totals()["renders"] - n0) / (time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
+        return (board.totals()["renders"] - n0) / dt, 100 * (_cpu(server) - c0) / dt
     finally:
         board.close()
 
 
-def open_page_cost(name: str, url: str, window_s: float, rounds: int, tmp: Path
-                   ) -> tuple[list[float], list[float]]:
-    """Renders/s without and with the overview open, alternated ``rounds`` times."""
+def _cpu(p: psutil.Process) -> float:
+    t = p.cpu_times()
+    return float(t.user + t.system)
+
+
+def open_page_cost(name: str, url: str, server_pid: int, window_s: float, rounds: int,
+                   tmp: Path) -> dict[str, list[float]]:
+    """Renders/s and the server's CPU without and with the overview open, alternated
+    ``rounds`` times."""
     from playwright.sync_api import sync_playwright
 
-    without, with_page = [], []
+    server = psutil.Process(server_pid)
+    out: dict[str, list[float]] = {k: [] for k in ("closed", "open", "cpu_closed", "cpu_open")}
     with sync_playwright() as pw:
         ctx = pw.chromium.launch_persistent_context(
             str(tmp / "profile"), executable_path="/usr/bin/chromium", headless=True,
             args=CHROMIUM_FLAGS)
         try:
             for _ in range(rounds):
-                without.append(renders_per_s(name, window_s))
+                rate, cpu = renders_per_s(name, window_s, server)
+                out["closed"].append(rate)
+                out["cpu_closed"].append(cpu)
                 page = ctx.new_page()
                 page.goto(url + "/")
-                with_page.append(renders_per_s(name, window_s))
+                rate, cpu = renders_per_s(name, window_s, server)
+                out["open"].append(rate)
+                out["cpu_open"].append(cpu)
                 page.close()
         finally:
             ctx.close()
-    return without, with_page
+    return out
 
 
 def p95(values: list[float]) -> float:
@@ -208,9 +227,9 @@ def main() -> None:
     rows = f"{c['rows'] // 1000}k rows"
     figs = []
     with tempfile.TemporaryDirectory(prefix="rl-bench-dash-") as d, \
-            pool_and_server(c["rows"], Path(d)) as (name, url):
+            pool_and_server(c["rows"], Path(d)) as (name, url, server_pid):
         time.sleep(3)  # the server's first samples
-        for path in ("/api/overview", "/api/failures"):
+        for path in ("/api/overview", "/api/failures", "/api/routes"):
             times = answer_times(url + path, c["requests"])
             figs.append({**figure(f"dashboard.answer_ms{path.replace('/', '.')}",
                                   f"GET {path}, {rows}, one request / 100 ms (p95 "
@@ -220,12 +239,13 @@ def main() -> None:
                            " (a process)", "ms", cli))
         figs.append(figure("dashboard.pool_report_ms", f"one pool_report, {rows} (in a process)",
                            "ms", inside))
-        without, with_page = open_page_cost(name, url, c["window_s"], c["rounds"], Path(d))
-        figs.append(figure("dashboard.renders_per_s.closed", f"pool renders/s, {rows}, no"
-                           " dashboard open", "renders/s", without, better="higher"))
-        figs.append(figure("dashboard.renders_per_s.open", f"pool renders/s, {rows}, the"
-                           " overview open in Chromium", "renders/s", with_page,
-                           better="higher"))
+        cost = open_page_cost(name, url, server_pid, c["window_s"], c["rounds"], Path(d))
+        for key, what in (("closed", "no dashboard open"),
+                          ("open", "the overview open in Chromium")):
+            figs.append(figure(f"dashboard.renders_per_s.{key}", f"pool renders/s, {rows},"
+                               f" {what}", "renders/s", cost[key], better="higher"))
+            figs.append(figure(f"dashboard.server_cpu.{key}", f"lanes serve's CPU, {rows},"
+                               f" {what}", "% of a core", cost[f"cpu_{key}"]))
     finish("bench_dashboard", args, figs, started)
 
 
