@@ -253,6 +253,13 @@ def test_retry_all_matching_asks_first_and_acts_on_every_match(setup: Setup) -> 
         w.page.get_by_role("button", name="Retry all matching").click()
         w.page.wait_for_selector(".flash")
         assert "retrying 2 of 2" in w.page.inner_text(".flash")
+        # An action only ever sends the browser back to a page of this server.
+        csrf = w.page.get_attribute("meta[name=csrf-token]", "content")
+        for back in ("//evil.example/", "/\\evil.example/", "https://evil.example/"):
+            answer = w.page.request.post(s.url + "/failures/retry", max_redirects=0, form={
+                "csrf": csrf or "", "row": str(_failing(s, "/broken/1").row), "back": back})
+            assert answer.status == 303
+            assert answer.headers["location"].startswith("/failures?done="), back
     finally:
         w.close()
 

@@ -164,8 +164,8 @@ async def failures_action(request: web.Request) -> web.Response:
         note = f"refused: {e}"
     fig.forget("failures", "overview")
     back = str(form.get("back", "/failures"))
-    if not back.startswith("/") or back.startswith("//"):
-        back = "/failures"  # only ever back to a page of this server
+    if not back.startswith("/") or back.startswith("//") or "\\" in back:
+        back = "/failures"  # only ever back to a page of this server (browsers read \ as /)
     sep = "&" if "?" in back else "?"
     raise web.HTTPSeeOther(f"{back}{sep}done={urllib.parse.quote(note)}")
 

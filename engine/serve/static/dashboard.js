@@ -23,7 +23,11 @@
       if (busy || document.hidden) return;
       busy = true;
       fetch("/live", {headers: {"Accept": "text/html"}})
-        .then(function (r) { return r.ok ? r.text() : Promise.reject(r.status); })
+        .then(function (r) {
+          // A session that ended is sent to the login form: go there, not into the table.
+          if (r.redirected) { window.location.assign(r.url); return Promise.reject(r.url); }
+          return r.ok ? r.text() : Promise.reject(r.status);
+        })
         .then(function (html) { live.innerHTML = html; })
         .catch(function () { /* the server restarting: the next tick tries again */ })
         .finally(function () { busy = false; });
