@@ -169,6 +169,7 @@ class SnapshotStore:
         self._lock = threading.Lock()  # one connection, several threads (the server's)
         self.written = 0
         self.unchanged = 0
+        self.created = False  # whether the open that made this object made the store
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -182,6 +183,7 @@ class SnapshotStore:
         """
         path = os.path.abspath(os.fspath(directory))
         made = _make_directories(path) if create else None
+        created = False
         try:
             if not os.path.isdir(path):
                 raise StoreError(f"no snapshot store at {path}"
@@ -194,11 +196,14 @@ class SnapshotStore:
                                      + ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5
                                                                  else ""))
                 if not create:
-                    raise StoreError(f"no snapshot store at {path} (create it with --store)")
+                    raise StoreError(f"no snapshot store at {path}")
                 _create_database(database)
+                created = True
             _mkdir(os.path.join(path, FILES))
             _probe(os.path.join(path, FILES))
-            return cls(path, _connect(database))
+            store = cls(path, _connect(database))
+            store.created = created
+            return store
         except OSError as e:
             _remove(made)
             raise StoreError(f"cannot open the snapshot store {path}: {e.strerror or e}"

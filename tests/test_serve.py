@@ -317,6 +317,11 @@ def test_login_sets_a_session_cookie_that_opens_the_server(store_dir: Path,
                            headers={"Content-Type": form, "Cookie": cookie_header(jar)})
 
         assert login(TOKEN, with_csrf=False)[0] == 403
+        evil = urllib.parse.quote('/"><script>alert(1)</script>', safe="")
+        _, _, page = request(base, f"/login?next={evil}")
+        assert b"<script>" not in page and b"&lt;script&gt;" in page
+        _, _, page = request(base, "/login?next=https%3A%2F%2Felsewhere.example%2F")
+        assert b'name="next" value="/"' in page  # never another site
         status, _, page = login("not-the-token-at-all")
         assert status == 401 and b"Wrong token" in page
         status, h, _ = login(TOKEN)
@@ -453,3 +458,19 @@ def test_a_pool_on_redis_is_served_too(store_dir: Path, redis_server: Any) -> No
             assert request(base, "/https://shop.example/old")[0] == 301
     finally:
         dispose(eng, name)
+
+
+def test_serving_a_directory_without_a_store_says_it_made_an_empty_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli import main
+
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        assert main(["serve", "--store", str(tmp_path / "typo"), "--port", "0",
+                     "--seconds", "0.2"]) == 0
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    out, err = capsys.readouterr()
+    assert "made an empty one" in err and out.startswith("lanes serve: snapshots")
+    with SnapshotStore.open(tmp_path / "typo", create=False) as s:
+        assert s.statistics()["snapshots"] == 0

@@ -197,9 +197,10 @@ def test_open_without_create_needs_a_store(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(StoreError, match="no snapshot store"):
         SnapshotStore.open(tmp_path / "empty", create=False)
-    SnapshotStore.open(tmp_path / "made").close()
+    with SnapshotStore.open(tmp_path / "made") as made:
+        assert made.created
     with SnapshotStore.open(tmp_path / "made", create=False) as s:
-        assert s.statistics()["snapshots"] == 0
+        assert s.statistics()["snapshots"] == 0 and not s.created
 
 
 def test_a_closed_store_refuses_calls(store: SnapshotStore) -> None:

@@ -201,6 +201,10 @@ def run(options: ServeOptions, *, seconds: float | None = None,
         children = _fork_workers(options, guard, sock, options.processes - 1)
         try:
             parts = open_parts(options)  # a store or pool that cannot be opened stops us here
+            if parts.store is not None and parts.store.created:
+                print(f"lanes serve: {parts.store.directory} held no snapshot store: made an"
+                      " empty one (every URL is a 404 until a pool renders into it)",
+                      file=sys.stderr, flush=True)
             if announce is not None:
                 announce(base)
             asyncio.run(_serve(options, guard, sock, parts, seconds))

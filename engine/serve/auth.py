@@ -275,4 +275,5 @@ def add_login_routes(app: web.Application, auth: Auth) -> None:
 
 def _form(request: web.Request, target: str, error: str, status: int) -> web.Response:
     return web.Response(status=status, content_type="text/html", text=_FORM.format(
-        error=error, csrf=escape(request["csrf"]), next=escape(target)))
+        error=error, csrf=escape(request["csrf"]), next=escape(target)), headers={
+            "Content-Security-Policy": "default-src 'none'; form-action 'self'"})
