@@ -429,6 +429,9 @@ def test_a_url_page_links_its_snapshot_and_the_overview_shows_served_staleness(
         w.page.goto(s.url + "/url?url=" + urllib.parse.quote(url, safe=""))
         link = w.page.get_by_role("link", name="open the snapshot")
         assert "× its interval old" in w.page.inner_text("main")
+        shot = s.tmp / "shots" / "url-with-snapshot-1280.png"
+        w.page.screenshot(path=shot, full_page=True)
+        shutil.copy(shot, SHOTS / ("redis" if s.redis else "shm") / shot.name)
         assert w.errors == []
         link.click()
         w.page.wait_for_load_state("networkidle")
