@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
+import signal
 import time
 import urllib.error
 import urllib.parse
@@ -448,3 +450,23 @@ def test_a_url_page_links_its_snapshot_and_the_overview_shows_served_staleness(
     finally:
         w.close()
     assert w.errors == []
+
+
+def test_a_restarted_worker_shows_its_new_pid_and_its_restart(setup: Setup) -> None:
+    def workers() -> list[dict[str, Any]]:
+        with urllib.request.urlopen(setup.url + "/api/overview", timeout=10) as r:
+            got: list[dict[str, Any]] = json.load(r)["workers"]
+        return got
+
+    first = workers()[0]
+    os.kill(first["pid"], signal.SIGKILL)
+    wait_for(lambda: workers()[0]["restarts"] == first["restarts"] + 1, timeout=30)
+    again = workers()[0]
+    assert again["pid"] not in (0, first["pid"])
+    w = Watched(setup.browser)
+    try:
+        w.page.goto(setup.url + "/")
+        cells = w.page.locator("#workers tbody tr").first.locator("th, td").all_inner_texts()
+        assert cells[0] == str(again["pid"]) and cells[-1] == str(again["restarts"])
+    finally:
+        w.close()
