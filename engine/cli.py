@@ -372,8 +372,7 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _failures(args: argparse.Namespace) -> int:
-    from .pool.failures import PARKED_MS, FailureLog
-    from .pool.progress import format_due
+    from .pool.failures import FailureLog, failure_rows
     from .pool.view import print_table
 
     eng = _engine(args)
@@ -383,23 +382,8 @@ def _failures(args: argparse.Namespace) -> int:
             entries = log.entries()
         finally:
             log.close()
-        now = wall_ms()
         wanted = None if args.lane is None else _lane_number(eng, args.lane)
-        rows = []
-        for e in entries:
-            info = eng.describe(e.row, now_ms=now)
-            lane = info["lane"]
-            if wanted is not None and lane != wanted:
-                continue
-            due = info["due_ms"]
-            retry = ("removed" if due is None else "parked (rush or re-add)"
-                     if due == PARKED_MS else format_due(due, now))
-            rows.append({"row": e.row, "url": e.url, "failures": e.failures,
-                         "lane": None if lane is None else eng.lane_name(lane),
-                         "last_error": e.reason, "permanent": e.permanent,
-                         "last_failed_ms": e.last_ms, "next_retry_ms": due, "next_retry": retry})
-            if len(rows) >= args.limit:
-                break
+        rows = failure_rows(eng, entries, wall_ms(), wanted, args.limit)
     finally:
         eng.close()
     if args.json:

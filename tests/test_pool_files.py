@@ -97,14 +97,14 @@ def test_a_board_of_another_layout_version_is_refused() -> None:
     name = unique_name()
     board = Board.create(name, 2, Clock.wall(), os.getpid(), 0)
     try:
-        assert VERSION == 2
-        board._header[H_VERSION] = 1  # a board written before the per-lane histograms
-        with pytest.raises(LayoutMismatch, match="layout v1; this engine reads v2"):
+        assert VERSION == 3
+        board._header[H_VERSION] = 2  # a board written before the workers' current row
+        with pytest.raises(LayoutMismatch, match="layout v2; this engine reads v3"):
             Board.attach(name)
         board._header[H_VERSION] = VERSION
         Board.attach(name).close()
         assert os.path.getsize(Board.path(name)) == (HEADER + 2 * (7 + 16 + 64 + 64 + 2048
-                                                                  + 128)) * 8
+                                                                  + 128 + 2)) * 8
     finally:
         board.close()
         Board.unlink(name)

@@ -64,7 +64,7 @@ from .render import KINDS, Failure
 
 SUFFIX = "failures"
 APPLICATION_ID = 0x524C_4631  # "RLF1": a database that is not ours is refused on attach
-SCHEMA_VERSION = 1  # PRAGMA user_version; bump when the table changes
+SCHEMA_VERSION = 2  # PRAGMA user_version; bump when a table changes
 BUSY_TIMEOUT_S = 5.0
 
 _SCHEMA = f"""
@@ -82,6 +82,9 @@ CREATE TABLE failures (
     http_status INTEGER NULL
 );
 CREATE INDEX failures_by_last ON failures (last_ms);  -- newest first, without a sort
+CREATE TABLE parking (
+    row INTEGER PRIMARY KEY    -- to be parked by the worker that claims it next, unrendered
+);
 """
 
 _COLUMNS = "row, url, failures, first_ms, last_ms, reason, kind, permanent, http_status"
@@ -263,6 +266,30 @@ class FailureLog:
                 raise
         return len(params)
 
+    def request_park(self, rows: Sequence[int]) -> None:
+        """Ask the pool to park ``rows``: parking takes a lease, so the worker that next claims
+        one of them parks it instead of rendering it (it asks :meth:`parking` per batch)."""
+        ids = _row_list(rows)
+        with self._sql("request a park") as db:
+            db.execute("INSERT OR IGNORE INTO parking SELECT value FROM json_each(?)", (ids,))
+
+    def cancel_park(self, rows: Sequence[int]) -> None:
+        """Forget the park requests of ``rows`` (a retry was asked for, or the park is done)."""
+        ids = _row_list(rows)
+        if ids == "[]":
+            return
+        with self._sql("cancel a park") as db:
+            db.execute(f"DELETE FROM parking WHERE {_IN_ROWS}", (ids,))
+
+    def parking(self, rows: Sequence[int] | None = None) -> set[int]:
+        """Of ``rows`` (of every row if None), those with a park request."""
+        sql, params = "SELECT row FROM parking", []
+        if rows is not None:
+            sql += f" WHERE {_IN_ROWS}"
+            params.append(_row_list(rows))
+        with self._sql("read park requests") as db:
+            return {r for (r,) in db.execute(sql, params).fetchall()}
+
     # -- reading --------------------------------------------------------------------------------
 
     def entries(self, rows: Sequence[int] | None = None,
@@ -332,6 +359,59 @@ class FailureLog:
         else:
             _ABANDONED.append(self._conn)  # never finalised here: see the module docstring
         self._conn, self._pid = None, 0
+
+
+DESCRIBE_AT_MOST = 256
+"""``failure_rows`` asks the engine about each row up to this many rows (a round trip each on
+Redis); past it, it reads every row's schedule in one export instead."""
+
+
+def failure_rows(eng: Any, entries: Sequence[FailureEntry], now_ms: int,
+                 lane: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """``entries`` with what the engine says of their rows now (lane, next try; ``kind``:
+    ``parked``, ``permanent`` or ``transient``), in lane ``lane`` only if given, at most
+    ``limit``: the rows of ``lanes failures --json`` and of the dashboard."""
+    from .progress import format_due
+
+    where = _lanes_and_dues(eng, [e.row for e in entries], now_ms)
+    rows: list[dict[str, Any]] = []
+    for e in entries:
+        if limit is not None and len(rows) >= limit:
+            break
+        row_lane, due = where.get(e.row, (None, None))
+        if lane is not None and row_lane != lane:
+            continue
+        retry = ("removed" if due is None else "parked (rush or re-add)"
+                 if due == PARKED_MS else format_due(due, now_ms))
+        rows.append({"row": e.row, "url": e.url, "failures": e.failures,
+                     "lane": None if row_lane is None else eng.lane_name(row_lane),
+                     "last_error": e.reason, "permanent": e.permanent,
+                     "kind": "parked" if due == PARKED_MS else "permanent" if e.permanent
+                     else "transient",
+                     "first_failed_ms": e.first_ms, "last_failed_ms": e.last_ms,
+                     "next_retry_ms": due, "next_retry": retry})
+    return rows
+
+
+def _lanes_and_dues(eng: Any, rows: list[int], now_ms: int) -> dict[int, tuple[int, int]]:
+    """{row: (lane, due_ms)} of those of ``rows`` still queued."""
+    if len(rows) <= DESCRIBE_AT_MOST:
+        out = {}
+        for r in rows:
+            info = eng.describe(r, now_ms=now_ms)
+            if info["due_ms"] is not None:
+                out[r] = (info["lane"], info["due_ms"])
+        return out
+    import numpy as np
+
+    from ..checkpoint import snapshot
+
+    queued, cols = snapshot(eng)  # row ids ascending
+    wanted = np.asarray(rows, np.int64)
+    at = np.minimum(np.searchsorted(queued, wanted), max(0, len(queued) - 1))
+    found = (queued[at] == wanted) if len(queued) else np.zeros(len(wanted), bool)
+    return {int(r): (int(cols["lane"][i]), int(cols["due_ms"][i]))
+            for r, i, ok in zip(wanted.tolist(), at.tolist(), found.tolist(), strict=True) if ok}
 
 
 def _path(name: str) -> str:

@@ -220,6 +220,13 @@ def route_figures(eng: QueueEngine, urls: Sequence[str], routes: Routes, now_ms:
     of its queued rows how many there are, how many are due (backlog), failing and parked."""
     rows, cols = checkpoint.snapshot(eng)
     ids = routes.match([urls[r] for r in rows.tolist()]) if len(rows) else np.empty(0, np.int16)
+    return route_counts(routes, ids, cols, now_ms)
+
+
+def route_counts(routes: Routes, ids: np.ndarray, cols: dict[str, np.ndarray], now_ms: int
+                 ) -> list[dict[str, Any]]:
+    """``route_figures`` from the route index of each queued row (``ids``, -1: none) and the
+    rows' columns as ``checkpoint.snapshot`` gives them."""
     due, failing = cols["due_ms"], cols["failures"] > 0
     out = []
     for i, route in [*enumerate(routes.routes), (-1, None)]:

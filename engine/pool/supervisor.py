@@ -57,7 +57,17 @@ from ..errors import (
 from ..policy import LanePolicy
 from ..process import is_running, process_start_ms
 from ..segment import Segment
-from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, Board, Clock, record_render
+from .board import (
+    F_CURRENT_ROW,
+    F_LEASE_LOST,
+    F_PID,
+    F_RELEASED,
+    F_RENEWED,
+    F_STARTS,
+    Board,
+    Clock,
+    record_render,
+)
 from .failures import PARKED_MS, FailureLog
 from .grow import Added, add_corpus, store_routes, unlink_routes
 from .hosts import HostGate
@@ -241,6 +251,7 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
     gate = HostGate.attach(local) if spec.polite else None
     slot = board.slot(slot_index)
     slot[F_PID] = os.getpid()
+    slot[F_STARTS] += 1
     lease_ms = clock.virtual_ms(spec.lease_s * 1000)
     render = spec.render.build()
     worker = _Worker(spec, eng, failures, render, clock, now, slot)
@@ -265,9 +276,13 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
             held.hold(batch)
             done: list[int] = []
             later: list[int] = []
+            parking = failures.parking(batch.rows.tolist())
             for c, url in zip(batch, urls.many(batch.rows.tolist()), strict=True):
                 if leaving():
                     break
+                if c.row in parking:
+                    worker.park(c, url, held)
+                    continue
                 if gate is None:
                     worker.render_one(c, url, held, done)
                     continue
@@ -328,11 +343,14 @@ class _Worker:
         info = eng.describe(c.row, now_ms=now)
         age_over_ttl = 1.0 + max(0, now - c.due_ms) / (1000 * int(info["interval_s"]))
         t0 = time.perf_counter()
+        self.slot[F_CURRENT_ROW] = c.row + 1
         try:
             self.render(url, c)
             failure = None
         except Exception as exc:
             failure = self.spec.render.classify(exc)
+        finally:
+            self.slot[F_CURRENT_ROW] = 0
         record_render(self.slot, c.lane, time.perf_counter() - t0, age_over_ttl,
                       failure is None)
         if failure is None:
@@ -362,6 +380,18 @@ class _Worker:
             then = (f"{'permanent, ' if failure.permanent else ''}retry"
                     f" {format_due(due, clock.now_ms())}")
         log.warning("%s (row %d) failed: %s; %s", url, c.row, failure.reason, then)
+
+
+    def park(self, c: Claim, url: str, held: _Held) -> None:
+        """Park ``c`` unrendered, as an operator asked (``FailureLog.request_park``)."""
+        rows, tokens = held.take([c.row])
+        if rows:
+            try:
+                self.eng.fail(c.row, tokens[0], retry_at_ms=PARKED_MS, now_ms=self.now())
+                log.warning("%s (row %d) parked on request", url, c.row)
+            except LeaseLost:
+                self.slot[F_LEASE_LOST] += 1
+        self.failures.cancel_park([c.row])
 
 
 def _alive(pid: int) -> bool:

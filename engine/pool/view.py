@@ -129,18 +129,24 @@ def pool_report(eng: Engine, board: Board) -> dict[str, Any]:
     now = board.clock.now_ms()
     stats = eng.stats(now_ms=now)
     totals = board.totals()
-    real_s, pool_s = elapsed_s(board)
+    real_s, _ = elapsed_s(board)
     per_lane = lane_sums(totals)
     per_s = {ln["lane"]: float(per_lane[ln["lane"]]) / real_s if real_s > 0 else None
              for ln in stats["lanes"]}
     figures = lane_figures(stats, totals, progress.next_due(eng, now), per_s, now)
+    return {**stats, "lanes": figures, "pool": pool_figures(board, totals, now)}
+
+
+def pool_figures(board: Board, totals: dict[str, Any], now_ms: int) -> dict[str, Any]:
+    """The pool's own numbers (``pool_report``'s ``pool``): its supervisor, clock and counters,
+    renders per second over the whole run."""
+    real_s, pool_s = elapsed_s(board)
     pid, start = board.supervisor
-    pool = {"supervisor_pid": pid, "supervisor_running": is_running(pid, start),
-            "now_ms": now, "time_scale": board.clock.scale, "elapsed_s": round(real_s, 3),
+    return {"supervisor_pid": pid, "supervisor_running": is_running(pid, start),
+            "now_ms": now_ms, "time_scale": board.clock.scale, "elapsed_s": round(real_s, 3),
             "pool_elapsed_s": round(pool_s, 3), "workers": board.slots,
             "renders_per_s": round(totals["renders"] / real_s, 3) if real_s > 0 else None,
             **{k: v for k, v in totals.items() if not k.startswith("lane_")}}
-    return {**stats, "lanes": figures, "pool": pool}
 
 
 def print_pool_report(r: dict[str, Any], out: TextIO | None = None, plain: bool = False) -> None:

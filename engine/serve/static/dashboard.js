@@ -1,0 +1,111 @@
+// The dashboard's only script: the overview's live part and charts, and confirmations.
+// Every request goes to the server that sent the page; text is never parsed as HTML except the
+// server's own escaped fragment (/live).
+"use strict";
+
+(function () {
+  const PALETTE = ["#0b5cad", "#b42318", "#1a7f37", "#9a6700", "#6f42c1", "#0a7a8a",
+                   "#c2410c", "#4b5563", "#be185d", "#15803d", "#1d4ed8", "#a16207"];
+  const HISTORY_EVERY_MS = 5000;
+
+  // -- forms that act on every matching row ask first --------------------------------------
+  document.addEventListener("submit", function (ev) {
+    const ask = ev.target.getAttribute("data-confirm");
+    if (ask && !window.confirm(ask)) ev.preventDefault();
+  });
+
+  // -- the overview's live part ------------------------------------------------------------
+  const live = document.getElementById("live");
+  if (live) {
+    const every = Number(live.getAttribute("data-every-ms")) || 1000;
+    let busy = false;
+    setInterval(function () {
+      if (busy || document.hidden) return;
+      busy = true;
+      fetch("/live", {headers: {"Accept": "text/html"}})
+        .then(function (r) {
+          // A session that ended is sent to the login form: go there, not into the table.
+          if (r.redirected) { window.location.assign(r.url); return Promise.reject(r.url); }
+          return r.ok ? r.text() : Promise.reject(r.status);
+        })
+        .then(function (html) { live.innerHTML = html; })
+        .catch(function () { /* the server restarting: the next tick tries again */ })
+        .finally(function () { busy = false; });
+    }, every);
+  }
+
+  // -- the charts ----------------------------------------------------------------------------
+  const boxes = Array.prototype.slice.call(document.querySelectorAll(".chart"));
+  if (!boxes.length || typeof uPlot === "undefined") return;
+  const charts = new Map();  // box -> {plot, lanes}
+
+  // From 0 up; age / TTL shows at least 0..1.5 (1.0 = exactly on time), even with no renders.
+  function yRange(key) {
+    const least = key === "age_over_ttl" ? 1.5 : 1;
+    return function (u, min, max) { return [0, Math.max(least, (max || 0) * 1.1)]; };
+  }
+
+  function options(box, lanes) {
+    return {
+      width: Math.max(240, box.clientWidth - 4), height: 200,
+      scales: {x: {time: true}, y: {range: yRange(box.getAttribute("data-series"))}},
+      series: [{}].concat(lanes.map(function (name, i) {
+        return {label: name, stroke: PALETTE[i % PALETTE.length], width: 1.5};
+      })),
+      axes: [{}, {size: 50}],
+      legend: {live: false},
+    };
+  }
+
+  function note(h) {
+    const el = document.getElementById("history-note");
+    if (!el) return;
+    const since = new Date(h.since_ms).toLocaleTimeString([], {hour: "2-digit", minute: "2-digit"});
+    el.textContent = "Sampled by this server every " + h.every_s + " s" + (h.full ? "." :
+      " since it started at " + since + ": the charts cover only the " +
+      (h.covers_s < 120 ? Math.round(h.covers_s) + " s" : Math.round(h.covers_s / 60) + " min") +
+      " it has been up, not the whole hour.");
+  }
+
+  function draw(h) {
+    note(h);
+    boxes.forEach(function (box) {
+      const waiting = box.querySelector(".waiting");
+      if (h.t.length < 2) {
+        if (!waiting) {
+          const note = document.createElement("p");
+          note.className = "waiting note";
+          note.textContent = "Collecting samples (one every " + h.every_s + " s)…";
+          box.appendChild(note);
+        }
+        return;
+      }
+      if (waiting) waiting.remove();
+      const key = box.getAttribute("data-series");
+      const data = [h.t].concat(h[key]);
+      const had = charts.get(box);
+      if (had && had.lanes.join("\n") === h.lanes.join("\n")) {
+        had.plot.setData(data);
+        return;
+      }
+      if (had) had.plot.destroy();
+      charts.set(box, {plot: new uPlot(options(box, h.lanes), data, box), lanes: h.lanes});
+    });
+  }
+
+  function history() {
+    if (document.hidden && charts.size) return;
+    fetch("/api/history")
+      .then(function (r) { return r.ok ? r.json() : Promise.reject(r.status); })
+      .then(draw)
+      .catch(function () {});
+  }
+
+  history();
+  setInterval(history, HISTORY_EVERY_MS);
+  window.addEventListener("resize", function () {
+    charts.forEach(function (c, box) {
+      c.plot.setSize({width: Math.max(240, box.clientWidth - 4), height: 200});
+    });
+  });
+})();

@@ -1,0 +1,472 @@
+"""The dashboard in real Chromium (Playwright) against a real pool run by ``lanes pool``.
+
+The pool renders a local site with curl: forty good pages, two that answer 500 (transient
+failures, retried after a back-off) and one whose URL holds a ``<script>`` (a 404: permanent).
+Each backend runs the same tests: the engine in shared memory, and a queue on a real
+redis-server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dashboard_testlib import (
+    GOOD,
+    HOSTILE,
+    browser,
+    corpus_csv,
+    engine_of,
+    failure_entry,
+    fill_store,
+    pool_cli,
+    routes_toml,
+    serving,
+    site,
+    wait_for_pool,
+)
+from lanes_testlib import unique_name
+from pool_testlib import cli, wait_for
+from redis_server import RedisServer
+
+from engine.pool.failures import PARKED_MS
+
+SHOTS = Path("/work/notes/shots")
+PAGES = (("overview", "/"), ("failures", "/failures"), ("routes", "/routes"),
+         ("policy", "/policy"))
+WIDTHS = (1280, 390)
+
+
+TOKEN = "dashboard-test-token-0123456789"
+
+
+@dataclass
+class Setup:
+    name: str  # the queue
+    local: str  # this host's pool files
+    redis: str | None
+    url: str  # the dashboard (with a store on shared memory)
+    read_only_url: str
+    token_url: str  # a token-protected server
+    tmp: Path
+    browser: Any
+    site: str  # the site the pool renders
+
+    def pool_args(self) -> tuple[str, ...]:
+        return ("--redis", self.redis, "--local-name", self.local) if self.redis else ()
+
+
+@pytest.fixture(scope="module", params=["shm", "redis"])
+def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[Setup]:
+    tmp = tmp_path_factory.mktemp(f"dashboard-{request.param}")
+    name = unique_name()
+    local = unique_name() if request.param == "redis" else name
+    with contextlib.ExitStack() as stack:
+        redis = None
+        if request.param == "redis":
+            redis = stack.enter_context(RedisServer()).url
+        s = stack.enter_context(site())
+        csv = corpus_csv(tmp, s)
+        more = ("--redis", redis, "--local-name", local) if redis else ()
+        stack.enter_context(pool_cli(name, csv, *more, "--routes", str(routes_toml(tmp))))
+        wait_for_pool(name, local, redis, failures=3)
+        store = tmp / "store"  # snapshots, as a pool with --browser --store leaves them
+        fill_store(store, [f"{s.url()}{p}" for p in GOOD[:10]], lane=1)
+        with_store = ("--store", str(store))
+        url = stack.enter_context(serving(name, *more, *with_store))
+        read_only = stack.enter_context(serving(name, *more, "--read-only"))
+        token_file = tmp / "token"
+        token_file.write_text(TOKEN + "\n")
+        token_file.chmod(0o600)
+        token = stack.enter_context(serving(name, *more, "--token-file", str(token_file)))
+        ctx = stack.enter_context(browser(tmp / "profile"))
+        yield Setup(name, local, redis, url, read_only, token, tmp, ctx, s.url())
+        if redis is not None:
+            from engine.redis.urls import RedisUrls
+
+            eng = engine_of(name, redis)
+            RedisUrls(eng).drop()
+            eng.close()
+
+
+class Watched:
+    """A page with its console errors, uncaught exceptions, dialogs and requests recorded."""
+
+    def __init__(self, ctx: Any, width: int = 1280) -> None:
+        self.page = ctx.new_page()
+        self.page.set_viewport_size({"width": width, "height": 900})
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error"
+                     else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("dialog", self._dialog)
+        self.answer: Any = lambda dialog: dialog.dismiss()
+
+    def _dialog(self, dialog: Any) -> None:
+        self.dialogs.append(dialog.message)
+        self.answer(dialog)
+
+    def close(self) -> None:
+        self.page.close()
+
+
+UNNAMED_CONTROLS = """() => Array.from(document.querySelectorAll(
+    'a, button, input:not([type=hidden]), select, textarea, [tabindex]'))
+  .filter(el => {
+    const own = (el.getAttribute('aria-label') || el.textContent || '').trim();
+    const labelled = el.labels && el.labels.length > 0;
+    const by = el.getAttribute('aria-labelledby');
+    return !(own || labelled || (by && document.getElementById(by)));
+  }).map(el => el.outerHTML.slice(0, 80))"""
+"""Every control with no accessible name: its text, a label, aria-label or aria-labelledby."""
+
+
+def _failing(s: Setup, part: str) -> Any:
+    entry = failure_entry(s.local, part)
+    assert entry is not None, f"no failure of {part} yet"
+    return entry
+
+
+def test_every_page_loads_with_no_console_error_and_no_request_elsewhere(setup: Setup
+                                                                          ) -> None:
+    s = setup
+    row = _failing(s, "/broken/1").row
+    shots = s.tmp / "shots"
+    shots.mkdir(exist_ok=True)
+    for width in WIDTHS:
+        w = Watched(s.browser, width)
+        try:
+            for page, path in (*PAGES, ("url", f"/url?row={row}")):
+                w.page.goto(s.url + path)
+                if page == "overview":  # its charts drawn, over a few samples
+                    w.page.wait_for_selector(".chart .uplot", timeout=15_000)
+                w.page.screenshot(path=shots / f"{page}-{width}.png", full_page=True)
+                assert w.page.evaluate(UNNAMED_CONTROLS) == [], page
+                assert w.page.evaluate("document.documentElement.scrollWidth") <= width, (
+                    f"{page} is wider than {width} px")
+        finally:
+            w.close()
+        assert w.errors == []
+        assert w.requests and all(u.startswith(s.url + "/") for u in w.requests), w.requests
+    backend = "redis" if s.redis else "shm"
+    (SHOTS / backend).mkdir(parents=True, exist_ok=True)
+    for png in shots.iterdir():
+        shutil.copy(png, SHOTS / backend / png.name)
+
+
+def test_the_lane_table_changes_without_a_reload(setup: Setup) -> None:
+    w = Watched(setup.browser)
+    try:
+        w.page.goto(setup.url + "/")
+        w.page.evaluate("window.notReloaded = true")
+        first = w.page.inner_text("#live")
+        w.page.wait_for_function(
+            "text => document.getElementById('live').innerText !== text", arg=first,
+            timeout=15_000)
+        assert w.page.evaluate("window.notReloaded") is True
+        assert w.page.locator("#lanes tbody tr").count() >= 2
+    finally:
+        w.close()
+    assert w.errors == []
+
+
+def test_retry_makes_the_pool_try_a_failing_url_again_within_seconds(setup: Setup) -> None:
+    s = setup
+    eng = engine_of(s.name, s.redis)
+    try:
+        def back_off_ms() -> int:
+            return int(eng.describe(_failing(s, "/broken/1").row)["due_ms"]
+                       - time.time() * 1000)
+
+        # A back-off long enough to tell a retry from it (the next failure backs off longer).
+        wait_for(lambda: back_off_ms() > 10_000, timeout=90)
+        before = _failing(s, "/broken/1")
+        left_ms = back_off_ms()
+    finally:
+        eng.close()
+    w = Watched(s.browser)
+    try:
+        w.page.goto(s.url + "/failures?q=broken/1")
+        clicked = time.monotonic()
+        w.page.get_by_role("button", name=f"Retry {before.url}", exact=True).click()
+        w.page.wait_for_selector(".flash")
+        wait_for(lambda: _failing(s, "/broken/1").last_ms > before.last_ms, timeout=5)
+        took = time.monotonic() - clicked
+        assert "retrying 1 of 1" in w.page.inner_text(".flash")
+    finally:
+        w.close()
+    assert took < 3.0 and took * 1000 < left_ms / 2, (took, left_ms)
+
+
+def test_park_parks_it(setup: Setup) -> None:
+    s = setup
+    entry = _failing(s, "/broken/2")
+    w = Watched(s.browser)
+    try:
+        w.page.goto(s.url + "/failures?q=broken/2")
+        w.page.get_by_role("button", name=f"Park {entry.url}", exact=True).click()
+        eng = engine_of(s.name, s.redis)
+        try:
+            wait_for(lambda: eng.describe(entry.row)["due_ms"] == PARKED_MS, timeout=5)
+        finally:
+            eng.close()
+
+        def listed() -> bool:  # the failure list is shared for a couple of seconds
+            w.page.goto(s.url + "/failures?kind=parked")
+            return entry.url in w.page.inner_text("#failures")
+
+        wait_for(listed, timeout=10)
+    finally:
+        w.close()
+    assert w.errors == []
+
+
+def test_retry_all_matching_asks_first_and_acts_on_every_match(setup: Setup) -> None:
+    s = setup
+    w = Watched(s.browser)
+    asked: list[str] = []
+
+    def answer(dialog: Any) -> None:
+        asked.append(dialog.message)
+        dialog.dismiss() if len(asked) == 1 else dialog.accept()
+
+    w.answer = answer
+    try:
+        w.page.goto(s.url + "/failures?q=broken")
+        w.page.get_by_role("button", name="Retry all matching").click()  # dismissed
+        assert len(asked) == 1 and "2 matching" in asked[0]
+        assert w.page.locator(".flash").count() == 0
+        w.page.get_by_role("button", name="Retry all matching").click()
+        w.page.wait_for_selector(".flash")
+        assert "retrying 2 of 2" in w.page.inner_text(".flash")
+        # An action only ever sends the browser back to a page of this server.
+        csrf = w.page.get_attribute("meta[name=csrf-token]", "content")
+        for back in ("//evil.example/", "/\\evil.example/", "https://evil.example/"):
+            answer = w.page.request.post(s.url + "/failures/retry", max_redirects=0, form={
+                "csrf": csrf or "", "row": str(_failing(s, "/broken/1").row), "back": back})
+            assert answer.status == 303
+            assert answer.headers["location"].startswith("/failures?done="), back
+    finally:
+        w.close()
+
+
+def test_a_policy_edit_takes_effect_and_a_bad_value_shows_the_engine_s_error(setup: Setup
+                                                                             ) -> None:
+    s = setup
+    eng = engine_of(s.name, s.redis)
+    w = Watched(s.browser)
+    try:
+        w.page.goto(s.url + "/policy")
+        w.page.get_by_label("Urgent cap").fill("0.3")
+        w.page.get_by_label("discovered floor").fill("0.15")
+        w.page.get_by_role("button", name="Apply the policy").click()
+        w.page.wait_for_selector(".flash")
+        assert eng.policy.urgent_max_share == 0.3
+        assert eng.policy.min_share["discovered"] == 0.15
+        w.page.get_by_label("Urgent cap").fill("1.5")
+        w.page.get_by_role("button", name="Apply the policy").click()
+        error = w.page.get_by_role("alert").inner_text()
+        assert "urgent_max_share must lie in [0, 1], got 1.5" in error
+        assert w.page.get_by_label("Urgent cap").input_value() == "1.5"  # kept to correct
+        assert eng.policy.urgent_max_share == 0.3  # nothing changed
+        w.page.goto(s.url + "/policy")
+        w.page.get_by_label("submitted/b0", exact=True).fill("heavy")
+        w.page.get_by_role("button", name="Apply the policy").click()
+        assert "weights['submitted/b0'] must be a number" in w.page.get_by_role(
+            "alert").inner_text()
+        w.page.goto(s.url + "/policy")
+        w.page.get_by_label("Urgent cap").fill("0.2")
+        w.page.get_by_label("discovered floor").fill("0.1")
+        w.page.get_by_role("button", name="Apply the policy").click()
+        w.page.wait_for_selector(".flash")
+        assert eng.policy.urgent_max_share == 0.2
+    finally:
+        w.close()
+        eng.close()
+
+
+def test_a_url_holding_a_script_is_shown_as_text(setup: Setup) -> None:
+    w = Watched(setup.browser)
+    try:
+        for path in ("/failures", f"/url?url={urllib.parse.quote(_hostile(setup))}"):
+            w.page.goto(setup.url + path)
+            assert w.page.get_by_text(HOSTILE, exact=False).count() >= 1
+            assert w.page.locator("script").count() == 2  # ours: uPlot and the dashboard's
+            assert w.page.evaluate("typeof window.alert") == "function"
+        # A filter no form offers is refused in words, and those words are text too.
+        answer = w.page.goto(setup.url + "/failures?kind=" + urllib.parse.quote(
+            "<script>alert(2)</script>"))
+        assert answer is not None and answer.status == 400
+        assert "kind must be one of" in w.page.get_by_role("alert").inner_text()
+        assert w.page.locator("script").count() == 2
+        w.errors = [e for e in w.errors if "400 (Bad Request)" not in e]
+        assert w.dialogs == []
+    finally:
+        w.close()
+    assert w.errors == []
+
+
+def _hostile(s: Setup) -> str:
+    return _failing(s, "<script>").url
+
+
+def test_read_only_shows_no_action_and_refuses_posts(setup: Setup) -> None:
+    s = setup
+    w = Watched(s.browser)
+    try:
+        for _, path in (*PAGES, ("failures", "/failures?q=broken")):
+            w.page.goto(s.read_only_url + path)
+            assert w.page.locator("form[method=post] button").count() == 0
+            assert w.page.get_by_role("button", name="Retry").count() == 0
+        assert w.page.locator("text=read-only").count() == 1
+    finally:
+        w.close()
+    for path, body in (("/api/retry", b"row=1"), ("/api/park", b"row=1"),
+                       ("/api/policy", b"urgent_max_share=0.5"), ("/failures/retry", b"row=1"),
+                       ("/policy", b"urgent_max_share=0.5")):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(s.read_only_url + path, data=body),
+                                   timeout=10)
+        assert refused.value.code in (403, 405), path
+    eng = engine_of(s.name, s.redis)
+    try:
+        assert eng.policy.urgent_max_share == 0.2
+    finally:
+        eng.close()
+
+
+def test_the_json_api_agrees_with_lanes_stats_json(setup: Setup) -> None:
+    s = setup
+    more = s.pool_args()
+    looks: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    def agree() -> bool:
+        """The two looks see the rows in the same lanes (a failing row moves between lanes
+        now and then, and the API's look is up to a sample old)."""
+        p = cli("stats", s.name, "--json", *more)
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        with urllib.request.urlopen(s.url + "/api/overview", timeout=10) as r:
+            looks.append((json.loads(out), json.load(r)))
+        stats, api = looks[-1]
+        return ({ln["name"]: ln["queued"] for ln in api["lanes"]}
+                == {ln["name"]: ln["queued"] for ln in stats["lanes"]})
+
+    wait_for(agree, timeout=60)
+    stats, api = looks[-1]
+    for key in ("rows", "capacity", "queued"):
+        assert api[key] == stats[key], key
+    assert [ln["name"] for ln in api["lanes"]] == [ln["name"] for ln in stats["lanes"]]
+    assert len(api["workers"]) == 2 and all(w["pid"] > 0 and w["restarts"] == 0
+                                              for w in api["workers"])
+    a, b = api["pool"], stats["pool"]
+    assert a["supervisor_pid"] == b["supervisor_pid"] and a["workers"] == b["workers"]
+    # Counters move between the two looks, a sample (2 s) apart at most: a few renders.
+    assert abs(b["renders"] - a["renders"]) <= 40
+    for lane_a, lane_b in zip(api["lanes"], stats["lanes"], strict=True):
+        assert abs(lane_a["latency"]["ok"]["count"] - lane_b["latency"]["ok"]["count"]) <= 40
+    with urllib.request.urlopen(s.url + "/api/routes", timeout=10) as r:
+        routes = json.load(r)["routes"]
+    fixed = ("route", "pattern", "interval_s", "rows")  # due and failing move with time
+    assert [[r[k] for k in fixed] for r in routes] == [[r[k] for k in fixed]
+                                                       for r in stats["routes"]]
+    assert [r["route"] for r in routes] == ["pages", "broken"]
+    with urllib.request.urlopen(s.url + "/api/failures?q=broken", timeout=10) as r:
+        failures = json.load(r)
+    p = cli("failures", s.name, "--json", *more)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    cli_rows = {r["url"]: r for r in json.loads(out) if "broken" in r["url"]}
+    assert {r["url"] for r in failures["rows"]} == set(cli_rows)
+    for r in failures["rows"]:
+        assert r["lane"] == cli_rows[r["url"]]["lane"]
+        assert r["last_error"] == cli_rows[r["url"]]["last_error"]
+
+
+def test_a_token_protected_server_refuses_without_the_token(setup: Setup) -> None:
+    s = setup
+    for path in ("/api/overview", "/failures", "/static/dashboard.js"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(s.token_url + path, timeout=10)
+        assert refused.value.code == 401, path
+    bearer = urllib.request.Request(s.token_url + "/api/overview",
+                                    headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(bearer, timeout=10) as r:
+        assert json.load(r)["name"] == s.name
+    w = Watched(s.browser)
+    try:
+        w.page.goto(s.token_url + "/failures")
+        assert urllib.parse.urlsplit(w.page.url).path == "/login"
+        assert w.page.locator("#failures").count() == 0
+        w.page.get_by_label("Token").fill(TOKEN)
+        w.page.get_by_role("button", name="Log in").click()
+        w.page.wait_for_selector("#failures")
+        assert urllib.parse.urlsplit(w.page.url).path == "/failures"
+    finally:
+        w.close()
+
+
+def test_a_url_page_links_its_snapshot_and_the_overview_shows_served_staleness(
+        setup: Setup) -> None:
+    s = setup
+    url = s.site + GOOD[3]
+    w = Watched(s.browser)
+    try:
+        w.page.goto(s.url + "/url?url=" + urllib.parse.quote(url, safe=""))
+        link = w.page.get_by_role("link", name="open the snapshot")
+        assert "× its interval old" in w.page.inner_text("main")
+        shot = s.tmp / "shots" / "url-with-snapshot-1280.png"
+        w.page.screenshot(path=shot, full_page=True)
+        shutil.copy(shot, SHOTS / ("redis" if s.redis else "shm") / shot.name)
+        assert w.errors == []
+        link.click()
+        w.page.wait_for_load_state("networkidle")
+        assert url.encode() in w.page.content().encode()  # the snapshot, served by the server
+        # The snapshot is the site's page, not the dashboard's: Chromium asks this server for
+        # its /favicon.ico, which only the site could answer.
+        w.errors.clear()
+        w.page.goto(s.url + "/")
+        header = "served age/TTL"
+        w.page.wait_for_function(
+            "h => document.querySelector('#lanes thead').innerText.includes(h)", arg=header)
+        row = w.page.locator("#lanes tbody tr", has_text="submitted/b0")
+        wait_for(lambda: row.locator("td").last.inner_text() != "-", timeout=20)
+    finally:
+        w.close()
+    assert w.errors == []
+
+
+def test_a_restarted_worker_shows_its_new_pid_and_its_restart(setup: Setup) -> None:
+    def workers() -> list[dict[str, Any]]:
+        with urllib.request.urlopen(setup.url + "/api/overview", timeout=10) as r:
+            got: list[dict[str, Any]] = json.load(r)["workers"]
+        return got
+
+    first = workers()[0]
+    os.kill(first["pid"], signal.SIGKILL)
+    wait_for(lambda: workers()[0]["restarts"] == first["restarts"] + 1, timeout=30)
+    again = workers()[0]
+    assert again["pid"] not in (0, first["pid"])
+    w = Watched(setup.browser)
+    try:
+        w.page.goto(setup.url + "/")
+        cells = w.page.locator("#workers tbody tr").first.locator("th, td").all_inner_texts()
+        assert cells[0] == str(again["pid"]) and cells[-1] == str(again["restarts"])
+    finally:
+        w.close()
