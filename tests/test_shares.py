@@ -24,6 +24,10 @@ from lanes_testlib import (
 from engine import LanePolicy
 from engine.policy import reference_pass
 
+LANE_ORDER = LanePolicy(remainder="lane-order")
+"""The floors with the rest in lane order: what a floor guarantees, apart from the lateness
+remainder's order (which serves a floor class beyond its floor when it is the latest)."""
+
 pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 
@@ -66,7 +70,7 @@ def _drain(eng, budget, calls, complete=True, handles=None):
 
 
 def _discovered_share(fresh, budget, calls):
-    with fresh(capacity=1024) as eng:
+    with fresh(LANE_ORDER, capacity=1024) as eng:
         _fill(eng, submitted=400, discovered=100)
         eng.compact()
         counts = _drain(eng, budget, calls)
@@ -84,7 +88,7 @@ def test_discovered_floor_is_a_minimum_with_budget_one_and_sixty_four(fresh):
 
 
 def test_floor_shares_are_accounted_across_processes_handles(fresh):
-    with fresh(capacity=1024) as eng:
+    with fresh(LANE_ORDER, capacity=1024) as eng:
         _fill(eng, submitted=400, discovered=100)
         other = another_handle(eng)
         try:
@@ -100,7 +104,7 @@ def test_floor_shares_hold_across_concurrent_worker_processes(fresh):
 
     from lanes_testlib import address, child_worker_lanes, get_result
 
-    with fresh(capacity=2048) as eng:
+    with fresh(LANE_ORDER, capacity=2048) as eng:
         _fill(eng, submitted=900, discovered=300)
         ctx = mp.get_context("fork")
         queues = [ctx.Queue() for _ in range(3)]
@@ -121,7 +125,7 @@ def test_floor_shares_hold_across_concurrent_worker_processes(fresh):
 
 
 def test_cold_floor_gets_its_two_percent(fresh):
-    with fresh(capacity=1024) as eng:
+    with fresh(LANE_ORDER, capacity=1024) as eng:
         _fill(eng, submitted=400, cold=50)
         counts = _drain(eng, 1, 300)
         assert 4 <= counts[9] <= 8, counts
@@ -130,7 +134,7 @@ def test_cold_floor_gets_its_two_percent(fresh):
 
 
 def test_without_floors_strict_priority_starves_the_tail(fresh):
-    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=1024) as eng:
+    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order"), capacity=1024) as eng:
         _fill(eng, submitted=200, discovered=50)
         counts = _drain(eng, 4, 40)
         assert counts[5] == 0
@@ -149,7 +153,7 @@ def test_unused_floor_is_released_to_the_remainder_in_the_same_pass(fresh):
 
 
 def test_an_idle_class_banks_no_credit(fresh):
-    with fresh(capacity=1024) as eng:
+    with fresh(LANE_ORDER, capacity=1024) as eng:
         _fill(eng, submitted=300)
         counts = _drain(eng, 1, 100)
         assert counts[1] == 100
@@ -183,7 +187,7 @@ def test_urgent_cap_holds_with_other_lanes_due_and_capacity_goes_to_them(fresh):
 
 
 def test_uncapped_urgent_drains_first(fresh):
-    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=1024) as eng:
+    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order"), capacity=1024) as eng:
         _fill(eng, submitted=50, urgent=30)
         c = eng.claim(budget=40, now_ms=NOW, lease_ms=HOUR)
         got = lane_counts(c, 10)
