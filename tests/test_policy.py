@@ -251,6 +251,8 @@ def _run_reference(policy, budgets, due):
 LANE_ORDER = LanePolicy(remainder="lane-order")
 """The floors with the rest in lane order: the reference's floor and credit rules, apart from
 the lateness remainder's order."""
+STRICT = LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order")
+"""Strict priority: no floors, urgent uncapped, the rest in lane order."""
 
 
 def test_reference_urgent_cap_holds_when_nothing_else_is_due():
@@ -262,7 +264,7 @@ def test_reference_urgent_cap_holds_when_nothing_else_is_due():
 
 def test_reference_uncapped_urgent_takes_everything():
     due = [[i for i in range(200)]] + [[] for _ in range(9)]
-    total, _ = _run_reference(LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order"), [1] * 100, due)
+    total, _ = _run_reference(STRICT, [1] * 100, due)
     assert total[0] == 100
 
 

@@ -27,6 +27,8 @@ from engine.policy import reference_pass
 LANE_ORDER = LanePolicy(remainder="lane-order")
 """The floors with the rest in lane order: what a floor guarantees, apart from the lateness
 remainder's order (which serves a floor class beyond its floor when it is the latest)."""
+STRICT = LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order")
+"""Strict priority: no floors, urgent uncapped, the rest in lane order."""
 
 pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
@@ -134,7 +136,7 @@ def test_cold_floor_gets_its_two_percent(fresh):
 
 
 def test_without_floors_strict_priority_starves_the_tail(fresh):
-    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order"), capacity=1024) as eng:
+    with fresh(STRICT, capacity=1024) as eng:
         _fill(eng, submitted=200, discovered=50)
         counts = _drain(eng, 4, 40)
         assert counts[5] == 0
@@ -187,7 +189,7 @@ def test_urgent_cap_holds_with_other_lanes_due_and_capacity_goes_to_them(fresh):
 
 
 def test_uncapped_urgent_drains_first(fresh):
-    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order"), capacity=1024) as eng:
+    with fresh(STRICT, capacity=1024) as eng:
         _fill(eng, submitted=50, urgent=30)
         c = eng.claim(budget=40, now_ms=NOW, lease_ms=HOUR)
         got = lane_counts(c, 10)
@@ -286,4 +288,31 @@ def test_lateness_grants_what_the_reference_grants_as_floors_rise(fresh, weights
             assert lane_counts(c, 10) == expected, (budget, due_lists, intervals)
             for row in c.rows.tolist():
                 del queued[row]
+        assert eng.verify() == []
+
+
+def test_a_running_engine_moves_to_the_default_with_set_policy_rewriting_no_row(fresh):
+    """An engine running the lane-order floors (the policy a deployment made before the
+    lateness default) moves to ``LanePolicy()`` live: a worker's next claim on its own handle
+    follows the new order, and no row is rewritten (every row reads back the same)."""
+    with fresh(LANE_ORDER, capacity=1024) as eng:
+        catalog = [eng.add(NOW - HOUR - k * MINUTE, 12 * 3600) for k in range(20)]  # ~0.1 late
+        product = [eng.add(NOW - 47 * HOUR - k * MINUTE, 48 * 3600) for k in range(20)]  # ~1
+        eng.add_many(np.full(200, NOW + DAY), np.full(200, 6 * 3600))  # not due: rows at rest
+        eng.compact()
+        worker = another_handle(eng)
+        try:
+            c = worker.claim(budget=2, now_ms=NOW)
+            assert c.rows.tolist() == catalog[::-1][:2]  # lane order: catalog (lane 3) first
+            for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
+                worker.release(row, tok)
+            rows = range(eng.stats(now_ms=NOW)["rows"])
+            before = [eng.describe(r, now_ms=NOW) for r in rows]
+            eng.set_policy(LanePolicy())
+            assert [eng.describe(r, now_ms=NOW) for r in rows] == before
+            assert worker.policy == LanePolicy()
+            c = worker.claim(budget=2, now_ms=NOW)
+            assert c.rows.tolist() == product[::-1][:2]  # the latest relative to its interval
+        finally:
+            worker.close()
         assert eng.verify() == []
