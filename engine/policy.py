@@ -49,6 +49,7 @@ FIRST_BAND_WEIGHT = 4.0
 """The default weight of the shortest band: its rows are served before they are a whole
 interval late while the rest are up to four (docs/design.md, "The default policy")."""
 
+
 class _FromBands(dict[str, float]):
     """``LanePolicy.weights``' default, resolved to ``band_weights(ttl_bands)``; an empty
     mapping given explicitly means every lane weighs 1."""
