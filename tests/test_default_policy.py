@@ -30,8 +30,8 @@ def least_fraction(capacity: float) -> float:
     """The least fraction of its demand a class of the default policy gets at ``capacity``:
     ``c / (c + W (1 - c))`` with ``W`` the highest lane weight over the lowest (4). The remainder
     evens out weighted lateness, so a lane weighed 1 runs at most ``W`` times later than one
-    weighed ``W``; it gets least when the heavy lane holds nearly all the demand (measured: 0.5 c
-    to 0.96 c on the named corpora at 50 and 75 %, docs/design.md, "The default policy"). Taken
+    weighed ``W``; it gets least when the heavy lane holds nearly all the demand (measured: 0.50 c
+    to 0.97 c on the named corpora at 50 and 75 %, docs/design.md, "The default policy"). Taken
     at 80 % for the noise of a short run: 0.06 at 25 %, 0.16 at 50 %, 0.34 at 75 %."""
     c = min(capacity, 1.0)
     weights = LanePolicy().weights.values()
