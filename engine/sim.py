@@ -949,8 +949,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", type=float, help="multiply every class's row count")
     for name, kind, text in (
             ("backlog_h", float, "hours behind cadence at the start"),
-            ("warmup_h", float, "virtual hours before measuring"),
-            ("measure_h", float, "virtual hours measured"),
+            ("warmup_h", float, "virtual hours before measuring (default: 3 x the longest"
+                                " interval)"),
+            ("measure_h", float, "virtual hours measured (default: 3 x the longest interval)"),
             ("tick_s", int, "virtual seconds per tick"),
             ("render_s", int, "virtual seconds from claim to completion"),
             ("fail_rate", float, "fraction of renders that fail at random"),
