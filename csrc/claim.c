@@ -790,6 +790,12 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             else if (h[best].state == LATE_HEAD) late_peek(P, (uint32_t)best, &h[best], 0, 0, 1);
             else break; /* both exact: the comparison above was exact (not reached) */
         }
+        if (h[best].state == LATE_BOUND) { /* the only lane left (no runner-up) is unopened: its
+                                            * cursor is still a past pass's, maybe another
+                                            * segment's; open it before taking from it */
+            late_peek(P, (uint32_t)best, &h[best], ivmin[best], ivmax[best], 0);
+            if (h[best].state == LATE_NONE) continue;
+        }
         Cursor *c = &tls_cursors[best]; /* opened: it has a head */
         uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
         if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */

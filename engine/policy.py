@@ -45,6 +45,30 @@ WEIGHT_MAX = 1000.0
 them in ``ONE`` fixed point (csrc/lanes.h RL_WEIGHT_MAX)."""
 
 
+FIRST_BAND_WEIGHT = 4.0
+"""The default weight of the shortest band: its rows are served before they are a whole
+interval late while the rest are up to four (docs/design.md, "The default policy")."""
+
+
+class _FromBands(dict[str, float]):
+    """``LanePolicy.weights``' default, resolved to ``band_weights(ttl_bands)``; an empty
+    mapping given explicitly means every lane weighs 1."""
+
+
+def band_weights(ttl_bands: Sequence[int]) -> dict[str, float]:
+    """The lane weights the default policy derives from its bands, the same for submitted and
+    discovered: ``FIRST_BAND_WEIGHT`` on the first band, ``(hi / lo) ** 0.25`` on a band
+    between two boundaries ``lo`` and ``hi`` (EDF inside a lane ranks its head by due time, so
+    a lane whose intervals vary lags by about that much), 1 on the last band and on cold."""
+    bands = normalize_bands(ttl_bands)
+    out: dict[str, float] = {}
+    for band in range(len(bands)):
+        w = FIRST_BAND_WEIGHT if band == 0 else round((bands[band] / bands[band - 1]) ** 0.25, 4)
+        for provenance in PROVENANCES:
+            out[f"{provenance}/b{band}"] = w
+    return out
+
+
 def normalize_bands(bands: Any) -> tuple[int, ...]:
     """Sorted, deduplicated, positive whole seconds; an empty list means a single band."""
     if isinstance(bands, (str, bytes)) or not hasattr(bands, "__iter__"):
@@ -111,12 +135,13 @@ class LanePolicy:
     min_share: Mapping[str, float] = field(
         default_factory=lambda: {"discovered": 0.10, "cold": 0.02}
     )
-    remainder: str = "lane-order"
+    remainder: str = "lateness"
     lanes_enabled: bool = True
-    weights: Mapping[str, float] = field(default_factory=dict)
+    weights: Mapping[str, float] = field(default_factory=_FromBands)
     """Per lane name (``"submitted/b0"``, ``"cold"``, ...), a factor on the lane head's relative
-    lateness under ``remainder="lateness"``; a lane not named weighs 1. Other remainders keep
-    the weights but do not use them."""
+    lateness under ``remainder="lateness"``; a lane not named weighs 1. Not given: derived from
+    ``ttl_bands`` (``band_weights``); ``{}``: every lane weighs 1. Other remainders keep the
+    weights but do not use them."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ttl_bands", normalize_bands(self.ttl_bands))
@@ -148,7 +173,10 @@ class LanePolicy:
             raise EngineTypeError("weights must be a mapping of lane name to weight")
         known = self.lane_names()
         weights: dict[str, float] = {}
-        for name, value in self.weights.items():
+        given = self.weights
+        if isinstance(given, _FromBands):
+            given = band_weights(self.ttl_bands)
+        for name, value in given.items():
             if name not in known:
                 raise EngineValueError(
                     f"weights names unknown lane {name!r} (lanes of these ttl_bands:"
@@ -254,6 +282,118 @@ class LanePolicy:
 # -- the reference of one claim pass -----------------------------------------------------------
 
 
+@dataclass
+class _Pass:
+    """The state one reference pass works on: what is left of each lane (due times and the
+    rows' intervals, in index order), the grants so far, the credits and the budget left."""
+
+    policy: LanePolicy
+    left: list[list[int]]
+    ivs: list[list[int]]
+    cred: dict[str, int]
+    remaining: int
+    grants: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.grants = [0] * len(self.left)
+
+    @property
+    def lanes(self) -> int:
+        return len(self.left)
+
+    @property
+    def capped(self) -> bool:
+        return share_fp(self.policy.urgent_max_share) < ONE
+
+    def lanes_of(self, cls: str) -> list[int]:
+        return self.policy.class_lanes(cls, self.lanes)
+
+    def floor_shares(self) -> dict[str, int]:
+        """The ``min_share`` classes with a share above zero, in ``ONE`` fixed point."""
+        return {c: share_fp(s) for c, s in self.policy.min_share.items() if share_fp(s) > 0}
+
+    def take(self, lane: int, want: int) -> int:
+        got = min(want, len(self.left[lane]), self.remaining)
+        del self.left[lane][:got]
+        del self.ivs[lane][:got]
+        self.grants[lane] += got
+        self.remaining -= got
+        return got
+
+    def remainder_lanes(self) -> list[int]:
+        """The lanes the remainder serves: every lane but urgent while urgent is capped."""
+        return [lane for lane in range(self.lanes) if not (self.capped and lane == 0)]
+
+
+def accrue(p: _Pass, budget: int) -> None:
+    """Each accounted class that has a claimable row gains ``share * budget`` of credit, capped
+    at that plus one grant; urgent is accounted while capped, even at share 0."""
+    accrual = p.floor_shares()
+    if p.capped:
+        accrual["urgent"] = share_fp(p.policy.urgent_max_share)
+    for cls, fp in accrual.items():
+        if any(p.left[lane] for lane in p.lanes_of(cls)):
+            p.cred[cls] = min(p.cred[cls] + fp * budget, fp * budget + ONE)
+
+
+def urgent_cap(p: _Pass) -> None:
+    """Lane 0 takes at most its credit, in whole grants, while urgent is capped."""
+    if p.capped:
+        got = p.take(0, max(0, p.cred["urgent"] // ONE))
+        p.cred["urgent"] -= got * ONE
+
+
+def floors(p: _Pass) -> None:
+    """Each ``min_share`` class, in class order and inside it in lane order, takes up to its
+    credit."""
+    for cls in SHARE_CLASSES:
+        if cls not in p.floor_shares():
+            continue
+        want = max(0, p.cred[cls] // ONE)
+        for lane in p.lanes_of(cls):
+            got = p.take(lane, want)
+            want -= got
+            p.cred[cls] -= got * ONE
+
+
+def remainder_edf(p: _Pass) -> None:
+    """One grant at a time to the lane whose head is due first; ties to the lower lane."""
+    order = p.remainder_lanes()
+    while p.remaining > 0:
+        heads = [(p.left[lane][0], lane) for lane in order if p.left[lane]]
+        if not heads:
+            break
+        p.take(min(heads)[1], 1)
+
+
+def remainder_lateness(p: _Pass, now: int) -> None:
+    """One grant at a time to the lane whose head is latest relative to its own interval,
+    times the lane's weight; compared in integers exactly as the C pass compares them."""
+    weight = p.policy.lane_weights_fp(p.lanes)
+    order = p.remainder_lanes()
+    while p.remaining > 0:
+        best, best_late, best_iv = -1, 0, 1
+        for lane in order:
+            if not p.left[lane]:
+                continue
+            late = weight[lane] * max(0, now - p.left[lane][0])
+            iv = max(1, p.ivs[lane][0])
+            if best < 0 or late * best_iv > best_late * iv:
+                best, best_late, best_iv = lane, late, iv
+        if best < 0:
+            break
+        p.take(best, 1)
+
+
+def commit(p: _Pass, before: Sequence[int]) -> None:
+    """Grants a floor class got from the remainder count against its credit, down to zero,
+    so a class served anyway cannot bank its floor."""
+    for cls in p.floor_shares():
+        extra = sum(p.grants[lane] - before[lane] for lane in p.lanes_of(cls))
+        if extra and p.cred[cls] > 0:
+            p.cred[cls] = max(0, p.cred[cls] - extra * ONE)
+
+
 def reference_pass(
     policy: LanePolicy,
     budget: int,
@@ -267,18 +407,20 @@ def reference_pass(
     ``due[L]`` lists the due times (ascending) of lane ``L``'s claimable rows; ``credits`` are the
     shared share counters in ``ONE`` units. Returns grants per lane and the updated credits.
 
-    1. Each share class that has a claimable row accrues ``share * budget`` of credit, capped at
-       that plus one grant (an idle class banks nothing).
-    2. Urgent (lane 0) is served first but never beyond its credit: a cap on drain share.
-    3. Each ``min_share`` class, in lane order, takes up to its credit: a floor.
-    4. The remainder goes in lane order, by global due time (``remainder="edf"``), or one grant
+    1. ``accrue``: each share class that has a claimable row accrues ``share * budget`` of
+       credit, capped at that plus one grant (an idle class banks nothing).
+    2. ``urgent_cap``: urgent (lane 0) is served first but never beyond its credit: a cap on
+       drain share.
+    3. ``floors``: each ``min_share`` class, in lane order, takes up to its credit.
+    4. The remainder goes in lane order, by global due time (``remainder_edf``), or one grant
        at a time to the lane whose head row is latest relative to its own interval,
-       ``weight * (now - due) / interval`` (``remainder="lateness"``: needs ``now`` and
+       ``weight * (now - due) / interval`` (``remainder_lateness``: needs ``now`` and
        ``intervals[L]``, the intervals in seconds of ``due[L]``'s rows). Compared as
        ``w_a * (now - due_a) * iv_b > w_b * (now - due_b) * iv_a`` in integers, weights in
        ``ONE`` fixed point and an interval of 0 as 1 s, exactly as the C pass does; ties go to
-       the lower lane. Grants a floor class gets from the remainder count against its credit,
-       so it cannot bank them.
+       the lower lane.
+    5. ``commit``: grants a floor class gets from the remainder count against its credit, so
+       it cannot bank them.
     With lanes disabled the pass is one EDF queue over every lane, in lane order, with no shares.
     """
     lanes = len(due)
@@ -286,78 +428,24 @@ def reference_pass(
         if now is None or intervals is None or len(intervals) != lanes or any(
                 len(i) != len(d) for i, d in zip(intervals, due, strict=True)):
             raise EngineValueError("remainder='lateness' needs now and intervals shaped as due")
-    ivs = [list(i) for i in intervals] if intervals is not None else [[] for _ in due]
-    left = [list(d) for d in due]
-    grants = [0] * lanes
-    cred = {c: int(credits.get(c, 0)) for c in CLASSES}
-    remaining = budget
-
-    def take(lane: int, want: int) -> int:
-        nonlocal remaining
-        got = min(want, len(left[lane]), remaining)
-        del left[lane][:got]
-        del ivs[lane][:got]
-        grants[lane] += got
-        remaining -= got
-        return got
-
+    p = _Pass(policy, [list(d) for d in due],
+              [list(i) for i in intervals] if intervals is not None else [[] for _ in due],
+              {c: int(credits.get(c, 0)) for c in CLASSES}, budget)
     if not policy.lanes_enabled:
         for lane in range(lanes):
-            take(lane, remaining)
-        return grants, cred
-
-    urgent_fp = share_fp(policy.urgent_max_share)
-    capped = urgent_fp < ONE
-    floors = {c: share_fp(s) for c, s in policy.min_share.items() if share_fp(s) > 0}
-    accrual = dict(floors)
-    if capped:
-        accrual["urgent"] = urgent_fp
-    lanes_of = {c: policy.class_lanes(c, lanes) for c in CLASSES}
-    for cls, fp in accrual.items():
-        if any(left[lane] for lane in lanes_of[cls]):
-            cred[cls] = min(cred[cls] + fp * budget, fp * budget + ONE)
-
-    if capped:
-        want = max(0, cred["urgent"] // ONE)
-        got = take(0, want)
-        cred["urgent"] -= got * ONE
-    for cls in SHARE_CLASSES:
-        if cls not in floors:
-            continue
-        want = max(0, cred[cls] // ONE)
-        for lane in lanes_of[cls]:
-            got = take(lane, want)
-            want -= got
-            cred[cls] -= got * ONE
-
-    order = [lane for lane in range(lanes) if not (capped and lane == 0)]
-    before = list(grants)
-    if policy.remainder == "lane-order":
-        for lane in order:
-            take(lane, remaining)
-    elif policy.remainder == "lateness":
+            p.take(lane, p.remaining)
+        return p.grants, p.cred
+    accrue(p, budget)
+    urgent_cap(p)
+    floors(p)
+    before = list(p.grants)
+    if policy.remainder == "lateness":
         assert now is not None
-        weight = policy.lane_weights_fp(lanes)
-        while remaining > 0:
-            best, best_late, best_iv = -1, 0, 1
-            for lane in order:
-                if not left[lane]:
-                    continue
-                late = weight[lane] * max(0, now - left[lane][0])
-                iv = max(1, ivs[lane][0])
-                if best < 0 or late * best_iv > best_late * iv:
-                    best, best_late, best_iv = lane, late, iv
-            if best < 0:
-                break
-            take(best, 1)
+        remainder_lateness(p, now)
+    elif policy.remainder == "edf":
+        remainder_edf(p)
     else:
-        while remaining > 0:
-            heads = [(left[lane][0], lane) for lane in order if left[lane]]
-            if not heads:
-                break
-            take(min(heads)[1], 1)
-    for cls in floors:
-        extra = sum(grants[lane] - before[lane] for lane in lanes_of[cls])
-        if extra and cred[cls] > 0:
-            cred[cls] = max(0, cred[cls] - extra * ONE)
-    return grants, cred
+        for lane in p.remainder_lanes():
+            p.take(lane, p.remaining)
+    commit(p, before)
+    return p.grants, p.cred

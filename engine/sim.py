@@ -20,7 +20,11 @@ What is measured, per route class, over the window after the warm-up: the age of
 content when it is replaced (time since its last successful render) divided by its interval,
 so 1.0x is "rendered exactly on time". Mean and p99 are over the renders in the window; the max
 age also counts the rows still waiting at the end, because a starved class renders nothing and
-would otherwise show no age at all. A class that got under 10 % of its demand is STARVED.
+would otherwise show no age at all. A class whose renders in the window are under 10 % of the
+renders its rows need to stay on time there is STARVED (``STARVED_BELOW``). The windows cover
+the corpus's longest interval ``STEADY_INTERVALS`` times each by default; shorter ones are
+reported as not steady. The worst class is set against ``bound``, the least any policy can
+reach with the shortest-interval class held on time.
 Rows that always fail are left out of the ages (they never render; no policy can help them).
 
 ``rerank`` is a claimer policy, not an engine feature: it claims a window with lanes disabled,
@@ -52,16 +56,23 @@ import numpy.typing as npt
 from .checks import is_int, is_number
 from .engine import Engine
 from .errors import EngineError, EngineTypeError, EngineValueError
-from .policy import PROVENANCES, LanePolicy
+from .policy import PROVENANCES, LanePolicy, band_weights, normalize_bands
 
 HOUR_MS = 3_600_000
 T0 = 1_800_000_000_000
 """Virtual start time (ms since the epoch); any value inside the key horizon would do."""
 
 STARVED_BELOW = 0.10
-"""A class that received less than this fraction of its demand is reported STARVED."""
+"""A class is STARVED when its renders in the measured window are fewer than this fraction of
+the renders its rows need to stay on time there (the window over each row's interval, summed
+over the class's rows that can succeed)."""
 
-POLICIES: tuple[str, ...] = ("today", "rerank", "strict", "fixed", "floors", "lateness")
+STEADY_INTERVALS = 3.0
+"""Warm-up and measuring windows each cover the corpus's longest interval this many times by
+default; a run with shorter windows is reported as not steady."""
+
+POLICIES: tuple[str, ...] = ("default", "today", "rerank", "strict", "fixed", "floors",
+                             "lateness")
 CAPACITIES: tuple[float, ...] = (1.0, 0.75, 0.5)
 RESCHEDULES: tuple[str, ...] = ("cadence", "completion")
 
@@ -133,6 +144,49 @@ DEFAULT_CLASSES: tuple[RouteClass, ...] = (
 
 
 @dataclass(frozen=True)
+class Corpus:
+    """A named corpus ``lanes sim --corpus NAME`` runs: route classes plus any other settings
+    (a file of overrides can do the same)."""
+
+    about: str
+    classes: tuple[RouteClass, ...]
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+CORPORA: Mapping[str, Corpus] = {
+    "default": Corpus("a shop modelled on the production deployment", DEFAULT_CLASSES),
+    "shop": Corpus(
+        "a marketplace: half-hour front pages, deals every few hours, daily categories, weekly"
+        " products, discovered search and review pages", (
+            RouteClass("front", 20, (0.5, 0.5)),
+            RouteClass("deals", 400, (2.0, 4.0)),
+            RouteClass("category", 3000, (12.0, 24.0)),
+            RouteClass("product", 30000, (72.0, 168.0)),
+            RouteClass("search", 20000, (24.0, 72.0), "discovered"),
+            RouteClass("reviews", 15000, (168.0, 168.0), "discovered"))),
+    "news": Corpus(
+        "a news site: half-hour homepages, section fronts of a few hours, daily articles, a"
+        " weekly archive, tag pages found by crawlers", (
+            RouteClass("home", 12, (0.5, 0.5)),
+            RouteClass("sections", 300, (2.0, 6.0)),
+            RouteClass("articles", 6000, (24.0, 24.0)),
+            RouteClass("archive", 40000, (168.0, 168.0)),
+            RouteClass("tags", 25000, (48.0, 168.0), "discovered"))),
+    "docs": Corpus(
+        "a documentation site: landing pages every 6 h, daily guides, an API reference of 2-7"
+        " days, old versions every two weeks, community pages found by crawlers", (
+            RouteClass("landing", 8, (6.0, 6.0)),
+            RouteClass("guides", 1500, (24.0, 24.0)),
+            RouteClass("reference", 20000, (48.0, 168.0)),
+            RouteClass("versions", 25000, (336.0, 336.0)),
+            RouteClass("community", 12000, (72.0, 336.0), "discovered")),
+        {"tick_s": 300}),
+}
+"""The corpora ``--corpus NAME`` knows, each of another shape: which class has the shortest
+interval, how wide a band's intervals are, how much of the demand is discovered."""
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """Every parameter of a run; all can be overridden from the CLI or a TOML/JSON file."""
 
@@ -141,8 +195,10 @@ class SimConfig:
     """Multiplies every class's row count (the tests run the same corpus at a fraction)."""
     backlog_h: float = 2.5
     """Standing lag at the start: due times spread over ``[t0 - backlog_h, t0 + interval)``."""
-    warmup_h: float = 96.0
-    measure_h: float = 96.0
+    warmup_h: float | None = None
+    """Virtual hours before measuring; None: ``STEADY_INTERVALS`` x the longest interval."""
+    measure_h: float | None = None
+    """Virtual hours measured; None: ``STEADY_INTERVALS`` x the longest interval."""
     tick_s: int = 60
     render_s: int = 60
     """Time from claim to completion; the row stays leased (out of the index meanwhile)."""
@@ -160,6 +216,8 @@ class SimConfig:
     skipped), so a late page keeps its cadence; ``completion``: now + interval (the engine's
     default), so a late page asks for fewer renders and a backlog drains by itself."""
     seed: int = 1
+    ttl_bands: tuple[int, ...] | None = None
+    """The band layout of every simulated policy, in seconds; None: ``LanePolicy``'s default."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.classes, tuple) or not self.classes:
@@ -170,9 +228,13 @@ class SimConfig:
         if len(set(names)) != len(names):
             raise EngineValueError(f"route class names must be unique: {names}")
         _positive(self.scale, "scale")
-        _positive(self.measure_h, "measure_h")
+        if self.measure_h is not None:
+            _positive(self.measure_h, "measure_h")
         _at_least(self.backlog_h, "backlog_h", 0.0)
-        _at_least(self.warmup_h, "warmup_h", 0.0)
+        if self.warmup_h is not None:
+            _at_least(self.warmup_h, "warmup_h", 0.0)
+        if self.ttl_bands is not None:
+            object.__setattr__(self, "ttl_bands", normalize_bands(self.ttl_bands))
         _at_least(self.rush_every_h, "rush_every_h", 0.0)
         _whole(self.tick_s, "tick_s", 1, 86_400)
         _whole(self.render_s, "render_s", 0, 86_400)
@@ -196,6 +258,57 @@ class SimConfig:
 
     def rows_of(self, cls: RouteClass) -> int:
         return max(1, round(cls.rows * self.scale))
+
+    @property
+    def longest_interval_h(self) -> float:
+        return max(c.interval_h[1] for c in self.classes)
+
+    @property
+    def windows_h(self) -> tuple[float, float]:
+        """Warm-up and measuring window in hours, the defaults resolved against this corpus."""
+        auto = STEADY_INTERVALS * self.longest_interval_h
+        return (auto if self.warmup_h is None else self.warmup_h,
+                auto if self.measure_h is None else self.measure_h)
+
+    @property
+    def steady(self) -> bool:
+        """Whether both windows cover the longest interval ``STEADY_INTERVALS`` times: the
+        longest-interval rows have then been rendered several times before and while measuring,
+        whatever the capacity."""
+        need = STEADY_INTERVALS * self.longest_interval_h
+        return all(w >= need - 1e-9 for w in self.windows_h)
+
+    def policy(self, **fields: Any) -> LanePolicy:
+        """A ``LanePolicy`` over this run's band layout."""
+        bands: dict[str, Any] = {} if self.ttl_bands is None else {"ttl_bands": self.ttl_bands}
+        return LanePolicy(**bands, **fields)
+
+
+def corpus_config(name: str, **changes: Any) -> SimConfig:
+    """The config of a named corpus (``CORPORA``), with ``changes`` on top."""
+    if name not in CORPORA:
+        raise EngineValueError(f"unknown corpus {name!r} (known: {', '.join(CORPORA)})")
+    corpus = CORPORA[name]
+    return replace(SimConfig(classes=corpus.classes), **{**corpus.settings, **changes})
+
+
+def class_demand(config: SimConfig) -> dict[str, float]:
+    """Renders per hour each class needs to stay on time, at the config's scale."""
+    return {c.name: c.demand_per_h() * config.rows_of(c) / c.rows for c in config.classes}
+
+
+def bound(config: SimConfig, capacity: float) -> float:
+    """The least worst-class mean age / TTL any policy can reach at ``capacity``, holding the
+    shortest-interval class on time: the others share what it leaves, ``(D - d_s) / (c D -
+    d_s)`` (a class served at rate ``r`` against demand ``d`` renders each page every
+    ``interval * d / r``); 1.0 at or above demand."""
+    demand = class_demand(config)
+    shortest = min(config.classes, key=lambda c: c.interval_h[0]).name
+    total, short = sum(demand.values()), demand[shortest]
+    left = capacity * total - short
+    if left <= 0:
+        return math.inf
+    return max(1.0, (total - short) / left)
 
 
 def _hours(v: float) -> str:
@@ -242,15 +355,19 @@ def provenance_demand(config: SimConfig) -> dict[str, float]:
 
 
 def policy_spec(name: str, config: SimConfig) -> PolicySpec:
-    """The policies it knows. ``fixed`` splits what the urgent cap and the cold share leave
-    between submitted and discovered by their demand, so every class has a share and the shares
-    sum to 1; ``floors`` is ``LanePolicy()``, the product default."""
+    """The policies it knows, over the run's band layout. ``default`` is ``LanePolicy()``;
+    ``floors`` is the same urgent cap and floors with the rest in lane order; ``fixed`` splits
+    what the urgent cap and the cold share leave between submitted and discovered by their
+    demand, so every class has a share and the shares sum to 1."""
+    if name == "default":
+        return PolicySpec(name, config.policy())
     if name == "today":
-        return PolicySpec(name, LanePolicy(lanes_enabled=False))
+        return PolicySpec(name, config.policy(lanes_enabled=False))
     if name == "rerank":
-        return PolicySpec(name, LanePolicy(lanes_enabled=False), rerank=True)
+        return PolicySpec(name, config.policy(lanes_enabled=False), rerank=True)
     if name == "strict":
-        return PolicySpec(name, LanePolicy(urgent_max_share=1.0, min_share={}))
+        return PolicySpec(name, config.policy(urgent_max_share=1.0, min_share={},
+                                              remainder="lane-order", weights={}))
     if name == "fixed":
         default = LanePolicy()
         cold = default.min_share.get("cold", 0.02)
@@ -258,12 +375,14 @@ def policy_spec(name: str, config: SimConfig) -> PolicySpec:
         demand = provenance_demand(config)
         total = sum(demand.values()) or 1.0
         discovered = round(left * demand["discovered"] / total, 4)
-        return PolicySpec(name, LanePolicy(min_share={
+        return PolicySpec(name, config.policy(remainder="lane-order", weights={}, min_share={
             "submitted": round(left - discovered, 4), "discovered": discovered, "cold": cold}))
     if name == "floors":
-        return PolicySpec(name, LanePolicy())
+        return PolicySpec(name, config.policy(remainder="lane-order", weights={}))
     if name == "lateness":
-        return PolicySpec(name, LanePolicy(remainder="lateness", weights=LATENESS_WEIGHTS))
+        names = set(config.policy().lane_names())
+        return PolicySpec(name, config.policy(remainder="lateness", weights={
+            k: v for k, v in LATENESS_WEIGHTS.items() if k in names}))
     raise EngineValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
 
 
@@ -405,8 +524,9 @@ def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
     lease_ms = render_ms + 10 * tick  # never expires in flight: a lost lease is not a topic here
     demand_per_ms = float(np.sum(1.0 / corpus.interval_s)) / 1000
     rate = capacity * demand_per_ms * tick  # tokens (renders) per tick
-    start_measure = T0 + int(config.warmup_h * HOUR_MS)
-    end = start_measure + int(config.measure_h * HOUR_MS)
+    warmup_h, measure_h = config.windows_h
+    start_measure = T0 + int(warmup_h * HOUR_MS)
+    end = start_measure + int(measure_h * HOUR_MS)
     rush_every = int(config.rush_every_h * HOUR_MS)
     next_rush = T0 + rush_every if rush_every and config.rush_rows else end
     metrics = _Metrics(corpus, len(config.classes), math.ceil((end - T0) / HOUR_MS))
@@ -488,7 +608,7 @@ def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
 def _summarise(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
                metrics: _Metrics, attempts: int, end: int, overdue: I64,
                started: float) -> SimResult:
-    window_ms = config.measure_h * HOUR_MS
+    window_ms = config.windows_h[1] * HOUR_MS
     ages = np.concatenate(metrics.ages) if metrics.ages else np.zeros(0, np.int64)
     rows = np.concatenate(metrics.rows) if metrics.rows else np.zeros(0, np.int64)
     ratio = ages / metrics.interval_ms[rows]
@@ -568,14 +688,15 @@ SWEEP_MID_WEIGHTS: tuple[float, ...] = (1.0, 1.5)
 
 
 def sweep_weights(bands: tuple[int, ...]) -> list[dict[str, float]]:
-    """The lane weights the sweep tries with ``bands`` (see SWEEP_HOME_WEIGHTS)."""
+    """The lane weights the sweep tries with ``bands`` (see SWEEP_HOME_WEIGHTS), and the
+    default's, derived from the bands."""
     if not bands:
         return [{}]
     mids = [f"submitted/b{i}" for i in range(1, len(bands))]
-    out = []
+    out: list[dict[str, float]] = []
     for home, mid in itertools.product(SWEEP_HOME_WEIGHTS, SWEEP_MID_WEIGHTS if mids else (1.0,)):
         out.append({"submitted/b0": home, **dict.fromkeys(mids, mid)})
-    return out
+    return [*out, band_weights(bands)]
 
 
 def worst_class(result: SimResult) -> float:
@@ -629,9 +750,10 @@ def format_table(results: Sequence[SimResult], config: SimConfig) -> str:
     """Mean age / TTL per class (p99, max age in hours), renders and lag."""
     labels = {c.name: c.label for c in config.classes}
     names = [c.name for c in config.classes]
-    head = ["capacity", "policy", *(labels[n] for n in names), "renders", "lag"]
+    head = ["capacity", "policy", *(labels[n] for n in names), "renders", "lag", "worst/bound"]
     rows = [[f"{r.capacity:.0%}", r.policy, *(_cell(r.classes[n]) for n in names),
-             str(r.renders), f"{r.lag_hours:.1f}h"] for r in results]
+             str(r.renders), f"{r.lag_hours:.1f}h",
+             f"{worst_class(r) / bound(config, r.capacity):.3f}"] for r in results]
     widths = [max(len(x) for x in col) for col in zip(head, *rows, strict=True)]
     lines = ["  ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip()
              for line in [head, *rows]]
@@ -642,15 +764,42 @@ def format_table(results: Sequence[SimResult], config: SimConfig) -> str:
 def describe(config: SimConfig) -> str:
     n = sum(config.rows_of(c) for c in config.classes)
     demand = sum(c.demand_per_h() * config.rows_of(c) / c.rows for c in config.classes)
+    warmup_h, measure_h = config.windows_h
     return (f"corpus {n:,} rows, demand {demand:,.0f} renders/h; start {config.backlog_h:g} h"
-            f" behind; warm-up {config.warmup_h:g} h, measured {config.measure_h:g} h; tick"
+            f" behind; warm-up {warmup_h:g} h, measured {measure_h:g} h; tick"
             f" {config.tick_s}s, render {config.render_s}s, {config.fail_rate:.1%} failures,"
             f" {config.broken_fraction:.1%} rows always fail; claimers {list(config.claimers)};"
             f" reschedule {config.reschedule}; seed {config.seed}")
 
 
-def to_json(results: Sequence[SimResult]) -> dict[str, Any]:
-    return {"results": [r.to_json() for r in results]}
+def steadiness(config: SimConfig) -> str:
+    """One line on whether the windows reach a steady state (``SimConfig.steady``)."""
+    warmup_h, measure_h = config.windows_h
+    longest = config.longest_interval_h
+    text = (f"warm-up {warmup_h:g} h and measuring {measure_h:g} h cover the longest interval"
+            f" ({longest:g} h) {warmup_h / longest:.1f} and {measure_h / longest:.1f} times")
+    if config.steady:
+        return f"steady: {text}"
+    return (f"NOT STEADY: {text}; {STEADY_INTERVALS:g} each are needed before the longest-"
+            "interval pages reach their steady state")
+
+
+STARVED_RULE = (f"a class is starved when its renders in the measured window are under"
+                f" {STARVED_BELOW:.0%} of the renders its rows need to stay on time there (the"
+                f" window over each row's interval, summed over its rows that can succeed)")
+
+
+def to_json(results: Sequence[SimResult], config: SimConfig | None = None) -> dict[str, Any]:
+    """The object ``lanes sim --json`` prints; with ``config``, also how starved is judged and
+    whether the run is steady."""
+    out: dict[str, Any] = {"results": [r.to_json() for r in results]}
+    if config is not None:
+        warmup_h, measure_h = config.windows_h
+        out["starved"] = {"below_demand_fraction": STARVED_BELOW, "rule": STARVED_RULE}
+        out["steady"] = {"steady": config.steady, "warmup_h": warmup_h, "measure_h": measure_h,
+                         "longest_interval_h": config.longest_interval_h,
+                         "intervals_needed": STEADY_INTERVALS}
+    return out
 
 
 def plot(results: Sequence[SimResult], config: SimConfig, path: str) -> None:
@@ -790,13 +939,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, from {', '.join(POLICIES)} (default: all)")
     p.add_argument("--capacities", default="1,0.75,0.5",
                    help="comma-separated fractions of demand, or percentages (default: 1,0.75,0.5)")
-    p.add_argument("--corpus", metavar="FILE", help="TOML or JSON file of overrides (classes, ...)")
+    p.add_argument("--corpus", metavar="NAME|FILE",
+                   help=f"a named corpus ({', '.join(CORPORA)}) or a TOML or JSON file of"
+                        " overrides (classes, ...)")
+    p.add_argument("--ttl-bands", metavar="HOURS",
+                   help="comma-separated band boundaries in hours for every policy"
+                        " (default: LanePolicy's)")
     p.add_argument("--seed", type=int, help="random seed (corpus, failures, rushes)")
     p.add_argument("--scale", type=float, help="multiply every class's row count")
     for name, kind, text in (
             ("backlog_h", float, "hours behind cadence at the start"),
-            ("warmup_h", float, "virtual hours before measuring"),
-            ("measure_h", float, "virtual hours measured"),
+            ("warmup_h", float, "virtual hours before measuring (default: 3 x the longest"
+                                " interval)"),
+            ("measure_h", float, "virtual hours measured (default: 3 x the longest interval)"),
             ("tick_s", int, "virtual seconds per tick"),
             ("render_s", int, "virtual seconds from claim to completion"),
             ("fail_rate", float, "fraction of renders that fail at random"),
@@ -817,7 +972,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    config = load_config(args.corpus) if args.corpus else SimConfig()
+    if not args.corpus:
+        config = SimConfig()
+    elif args.corpus in CORPORA:
+        config = corpus_config(args.corpus)
+    else:
+        config = load_config(args.corpus)
     changes: dict[str, Any] = {}
     for name in ("seed", "scale", "backlog_h", "warmup_h", "measure_h", "tick_s", "render_s",
                  "fail_rate", "broken_fraction", "rush_every_h", "rush_rows", "rerank_window",
@@ -825,6 +985,11 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
+    if getattr(args, "ttl_bands", None):
+        hours = _floats(args.ttl_bands, "--ttl-bands")
+        if not all(math.isfinite(h) and h > 0 for h in hours):
+            raise EngineValueError(f"--ttl-bands must be hours > 0, got {args.ttl_bands}")
+        changes["ttl_bands"] = tuple(round(h * 3600) for h in hours)
     if args.claimers:
         budgets = _floats(args.claimers, "--claimers")
         if any(b != int(b) for b in budgets):
@@ -861,9 +1026,10 @@ def run_cli(args: argparse.Namespace, out: Callable[[str], None] = print) -> int
     if args.plot:
         plot(results, config, args.plot)
     if args.json:
-        out(json.dumps(to_json(results), indent=2))
+        out(json.dumps(to_json(results, config), indent=2))
         return 0
     out(describe(config))
+    out(steadiness(config))
     out(format_table(results, config))
     out(f"{len(results)} runs in {time.perf_counter() - started:.1f}s"
         + (f"; plot written to {args.plot}" if args.plot else ""))

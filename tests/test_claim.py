@@ -115,6 +115,21 @@ def test_remainder_lateness_ignores_rows_not_yet_due_and_breaks_ties_by_lane(mak
     assert eng.verify() == []
 
 
+def test_remainder_lateness_opens_a_lone_lane_before_taking_from_it(make_engine):
+    """With a single lane left and no runner-up, the pass opens that lane before granting: the
+    process's cursor for the lane is a past pass's, here another engine's, whose rows are not
+    this engine's (it granted a row past this engine's capacity)."""
+    first = make_engine(LanePolicy(), capacity=512)
+    first.add_many(np.full(300, NOW - DAY), np.full(300, PRODUCT_INTERVAL))
+    homes = [first.add(NOW - HOUR, HOME_INTERVAL) for _ in range(5)]
+    assert first.claim(budget=3, now_ms=NOW).rows.tolist() == homes[:3]  # the 4th is peeked
+    second = make_engine(LanePolicy(min_share={}), capacity=16)
+    rows = [second.add(NOW - k * MINUTE, HOME_INTERVAL) for k in range(3)]
+    c = second.claim(budget=4, now_ms=NOW)
+    assert c.rows.tolist() == rows[::-1]
+    assert second.verify() == []
+
+
 @pytest.mark.parametrize("flip", [False, True])
 def test_remainder_lateness_is_exact_where_doubles_cannot_tell(make_engine, flip):
     """Two heads whose lateness x other interval differ by 1 in 2^64 (the lengths of a 136-year
@@ -368,7 +383,9 @@ def test_floor_is_lowered_by_a_write_below_it(eng):
     assert eng.verify() == []
 
 
-def test_floor_is_lowered_by_a_reschedule_below_it(eng):
+def test_floor_is_lowered_by_a_reschedule_below_it(make_engine):
+    # lane order: its pass proposes the floor past the row it grants in that same pass
+    eng = make_engine(LanePolicy(remainder="lane-order"))
     a = eng.add(NOW - HOUR, HOME_INTERVAL)
     b = eng.add(NOW - 30 * MINUTE, HOME_INTERVAL)
     eng.compact()

@@ -33,7 +33,9 @@ def test_default_policy_has_ten_lanes_with_the_documented_names():
     assert p.cold_after == 3
     assert p.urgent_max_share == pytest.approx(0.2)
     assert dict(p.min_share) == {"discovered": 0.10, "cold": 0.02}
-    assert p.remainder == "lane-order"
+    assert p.remainder == "lateness"
+    assert dict(p.weights) == {f"{prov}/b{band}": w for prov in ("submitted", "discovered")
+                               for band, w in enumerate((4.0, 1.5651, 1.4142))}
     assert p.lanes_enabled is True
 
 
@@ -246,16 +248,23 @@ def _run_reference(policy, budgets, due):
     return total, credits
 
 
+LANE_ORDER = LanePolicy(remainder="lane-order")
+"""The floors with the rest in lane order: the reference's floor and credit rules, apart from
+the lateness remainder's order."""
+STRICT = LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order")
+"""Strict priority: no floors, urgent uncapped, the rest in lane order."""
+
+
 def test_reference_urgent_cap_holds_when_nothing_else_is_due():
     due = [[i for i in range(200)]] + [[] for _ in range(9)]
-    total, _ = _run_reference(LanePolicy(), [1] * 100, due)
+    total, _ = _run_reference(LANE_ORDER, [1] * 100, due)
     assert 18 <= total[0] <= 22
     assert sum(total) == total[0]
 
 
 def test_reference_uncapped_urgent_takes_everything():
     due = [[i for i in range(200)]] + [[] for _ in range(9)]
-    total, _ = _run_reference(LanePolicy(urgent_max_share=1.0, min_share={}), [1] * 100, due)
+    total, _ = _run_reference(STRICT, [1] * 100, due)
     assert total[0] == 100
 
 
@@ -263,8 +272,8 @@ def test_reference_floor_is_a_minimum_with_budget_one_and_sixty_four():
     due = [[] for _ in range(10)]
     due[1] = list(range(1000))
     due[5] = list(range(1000))
-    one, _ = _run_reference(LanePolicy(), [1] * 320, due)
-    many, _ = _run_reference(LanePolicy(), [64] * 5, due)
+    one, _ = _run_reference(LANE_ORDER, [1] * 320, due)
+    many, _ = _run_reference(LANE_ORDER, [64] * 5, due)
     assert sum(one) == sum(many) == 320
     for total in (one, many):
         assert 0.08 <= total[5] / 320 <= 0.12
@@ -274,7 +283,7 @@ def test_reference_floor_is_a_minimum_with_budget_one_and_sixty_four():
 def test_reference_unused_floor_is_released_to_the_remainder():
     due = [[] for _ in range(10)]
     due[1] = list(range(100))
-    grants, credits = reference_pass(LanePolicy(), 10, due, {})
+    grants, credits = reference_pass(LANE_ORDER, 10, due, {})
     assert grants[1] == 10
     assert credits["discovered"] == 0  # an idle class banks nothing
     assert credits["cold"] == 0
@@ -283,12 +292,12 @@ def test_reference_unused_floor_is_released_to_the_remainder():
 def test_reference_idle_class_banks_no_credit():
     due = [[] for _ in range(10)]
     due[1] = list(range(1000))
-    total, credits = _run_reference(LanePolicy(), [1] * 200, due)
+    total, credits = _run_reference(LANE_ORDER, [1] * 200, due)
     assert total[1] == 200
     due = [[] for _ in range(10)]
     due[1] = list(range(1000))
     due[5] = list(range(1000))
-    grants, _ = reference_pass(LanePolicy(), 10, due, credits)
+    grants, _ = reference_pass(LANE_ORDER, 10, due, credits)
     assert 1 <= grants[5] <= 2
 
 

@@ -24,6 +24,12 @@ from lanes_testlib import (
 from engine import LanePolicy
 from engine.policy import reference_pass
 
+LANE_ORDER = LanePolicy(remainder="lane-order")
+"""The floors with the rest in lane order: what a floor guarantees, apart from the lateness
+remainder's order (which serves a floor class beyond its floor when it is the latest)."""
+STRICT = LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order")
+"""Strict priority: no floors, urgent uncapped, the rest in lane order."""
+
 pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 
@@ -66,7 +72,7 @@ def _drain(eng, budget, calls, complete=True, handles=None):
 
 
 def _discovered_share(fresh, budget, calls):
-    with fresh(capacity=1024) as eng:
+    with fresh(LANE_ORDER, capacity=1024) as eng:
         _fill(eng, submitted=400, discovered=100)
         eng.compact()
         counts = _drain(eng, budget, calls)
@@ -84,7 +90,7 @@ def test_discovered_floor_is_a_minimum_with_budget_one_and_sixty_four(fresh):
 
 
 def test_floor_shares_are_accounted_across_processes_handles(fresh):
-    with fresh(capacity=1024) as eng:
+    with fresh(LANE_ORDER, capacity=1024) as eng:
         _fill(eng, submitted=400, discovered=100)
         other = another_handle(eng)
         try:
@@ -100,7 +106,7 @@ def test_floor_shares_hold_across_concurrent_worker_processes(fresh):
 
     from lanes_testlib import address, child_worker_lanes, get_result
 
-    with fresh(capacity=2048) as eng:
+    with fresh(LANE_ORDER, capacity=2048) as eng:
         _fill(eng, submitted=900, discovered=300)
         ctx = mp.get_context("fork")
         queues = [ctx.Queue() for _ in range(3)]
@@ -121,7 +127,7 @@ def test_floor_shares_hold_across_concurrent_worker_processes(fresh):
 
 
 def test_cold_floor_gets_its_two_percent(fresh):
-    with fresh(capacity=1024) as eng:
+    with fresh(LANE_ORDER, capacity=1024) as eng:
         _fill(eng, submitted=400, cold=50)
         counts = _drain(eng, 1, 300)
         assert 4 <= counts[9] <= 8, counts
@@ -130,7 +136,7 @@ def test_cold_floor_gets_its_two_percent(fresh):
 
 
 def test_without_floors_strict_priority_starves_the_tail(fresh):
-    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=1024) as eng:
+    with fresh(STRICT, capacity=1024) as eng:
         _fill(eng, submitted=200, discovered=50)
         counts = _drain(eng, 4, 40)
         assert counts[5] == 0
@@ -149,7 +155,7 @@ def test_unused_floor_is_released_to_the_remainder_in_the_same_pass(fresh):
 
 
 def test_an_idle_class_banks_no_credit(fresh):
-    with fresh(capacity=1024) as eng:
+    with fresh(LANE_ORDER, capacity=1024) as eng:
         _fill(eng, submitted=300)
         counts = _drain(eng, 1, 100)
         assert counts[1] == 100
@@ -183,7 +189,7 @@ def test_urgent_cap_holds_with_other_lanes_due_and_capacity_goes_to_them(fresh):
 
 
 def test_uncapped_urgent_drains_first(fresh):
-    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=1024) as eng:
+    with fresh(STRICT, capacity=1024) as eng:
         _fill(eng, submitted=50, urgent=30)
         c = eng.claim(budget=40, now_ms=NOW, lease_ms=HOUR)
         got = lane_counts(c, 10)
@@ -282,4 +288,31 @@ def test_lateness_grants_what_the_reference_grants_as_floors_rise(fresh, weights
             assert lane_counts(c, 10) == expected, (budget, due_lists, intervals)
             for row in c.rows.tolist():
                 del queued[row]
+        assert eng.verify() == []
+
+
+def test_a_running_engine_moves_to_the_default_with_set_policy_rewriting_no_row(fresh):
+    """An engine running the lane-order floors (the policy a deployment made before the
+    lateness default) moves to ``LanePolicy()`` live: a worker's next claim on its own handle
+    follows the new order, and no row is rewritten (every row reads back the same)."""
+    with fresh(LANE_ORDER, capacity=1024) as eng:
+        catalog = [eng.add(NOW - HOUR - k * MINUTE, 12 * 3600) for k in range(20)]  # ~0.1 late
+        product = [eng.add(NOW - 47 * HOUR - k * MINUTE, 48 * 3600) for k in range(20)]  # ~1
+        eng.add_many(np.full(200, NOW + DAY), np.full(200, 6 * 3600))  # not due: rows at rest
+        eng.compact()
+        worker = another_handle(eng)
+        try:
+            c = worker.claim(budget=2, now_ms=NOW)
+            assert c.rows.tolist() == catalog[::-1][:2]  # lane order: catalog (lane 3) first
+            for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
+                worker.release(row, tok)
+            rows = range(eng.stats(now_ms=NOW)["rows"])
+            before = [eng.describe(r, now_ms=NOW) for r in rows]
+            eng.set_policy(LanePolicy())
+            assert [eng.describe(r, now_ms=NOW) for r in rows] == before
+            assert worker.policy == LanePolicy()
+            c = worker.claim(budget=2, now_ms=NOW)
+            assert c.rows.tolist() == product[::-1][:2]  # the latest relative to its interval
+        finally:
+            worker.close()
         assert eng.verify() == []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,16 +19,20 @@ from engine import EngineError, LanePolicy
 from engine.cli import main as lanes
 from engine.errors import EngineValueError
 from engine.sim import (
+    CORPORA,
     POLICIES,
     PolicySpec,
     RouteClass,
     SimConfig,
     SimResult,
+    bound,
+    corpus_config,
     format_table,
     load_config,
     policy_spec,
     run_one,
     simulate,
+    steadiness,
     sweep,
     sweep_specs,
     to_json,
@@ -123,6 +128,25 @@ def test_json_is_exactly_the_api_shape(grid):
     assert sum(c["renders"] for c in entry["classes"].values()) == entry["renders"]
 
 
+def test_json_says_how_starved_is_judged_and_whether_the_run_is_steady(grid):
+    doc = json.loads(json.dumps(to_json([grid["floors", 0.5]], REDUCED)))
+    assert doc["starved"]["below_demand_fraction"] == 0.10
+    assert "10%" in doc["starved"]["rule"]
+    assert doc["steady"] == {"steady": True, "warmup_h": 144.0, "measure_h": 144.0,
+                             "longest_interval_h": 48.0, "intervals_needed": 3.0}
+    short = to_json([], replace(REDUCED, warmup_h=96.0))["steady"]
+    assert short["steady"] is False and short["warmup_h"] == 96.0
+
+
+def test_the_windows_cover_the_longest_interval_several_times_or_say_so():
+    news = corpus_config("news")
+    assert news.windows_h == (3 * 168.0, 3 * 168.0) and news.steady
+    assert steadiness(news).startswith("steady: ")
+    short = replace(news, measure_h=200.0)
+    assert not short.steady
+    assert steadiness(short).startswith("NOT STEADY: ") and "168 h" in steadiness(short)
+
+
 BOUND = {0.75: 1.34, 0.5: 2.02}
 """No policy can give the worst class less than about 1 / capacity; a little more with homepages
 held at 1.0x."""
@@ -145,11 +169,59 @@ def test_lateness_keeps_every_class_on_time_at_full_capacity(grid):
                for c in late.classes.values()), late.classes
 
 
+@pytest.mark.parametrize("cap", [0.75, 0.5])
+def test_the_default_is_near_the_bound_holds_homepages_and_starves_nobody(grid, cap):
+    default = grid["default", cap]
+    assert [n for n, c in default.classes.items() if c.starved] == []
+    assert _home(grid, "default", cap) <= 1.10
+    assert worst_class(default) <= 1.15 * bound(REDUCED, cap), worst_class(default)
+    assert worst_class(default) < worst_class(grid["floors", cap])
+    assert abs(default.renders / grid["today", cap].renders - 1) <= 0.01
+
+
+def test_the_default_keeps_every_class_on_time_at_full_capacity(grid):
+    default = grid["default", 1.0]
+    assert worst_class(default) <= 1.05 * bound(REDUCED, 1.0)
+
+
+def test_the_default_policy_is_exactly_lane_policy_and_floors_is_the_lane_order_one():
+    for config in (REDUCED, corpus_config("news", ttl_bands=(1800, 86400))):
+        assert policy_spec("default", config).policy == config.policy()
+        floors = policy_spec("floors", config).policy
+        assert floors.remainder == "lane-order" and dict(floors.weights) == {}
+    assert policy_spec("default", REDUCED).policy == LanePolicy()
+
+
+def test_the_bound_holds_the_shortest_class_on_time_and_shares_the_rest():
+    assert bound(REDUCED, 1.0) == 1.0 and bound(REDUCED, 2.0) == 1.0
+    assert bound(REDUCED, 0.5) == pytest.approx(BOUND[0.5], abs=0.01)
+    assert bound(REDUCED, 0.75) == pytest.approx(BOUND[0.75], abs=0.01)
+    assert math.isinf(bound(REDUCED, 0.001))
+
+
+def test_named_corpora_are_of_different_shapes_and_run_from_the_command_line(capsys):
+    assert {"default", "shop", "news", "docs"} <= set(CORPORA)
+    shortest = {name: min(c.interval_h[0] for c in corpus.classes)
+                for name, corpus in CORPORA.items()}
+    longest = {name: max(c.interval_h[1] for c in corpus.classes)
+               for name, corpus in CORPORA.items()}
+    assert len(set(shortest.values())) >= 3 and len(set(longest.values())) >= 3
+    argv = ["sim", "--corpus", "news", "--policies", "default", "--capacities", "0.5",
+            "--scale", "0.01", "--warmup-h", "2", "--measure-h", "4", "--jobs", "1",
+            "--ttl-bands", "0.5,24"]
+    assert lanes(argv) == 0
+    out = capsys.readouterr().out
+    assert "home (0.5 h)" in out and "archive (168 h)" in out and "NOT STEADY" in out
+    with pytest.raises(EngineValueError, match="unknown corpus"):
+        corpus_config("blog")
+
+
 def test_the_sweep_tries_lateness_with_lane_weights():
     specs = sweep_specs(discovered=[0.1], remainders=["lateness"])
     weighted = [s.policy.weights for s in specs if s.policy.ttl_bands == (3600, 21600, 86400)]
     assert {"submitted/b0": 4.0, "submitted/b1": 1.5, "submitted/b2": 1.5} in weighted
     assert {} in [s.policy.weights for s in specs]
+    assert LanePolicy().weights in weighted  # the default's, derived from the bands
     assert all(s.policy.remainder == "lateness" for s in specs)
     assert len({s.name for s in specs}) == len(specs)
 
@@ -158,8 +230,7 @@ def test_the_sweep_tries_lateness_with_lane_weights():
 
 
 def test_sweep_ranks_a_starving_setting_last():
-    specs = [PolicySpec("strict", LanePolicy(urgent_max_share=1.0, min_share={})),
-             PolicySpec("floors", LanePolicy())]
+    specs = [policy_spec("strict", TINY), policy_spec("floors", TINY)]
     ranked = sweep(TINY, 0.5, specs, jobs=1)
     assert [r.policy for _, r in ranked] == ["floors", "strict"]
     assert math.isfinite(ranked[0][0]) and math.isinf(ranked[1][0])

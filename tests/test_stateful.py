@@ -673,14 +673,16 @@ def test_zero_urgent_share_sheds_banked_credit():
     with fresh_engine(before, capacity=64) as eng:
         eng.prioritize(eng.add(NOW + DAY, 600), "rush", now_ms=NOW)
         lanes = [[NOW]] + [[]] * (before.lane_count - 1)
-        want, credits = reference_pass(before, 20, lanes, {})
+        want, credits = reference_pass(before, 20, lanes, {}, now=NOW,
+                                       intervals=[[600] * len(due) for due in lanes])
         got = eng.claim(budget=20, now_ms=NOW, lease_ms=DAY, window=BIG_WINDOW)
         assert got.lanes.tolist() == [0] and want[0] == 1
         for _ in range(3):
             eng.prioritize(eng.add(NOW + DAY, 600), "rush", now_ms=NOW)
         eng.set_policy(after)
         lanes = [[NOW] * 3] + [[]] * (after.lane_count - 1)
-        want, credits = reference_pass(after, 20, lanes, credits)
+        want, credits = reference_pass(after, 20, lanes, credits, now=NOW,
+                                       intervals=[[600] * len(due) for due in lanes])
         got = eng.claim(budget=20, now_ms=NOW, lease_ms=DAY, window=BIG_WINDOW)
         assert got.lanes.tolist().count(0) == want[0]  # engine 3, reference 1
         assert eng.stats(now_ms=NOW)["credits"]["urgent"] * ONE == credits["urgent"]
