@@ -119,15 +119,43 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    """Exit 0: every invariant holds (after ``--repair``, once what dead writers left was
+    repaired); 1: a broken invariant; 3: only marks of dead writers, not repaired."""
     eng = _engine(args)
     try:
-        problems = eng.verify()
+        marks: list[str] = []
+        if not isinstance(eng, Engine):
+            problems, done = eng.verify(), None
+        else:
+            problems, marks = eng._verify_walk()
+            done = None
+            if args.repair and marks:
+                done = eng._reap(repair_anyway=True)
+                done["unpublished"] = sum("not yet published" in m for m in marks)
+                done["marks"] = len(marks)
+                problems, marks = eng._verify_walk()
     finally:
         eng.close()
+    if done is not None:
+        print(f"repaired {done['marks']} mark(s) of {done['dead_owners']} dead writer(s):"
+              f" {done['unpublished']} unpublished row(s) indexed,"
+              f" {done.get('rows_taken_back', 0)} reserved row(s) never written taken back,"
+              f" {done.get('leases_reclaimed', 0)} lease(s) reclaimed"
+              + (f"; {done['rows_waiting']} row(s) left to a writer still at work"
+                 if done.get("rows_waiting") else ""))
+    for m in marks:
+        print(f"dead writer: {m}")
     for p in problems:
         print(p)
-    print("ok" if not problems else f"{len(problems)} problem(s)")
-    return 1 if problems else 0
+    if problems:
+        print(f"{len(problems)} problem(s)")
+        return 1
+    if marks:
+        print(f"{len(marks)} mark(s) of dead writers, no broken invariant: `lanes check --repair"
+              f" {args.name}` finishes or takes back their writes")
+        return 3
+    print("ok")
+    return 0
 
 
 def _cleanup(args: argparse.Namespace) -> int:
@@ -514,6 +542,9 @@ def _check_parser(sub: Any) -> None:
     p = sub.add_parser("check", help="verify every invariant of an engine",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
+    p.add_argument("--repair", action="store_true",
+                   help="first finish or take back the writes that killed processes left half"
+                        " done, and say what was repaired")
     _redis_arguments(p, local=False)
     p.set_defaults(fn=_check)
 

@@ -61,6 +61,11 @@ _PROBLEMS = {
     lib.RL_V_LEASE_UNCOVERED: "row in flight whose lease ends before lease_min (no sweep would "
                               "put it back)",
 }
+# Crash marks: what a writer killed midway left, which a repair finishes or takes back (reap()).
+_MARKS = {
+    lib.RL_V_DEAD_WRITE: "row stored by a dead writer and not yet published (a repair indexes it)",
+    lib.RL_V_ABANDONED: "row reserved by a dead writer and never written (a repair takes it back)",
+}
 
 
 def wall_ms() -> int:
@@ -282,13 +287,18 @@ class Engine(_hot.EngineBase):
             if status != lib.RL_E_BUSY:
                 check(status, "compact")
 
-    def _repair(self) -> int:
-        out = ffi.new("uint32_t *")
-        status = lib.rl_repair(self._h, self._seg.owner, out)
-        if status == lib.RL_E_BUSY:
-            return 0
-        check(status, "repair")
-        return int(out[0])
+    def _repair(self, wait: bool = False) -> dict[str, int]:
+        """Repair after dead owners (see ``reap``): what it did, or zeros if another process
+        is repairing or merging right now (``wait``: then wait for it, up to 5 s)."""
+        out = ffi.new("rl_repair_out *")
+        deadline = time.monotonic() + 5.0
+        while (status := lib.rl_repair_report(self._h, self._seg.owner, out)) == lib.RL_E_BUSY \
+                and wait and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if status != lib.RL_E_BUSY:
+            check(status, "repair")
+        return {"leases_reclaimed": int(out.reclaimed), "rows_taken_back": int(out.voided),
+                "rows_waiting": int(out.waiting)}
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -516,7 +526,7 @@ class Engine(_hot.EngineBase):
             "name": self.name,
             "layout_version": int(info.layout_version),
             "capacity": int(info.row_capacity),
-            "rows": int(info.rows_used),
+            "rows": int(info.rows_used) - int(info.rows_void),
             "queued": sum(int(lanes[i].queued) for i in range(lib.RL_MAX_LANES)),
             "in_flight": sum(int(lanes[i].in_flight) for i in range(lib.RL_MAX_LANES)),
             "bytes": int(info.total_bytes),
@@ -544,19 +554,36 @@ class Engine(_hot.EngineBase):
         }
 
     def verify(self) -> list[str]:
-        """Walk the segment; one line per broken invariant (empty when all hold)."""
+        """Walk the segment; one line per broken invariant (empty when all hold).
+
+        What writers killed midway left is not a broken invariant: when the walk finds such
+        marks it reaps first (``reap``: the dead writers' writes finished or taken back), then
+        walks again. ``lanes check`` reports the marks themselves."""
+        problems, marks = self._verify_walk()
+        if marks:
+            self._reap(repair_anyway=True)
+            problems, marks = self._verify_walk()
+        return problems + marks
+
+    def _verify_walk(self) -> tuple[list[str], list[str]]:
+        """One walk, changing nothing but the marking of owners found dead: (broken
+        invariants, marks of dead writers)."""
         cap = 64
         out = ffi.new("rl_problem[]", cap)
         found = ffi.new("uint32_t *")
         check(lib.rl_verify(self._h, out, cap, found))
-        problems = []
+        problems, marks = [], []
         for i in range(min(int(found[0]), cap)):
             p = out[i]
+            if p.code in _MARKS:
+                marks.append(f"{_MARKS[p.code]}: row {p.row}, owner {p.detail}")
+                continue
             what = _PROBLEMS.get(p.code, f"problem {p.code}")
             problems.append(f"{what}: row {p.row}, lane {p.lane}, detail {p.detail}")
         if found[0] > cap:
-            problems.append(f"... and {found[0] - cap} more")
-        return problems
+            (marks if marks and not problems else problems).append(
+                f"... and {found[0] - cap} more")
+        return problems, marks
 
     check = verify
 
@@ -580,11 +607,17 @@ class Engine(_hot.EngineBase):
         return {"restamped": int(done[0]), "done": not left[0]}
 
     def reap(self) -> int:
-        """Find owners whose process is gone (pid + start time), reclaim their leases at once.
+        """Find owners whose process is gone (pid + start time), reclaim their leases at once,
+        and finish or take back the writes they left half done.
 
         Returns how many dead owners were found. Claim passes notice dead lease holders by
         themselves; this also catches processes that died holding no lease mid-write.
         """
+        return self._reap()["dead_owners"]
+
+    def _reap(self, repair_anyway: bool = False) -> dict[str, int]:
+        """``reap``, with what it did (``lanes check --repair`` prints it); ``repair_anyway``:
+        repair even when no dead owner is left (a mark an earlier repair left waiting)."""
         dead = 0
         for owner, pid, start, word in self._seg.owners():
             state = owner_state(word)
@@ -594,9 +627,8 @@ class Engine(_hot.EngineBase):
             if not is_running(pid, start):
                 check(lib.rl_owner_mark_dead(self._h, owner, word))
                 dead += 1
-        if dead:
-            self._repair()
-        return dead
+        done = self._repair(wait=True) if dead or repair_anyway else {}
+        return {"dead_owners": dead, **done}
 
     def __repr__(self) -> str:
         state = "closed" if self._seg._handle is None else "open"

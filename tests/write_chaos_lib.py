@@ -8,7 +8,8 @@ children run this code.
 Each victim is forked from the supervisor (it registers its own lease owner on first use) and
 logs, one ``os.write`` per line on an ``O_APPEND`` descriptor, a JSON object per event: ``i``
 before a write (its intent: what each row it touches will look like once it is done) and ``k``
-after it returned (acknowledged). The supervisor kills it ``kill_ms`` after the fork, reaps it and
+after it returned (acknowledged). The supervisor kills it ``kill_ms`` after its first write (the
+first use maps the engine's pages, which takes longer than that on a large engine), reaps it and
 forks the next; kinds run one after another against one engine (``restamp`` against its own,
 with lanes disabled, as the write requires).
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -193,8 +195,10 @@ def _rows_touch(eng: Engine, log: _Log, rng: random.Random, kind: str, known: in
     log("k", {row: exp})
 
 
-def victim_main(eng: Engine, kind: str, log_path: str, seed: int, batch: int, known: int) -> None:
-    """Loop on one kind of write until killed."""
+def victim_main(eng: Engine, kind: str, log_path: str, seed: int, batch: int, known: int,
+                ready: int) -> None:
+    """Loop on one kind of write until killed; a byte to ``ready`` after the first write (the
+    first use of the engine registers this process and maps every page: not what is killed)."""
     log, rng, seq = _Log(log_path), random.Random(seed), [seed % 1_000_000 * 1000]
     while True:
         if kind in ("add", "add_many"):
@@ -211,23 +215,31 @@ def victim_main(eng: Engine, kind: str, log_path: str, seed: int, batch: int, kn
         elif kind == "restamp":
             eng.add_many(np.full(batch, now_ms() - 1000), rng.choice((5, 60, 3600)))
             eng.restamp(limit=rng.randint(1, 3 * batch))
+        if ready >= 0:
+            os.write(ready, b"r")
+            os.close(ready)
+            ready = -1
 
 
 # ============================================================================ supervisor =====
 
 
 def _fork_victim(eng: Engine, kind: str, log_path: str, seed: int, cfg: WriteChaosConfig,
-                 known: int) -> int:
+                 known: int) -> tuple[int, int]:
+    """The victim's pid, and the pipe it says it is ready on."""
+    r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 0
+        os.close(r)
         try:
-            victim_main(eng, kind, log_path, seed, cfg.batch, known)
+            victim_main(eng, kind, log_path, seed, cfg.batch, known, w)
         except BaseException as e:  # noqa: BLE001 - reported through the exit status and log
             os.write(os.open(log_path, os.O_WRONLY | os.O_APPEND), f"! {e!r}\n".encode())
             code = 3
         os._exit(code)
-    return pid
+    os.close(w)
+    return pid, r
 
 
 def kill_loop(eng: Engine, kind: str, cfg: WriteChaosConfig, log_dir: str, rng: random.Random,
@@ -235,7 +247,9 @@ def kill_loop(eng: Engine, kind: str, cfg: WriteChaosConfig, log_dir: str, rng: 
     """Fork, let live ``kill_ms``, SIGKILL, reap; ``cfg.kills`` times for ``kind``."""
     for i in range(cfg.kills):
         log_path = os.path.join(log_dir, f"{kind}-{i:05d}.log")
-        pid = _fork_victim(eng, kind, log_path, rng.getrandbits(31), cfg, known)
+        pid, ready = _fork_victim(eng, kind, log_path, rng.getrandbits(31), cfg, known)
+        select.select([ready], [], [], 60.0)
+        os.close(ready)
         time.sleep(rng.uniform(*cfg.kill_ms) / 1000)
         try:
             os.kill(pid, signal.SIGKILL)
