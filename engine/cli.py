@@ -122,27 +122,24 @@ def _check(args: argparse.Namespace) -> int:
     """Exit 0: every invariant holds (after ``--repair``, once what dead writers left was
     repaired); 1: a broken invariant; 3: only marks of dead writers, not repaired."""
     eng = _engine(args)
+    marks: list[str] = []
     try:
-        marks: list[str] = []
         if not isinstance(eng, Engine):
-            problems, done = eng.verify(), None
+            problems = eng.verify()
         else:
-            problems, marks = eng._verify_walk()
-            done = None
-            if args.repair and marks:
+            walk = eng._verify_walk()
+            if args.repair and walk.marks:
                 done = eng._reap(repair_anyway=True)
-                done["unpublished"] = sum("not yet published" in m for m in marks)
-                done["marks"] = len(marks)
-                problems, marks = eng._verify_walk()
+                print(f"repaired {walk.unpublished + walk.abandoned} mark(s) of"
+                      f" {done['dead_owners']} dead writer(s): {walk.unpublished} unpublished"
+                      f" row(s) indexed, {done.get('rows_taken_back', 0)} reserved row(s) never"
+                      f" written taken back, {done.get('leases_reclaimed', 0)} lease(s) reclaimed"
+                      + (f"; {done['rows_waiting']} row(s) left to a writer still at work"
+                         if done.get("rows_waiting") else ""))
+                walk = eng._verify_walk()
+            problems, marks = walk.problems, walk.marks
     finally:
         eng.close()
-    if done is not None:
-        print(f"repaired {done['marks']} mark(s) of {done['dead_owners']} dead writer(s):"
-              f" {done['unpublished']} unpublished row(s) indexed,"
-              f" {done.get('rows_taken_back', 0)} reserved row(s) never written taken back,"
-              f" {done.get('leases_reclaimed', 0)} lease(s) reclaimed"
-              + (f"; {done['rows_waiting']} row(s) left to a writer still at work"
-                 if done.get("rows_waiting") else ""))
     for m in marks:
         print(f"dead writer: {m}")
     for p in problems:
@@ -151,8 +148,9 @@ def _check(args: argparse.Namespace) -> int:
         print(f"{len(problems)} problem(s)")
         return 1
     if marks:
-        print(f"{len(marks)} mark(s) of dead writers, no broken invariant: `lanes check --repair"
-              f" {args.name}` finishes or takes back their writes")
+        print(f"{walk.unpublished + walk.abandoned} mark(s) of dead writers, no broken"
+              f" invariant: `lanes check --repair {args.name}` finishes or takes back their"
+              " writes")
         return 3
     print("ok")
     return 0

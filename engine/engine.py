@@ -14,6 +14,7 @@ import numbers
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -83,6 +84,18 @@ def _int(value: object, what: str, lo: int, hi: int) -> int:
     if not lo <= v <= hi:
         raise EngineValueError(f"{what} must be in [{lo}, {hi}], got {v}")
     return v
+
+
+@dataclass
+class VerifyWalk:
+    """One walk of ``rl_verify``: broken invariants, and the marks writers killed midway left
+    (``unpublished``: rows stored and not yet published; ``abandoned``: reserved, never
+    written), which a repair finishes or takes back."""
+
+    problems: list[str]
+    marks: list[str]
+    unpublished: int
+    abandoned: int
 
 
 class Claim(NamedTuple):
@@ -559,31 +572,43 @@ class Engine(_hot.EngineBase):
         What writers killed midway left is not a broken invariant: when the walk finds such
         marks it reaps first (``reap``: the dead writers' writes finished or taken back), then
         walks again. ``lanes check`` reports the marks themselves."""
-        problems, marks = self._verify_walk()
-        if marks:
+        walk = self._verify_walk()
+        if walk.marks:
             self._reap(repair_anyway=True)
-            problems, marks = self._verify_walk()
-        return problems + marks
+            walk = self._verify_walk()
+        return walk.problems + walk.marks
 
-    def _verify_walk(self) -> tuple[list[str], list[str]]:
-        """One walk, changing nothing but the marking of owners found dead: (broken
-        invariants, marks of dead writers)."""
+    def _verify_walk(self) -> VerifyWalk:
+        """One walk, changing nothing but the marking of owners found dead. Past 64 lines of
+        a kind the rest are counted in a last line "... and N more"."""
         cap = 64
-        out = ffi.new("rl_problem[]", cap)
-        found = ffi.new("uint32_t *")
-        check(lib.rl_verify(self._h, out, cap, found))
-        problems, marks = [], []
+        while True:
+            out = ffi.new("rl_problem[]", cap)
+            found = ffi.new("uint32_t *")
+            check(lib.rl_verify(self._h, out, cap, found))
+            if found[0] <= cap or cap > 64:
+                break
+            cap = int(found[0]) + 64  # all of them: marks of one big add may be thousands
+        walk = VerifyWalk([], [], 0, 0)
+        hidden = {"problems": 0, "marks": 0}
         for i in range(min(int(found[0]), cap)):
             p = out[i]
             if p.code in _MARKS:
-                marks.append(f"{_MARKS[p.code]}: row {p.row}, owner {p.detail}")
-                continue
-            what = _PROBLEMS.get(p.code, f"problem {p.code}")
-            problems.append(f"{what}: row {p.row}, lane {p.lane}, detail {p.detail}")
-        if found[0] > cap:
-            (marks if marks and not problems else problems).append(
-                f"... and {found[0] - cap} more")
-        return problems, marks
+                walk.unpublished += p.code == lib.RL_V_DEAD_WRITE
+                walk.abandoned += p.code == lib.RL_V_ABANDONED
+                line, kind = f"{_MARKS[p.code]}: row {p.row}, owner {p.detail}", "marks"
+            else:
+                what = _PROBLEMS.get(p.code, f"problem {p.code}")
+                line, kind = f"{what}: row {p.row}, lane {p.lane}, detail {p.detail}", "problems"
+            into = getattr(walk, kind)
+            if len(into) < 64:
+                into.append(line)
+            else:
+                hidden[kind] += 1
+        for kind, n in hidden.items():
+            if n:
+                getattr(walk, kind).append(f"... and {n} more")
+        return walk
 
     check = verify
 

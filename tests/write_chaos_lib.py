@@ -267,7 +267,8 @@ def fresh_verify(name: str, reap: bool = True) -> list[str]:
     code = ("import json, sys; from engine import Engine\n"
             "e = Engine.attach(sys.argv[1])\n"
             "walk = getattr(e, '_verify_walk', None)\n"
-            "raw = sum(walk(), []) if (walk and sys.argv[2] == '0') else e.verify()\n"
+            "w = walk() if (walk and sys.argv[2] == '0') else None\n"
+            "raw = w.problems + w.marks if w else e.verify()\n"
             "print(json.dumps(raw)); e.close()\n")
     out = subprocess.run([sys.executable, "-c", code, name, "1" if reap else "0"], check=True,
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -283,9 +284,10 @@ def read_events(log_dir: str, kinds: tuple[str, ...]) -> list[dict[str, Any]]:
     for kind in kinds:
         for fname in sorted(f for f in os.listdir(log_dir) if f.startswith(kind + "-")):
             with open(os.path.join(log_dir, fname), "rb") as f:
-                for raw in f.read().split(b"\n"):
-                    if raw.startswith(b"{"):
-                        events.append(json.loads(raw))
+                lines = f.read().split(b"\n")
+            for raw in lines[:-1]:  # the last: "" after a newline, or a line cut by SIGKILL
+                if raw.startswith(b"{"):
+                    events.append(json.loads(raw))
     return events
 
 
