@@ -47,6 +47,7 @@ DEFAULT_LEASE_MS = _hot.DEFAULT_LEASE_MS  # 30 s; the defaults live with the hot
 DEFAULT_WINDOW = _hot.DEFAULT_WINDOW  # 140
 MAX_BUDGET = _hot.MAX_BUDGET  # 65,536
 _U64 = (1 << 64) - 1
+_WORD_VOID = 1 << 60  # a row word's "taken back" bit (csrc/layout.h)
 _PROVENANCE_CODE = {name: code for code, name in enumerate(PROVENANCES)}
 
 _PROBLEMS = {
@@ -252,6 +253,18 @@ class Engine(_hot.EngineBase):
 
     def _rows_used(self) -> int:
         return int(self._seg.info().rows_used)
+
+    def _taken_back(self, rows: IntArray) -> BoolArray:
+        """Which of ``rows`` (existing ids) a repair took back: reserved by an add whose process
+        died before writing them (csrc/writes.c), so they will never be queued."""
+        out = np.zeros(len(rows), np.bool_)
+        if len(rows):
+            lo, hi = int(rows.min()), int(rows.max()) + 1
+            words, leases = ffi.new("uint64_t[]", hi - lo), ffi.new("uint64_t[]", hi - lo)
+            check(lib.rl_rows_dump(self._h, lo, hi - lo, words, leases))
+            dumped = np.frombuffer(ffi.buffer(words), np.uint64)
+            out[:] = (dumped[rows - lo] & np.uint64(_WORD_VOID)) != 0
+        return out
 
     def _row(self, row: object) -> int:
         r = _int(row, "row", 0, (1 << 31))

@@ -94,3 +94,37 @@ def test_lanes_check_tells_dead_writers_marks_from_violations_and_repairs_them()
         assert seen, "no kill landed inside an add: the test proved nothing"
         assert eng.claim(budget=10, now_ms=2_000_000_000_000) is not None
         np.testing.assert_array_equal(eng.add_many([5], 60), [row_ids_used(eng) - 1])
+
+
+def test_a_killed_lanes_add_leaves_every_url_with_its_row(tmp_path: Path) -> None:
+    """``lanes add`` publishes its URL file, then adds the rows: SIGKILLed anywhere, the next
+    ``lanes add`` of the same corpus leaves every URL of it with a queued row, and the URL
+    table and the engine's row ids agree."""
+    from pool_testlib import make_pool, write_csv
+
+    from engine.pool.urls import UrlTable
+
+    rng = random.Random(int.from_bytes(os.urandom(4), "little"))
+    name = unique_name()
+    corpus = write_csv(tmp_path, 25_000)
+    lanes_add = [sys.executable, "-m", "engine", "add", name, "--corpus", str(corpus)]
+    with make_pool(name, 10, "pool_renders:record") as pool:
+        for _ in range(3):
+            child = subprocess.Popen(lanes_add, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0.3, 1.0))
+            child.send_signal(signal.SIGKILL)
+            child.wait()
+            done = _lanes("add", name, "--corpus", str(corpus))
+            assert done.returncode == 0, done.stderr
+            eng = pool.engine
+            eng.reap()
+            table = UrlTable.attach(name)
+            try:
+                urls = table.urls()
+            finally:
+                table.close()
+            assert len(urls) == row_ids_used(eng)
+            queued = {u for r, u in enumerate(urls) if eng.describe(r)["queued"]}
+            wanted = {f"https://shop.example/p/{i}" for i in range(25_000)}
+            assert wanted <= queued and eng.verify() == []

@@ -21,7 +21,8 @@ The oracle (:func:`check_writes`), from a fresh process's view of the engine:
 * no row is lost (queued unless a remove was attempted), stranded (the drain of
   ``chaos_lib.drain_check`` returns every queued row once) or counted but empty (a reserved row
   never written: ``stats()["rows"]`` equals queued + removed rows);
-* no row is leased by a dead victim, and the policy is one a victim set (or the first).
+* after ``reap()`` no row is leased by a dead victim, and the policy is one a victim set (or
+  the first).
 """
 
 from __future__ import annotations
@@ -327,12 +328,12 @@ def check_rows(eng: Engine, events: list[dict[str, Any]], res: WriteChaosResult,
     n = row_ids_used(eng)
     words = row_words(eng, n)
     stats = eng.stats(now_ms=now)
-    res.rows, res.queued = int(stats["rows"]), int(stats["queued"])
+    rows, queued_n, removed, lost_n = int(stats["rows"]), int(stats["queued"]), 0, 0
     maybe_removed = np.zeros(n, bool)
     maybe_removed[sorted(r for r in removing if r < n)] = True
     never = (words == KEY_NONE) & ~maybe_removed
-    res.empty = int(never.sum())
-    res.examples["empty"] = np.nonzero(never)[0][:5].tolist()
+    res.empty += int(never.sum())
+    res.examples.setdefault("empty", []).extend(np.nonzero(never)[0][:5].tolist())
     queued = np.zeros(n, bool)
     lost = res.examples.setdefault("lost", [])
     for r in range(n):
@@ -342,12 +343,14 @@ def check_rows(eng: Engine, events: list[dict[str, Any]], res: WriteChaosResult,
         if d["queued"] or never[r] or words[r] & VOID_BIT:
             continue
         if maybe_removed[r]:
-            res.removed += 1
+            removed += 1
         else:
-            res.lost += 1
+            lost_n += 1
             if len(lost) < 5:
                 lost.append(d)
-    res.miscounted = res.rows - res.queued - res.removed - res.lost
+    res.rows, res.queued = res.rows + rows, res.queued + queued_n
+    res.removed, res.lost = res.removed + removed, res.lost + lost_n
+    res.miscounted += rows - queued_n - removed - lost_n
     return queued
 
 
@@ -390,6 +393,7 @@ def oracle_writes(eng: Engine, name: str, log_dir: str, kinds: tuple[str, ...],
             res.acked["writes"] = res.acked.get("writes", 0) + 1
     res.marks_before += len(fresh_verify(name, reap=False))
     res.verify += fresh_verify(name)
+    eng.reap()  # the dead victims' leases end now, not at their expiry
     now = now_ms()
     check_acknowledged(eng, events, res)
     queued = check_rows(eng, events, res, now)
