@@ -81,6 +81,7 @@ class WriteChaosResult:
     removed: int = 0
     empty: int = 0                  # rows reserved but never written, nor taken back
     miscounted: int = 0             # stats()["rows"] - queued - removed - lost (empty rows)
+    taken_back: int = 0             # reserved rows a repair took back (not in the rows)
     lost: int = 0                   # not queued, and no remove was attempted
     unseen: int = 0                 # an acknowledged write not visible
     leased: int = 0                 # rows still leased by a dead victim
@@ -103,7 +104,8 @@ class WriteChaosResult:
         return "\n".join([f"kills {self.kills}", f"acked {self.acked}",
                           f"rows {self.rows}, queued {self.queued}, removed {self.removed},"
                           f" empty {self.empty}, miscounted {self.miscounted},"
-                          f" lost {self.lost}, unseen {self.unseen},"
+                          f" taken back {self.taken_back}, lost {self.lost},"
+                          f" unseen {self.unseen},"
                           f" leased {self.leased}, bad policy {self.bad_policy}",
                           f"fresh verify before reap: {self.marks_before} problem(s);"
                           f" after: {len(self.verify)}", f"drain {self.drain}"]
@@ -349,6 +351,7 @@ def check_rows(eng: Engine, events: list[dict[str, Any]], res: WriteChaosResult,
             if len(lost) < 5:
                 lost.append(d)
     res.rows, res.queued = res.rows + rows, res.queued + queued_n
+    res.taken_back += n - rows
     res.removed, res.lost = res.removed + removed, res.lost + lost_n
     res.miscounted += rows - queued_n - removed - lost_n
     return queued
