@@ -131,7 +131,8 @@ static int journal_covered(const uint64_t *entries, int n, uint32_t row) {
  * after its stores, so where no live owner's journal covers it now, its writer is dead and no
  * one will ever write it: it is taken back (VOID, not counted in the rows). Rows a live journal
  * covers (a write under way, or a stale entry of a live writer whose CAS is about to fail) wait
- * for a later repair, which the repair asks for. */
+ * for the next repair (the next owner found dead, reap(), verify() finding them): asking for
+ * one at once would rebuild the index on every pass while a writer sits stopped mid-add. */
 void rl_reserved_settle(rl_seg *s, uint32_t used, rl_repair_out *out) {
     static const uint32_t most = (RL_MAX_OWNERS - 1) * RL_OWNER_WRITES;
     uint64_t *entries = malloc(most * sizeof(uint64_t));
@@ -149,7 +150,6 @@ void rl_reserved_settle(rl_seg *s, uint32_t used, rl_repair_out *out) {
         }
     }
     free(entries);
-    if (out->waiting) atomic_store(&s->h->repair_needed, 1);
 }
 
 static int row_ok(rl_seg *s, uint32_t row) {
