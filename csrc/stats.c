@@ -112,6 +112,47 @@ static int row_writer(rl_seg *s, Writers *w, uint32_t row, uint64_t lease, uint3
     return found;
 }
 
+/* rl_verify's walk of the row table: owners, keys, rows in flight, floors, findability (`seen`:
+ * the rows the index and the ring name at their key), and dead writers' marks. */
+static void rows_check(rl_seg *s, uint32_t used, const uint8_t *seen, Writers *writers,
+                       rl_problem *out, uint32_t max, uint32_t *found) {
+    uint64_t lmin = atomic_load(&s->h->lease_min);
+    for (uint32_t r = 0; r < used; r++) {
+        uint64_t word = atomic_load(&s->rows[r].word), key = RL_WORD_KEY(word);
+        uint64_t w = atomic_load(&s->rows[r].lease);
+        uint32_t o = RL_LEASE_OWNER(w);
+        if (o) {
+            uint32_t st = RL_OWNER_STATE(atomic_load(&s->owners[o].state));
+            if (st == RL_OWNER_FREE) note(out, max, found, RL_V_UNKNOWN_OWNER, r, 0, o);
+        }
+        uint32_t who = 0;
+        if (word == RL_KEY_NONE) { /* reserved, never written */
+            if (row_writer(s, writers, r, 0, &who) != 2)
+                note(out, max, found, RL_V_ABANDONED, r, 0, who);
+            continue;
+        }
+        if (key == RL_KEY_NONE) continue;
+        uint32_t l = rl_key_lane(key);
+        if (l >= RL_MAX_LANES) {
+            note(out, max, found, RL_V_BAD_KEY, r, l, key);
+            continue;
+        }
+        if ((word & RL_WORD_FLIGHT) && o) { /* in flight: its lease's end must put it back */
+            if (!(lmin & RL_LMIN_SWEEPING) && RL_LEASE_EXPIRY(w) < RL_LMIN_MS(lmin))
+                note(out, max, found, RL_V_LEASE_UNCOVERED, r, l, (uint64_t)RL_LEASE_EXPIRY(w));
+            continue;
+        }
+        uint32_t fl = RL_FLOOR_MINUTE(atomic_load(&s->lanes[l].floor));
+        int below = fl && rl_minute(rl_key_due(key)) < fl;
+        if (!below && seen[r]) continue;
+        int writer = row_writer(s, writers, r, w, &who);
+        if (writer == 1) note(out, max, found, RL_V_DEAD_WRITE, r, l, who);
+        if (writer) continue;
+        if (below) note(out, max, found, RL_V_BELOW_FLOOR, r, l, key);
+        if (!seen[r]) note(out, max, found, RL_V_NOT_FINDABLE, r, l, key);
+    }
+}
+
 /* Meant for a quiescent segment (tests call it after every scenario). What a writer killed
  * midway left is reported as a crash mark (RL_V_DEAD_WRITE, RL_V_ABANDONED: the next repair
  * finishes or takes it back), never as a broken invariant; a live writer's write under way is
@@ -179,41 +220,7 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
                 seen[row] = 1;
         }
     }
-    uint64_t lmin = atomic_load(&h->lease_min);
-    for (uint32_t r = 0; r < used; r++) {
-        uint64_t word = atomic_load(&s->rows[r].word), key = RL_WORD_KEY(word);
-        uint64_t w = atomic_load(&s->rows[r].lease);
-        uint32_t o = RL_LEASE_OWNER(w);
-        if (o) {
-            uint32_t st = RL_OWNER_STATE(atomic_load(&s->owners[o].state));
-            if (st == RL_OWNER_FREE) note(out, max, found, RL_V_UNKNOWN_OWNER, r, 0, o);
-        }
-        uint32_t who = 0;
-        if (word == RL_KEY_NONE) { /* reserved, never written */
-            if (row_writer(s, &writers, r, 0, &who) != 2)
-                note(out, max, found, RL_V_ABANDONED, r, 0, who);
-            continue;
-        }
-        if (key == RL_KEY_NONE) continue;
-        uint32_t l = rl_key_lane(key);
-        if (l >= RL_MAX_LANES) {
-            note(out, max, found, RL_V_BAD_KEY, r, l, key);
-            continue;
-        }
-        if ((word & RL_WORD_FLIGHT) && o) { /* in flight: its lease's end must put it back */
-            if (!(lmin & RL_LMIN_SWEEPING) && RL_LEASE_EXPIRY(w) < RL_LMIN_MS(lmin))
-                note(out, max, found, RL_V_LEASE_UNCOVERED, r, l, (uint64_t)RL_LEASE_EXPIRY(w));
-            continue;
-        }
-        uint32_t fl = RL_FLOOR_MINUTE(atomic_load(&s->lanes[l].floor));
-        int below = fl && rl_minute(rl_key_due(key)) < fl;
-        if (!below && seen[r]) continue;
-        int writer = row_writer(s, &writers, r, w, &who);
-        if (writer == 1) note(out, max, found, RL_V_DEAD_WRITE, r, l, who);
-        if (writer) continue;
-        if (below) note(out, max, found, RL_V_BELOW_FLOOR, r, l, key);
-        if (!seen[r]) note(out, max, found, RL_V_NOT_FINDABLE, r, l, key);
-    }
+    rows_check(s, used, seen, &writers, out, max, found);
     free(writers.j);
     free(seen);
     return RL_OK;

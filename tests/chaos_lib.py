@@ -207,6 +207,101 @@ class _Log:
         os.write(self.fd, (line + "\n").encode())
 
 
+def _side_write(eng: Engine, log: _Log, rng: random.Random, cfg: ChaosConfig, known: int,
+                u: float, p_side: tuple[float, ...]) -> int:
+    """One write between batches (add, prioritize, remove or compact, as ``u`` falls in
+    ``p_side``); returns the row ids known to exist afterwards."""
+    rnd, randint = rng.random, rng.randint
+    if u < p_side[0]:
+        k = randint(1, cfg.add_max)
+        t = now_ms()
+        due = [t - randint(0, 5000) if rnd() < 0.7 else t + randint(0, 5000) for _ in range(k)]
+        ivl = [rng.choice(INTERVALS) for _ in range(k)]
+        prov = [randint(0, 1) for _ in range(k)]
+        log(f"a {k}")
+        try:
+            new = eng.add_many(np.array(due, np.int64), np.array(ivl, np.int64),
+                               np.array(prov, np.int64)).tolist()
+        except CapacityError:
+            new = []
+        log("A " + " ".join(map(str, new)) if new else "A")
+        return max(known, new[-1] + 1) if new else known
+    if u < p_side[1]:
+        row = rng.randrange(known)
+        mode = "rush" if rnd() < 0.7 else "wait"
+        try:
+            eng.prioritize(row, mode)
+            ok = 1
+        except EngineValueError:
+            ok = 0  # removed
+        log(f"P {now_ms()} {row} {mode} {ok}")
+    elif u < p_side[2]:
+        row = rng.randrange(known)
+        log(f"x {row}")
+        try:
+            eng.remove(row)
+            ok = 1
+        except EngineValueError:
+            ok = 0
+        log(f"X {row} {ok}")
+    else:
+        eng.compact()
+        log(f"Z {now_ms()}")
+    return known
+
+
+def _end_batch(eng: Engine, log: _Log, rng: random.Random, cfg: ChaosConfig, rows: list[int],
+               toks: list[int], p_end: tuple[float, ...]) -> None:
+    """End each lease of a batch: abandon, fail, release, or complete (one by one, or all in
+    one ``complete_many``)."""
+    rnd, randint = rng.random, rng.randint
+    done_r: list[int] = []
+    done_t: list[int] = []
+    for r, k in zip(rows, toks, strict=True):
+        v = rnd()
+        if v < p_end[0]:
+            continue  # abandoned: the lease expires
+        if v < p_end[1]:
+            e0 = now_ms()
+            try:
+                eng.fail(r, k, retry_at_ms=None if rnd() < 0.5 else e0 + randint(0, 3000))
+                ok = 1
+            except LeaseLost:
+                ok = 0
+            log(f"F {e0} {now_ms()} {r} {k} {ok}")
+        elif v < p_end[2]:
+            e0 = now_ms()
+            try:
+                eng.release(r, k)
+                ok = 1
+            except LeaseLost:
+                ok = 0
+            log(f"R {e0} {now_ms()} {r} {k} {ok}")
+        else:
+            done_r.append(r)
+            done_t.append(k)
+    if not done_r:
+        return
+    if rnd() < cfg.p_single:
+        for r, k in zip(done_r, done_t, strict=True):
+            e0 = now_ms()
+            try:
+                eng.complete(r, k)
+                ok = 1
+            except LeaseLost:
+                ok = 0
+            log(f"K {e0} {now_ms()} {r}:{ok}")
+    else:
+        nxt = None
+        if rnd() < 0.3:
+            nxt = [now_ms() + randint(0, 3000) for _ in done_r]
+        e0 = now_ms()
+        oks = eng.complete_many(done_r, done_t, next_due_ms=nxt).tolist()
+        e1 = now_ms()
+        log(f"K {e0} {e1} "
+            + " ".join([f"{r}:{int(o)}" for r, o in zip(done_r, oks, strict=True)]))
+
+
 def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
                 cfg: ChaosConfig, stop: mmap.mmap, initial_rows: int) -> None:
     """The body of one forked worker; returns on a clean stop (the caller ``os._exit``s)."""
@@ -230,43 +325,7 @@ def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
         while not stop[0]:
             u = rnd()
             if u < p_side[3]:
-                if u < p_side[0]:
-                    k = randint(1, cfg.add_max)
-                    t = now_ms()
-                    due = [t - randint(0, 5000) if rnd() < 0.7 else t + randint(0, 5000)
-                           for _ in range(k)]
-                    ivl = [rng.choice(INTERVALS) for _ in range(k)]
-                    prov = [randint(0, 1) for _ in range(k)]
-                    log(f"a {k}")
-                    try:
-                        new = eng.add_many(np.array(due, np.int64), np.array(ivl, np.int64),
-                                           np.array(prov, np.int64)).tolist()
-                    except CapacityError:
-                        new = []
-                    log("A " + " ".join(map(str, new)) if new else "A")
-                    if new:
-                        known = max(known, new[-1] + 1)
-                elif u < p_side[1]:
-                    row = rng.randrange(known)
-                    mode = "rush" if rnd() < 0.7 else "wait"
-                    try:
-                        eng.prioritize(row, mode)
-                        ok = 1
-                    except EngineValueError:
-                        ok = 0  # removed
-                    log(f"P {now_ms()} {row} {mode} {ok}")
-                elif u < p_side[2]:
-                    row = rng.randrange(known)
-                    log(f"x {row}")
-                    try:
-                        eng.remove(row)
-                        ok = 1
-                    except EngineValueError:
-                        ok = 0
-                    log(f"X {row} {ok}")
-                else:
-                    eng.compact()
-                    log(f"Z {now_ms()}")
+                known = _side_write(eng, log, rng, cfg, known, u, p_side)
                 continue
 
             lease = randint(lo, hi)
@@ -301,51 +360,7 @@ def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
                 else:
                     toks[i] = new_tok
 
-            done_r: list[int] = []
-            done_t: list[int] = []
-            for r, k in zip(rows, toks, strict=True):
-                v = rnd()
-                if v < p_end[0]:
-                    continue  # abandoned: the lease expires
-                if v < p_end[1]:
-                    e0 = now_ms()
-                    try:
-                        eng.fail(r, k, retry_at_ms=None if rnd() < 0.5 else e0 + randint(0, 3000))
-                        ok = 1
-                    except LeaseLost:
-                        ok = 0
-                    log(f"F {e0} {now_ms()} {r} {k} {ok}")
-                elif v < p_end[2]:
-                    e0 = now_ms()
-                    try:
-                        eng.release(r, k)
-                        ok = 1
-                    except LeaseLost:
-                        ok = 0
-                    log(f"R {e0} {now_ms()} {r} {k} {ok}")
-                else:
-                    done_r.append(r)
-                    done_t.append(k)
-            if not done_r:
-                continue
-            if rnd() < cfg.p_single:
-                for r, k in zip(done_r, done_t, strict=True):
-                    e0 = now_ms()
-                    try:
-                        eng.complete(r, k)
-                        ok = 1
-                    except LeaseLost:
-                        ok = 0
-                    log(f"K {e0} {now_ms()} {r}:{ok}")
-            else:
-                nxt = None
-                if rnd() < 0.3:
-                    nxt = [now_ms() + randint(0, 3000) for _ in done_r]
-                e0 = now_ms()
-                oks = eng.complete_many(done_r, done_t, next_due_ms=nxt).tolist()
-                e1 = now_ms()
-                log(f"K {e0} {e1} "
-                    + " ".join([f"{r}:{int(o)}" for r, o in zip(done_r, oks, strict=True)]))
+            _end_batch(eng, log, rng, cfg, rows, toks, p_end)
         log(f"Q {now_ms()}")
         if attach:
             eng.close()  # ends this owner's leases and frees its slot
@@ -480,14 +495,7 @@ def run_chaos(cfg: ChaosConfig, log_dir: str, name: str,
             time.sleep(0.01)
         res.seconds = time.monotonic() - start
         stop[0] = 1
-        for w in list(workers.values()):
-            gone = _wait(w.pid, 10.0)
-            if gone is None:
-                res.stragglers += 1
-                os.kill(w.pid, signal.SIGKILL)
-                gone = _wait(w.pid, 10.0)
-                assert gone is not None, f"worker {w.pid} survived SIGKILL"
-            exited(w, gone)
+        _join_all(workers, res, exited)
         if progress:
             progress(f"stopped after {res.seconds:.1f} s; running the oracle")
         oracle(eng, log_dir, res, cfg.rows, drain_hold=cfg.drain_hold)
@@ -503,6 +511,19 @@ def run_chaos(cfg: ChaosConfig, log_dir: str, name: str,
         finally:
             eng.unlink()
     return res
+
+
+def _join_all(workers: dict[int, _Worker], res: ChaosResult,
+              exited: Callable[[_Worker, int], None]) -> None:
+    """Wait for every worker told to stop; SIGKILL a straggler."""
+    for w in list(workers.values()):
+        gone = _wait(w.pid, 10.0)
+        if gone is None:
+            res.stragglers += 1
+            os.kill(w.pid, signal.SIGKILL)
+            gone = _wait(w.pid, 10.0)
+            assert gone is not None, f"worker {w.pid} survived SIGKILL"
+        exited(w, gone)
 
 
 def _tail(path: str, lines: int = 5) -> str:
