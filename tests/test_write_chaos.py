@@ -31,7 +31,7 @@ KILLS = int(os.environ.get("RL_WRITE_CHAOS_KILLS", "10"))
 def test_every_write_path_killed_midway_loses_nothing_and_leaves_no_mark(tmp_path: Path) -> None:
     name = unique_name()
     seed = int(os.environ.get("RL_CHAOS_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
-    cfg = WriteChaosConfig(kills=KILLS, kill_ms=(5, 40), rows=5000, capacity=1 << 17, seed=seed)
+    cfg = WriteChaosConfig(kills=KILLS, kill_ms=(5, 40), rows=5000, capacity=1 << 19, seed=seed)
     res = run_write_chaos(cfg, str(tmp_path), name)
     print(f"\nseed {seed}\n{res.summary()}")
     assert sum(res.kills.values()) == KILLS * len(cfg.kinds)

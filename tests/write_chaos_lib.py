@@ -52,7 +52,7 @@ from chaos_lib import (
     row_words,
 )
 
-from engine import Engine, LanePolicy, LeaseLost
+from engine import CapacityError, Engine, LanePolicy, LeaseLost
 from engine.errors import EngineValueError
 
 KINDS = ("add", "add_many", "complete", "complete_many", "fail", "release", "release_many",
@@ -205,7 +205,10 @@ def victim_main(eng: Engine, kind: str, log_path: str, seed: int, batch: int, kn
     log, rng, seq = _Log(log_path), random.Random(seed), [seed % 1_000_000 * 1000]
     while True:
         if kind in ("add", "add_many"):
-            _adds(eng, log, rng, 1 if kind == "add" else batch, kind == "add")
+            try:
+                _adds(eng, log, rng, 1 if kind == "add" else batch, kind == "add")
+            except CapacityError:
+                time.sleep(60)  # full: nothing more to add; the supervisor kills it anyway
         elif kind in ("complete", "complete_many", "fail", "release", "release_many"):
             _ends(eng, log, rng, kind, batch, seq)
         elif kind in ("prioritize", "remove"):
