@@ -37,7 +37,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None)
     a = ap.parse_args()
     seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
-    capacity = 1 << max(17, (a.rows * 2 - 1).bit_length())
+    # room for what the add victims add in their lives (a full engine stops them)
+    capacity = 1 << max(21, (a.rows * 2 - 1).bit_length())
     cfg = WriteChaosConfig(kinds=tuple(a.kinds), kills=a.kills, kill_ms=tuple(a.kill_ms),
                            rows=a.rows, capacity=capacity, batch=a.batch, seed=seed)
     log_dir = tempfile.mkdtemp(prefix="rl-write-chaos-")
