@@ -198,6 +198,14 @@ def _rows_touch(eng: Engine, log: _Log, rng: random.Random, kind: str, known: in
     log("k", {row: exp})
 
 
+def _ready(fd: int) -> int:
+    """Tell the supervisor this victim is past its first write (once); the fd left, -1."""
+    if fd >= 0:
+        os.write(fd, b"r")
+        os.close(fd)
+    return -1
+
+
 def victim_main(eng: Engine, kind: str, log_path: str, seed: int, batch: int, known: int,
                 ready: int) -> None:
     """Loop on one kind of write until killed; a byte to ``ready`` after the first write (the
@@ -208,7 +216,9 @@ def victim_main(eng: Engine, kind: str, log_path: str, seed: int, batch: int, kn
             try:
                 _adds(eng, log, rng, 1 if kind == "add" else batch, kind == "add")
             except CapacityError:
-                time.sleep(60)  # full: nothing more to add; the supervisor kills it anyway
+                # full: nothing more to add; the supervisor kills it once it is ready
+                ready = _ready(ready)
+                time.sleep(60)
         elif kind in ("complete", "complete_many", "fail", "release", "release_many"):
             _ends(eng, log, rng, kind, batch, seq)
         elif kind in ("prioritize", "remove"):
@@ -221,10 +231,7 @@ def victim_main(eng: Engine, kind: str, log_path: str, seed: int, batch: int, kn
         elif kind == "restamp":
             eng.add_many(np.full(batch, now_ms() - 1000), rng.choice((5, 60, 3600)))
             eng.restamp(limit=rng.randint(1, 3 * batch))
-        if ready >= 0:
-            os.write(ready, b"r")
-            os.close(ready)
-            ready = -1
+        ready = _ready(ready)
 
 
 # ============================================================================ supervisor =====
