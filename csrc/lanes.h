@@ -24,7 +24,7 @@
 
 /* Bump on any change to csrc/layout.h (a struct, the region order, the row/lease/floor word
  * packing): attachers refuse a segment of another version with RL_E_LAYOUT. */
-#define RL_LAYOUT_VERSION 13
+#define RL_LAYOUT_VERSION 14
 #define RL_MAX_LANES 64
 #define RL_MAX_BANDS 30
 #define RL_MAX_OWNERS 1024
@@ -72,6 +72,7 @@ typedef struct {
     uint32_t row_capacity;
     uint32_t ring_capacity;
     uint32_t rows_used;
+    uint32_t rows_void;       /* of rows_used, reserved rows a repair took back (never written) */
     uint32_t index_count;
     uint64_t index_gen;
     uint64_t ring_head;
@@ -109,6 +110,10 @@ typedef struct {
 #define RL_V_HEADER 8
 #define RL_V_RING_MIN 9
 #define RL_V_LEASE_UNCOVERED 10
+/* Crash marks, not violations: what a writer killed midway left, which the next repair (reap(),
+ * a claim pass's, `lanes check --repair`) finishes or takes back. detail: the dead owner. */
+#define RL_V_DEAD_WRITE 11    /* a queued row its dead writer stored but did not publish */
+#define RL_V_ABANDONED 12     /* a reserved row whose writer died before writing it */
 
 typedef struct {
     uint32_t row;
@@ -152,6 +157,15 @@ int rl_owner_mark_dead(rl_seg *s, uint32_t owner, uint64_t state);
  * system call); 0 when liveness must be asked of the kernel (csrc/lease.c). */
 int rl_owner_beacon(rl_seg *s, uint32_t owner);
 int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed);
+/* What a repair did: leases of dead owners ended, reserved rows never written taken back, and
+ * those left for a later repair because a live owner's write journal still covers them. */
+typedef struct {
+    uint32_t reclaimed;
+    uint32_t voided;
+    uint32_t waiting;
+    uint32_t pad;
+} rl_repair_out;
+int rl_repair_report(rl_seg *s, uint32_t owner, rl_repair_out *out);
 
 /* ---- policy ---- */
 int rl_policy_get(rl_seg *s, rl_policy *out, uint64_t *version);

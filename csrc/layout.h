@@ -60,7 +60,7 @@
  * from each other too (an opaque 64-bit value; any bit pattern, carried as int64). */
 static inline uint64_t rl_token_mask(uint32_t row) { return ((uint64_t)row + 1) * 0x9E3779B97F4A7C15ULL; }
 
-/* ---- row word: [flight:1][urgent:1][prov:1][failures:8][key:49] ----
+/* ---- row word: [gone:1][void:1][flight:1][urgent:1][prov:1][failures:8][key:49] ----
  * The key (lane:7, due_ms:42) and the inputs its lane is derived from change together in one
  * store, so a reader never sees a key with another write's failure count. RL_KEY_NONE in the
  * key bits means "not queued". The interval lives in its own uint32 array (written at add).
@@ -74,6 +74,12 @@ static inline uint64_t rl_token_mask(uint32_t row) { return ((uint64_t)row + 1) 
 #define RL_WORD_PROV(w) ((uint32_t)(((w) >> 57) & 1u))
 #define RL_WORD_URGENT(w) ((uint32_t)(((w) >> 58) & 1u))
 #define RL_WORD_FLIGHT (1ULL << 59)
+/* A fresh row's word is exactly RL_KEY_NONE: reserved by an add (or not yet handed out) and not
+ * written. VOID: a reserved row whose writer died before writing it, taken back by a repair (not
+ * counted in the rows; csrc/writes.c, rl_reserved_settle). GONE: removed (rl_remove), so a
+ * removed row never looks fresh. Both keep the key RL_KEY_NONE: "not queued". */
+#define RL_WORD_VOID (1ULL << 60)
+#define RL_WORD_GONE (1ULL << 61)
 #define RL_WORD_MAKE(key, failures, prov, urgent)                                        \
     ((uint64_t)(key) | ((uint64_t)((failures) > 255 ? 255 : (failures)) << 49) |        \
      ((uint64_t)(prov) << 57) | ((uint64_t)(urgent) << 58))
@@ -178,10 +184,25 @@ _Static_assert(offsetof(rl_lane, granted) % RL_LINE == 0, "counters on their own
 #define RL_OWNER_STATE(w) ((uint32_t)(w))
 #define RL_OWNER_REG(w) ((uint32_t)((w) >> 32))
 #define RL_OWNER_WORD(reg, st) (((uint64_t)(reg) << 32) | (uint32_t)(st))
+/* The write journal: each owner has RL_OWNER_WRITES slots, one per thread of it inside an
+ * unleased write, naming the rows that write may leave half done, [first:32][n:32] (0: free).
+ * An add stores [first, n) before its CAS on rows_used and clears it after publishing; a repair
+ * takes back a reserved row never written only where no live owner's journal covers it, and
+ * verify() calls a row a dead owner's journal covers a crash mark, not a violation
+ * (csrc/writes.c; the spin model tests/model/add.pml). */
+#define RL_OWNER_WRITES 4
+#define RL_JOURNAL(first, n) (((uint64_t)(first) << 32) | (uint32_t)(n))
+#define RL_JOURNAL_FIRST(w) ((uint32_t)((w) >> 32))
+#define RL_JOURNAL_N(w) ((uint32_t)(w))
+static inline int rl_journal_covers(uint64_t w, uint32_t row) {
+    return w != 0 && row >= RL_JOURNAL_FIRST(w) && row - RL_JOURNAL_FIRST(w) < RL_JOURNAL_N(w);
+}
+
 /* Three lines per owner. The first is read by claimers that meet the owner's leases; the
  * second holds its liveness beacon, a robust process-shared mutex that the registering thread
  * keeps locked and the kernel marks "owner died" when that thread ends (csrc/lease.c); the
- * third, the hazard, is written by the owner twice per completed batch. */
+ * third, the hazard and the write journal, is written by the owner itself (twice per completed
+ * batch, twice per unleased write) and read by merges and repairs. */
 typedef struct {
     _Alignas(RL_LINE) _Atomic uint64_t state; /* see the owner state word above */
     _Atomic uint32_t pid;
@@ -189,6 +210,7 @@ typedef struct {
     _Atomic uint64_t start_time;  /* process start time (ms since epoch, from psutil) */
     _Alignas(RL_LINE) pthread_mutex_t beacon;
     _Alignas(RL_LINE) _Atomic uint64_t hazard; /* [index generation + 1 : 44][threads in it : 20] */
+    _Atomic uint64_t writes[RL_OWNER_WRITES];  /* the write journal, see above */
 } rl_owner;
 _Static_assert(sizeof(rl_owner) == 3 * RL_LINE, "owner: three lines");
 _Static_assert(sizeof(pthread_mutex_t) <= RL_LINE, "the beacon fits its line");
@@ -234,6 +256,7 @@ typedef struct {
     _Alignas(RL_LINE) _Atomic uint64_t ring_head;      /* first ring position not yet merged */
     _Alignas(RL_LINE) _Atomic uint64_t ring_tail;      /* next ring position to reserve */
     _Alignas(RL_LINE) _Atomic uint32_t rows_used;      /* row ids handed out: [0, rows_used) */
+    _Atomic uint32_t rows_void;                        /* of which taken back (RL_WORD_VOID) */
     _Alignas(RL_LINE) _Atomic uint64_t compactor;      /* owner id holding the merge, 0 = none */
     _Alignas(RL_LINE) _Atomic uint64_t policy_version; /* active policy slot = version & 1 */
     _Alignas(RL_LINE) _Atomic uint32_t repair_needed;  /* 1: a pass advises RL_ADVISE_REAP */
@@ -397,6 +420,8 @@ void rl_sweep_if_due(rl_seg *s, uint32_t owner, int64_t now_ms);   /* sweep.c */
 int64_t rl_now_ms(void);                                           /* segment.c */
 int rl_compact_locked(rl_seg *s, int full_rebuild, uint32_t *lane_min); /* index.c */
 int rl_compactor_acquire(rl_seg *s, uint32_t owner);               /* index.c */
+int rl_owner_live(rl_seg *s, uint32_t owner);                      /* owners.c */
+void rl_reserved_settle(rl_seg *s, uint32_t used, rl_repair_out *out); /* writes.c */
 void rl_compactor_release(rl_seg *s, uint32_t owner);              /* index.c */
 
 #endif

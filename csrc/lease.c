@@ -62,14 +62,17 @@ int rl_owner_release(rl_seg *s, uint32_t o) {
 }
 
 
-/* After a process died: end its leases, rebuild the index from the row table (a writer killed
+/* After a process died: end its leases, take back the rows it reserved and never wrote
+ * (csrc/writes.c, rl_reserved_settle), rebuild the index from the row table (a writer killed
  * between storing a row's key and appending it to the ring left that row findable only there),
- * lower every floor to its lane's lowest live row, and free the dead owners' slots. */
-int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed) {
-    uint32_t n = atomic_load(&s->h->rows_used), count = 0;
+ * lower every floor to its lane's lowest live row, and free the dead owners' slots (their write
+ * journals cleared: nothing of theirs is half done any more). */
+int rl_repair_report(rl_seg *s, uint32_t owner, rl_repair_out *out) {
+    uint32_t n = atomic_load(&s->h->rows_used);
     uint8_t dead[RL_MAX_OWNERS];
     uint64_t words[RL_MAX_OWNERS];
     uint32_t lane_min[RL_MAX_LANES];
+    memset(out, 0, sizeof *out);
     if (n > s->h->row_capacity) n = s->h->row_capacity;
     int rc = rl_compactor_acquire(s, owner);
     if (rc != RL_OK) return rc;
@@ -84,17 +87,26 @@ int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed) {
         if (o && dead[o] && atomic_compare_exchange_strong(&s->rows[r].lease, &w, RL_LEASE_FREE(w))) {
             /* Freed, so the full rebuild below indexes it: it is no longer in flight. */
             atomic_fetch_and(&s->rows[r].word, ~RL_WORD_FLIGHT);
-            count++;
+            out->reclaimed++;
         }
     }
+    rl_reserved_settle(s, n, out);
     rc = rl_compact_locked(s, 1, lane_min);
     rl_compactor_release(s, owner);
     for (uint32_t l = 0; l < RL_MAX_LANES; l++)
         if (lane_min[l] != UINT32_MAX) rl_floor_lower(s, l, lane_min[l]);
-    for (uint32_t o = 1; o < RL_MAX_OWNERS; o++)
-        if (dead[o])
-            atomic_compare_exchange_strong(&s->owners[o].state, &words[o],
-                                           RL_OWNER_WORD(RL_OWNER_REG(words[o]), RL_OWNER_FREE));
-    if (reclaimed) *reclaimed = count;
+    for (uint32_t o = 1; o < RL_MAX_OWNERS; o++) {
+        if (!dead[o]) continue;
+        for (int j = 0; j < RL_OWNER_WRITES; j++) atomic_store(&s->owners[o].writes[j], 0);
+        atomic_compare_exchange_strong(&s->owners[o].state, &words[o],
+                                       RL_OWNER_WORD(RL_OWNER_REG(words[o]), RL_OWNER_FREE));
+    }
+    return rc;
+}
+
+int rl_repair(rl_seg *s, uint32_t owner, uint32_t *reclaimed) {
+    rl_repair_out out;
+    int rc = rl_repair_report(s, owner, &out);
+    if (reclaimed) *reclaimed = out.reclaimed;
     return rc;
 }

@@ -141,6 +141,14 @@ int rl_owner_alive(rl_seg *s, uint32_t o, uint8_t *memo) {
     return alive;
 }
 
+/* Whether slot `o` holds an owner not marked dead (alive, or registering): its write journal
+ * still counts (csrc/writes.c). A process that is gone but not yet found so counts too: what
+ * it left waits for the repair after it is found. */
+int rl_owner_live(rl_seg *s, uint32_t o) {
+    uint32_t st = RL_OWNER_STATE(atomic_load(&s->owners[o].state));
+    return st == RL_OWNER_ALIVE || st == RL_OWNER_CLAIMING;
+}
+
 /* ================================================================ the owner table ===== */
 
 int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *owner) {
@@ -152,6 +160,7 @@ int rl_owner_register(rl_seg *s, uint32_t pid, uint64_t start_time, uint32_t *ow
             atomic_store(&s->owners[o].pid, pid);
             atomic_store(&s->owners[o].start_time, start_time);
             atomic_store(&s->owners[o].hazard, 0);
+            for (int j = 0; j < RL_OWNER_WRITES; j++) atomic_store(&s->owners[o].writes[j], 0);
             rl_beacon_take(s, o);
             atomic_store(&s->owners[o].state, RL_OWNER_WORD(reg, RL_OWNER_ALIVE));
             uint32_t high = atomic_load(&s->h->owners_high);

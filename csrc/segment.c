@@ -231,6 +231,7 @@ int rl_layout_check(const void *base_, uint64_t bytes) {
     uint64_t head = atomic_load(&h->ring_head), tail = atomic_load(&h->ring_tail);
     if (tail < head || tail - head > h->ring_capacity) return RL_E_LAYOUT;
     if (atomic_load(&h->rows_used) > h->row_capacity) return RL_E_LAYOUT;
+    if (atomic_load(&h->rows_void) > atomic_load(&h->rows_used)) return RL_E_LAYOUT;
     for (int g = 0; g < 2; g++) {
         uint32_t count = atomic_load(&h->index_count[g]);
         if (count > h->row_capacity) return RL_E_LAYOUT;
@@ -340,6 +341,7 @@ int rl_info_get(rl_seg *s, rl_info *o) {
     o->row_capacity = h->row_capacity;
     o->ring_capacity = h->ring_capacity;
     o->rows_used = atomic_load(&h->rows_used);
+    o->rows_void = atomic_load(&h->rows_void);
     o->index_count = atomic_load(&h->index_count[gen & 1]);
     o->index_gen = gen;
     o->ring_head = atomic_load(&h->ring_head);

@@ -58,8 +58,105 @@ static void note(rl_problem *out, uint32_t max, uint32_t *found, int32_t code, u
     (*found)++;
 }
 
-/* Meant for a quiescent segment (tests call it after every scenario): a write in flight can
- * show as a row not yet findable. */
+/* ---- crash marks: what a writer killed midway left (csrc/writes.c, the write journal) ---- */
+
+typedef struct {
+    uint64_t entry;
+    uint32_t owner;
+    uint32_t live;
+} Journal;
+
+typedef struct {
+    Journal *j;
+    int n;
+    uint8_t memo[RL_MAX_OWNERS]; /* rl_owner_alive's: 0 unknown, 1 alive, 2 dead */
+} Writers;
+
+/* Every journal entry of every owner slot in use, with whether its owner lives (a process found
+ * gone is marked dead on the way, as a claim pass's owner check would). */
+static int writers_read(rl_seg *s, Writers *w) {
+    memset(w->memo, 0, sizeof w->memo);
+    w->n = 0;
+    w->j = malloc((RL_MAX_OWNERS - 1) * RL_OWNER_WRITES * sizeof(Journal));
+    if (!w->j) return RL_E_SYS;
+    uint32_t high = atomic_load(&s->h->owners_high);
+    if (high >= RL_MAX_OWNERS) high = RL_MAX_OWNERS - 1;
+    for (uint32_t o = 1; o <= high; o++) {
+        uint32_t st = RL_OWNER_STATE(atomic_load(&s->owners[o].state));
+        if (st == RL_OWNER_FREE) continue;
+        uint32_t live = st == RL_OWNER_CLAIMING || (st == RL_OWNER_ALIVE && rl_owner_alive(s, o, w->memo));
+        for (int k = 0; k < RL_OWNER_WRITES; k++) {
+            uint64_t e = atomic_load(&s->owners[o].writes[k]);
+            if (e) w->j[w->n++] = (Journal){e, o, live};
+        }
+    }
+    return RL_OK;
+}
+
+/* Who may have left `row` half done: 1 and *who a dead owner (its journal covers the row, or
+ * its lease word is on it), 2 a live writer still at work on it, 0 no writer. */
+static int row_writer(rl_seg *s, Writers *w, uint32_t row, uint64_t lease, uint32_t *who) {
+    int found = 0;
+    for (int i = 0; i < w->n; i++) {
+        if (!rl_journal_covers(w->j[i].entry, row)) continue;
+        if (w->j[i].live) return 2;
+        found = 1;
+        *who = w->j[i].owner;
+    }
+    uint32_t o = RL_LEASE_OWNER(lease);
+    if (!found && o && RL_OWNER_STATE(atomic_load(&s->owners[o].state)) != RL_OWNER_FREE &&
+        !rl_owner_alive(s, o, w->memo)) {
+        found = 1;
+        *who = o;
+    }
+    return found;
+}
+
+/* rl_verify's walk of the row table: owners, keys, rows in flight, floors, findability (`seen`:
+ * the rows the index and the ring name at their key), and dead writers' marks. */
+static void rows_check(rl_seg *s, uint32_t used, const uint8_t *seen, Writers *writers,
+                       rl_problem *out, uint32_t max, uint32_t *found) {
+    uint64_t lmin = atomic_load(&s->h->lease_min);
+    for (uint32_t r = 0; r < used; r++) {
+        uint64_t word = atomic_load(&s->rows[r].word), key = RL_WORD_KEY(word);
+        uint64_t w = atomic_load(&s->rows[r].lease);
+        uint32_t o = RL_LEASE_OWNER(w);
+        if (o) {
+            uint32_t st = RL_OWNER_STATE(atomic_load(&s->owners[o].state));
+            if (st == RL_OWNER_FREE) note(out, max, found, RL_V_UNKNOWN_OWNER, r, 0, o);
+        }
+        uint32_t who = 0;
+        if (word == RL_KEY_NONE) { /* reserved, never written */
+            if (row_writer(s, writers, r, 0, &who) != 2)
+                note(out, max, found, RL_V_ABANDONED, r, 0, who);
+            continue;
+        }
+        if (key == RL_KEY_NONE) continue;
+        uint32_t l = rl_key_lane(key);
+        if (l >= RL_MAX_LANES) {
+            note(out, max, found, RL_V_BAD_KEY, r, l, key);
+            continue;
+        }
+        if ((word & RL_WORD_FLIGHT) && o) { /* in flight: its lease's end must put it back */
+            if (!(lmin & RL_LMIN_SWEEPING) && RL_LEASE_EXPIRY(w) < RL_LMIN_MS(lmin))
+                note(out, max, found, RL_V_LEASE_UNCOVERED, r, l, (uint64_t)RL_LEASE_EXPIRY(w));
+            continue;
+        }
+        uint32_t fl = RL_FLOOR_MINUTE(atomic_load(&s->lanes[l].floor));
+        int below = fl && rl_minute(rl_key_due(key)) < fl;
+        if (!below && seen[r]) continue;
+        int writer = row_writer(s, writers, r, w, &who);
+        if (writer == 1) note(out, max, found, RL_V_DEAD_WRITE, r, l, who);
+        if (writer) continue;
+        if (below) note(out, max, found, RL_V_BELOW_FLOOR, r, l, key);
+        if (!seen[r]) note(out, max, found, RL_V_NOT_FINDABLE, r, l, key);
+    }
+}
+
+/* Meant for a quiescent segment (tests call it after every scenario). What a writer killed
+ * midway left is reported as a crash mark (RL_V_DEAD_WRITE, RL_V_ABANDONED: the next repair
+ * finishes or takes it back), never as a broken invariant; a live writer's write under way is
+ * not reported. */
 int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
     rl_header *h = s->h;
     *found = 0;
@@ -73,7 +170,11 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
         used = cap;
     }
     uint8_t *seen = calloc(used ? used : 1, 1);
-    if (!seen) return RL_E_SYS;
+    Writers writers; /* read after rows_used: a reservation below it is in its writer's journal */
+    if (!seen || writers_read(s, &writers) != RL_OK) {
+        free(seen);
+        return RL_E_SYS;
+    }
     uint64_t gen = atomic_load(&h->index_gen);
     uint32_t b = gen & 1, count = atomic_load(&h->index_count[b]);
     if (count > cap) {
@@ -119,30 +220,8 @@ int rl_verify(rl_seg *s, rl_problem *out, uint32_t max, uint32_t *found) {
                 seen[row] = 1;
         }
     }
-    uint64_t lmin = atomic_load(&h->lease_min);
-    for (uint32_t r = 0; r < used; r++) {
-        uint64_t word = atomic_load(&s->rows[r].word), key = RL_WORD_KEY(word);
-        uint64_t w = atomic_load(&s->rows[r].lease);
-        uint32_t o = RL_LEASE_OWNER(w);
-        if (o) {
-            uint32_t st = RL_OWNER_STATE(atomic_load(&s->owners[o].state));
-            if (st == RL_OWNER_FREE) note(out, max, found, RL_V_UNKNOWN_OWNER, r, 0, o);
-        }
-        if (key == RL_KEY_NONE) continue;
-        uint32_t l = rl_key_lane(key);
-        if (l >= RL_MAX_LANES) {
-            note(out, max, found, RL_V_BAD_KEY, r, l, key);
-            continue;
-        }
-        if ((word & RL_WORD_FLIGHT) && o) { /* in flight: its lease's end must put it back */
-            if (!(lmin & RL_LMIN_SWEEPING) && RL_LEASE_EXPIRY(w) < RL_LMIN_MS(lmin))
-                note(out, max, found, RL_V_LEASE_UNCOVERED, r, l, (uint64_t)RL_LEASE_EXPIRY(w));
-            continue;
-        }
-        uint32_t fl = RL_FLOOR_MINUTE(atomic_load(&s->lanes[l].floor));
-        if (fl && rl_minute(rl_key_due(key)) < fl) note(out, max, found, RL_V_BELOW_FLOOR, r, l, key);
-        if (!seen[r]) note(out, max, found, RL_V_NOT_FINDABLE, r, l, key);
-    }
+    rows_check(s, used, seen, &writers, out, max, found);
+    free(writers.j);
     free(seen);
     return RL_OK;
 }

@@ -6,6 +6,15 @@
  * need a lease (complete, fail, release) first CAS the token into a "writing" word that no claimer can
  * take and no other holder of the same token can match, and end the lease only after step 3:
  * a stale token therefore fails its first CAS and changes nothing.
+ *
+ * A writer killed midway: a leased write's rows carry its "writing" word, so they are known as
+ * a dead owner's; an unleased one (add, prioritize, restamp) names the rows it may leave half
+ * done in its owner's write journal (csrc/layout.h) from before its first store (for an add,
+ * before it reserves them) until after it published them. A repair then rolls the write forward
+ * (its full rebuild indexes every stored key and lowers the floors to them) or back (a reserved
+ * row never written is taken back: rl_reserved_settle), and verify() reports what is left until
+ * then as a dead writer's mark, never as a broken invariant (docs/design.md §5; the spin model
+ * tests/model/add.pml).
  */
 #define _GNU_SOURCE
 #include <sched.h>
@@ -68,6 +77,81 @@ int rl_publish(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys, cons
     return RL_OK;
 }
 
+/* ================================================================ the write journal ===== */
+
+/* Take a free journal slot of `owner` for `entry` (one per thread of the owner inside an
+ * unleased write; more threads than slots wait their turn). */
+static int journal_take(rl_seg *s, uint32_t owner, uint64_t entry) {
+    _Atomic uint64_t *w = s->owners[owner].writes;
+    for (;;) {
+        for (int j = 0; j < RL_OWNER_WRITES; j++) {
+            uint64_t free_slot = 0;
+            if (atomic_load_explicit(&w[j], memory_order_relaxed) == 0 &&
+                atomic_compare_exchange_strong(&w[j], &free_slot, entry))
+                return j;
+        }
+        sched_yield();
+    }
+}
+
+static void journal_set(rl_seg *s, uint32_t owner, int j, uint64_t entry) {
+    atomic_store(&s->owners[owner].writes[j], entry);
+}
+
+/* After the write's rows are published (or it changed nothing). */
+static void journal_drop(rl_seg *s, uint32_t owner, int j) {
+    atomic_store(&s->owners[owner].writes[j], 0);
+}
+
+/* The journal entries of every owner not marked dead (alive, or registering) into `entries`;
+ * how many. */
+static int journal_snapshot(rl_seg *s, uint64_t *entries) {
+    int n = 0;
+    uint32_t high = atomic_load(&s->h->owners_high);
+    if (high >= RL_MAX_OWNERS) high = RL_MAX_OWNERS - 1;
+    for (uint32_t o = 1; o <= high; o++) {
+        if (!rl_owner_live(s, o)) continue;
+        for (int j = 0; j < RL_OWNER_WRITES; j++) {
+            uint64_t w = atomic_load(&s->owners[o].writes[j]);
+            if (w) entries[n++] = w;
+        }
+    }
+    return n;
+}
+
+static int journal_covered(const uint64_t *entries, int n, uint32_t row) {
+    for (int i = 0; i < n; i++)
+        if (rl_journal_covers(entries[i], row)) return 1;
+    return 0;
+}
+
+/* In a repair (the merge word held, so one at a time), after writers died: every row below
+ * `used` (rows_used, read before this) whose word is still exactly RL_KEY_NONE was reserved by
+ * an add and not written. Its writer's journal covered it from before the reservation until
+ * after its stores, so where no live owner's journal covers it now, its writer is dead and no
+ * one will ever write it: it is taken back (VOID, not counted in the rows). Rows a live journal
+ * covers (a write under way, or a stale entry of a live writer whose CAS is about to fail) wait
+ * for the next repair (the next owner found dead, reap(), verify() finding them): asking for
+ * one at once would rebuild the index on every pass while a writer sits stopped mid-add. */
+void rl_reserved_settle(rl_seg *s, uint32_t used, rl_repair_out *out) {
+    static const uint32_t most = (RL_MAX_OWNERS - 1) * RL_OWNER_WRITES;
+    uint64_t *entries = malloc(most * sizeof(uint64_t));
+    int n = entries ? journal_snapshot(s, entries) : 0;
+    for (uint32_t r = 0; r < used; r++) {
+        uint64_t word = atomic_load(&s->rows[r].word); /* after the journals: see above */
+        if (word != RL_KEY_NONE) continue;
+        if (!entries || journal_covered(entries, n, r)) {
+            out->waiting++;
+            continue;
+        }
+        if (atomic_compare_exchange_strong(&s->rows[r].word, &word, RL_KEY_NONE | RL_WORD_VOID)) {
+            atomic_fetch_add(&s->h->rows_void, 1);
+            out->voided++;
+        }
+    }
+    free(entries);
+}
+
 static int row_ok(rl_seg *s, uint32_t row) {
     return row < atomic_load(&s->h->rows_used) && row < s->h->row_capacity;
 }
@@ -101,13 +185,18 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
         free(rows);
         return RL_E_SYS;
     }
+    /* The journal names the rows before the CAS that reserves them (each attempt's), and
+     * until they are published: a repair never takes back a row this add may still write. */
     uint32_t first = atomic_load(&s->h->rows_used);
+    int j = journal_take(s, owner, RL_JOURNAL(first, n));
     do {
         if ((uint64_t)first + n > s->h->row_capacity) {
+            journal_drop(s, owner, j);
             free(keys);
             free(rows);
             return RL_E_CAPACITY;
         }
+        journal_set(s, owner, j, RL_JOURNAL(first, n));
     } while (!atomic_compare_exchange_weak(&s->h->rows_used, &first, first + n));
     for (uint32_t i = 0; i < n; i++) {
         uint32_t r = first + i, f = failures ? (uint32_t)failures[i] : 0;
@@ -119,6 +208,7 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
         out_rows[i] = r;
     }
     int rc = rl_publish(s, owner, n, keys, rows, advice);
+    journal_drop(s, owner, j);
     free(keys);
     free(rows);
     return rc;
@@ -334,8 +424,11 @@ int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now
     p = rl_policy_cached(s);
     uint32_t interval = atomic_load(&s->intervals[row]), prov = RL_WORD_PROV(word), f = RL_WORD_FAILURES(word);
     uint64_t key = rl_encode(rl_lane_for(p, prov, interval, f, rush), (uint64_t)now_ms);
+    int j = journal_take(s, owner, RL_JOURNAL(row, 1));
     atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, rush ? 1u : 0u));
-    return rl_publish(s, owner, 1, &key, &row, advice);
+    int rc = rl_publish(s, owner, 1, &key, &row, advice);
+    journal_drop(s, owner, j);
+    return rc;
 }
 
 /* A row's provenance changed (its page left every sitemap, or came back): the lane is derived
@@ -349,15 +442,20 @@ int rl_reclassify(rl_seg *s, uint32_t owner, uint32_t row, uint32_t provenance, 
     const rl_policy *p = rl_policy_cached(s);
     uint32_t interval = atomic_load(&s->intervals[row]);
     uint64_t word = atomic_load(&s->rows[row].word), key, nw;
+    int j = journal_take(s, owner, RL_JOURNAL(row, 1)); /* stored, maybe not yet published */
     do {
-        if (RL_WORD_KEY(word) == RL_KEY_NONE) return RL_E_VALUE;
-        if (RL_WORD_PROV(word) == provenance) return RL_OK;
+        if (RL_WORD_KEY(word) == RL_KEY_NONE || RL_WORD_PROV(word) == provenance) {
+            journal_drop(s, owner, j);
+            return RL_WORD_KEY(word) == RL_KEY_NONE ? RL_E_VALUE : RL_OK;
+        }
         uint32_t f = RL_WORD_FAILURES(word), urgent = RL_WORD_URGENT(word);
         key = rl_encode(rl_lane_for(p, provenance, interval, f, (int)urgent),
                         rl_key_due(RL_WORD_KEY(word)));
         nw = RL_WORD_MAKE(key, f, provenance, urgent);
     } while (!atomic_compare_exchange_weak(&s->rows[row].word, &word, nw));
-    return rl_publish(s, owner, 1, &key, &row, advice);
+    int rc = rl_publish(s, owner, 1, &key, &row, advice);
+    journal_drop(s, owner, j);
+    return rc;
 }
 
 int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice) {
@@ -365,7 +463,8 @@ int rl_remove(rl_seg *s, uint32_t owner, uint32_t row, uint32_t *advice) {
     if (!row_ok(s, row)) return RL_E_RANGE;
     uint64_t word = atomic_load(&s->rows[row].word);
     if (RL_WORD_KEY(word) == RL_KEY_NONE) return RL_E_VALUE;
-    atomic_store(&s->rows[row].word, RL_WORD_MAKE(RL_KEY_NONE, RL_WORD_FAILURES(word), RL_WORD_PROV(word), 0));
+    atomic_store(&s->rows[row].word, RL_WORD_GONE |
+                 RL_WORD_MAKE(RL_KEY_NONE, RL_WORD_FAILURES(word), RL_WORD_PROV(word), 0));
     /* End any lease with a new tok, so its holder's token is stale (LeaseLost, not a revival). */
     uint64_t w = atomic_load(&s->rows[row].lease);
     while (!atomic_compare_exchange_weak(&s->rows[row].lease, &w,
@@ -397,6 +496,7 @@ int rl_restamp(rl_seg *s, uint32_t owner, uint32_t limit, uint32_t *restamped, u
         free(rows);
         return RL_E_SYS;
     }
+    int j = journal_take(s, owner, RL_JOURNAL(0, used ? used : 1)); /* any row it may move */
     for (uint32_t r = 0; r < used && r < s->h->row_capacity; r++) {
         uint64_t word = atomic_load(&s->rows[r].word), key = RL_WORD_KEY(word);
         if (key == RL_KEY_NONE || rl_key_lane(key) != 0 || RL_WORD_URGENT(word)) continue;
@@ -416,6 +516,7 @@ int rl_restamp(rl_seg *s, uint32_t owner, uint32_t limit, uint32_t *restamped, u
     }
     uint32_t advice = 0;
     int rc = rl_publish(s, owner, m, keys, rows, &advice);
+    journal_drop(s, owner, j);
     free(keys);
     free(rows);
     *restamped = m;

@@ -105,7 +105,8 @@ def write(path: str | os.PathLike[str], name: str, rows: IntArray, cols: dict[st
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        # 0600, as every file of a pool: the URLs are nobody else's to read
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             np.savez(f, **arrays)
             f.flush()
             os.fsync(f.fileno())

@@ -150,15 +150,41 @@ def _staleness(args: argparse.Namespace, eng: Any) -> dict[str, Any]:
 
 
 def _check(args: argparse.Namespace) -> int:
+    """Exit 0: every invariant holds (after ``--repair``, once what dead writers left was
+    repaired); 1: a broken invariant; 3: only marks of dead writers, not repaired."""
     eng = _engine(args)
+    marks: list[str] = []
     try:
-        problems = eng.verify()
+        if not isinstance(eng, Engine):
+            problems = eng.verify()
+        else:
+            walk = eng._verify_walk()
+            if args.repair and walk.marks:
+                done = eng._reap(repair_anyway=True)
+                print(f"repaired {walk.unpublished + walk.abandoned} mark(s) of"
+                      f" {done['dead_owners']} dead writer(s): {walk.unpublished} unpublished"
+                      f" row(s) indexed, {done.get('rows_taken_back', 0)} reserved row(s) never"
+                      f" written taken back, {done.get('leases_reclaimed', 0)} lease(s) reclaimed"
+                      + (f"; {done['rows_waiting']} row(s) left to a writer still at work"
+                         if done.get("rows_waiting") else ""))
+                walk = eng._verify_walk()
+            problems, marks = walk.problems, walk.marks
     finally:
         eng.close()
+    for m in marks:
+        print(f"dead writer: {m}")
     for p in problems:
         print(p)
-    print("ok" if not problems else f"{len(problems)} problem(s)")
-    return 1 if problems else 0
+    if problems:
+        print(f"{len(problems)} problem(s)")
+        return 1
+    if marks:
+        print(f"{walk.unpublished + walk.abandoned} mark(s) of dead writers, no broken"
+              f" invariant: `lanes check --repair {args.name}` finishes or takes back their"
+              " writes")
+        return 3
+    print("ok")
+    return 0
 
 
 def _cleanup(args: argparse.Namespace) -> int:
@@ -579,6 +605,9 @@ def _check_parser(sub: Any) -> None:
     p = sub.add_parser("check", help="verify every invariant of an engine",
                        formatter_class=SHOW_DEFAULTS)
     p.add_argument("name")
+    p.add_argument("--repair", action="store_true",
+                   help="first finish or take back the writes that killed processes left half"
+                        " done, and say what was repaired")
     _redis_arguments(p, local=False)
     p.set_defaults(fn=_check)
 

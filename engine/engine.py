@@ -13,6 +13,7 @@ import math
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
     from .redis import RedisEngine
 
 _U64 = (1 << 64) - 1
+_WORD_VOID = 1 << 60  # a row word's "taken back" bit (csrc/layout.h)
 
 _PROBLEMS = {
     lib.RL_V_BELOW_FLOOR: "live row below its lane's floor",
@@ -78,6 +80,23 @@ _PROBLEMS = {
     lib.RL_V_LEASE_UNCOVERED: "row in flight whose lease ends before lease_min (no sweep would "
                               "put it back)",
 }
+# Crash marks: what a writer killed midway left, which a repair finishes or takes back (reap()).
+_MARKS = {
+    lib.RL_V_DEAD_WRITE: "row stored by a dead writer and not yet published (a repair indexes it)",
+    lib.RL_V_ABANDONED: "row reserved by a dead writer and never written (a repair takes it back)",
+}
+
+
+@dataclass
+class VerifyWalk:
+    """One walk of ``rl_verify``: broken invariants, and the marks writers killed midway left
+    (``unpublished``: rows stored and not yet published; ``abandoned``: reserved, never
+    written), which a repair finishes or takes back."""
+
+    problems: list[str]
+    marks: list[str]
+    unpublished: int
+    abandoned: int
 
 
 class Claims(_hot.ClaimsBase):
@@ -262,6 +281,18 @@ class Engine(_hot.EngineBase):
     def _rows_used(self) -> int:
         return int(self._seg.info().rows_used)
 
+    def _taken_back(self, rows: IntArray) -> BoolArray:
+        """Which of ``rows`` (existing ids) a repair took back: reserved by an add whose process
+        died before writing them (csrc/writes.c), so they will never be queued."""
+        out = np.zeros(len(rows), np.bool_)
+        if len(rows):
+            lo, hi = int(rows.min()), int(rows.max()) + 1
+            words, leases = ffi.new("uint64_t[]", hi - lo), ffi.new("uint64_t[]", hi - lo)
+            check(lib.rl_rows_dump(self._h, lo, hi - lo, words, leases))
+            dumped = np.frombuffer(ffi.buffer(words), np.uint64)
+            out[:] = (dumped[rows - lo] & np.uint64(_WORD_VOID)) != 0
+        return out
+
     def _row(self, row: object) -> int:
         r = check_int(row, "row", 0, (1 << 31))
         if r >= self._rows_used():
@@ -299,13 +330,18 @@ class Engine(_hot.EngineBase):
             if status != lib.RL_E_BUSY:
                 check(status, "compact")
 
-    def _repair(self) -> int:
-        out = ffi.new("uint32_t *")
-        status = lib.rl_repair(self._h, self._seg.owner, out)
-        if status == lib.RL_E_BUSY:
-            return 0
-        check(status, "repair")
-        return int(out[0])
+    def _repair(self, wait: bool = False) -> dict[str, int]:
+        """Repair after dead owners (see ``reap``): what it did, or zeros if another process
+        is repairing or merging right now (``wait``: then wait for it, up to 5 s)."""
+        out = ffi.new("rl_repair_out *")
+        deadline = time.monotonic() + 5.0
+        while (status := lib.rl_repair_report(self._h, self._seg.owner, out)) == lib.RL_E_BUSY \
+                and wait and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if status != lib.RL_E_BUSY:
+            check(status, "repair")
+        return {"leases_reclaimed": int(out.reclaimed), "rows_taken_back": int(out.voided),
+                "rows_waiting": int(out.waiting)}
 
     # -- writes ----------------------------------------------------------------------------------
 
@@ -534,7 +570,7 @@ class Engine(_hot.EngineBase):
             "name": self.name,
             "layout_version": int(info.layout_version),
             "capacity": int(info.row_capacity),
-            "rows": int(info.rows_used),
+            "rows": int(info.rows_used) - int(info.rows_void),
             "queued": sum(int(lanes[i].queued) for i in range(lib.RL_MAX_LANES)),
             "in_flight": sum(int(lanes[i].in_flight) for i in range(lib.RL_MAX_LANES)),
             "bytes": int(info.total_bytes),
@@ -562,19 +598,48 @@ class Engine(_hot.EngineBase):
         }
 
     def verify(self) -> list[str]:
-        """Walk the segment; one line per broken invariant (empty when all hold)."""
+        """Walk the segment; one line per broken invariant (empty when all hold).
+
+        What writers killed midway left is not a broken invariant: when the walk finds such
+        marks it reaps first (``reap``: the dead writers' writes finished or taken back), then
+        walks again. ``lanes check`` reports the marks themselves."""
+        walk = self._verify_walk()
+        if walk.marks:
+            self._reap(repair_anyway=True)
+            walk = self._verify_walk()
+        return walk.problems + walk.marks
+
+    def _verify_walk(self) -> VerifyWalk:
+        """One walk, changing nothing but the marking of owners found dead. Past 64 lines of
+        a kind the rest are counted in a last line "... and N more"."""
         cap = 64
-        out = ffi.new("rl_problem[]", cap)
-        found = ffi.new("uint32_t *")
-        check(lib.rl_verify(self._h, out, cap, found))
-        problems = []
+        while True:
+            out = ffi.new("rl_problem[]", cap)
+            found = ffi.new("uint32_t *")
+            check(lib.rl_verify(self._h, out, cap, found))
+            if found[0] <= cap or cap > 64:
+                break
+            cap = int(found[0]) + 64  # all of them: marks of one big add may be thousands
+        walk = VerifyWalk([], [], 0, 0)
+        hidden = {"problems": 0, "marks": 0}
         for i in range(min(int(found[0]), cap)):
             p = out[i]
-            what = _PROBLEMS.get(p.code, f"problem {p.code}")
-            problems.append(f"{what}: row {p.row}, lane {p.lane}, detail {p.detail}")
-        if found[0] > cap:
-            problems.append(f"... and {found[0] - cap} more")
-        return problems
+            if p.code in _MARKS:
+                walk.unpublished += p.code == lib.RL_V_DEAD_WRITE
+                walk.abandoned += p.code == lib.RL_V_ABANDONED
+                line, kind = f"{_MARKS[p.code]}: row {p.row}, owner {p.detail}", "marks"
+            else:
+                what = _PROBLEMS.get(p.code, f"problem {p.code}")
+                line, kind = f"{what}: row {p.row}, lane {p.lane}, detail {p.detail}", "problems"
+            into = getattr(walk, kind)
+            if len(into) < 64:
+                into.append(line)
+            else:
+                hidden[kind] += 1
+        for kind, n in hidden.items():
+            if n:
+                getattr(walk, kind).append(f"... and {n} more")
+        return walk
 
     check = verify
 
@@ -597,11 +662,17 @@ class Engine(_hot.EngineBase):
         return {"restamped": int(done[0]), "done": not left[0]}
 
     def reap(self) -> int:
-        """Find owners whose process is gone (pid + start time), reclaim their leases at once.
+        """Find owners whose process is gone (pid + start time), reclaim their leases at once,
+        and finish or take back the writes they left half done.
 
         Returns how many dead owners were found. Claim passes notice dead lease holders by
         themselves; this also catches processes that died holding no lease mid-write.
         """
+        return self._reap()["dead_owners"]
+
+    def _reap(self, repair_anyway: bool = False) -> dict[str, int]:
+        """``reap``, with what it did (``lanes check --repair`` prints it); ``repair_anyway``:
+        repair even when no dead owner is left (a mark an earlier repair left waiting)."""
         dead = 0
         for owner, pid, start, word in self._seg.owners():
             state = owner_state(word)
@@ -611,9 +682,8 @@ class Engine(_hot.EngineBase):
             if not is_running(pid, start):
                 check(lib.rl_owner_mark_dead(self._h, owner, word))
                 dead += 1
-        if dead:
-            self._repair()
-        return dead
+        done = self._repair(wait=True) if dead or repair_anyway else {}
+        return {"dead_owners": dead, **done}
 
     def __repr__(self) -> str:
         state = "closed" if self._seg._handle is None else "open"

@@ -60,6 +60,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 try:
@@ -206,6 +207,101 @@ class _Log:
         os.write(self.fd, (line + "\n").encode())
 
 
+def _side_write(eng: Engine, log: _Log, rng: random.Random, cfg: ChaosConfig, known: int,
+                u: float, p_side: tuple[float, ...]) -> int:
+    """One write between batches (add, prioritize, remove or compact, as ``u`` falls in
+    ``p_side``); returns the row ids known to exist afterwards."""
+    rnd, randint = rng.random, rng.randint
+    if u < p_side[0]:
+        k = randint(1, cfg.add_max)
+        t = now_ms()
+        due = [t - randint(0, 5000) if rnd() < 0.7 else t + randint(0, 5000) for _ in range(k)]
+        ivl = [rng.choice(INTERVALS) for _ in range(k)]
+        prov = [randint(0, 1) for _ in range(k)]
+        log(f"a {k}")
+        try:
+            new = eng.add_many(np.array(due, np.int64), np.array(ivl, np.int64),
+                               np.array(prov, np.int64)).tolist()
+        except CapacityError:
+            new = []
+        log("A " + " ".join(map(str, new)) if new else "A")
+        return max(known, new[-1] + 1) if new else known
+    if u < p_side[1]:
+        row = rng.randrange(known)
+        mode = "rush" if rnd() < 0.7 else "wait"
+        try:
+            eng.prioritize(row, mode)
+            ok = 1
+        except EngineValueError:
+            ok = 0  # removed
+        log(f"P {now_ms()} {row} {mode} {ok}")
+    elif u < p_side[2]:
+        row = rng.randrange(known)
+        log(f"x {row}")
+        try:
+            eng.remove(row)
+            ok = 1
+        except EngineValueError:
+            ok = 0
+        log(f"X {row} {ok}")
+    else:
+        eng.compact()
+        log(f"Z {now_ms()}")
+    return known
+
+
+def _end_batch(eng: Engine, log: _Log, rng: random.Random, cfg: ChaosConfig, rows: list[int],
+               toks: list[int], p_end: tuple[float, ...]) -> None:
+    """End each lease of a batch: abandon, fail, release, or complete (one by one, or all in
+    one ``complete_many``)."""
+    rnd, randint = rng.random, rng.randint
+    done_r: list[int] = []
+    done_t: list[int] = []
+    for r, k in zip(rows, toks, strict=True):
+        v = rnd()
+        if v < p_end[0]:
+            continue  # abandoned: the lease expires
+        if v < p_end[1]:
+            e0 = now_ms()
+            try:
+                eng.fail(r, k, retry_at_ms=None if rnd() < 0.5 else e0 + randint(0, 3000))
+                ok = 1
+            except LeaseLost:
+                ok = 0
+            log(f"F {e0} {now_ms()} {r} {k} {ok}")
+        elif v < p_end[2]:
+            e0 = now_ms()
+            try:
+                eng.release(r, k)
+                ok = 1
+            except LeaseLost:
+                ok = 0
+            log(f"R {e0} {now_ms()} {r} {k} {ok}")
+        else:
+            done_r.append(r)
+            done_t.append(k)
+    if not done_r:
+        return
+    if rnd() < cfg.p_single:
+        for r, k in zip(done_r, done_t, strict=True):
+            e0 = now_ms()
+            try:
+                eng.complete(r, k)
+                ok = 1
+            except LeaseLost:
+                ok = 0
+            log(f"K {e0} {now_ms()} {r}:{ok}")
+    else:
+        nxt = None
+        if rnd() < 0.3:
+            nxt = [now_ms() + randint(0, 3000) for _ in done_r]
+        e0 = now_ms()
+        oks = eng.complete_many(done_r, done_t, next_due_ms=nxt).tolist()
+        e1 = now_ms()
+        log(f"K {e0} {e1} "
+            + " ".join([f"{r}:{int(o)}" for r, o in zip(done_r, oks, strict=True)]))
+
+
 def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
                 cfg: ChaosConfig, stop: mmap.mmap, initial_rows: int) -> None:
     """The body of one forked worker; returns on a clean stop (the caller ``os._exit``s)."""
@@ -229,43 +325,7 @@ def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
         while not stop[0]:
             u = rnd()
             if u < p_side[3]:
-                if u < p_side[0]:
-                    k = randint(1, cfg.add_max)
-                    t = now_ms()
-                    due = [t - randint(0, 5000) if rnd() < 0.7 else t + randint(0, 5000)
-                           for _ in range(k)]
-                    ivl = [rng.choice(INTERVALS) for _ in range(k)]
-                    prov = [randint(0, 1) for _ in range(k)]
-                    log(f"a {k}")
-                    try:
-                        new = eng.add_many(np.array(due, np.int64), np.array(ivl, np.int64),
-                                           np.array(prov, np.int64)).tolist()
-                    except CapacityError:
-                        new = []
-                    log("A " + " ".join(map(str, new)) if new else "A")
-                    if new:
-                        known = max(known, new[-1] + 1)
-                elif u < p_side[1]:
-                    row = rng.randrange(known)
-                    mode = "rush" if rnd() < 0.7 else "wait"
-                    try:
-                        eng.prioritize(row, mode)
-                        ok = 1
-                    except EngineValueError:
-                        ok = 0  # removed
-                    log(f"P {now_ms()} {row} {mode} {ok}")
-                elif u < p_side[2]:
-                    row = rng.randrange(known)
-                    log(f"x {row}")
-                    try:
-                        eng.remove(row)
-                        ok = 1
-                    except EngineValueError:
-                        ok = 0
-                    log(f"X {row} {ok}")
-                else:
-                    eng.compact()
-                    log(f"Z {now_ms()}")
+                known = _side_write(eng, log, rng, cfg, known, u, p_side)
                 continue
 
             lease = randint(lo, hi)
@@ -300,51 +360,7 @@ def worker_main(eng: Engine, name: str, attach: bool, log_path: str, seed: int,
                 else:
                     toks[i] = new_tok
 
-            done_r: list[int] = []
-            done_t: list[int] = []
-            for r, k in zip(rows, toks, strict=True):
-                v = rnd()
-                if v < p_end[0]:
-                    continue  # abandoned: the lease expires
-                if v < p_end[1]:
-                    e0 = now_ms()
-                    try:
-                        eng.fail(r, k, retry_at_ms=None if rnd() < 0.5 else e0 + randint(0, 3000))
-                        ok = 1
-                    except LeaseLost:
-                        ok = 0
-                    log(f"F {e0} {now_ms()} {r} {k} {ok}")
-                elif v < p_end[2]:
-                    e0 = now_ms()
-                    try:
-                        eng.release(r, k)
-                        ok = 1
-                    except LeaseLost:
-                        ok = 0
-                    log(f"R {e0} {now_ms()} {r} {k} {ok}")
-                else:
-                    done_r.append(r)
-                    done_t.append(k)
-            if not done_r:
-                continue
-            if rnd() < cfg.p_single:
-                for r, k in zip(done_r, done_t, strict=True):
-                    e0 = now_ms()
-                    try:
-                        eng.complete(r, k)
-                        ok = 1
-                    except LeaseLost:
-                        ok = 0
-                    log(f"K {e0} {now_ms()} {r}:{ok}")
-            else:
-                nxt = None
-                if rnd() < 0.3:
-                    nxt = [now_ms() + randint(0, 3000) for _ in done_r]
-                e0 = now_ms()
-                oks = eng.complete_many(done_r, done_t, next_due_ms=nxt).tolist()
-                e1 = now_ms()
-                log(f"K {e0} {e1} "
-                    + " ".join([f"{r}:{int(o)}" for r, o in zip(done_r, oks, strict=True)]))
+            _end_batch(eng, log, rng, cfg, rows, toks, p_end)
         log(f"Q {now_ms()}")
         if attach:
             eng.close()  # ends this owner's leases and frees its slot
@@ -479,14 +495,7 @@ def run_chaos(cfg: ChaosConfig, log_dir: str, name: str,
             time.sleep(0.01)
         res.seconds = time.monotonic() - start
         stop[0] = 1
-        for w in list(workers.values()):
-            gone = _wait(w.pid, 10.0)
-            if gone is None:
-                res.stragglers += 1
-                os.kill(w.pid, signal.SIGKILL)
-                gone = _wait(w.pid, 10.0)
-                assert gone is not None, f"worker {w.pid} survived SIGKILL"
-            exited(w, gone)
+        _join_all(workers, res, exited)
         if progress:
             progress(f"stopped after {res.seconds:.1f} s; running the oracle")
         oracle(eng, log_dir, res, cfg.rows, drain_hold=cfg.drain_hold)
@@ -502,6 +511,19 @@ def run_chaos(cfg: ChaosConfig, log_dir: str, name: str,
         finally:
             eng.unlink()
     return res
+
+
+def _join_all(workers: dict[int, _Worker], res: ChaosResult,
+              exited: Callable[[_Worker, int], None]) -> None:
+    """Wait for every worker told to stop; SIGKILL a straggler."""
+    for w in list(workers.values()):
+        gone = _wait(w.pid, 10.0)
+        if gone is None:
+            res.stragglers += 1
+            os.kill(w.pid, signal.SIGKILL)
+            gone = _wait(w.pid, 10.0)
+            assert gone is not None, f"worker {w.pid} survived SIGKILL"
+        exited(w, gone)
 
 
 def _tail(path: str, lines: int = 5) -> str:
@@ -537,6 +559,30 @@ def _child_pids() -> list[int]:
 # =============================================================================== oracle =====
 
 
+@dataclass
+class LeaseLogs:
+    """What the workers' logs say, gathered by :func:`read_logs` for the checks below."""
+
+    g_row: array.array[int] = field(default_factory=lambda: array.array("q"))  # grants
+    g_t0: array.array[int] = field(default_factory=lambda: array.array("q"))
+    g_t1: array.array[int] = field(default_factory=lambda: array.array("q"))
+    s_row: array.array[int] = field(default_factory=lambda: array.array("q"))  # successful
+    s_start: array.array[int] = field(default_factory=lambda: array.array("q"))
+    s_end: array.array[int] = field(default_factory=lambda: array.array("q"))
+    lost_cands: list[tuple[int, int, int]] = field(default_factory=list)  # (row, t1, expiry lb)
+    ended: dict[str, int] = field(default_factory=lambda: {"complete": 0, "fail": 0,
+                                                           "release": 0})
+    added: list[int] = field(default_factory=list)
+    pending_adds: int = 0
+    remove_intents: set[int] = field(default_factory=set)
+    removed_ok: set[int] = field(default_factory=set)
+
+    def succeeded(self, row: int, start: int, end: int) -> None:
+        self.s_row.append(row)
+        self.s_start.append(start)
+        self.s_end.append(end)
+
+
 def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int,
            drain_hold: bool = False) -> ChaosResult:
     """Check the logs and the engine once every worker is gone.
@@ -551,213 +597,260 @@ def oracle(eng: Engine, log_dir: str, res: ChaosResult, initial_rows: int,
        keeps every row it takes (a lease of a year, nothing completed), so by its end every
        queued row is in flight at once.
     """
-    ex: dict[str, list[Any]] = {k: [] for k in (
+    res.examples = {k: [] for k in (
         "overlap", "intrusion", "early_lost", "lost", "stranded", "drain_dup", "log_error",
         "resurrected", "duplicated")}
-    res.examples = ex
-    g_row, g_t0, g_t1 = array.array("q"), array.array("q"), array.array("q")
-    s_row, s_start, s_end = array.array("q"), array.array("q"), array.array("q")
-    lost_cands: list[tuple[int, int, int]] = []  # (row, end t1, expiry lower bound)
-    ended = {"complete": 0, "fail": 0, "release": 0}
-    added: list[int] = []
-    pending_adds = 0
-    remove_intents: set[int] = set()
-    removed_ok: set[int] = set()
+    logs = read_logs(log_dir, res)
+    res.ended_ok = logs.ended
+    check_overlaps(logs, res)
+    check_early_losses(logs, res)
+    res.reaped_at_end = eng.reap()
+    res.verify = eng.verify()
+    queued = check_row_ids(eng, logs, res, initial_rows)
+    got = drain_check(eng, queued, drain_hold, res.examples)
+    res.drained, res.drain_dups = got["drained"], got["drain_dups"]
+    res.drain_phantoms, res.stranded = got["drain_phantoms"], got["stranded"]
+    res.drain_lane_max = got.get("drain_lane_max", 0)
+    res.log_errors += got["refused"]
+    res.verify_after_drain = eng.verify()
+    return res
 
-    def bad(what: str) -> None:
-        res.log_errors += 1
-        if len(ex["log_error"]) < 5:
-            ex["log_error"].append(what)
 
+def _log_error(res: ChaosResult, what: str) -> None:
+    res.log_errors += 1
+    if len(res.examples["log_error"]) < 5:
+        res.examples["log_error"].append(what)
+
+
+def read_logs(log_dir: str, res: ChaosResult) -> LeaseLogs:
+    """Every worker's log, in file order; counts claims and leases still open at the end."""
+    logs = LeaseLogs()
     for fname in sorted(os.listdir(log_dir)):
         if not fname.endswith(".log"):
             continue
-        path = os.path.join(log_dir, fname)
+        with open(os.path.join(log_dir, fname), "rb") as f:
+            lines = f.read().split(b"\n")
+        if lines:
+            lines.pop()  # "" after the last newline, or a line torn by SIGKILL mid-write
         # row -> [tok, claim t1, expiry lower bound]; a worker holds a row at most once at a
         # time (a re-claim of a row it abandoned supersedes the old lease)
         held: dict[int, list[int]] = {}
         add_open = 0
-        with open(path, "rb") as f:
-            data = f.read()
-        lines = data.split(b"\n")
-        if lines and lines[-1] == b"":
-            lines.pop()
-        elif lines:
-            lines.pop()  # a line torn by SIGKILL mid-write (cannot happen with one write(2))
         for raw in lines:
             p = raw.split()
             if not p:
                 continue
-            tag = p[0]
-            if tag == b"C":
-                t0, t1, lease = int(p[1]), int(p[2]), int(p[3])
-                res.claim_calls += 1
-                in_batch: set[int] = set()
-                for item in p[4:]:
-                    r_s, k_s = item.split(b":")
-                    r = int(r_s)
-                    if r in in_batch:
-                        res.batch_dups += 1
-                    in_batch.add(r)
-                    g_row.append(r)
-                    g_t0.append(t0)
-                    g_t1.append(t1)
-                    held[r] = [int(k_s), t1, t0 + lease]
-                res.claims += len(p) - 4
-            elif tag == b"K":
-                e0, e1 = int(p[1]), int(p[2])
-                for item in p[3:]:
-                    r_s, ok_s = item.split(b":")
-                    r = int(r_s)
-                    h = held.pop(r, None)
-                    if h is None:
-                        bad(f"{fname}: end of a lease not held: {raw!r}")
-                    elif ok_s == b"1":
-                        ended["complete"] += 1
-                        s_row.append(r)
-                        s_start.append(h[1])
-                        s_end.append(e0)
-                    else:
-                        res.lease_lost += 1
-                        lost_cands.append((r, e1, h[2]))
-            elif tag in (b"F", b"R"):
-                e0, e1, r, k, ok = int(p[1]), int(p[2]), int(p[3]), int(p[4]), p[5] == b"1"
-                h = held.pop(r, None)
-                if h is None or h[0] != k:
-                    bad(f"{fname}: end of a lease not held: {raw!r}")
-                elif ok:
-                    ended["fail" if tag == b"F" else "release"] += 1
-                    s_row.append(r)
-                    s_start.append(h[1])
-                    s_end.append(e0)
-                else:
-                    res.lease_lost += 1
-                    lost_cands.append((r, e1, h[2]))
-            elif tag == b"N":
-                r0, r1, lease, r, k = (int(v) for v in p[1:6])
-                h = held.get(r)
-                if h is None or h[0] != k:
-                    bad(f"{fname}: renew of a lease not held: {raw!r}")
-                elif p[6] == b"-":
-                    del held[r]
-                    res.lease_lost += 1
-                    lost_cands.append((r, r1, h[2]))
-                else:
-                    h[0] = int(p[6])
-                    h[2] = max(h[2], r0 + lease)
-            elif tag == b"a":
+            if p[0] == b"a":
                 add_open = int(p[1])
-            elif tag == b"A":
-                added.extend(int(v) for v in p[1:])
+            elif p[0] == b"A":
+                logs.added.extend(int(v) for v in p[1:])
                 add_open = 0
-            elif tag == b"x":
-                remove_intents.add(int(p[1]))
-            elif tag == b"X":
-                if p[2] == b"1":
-                    removed_ok.add(int(p[1]))
-            elif tag == b"!":
-                pass  # counted as a crash by the supervisor
-            elif tag not in (b"S", b"P", b"Z", b"Q"):
-                bad(f"{fname}: unknown line {raw[:80]!r}")
-        pending_adds += add_open
+            elif not _lease_line(p, held, logs, res) and not _other_line(p, logs):
+                _log_error(res, f"{fname}: unknown line {raw[:80]!r}")
+        logs.pending_adds += add_open
         res.open_at_end += len(held)
-    res.ended_ok = ended
+    return logs
 
-    # -- 1. leases ---------------------------------------------------------------------------
-    if len(s_row):
-        sr, ss, se = (np.frombuffer(a, np.int64) for a in (s_row, s_start, s_end))
-        gr, g0, g1 = (np.frombuffer(a, np.int64) for a in (g_row, g_t0, g_t1))
-        base = min(int(ss.min()), int(g0.min())) - 1000
-        shift = np.int64(1 << 32)
-        key = sr * shift + (ss - base)
-        order = np.argsort(key, kind="stable")
-        sr, ss, se, key = sr[order], ss[order], se[order], key[order]
-        end_key = sr * shift + (se - base)
-        run_max = np.maximum.accumulate(end_key)
-        # sorted by start, interval i overlaps the earlier ones by min(its end, their
-        # latest end) - its start (a row's previous rows' ends sort below its starts)
-        over = np.nonzero(np.minimum(end_key[1:], run_max[:-1]) - key[1:] > TOL_MS)[0] + 1
-        res.overlaps = int(len(over))
-        for i in over[:5].tolist():
-            a = int(np.nonzero(end_key[: i] == run_max[i - 1])[0][-1])
-            ex["overlap"].append({"row": int(sr[i]), "a": (int(ss[a]), int(se[a])),
-                                  "b": (int(ss[i]), int(se[i]))})
-        # a grant of the row strictly inside a successful lease of it
-        j = np.searchsorted(key, gr * shift + (g0 - base) - TOL_MS, side="left") - 1
-        valid = j >= 0
-        jj = np.where(valid, j, 0)
-        hit = valid & (sr[jj] == gr) & (se[jj] - TOL_MS > g1) & (ss[jj] + TOL_MS < g0)
-        res.intrusions = int(hit.sum())
-        for i in np.nonzero(hit)[0][:5].tolist():
-            k = int(jj[i])
-            ex["intrusion"].append({"row": int(gr[i]), "lease": (int(ss[k]), int(se[k])),
-                                    "grant": (int(g0[i]), int(g1[i]))})
-    for r, e1, exp_lb in lost_cands:
-        if e1 < exp_lb - TOL_MS and r not in remove_intents:
+
+def _other_line(p: list[bytes], logs: LeaseLogs) -> bool:
+    """Removals and the lines that need no accounting; False for a line not understood."""
+    if p[0] == b"x":
+        logs.remove_intents.add(int(p[1]))
+    elif p[0] == b"X":
+        if p[2] == b"1":
+            logs.removed_ok.add(int(p[1]))
+    elif p[0] not in (b"S", b"P", b"Z", b"Q", b"!"):  # "!": counted as a crash already
+        return False
+    return True
+
+
+def _lease_line(p: list[bytes], held: dict[int, list[int]], logs: LeaseLogs,
+                res: ChaosResult) -> bool:
+    """One claim, end or renewal line into ``logs``; False when the line is none of these."""
+    tag = p[0]
+    if tag == b"C":
+        t0, t1, lease = int(p[1]), int(p[2]), int(p[3])
+        res.claim_calls += 1
+        in_batch: set[int] = set()
+        for item in p[4:]:
+            r_s, k_s = item.split(b":")
+            r = int(r_s)
+            res.batch_dups += r in in_batch
+            in_batch.add(r)
+            logs.g_row.append(r)
+            logs.g_t0.append(t0)
+            logs.g_t1.append(t1)
+            held[r] = [int(k_s), t1, t0 + lease]
+        res.claims += len(p) - 4
+    elif tag == b"K":
+        e0, e1 = int(p[1]), int(p[2])
+        for item in p[3:]:
+            r_s, ok_s = item.split(b":")
+            _lease_end(int(r_s), None, ok_s == b"1", "complete", e0, e1, held, logs, res)
+    elif tag in (b"F", b"R"):
+        _lease_end(int(p[3]), int(p[4]), p[5] == b"1", "fail" if tag == b"F" else "release",
+                   int(p[1]), int(p[2]), held, logs, res)
+    elif tag == b"N":
+        r0, r1, lease, r, k = (int(v) for v in p[1:6])
+        h = held.get(r)
+        if h is None or h[0] != k:
+            _log_error(res, f"renew of a lease not held: {b' '.join(p)!r}")
+        elif p[6] == b"-":
+            del held[r]
+            res.lease_lost += 1
+            logs.lost_cands.append((r, r1, h[2]))
+        else:
+            h[0] = int(p[6])
+            h[2] = max(h[2], r0 + lease)
+    else:
+        return False
+    return True
+
+
+def _lease_end(r: int, tok: int | None, ok: bool, how: str, e0: int, e1: int,
+               held: dict[int, list[int]], logs: LeaseLogs, res: ChaosResult) -> None:
+    h = held.pop(r, None)
+    if h is None or (tok is not None and h[0] != tok):
+        _log_error(res, f"end of a lease not held: row {r} ({how})")
+    elif ok:
+        logs.ended[how] += 1
+        logs.succeeded(r, h[1], e0)
+    else:
+        res.lease_lost += 1
+        logs.lost_cands.append((r, e1, h[2]))
+
+
+def check_overlaps(logs: LeaseLogs, res: ChaosResult) -> None:
+    """No two successful leases of a row overlap; no grant of a row falls inside one."""
+    if not len(logs.s_row):
+        return
+    ex = res.examples
+    sr, ss, se = (np.frombuffer(a, np.int64) for a in (logs.s_row, logs.s_start, logs.s_end))
+    gr, g0, g1 = (np.frombuffer(a, np.int64) for a in (logs.g_row, logs.g_t0, logs.g_t1))
+    base = min(int(ss.min()), int(g0.min())) - 1000
+    shift = np.int64(1 << 32)
+    key = sr * shift + (ss - base)
+    order = np.argsort(key, kind="stable")
+    sr, ss, se, key = sr[order], ss[order], se[order], key[order]
+    end_key = sr * shift + (se - base)
+    run_max = np.maximum.accumulate(end_key)
+    # sorted by start, interval i overlaps the earlier ones by min(its end, their
+    # latest end) - its start (a row's previous rows' ends sort below its starts)
+    over = np.nonzero(np.minimum(end_key[1:], run_max[:-1]) - key[1:] > TOL_MS)[0] + 1
+    res.overlaps = int(len(over))
+    for i in over[:5].tolist():
+        a = int(np.nonzero(end_key[: i] == run_max[i - 1])[0][-1])
+        ex["overlap"].append({"row": int(sr[i]), "a": (int(ss[a]), int(se[a])),
+                              "b": (int(ss[i]), int(se[i]))})
+    # a grant of the row strictly inside a successful lease of it
+    j = np.searchsorted(key, gr * shift + (g0 - base) - TOL_MS, side="left") - 1
+    valid = j >= 0
+    jj = np.where(valid, j, 0)
+    hit = valid & (sr[jj] == gr) & (se[jj] - TOL_MS > g1) & (ss[jj] + TOL_MS < g0)
+    res.intrusions = int(hit.sum())
+    for i in np.nonzero(hit)[0][:5].tolist():
+        k = int(jj[i])
+        ex["intrusion"].append({"row": int(gr[i]), "lease": (int(ss[k]), int(se[k])),
+                                "grant": (int(g0[i]), int(g1[i]))})
+
+
+def check_early_losses(logs: LeaseLogs, res: ChaosResult) -> None:
+    """No LeaseLost before the lease could have expired, unless its row was being removed."""
+    for r, e1, exp_lb in logs.lost_cands:
+        if e1 < exp_lb - TOL_MS and r not in logs.remove_intents:
             res.early_lost += 1
-            if len(ex["early_lost"]) < 5:
-                ex["early_lost"].append({"row": r, "end_t1": e1, "expiry_at_least": exp_lb})
+            if len(res.examples["early_lost"]) < 5:
+                res.examples["early_lost"].append({"row": r, "end_t1": e1,
+                                                   "expiry_at_least": exp_lb})
 
-    # -- 3. reap, verify -----------------------------------------------------------------------
-    res.reaped_at_end = eng.reap()
-    res.verify = eng.verify()
 
-    # -- 2. rows -------------------------------------------------------------------------------
+def check_row_ids(eng: Engine, logs: LeaseLogs, res: ChaosResult,
+                  initial_rows: int) -> npt.NDArray[np.bool_]:
+    """Row ids handed out once; every row queued unless removed; returns which are queued."""
+    ex = res.examples
     stats = eng.stats()
     res.engine_granted = sum(lane["granted"] for lane in stats["lanes"])
-    n = res.rows = int(stats["rows"])
-    res.added_logged = len(added)
-    res.removed = len(removed_ok)
+    n = res.rows = row_ids_used(eng)
+    res.added_logged = len(logs.added)
+    res.removed = len(logs.removed_ok)
     # row ids: the supervisor's are [0, initial_rows), the workers' each logged once, in
     # range; rows nobody logged can only be those of an add cut short by SIGKILL
+    added = logs.added
     counts = np.bincount(np.array(added, np.int64)) if added else np.zeros(0, np.int64)
     twice = np.nonzero(counts > 1)[0].tolist()
     outside = [r for r in added if not initial_rows <= r < n]
     unlogged = n - initial_rows - len(set(added))
-    phantom = max(0, unlogged - pending_adds) + max(0, -unlogged)
+    phantom = max(0, unlogged - logs.pending_adds) + max(0, -unlogged)
     res.duplicated = len(twice) + len(outside) + phantom
     ex["duplicated"] = twice[:5] + outside[:5] + ([f"{phantom} rows nobody added"]
                                                    if phantom else [])
-    queued = np.zeros(n, bool)
-    for r in range(n):
-        queued[r] = eng.describe(r)["queued"]
-    for r in range(n):
-        if not queued[r] and r not in remove_intents:
+    words = row_words(eng, n)
+    returned = (words & VOID_BIT) != 0
+    queued = np.array([eng.describe(r)["queued"] for r in range(n)], bool)
+    for r in np.nonzero(~queued & ~returned)[0].tolist():
+        if r not in logs.remove_intents:
             res.lost += 1
             if len(ex["lost"]) < 5:
                 ex["lost"].append(eng.describe(r))
-        if queued[r] and r in removed_ok:
+    for r in np.nonzero(queued)[0].tolist():
+        if r in logs.removed_ok:
             res.resurrected += 1
             if len(ex["resurrected"]) < 5:
                 ex["resurrected"].append(r)
+    return queued
 
-    # -- 4. drain --------------------------------------------------------------------------------
+
+# The row word's bits a test may read (csrc/layout.h): a reserved row its writer never wrote
+# holds exactly KEY_NONE; one a reaper took back after its writer died is KEY_NONE | VOID.
+KEY_NONE = (1 << 49) - 1
+VOID_BIT = 1 << 60
+
+
+def row_ids_used(eng: Engine) -> int:
+    """Row ids handed out so far (``stats()["rows"]`` leaves out the ones taken back)."""
+    return int(eng._seg.info().rows_used)
+
+
+def row_words(eng: Engine, n: int) -> npt.NDArray[np.uint64]:
+    """The row words of rows [0, n), raw."""
+    from engine.segment import ffi, lib
+
+    words = np.zeros(max(n, 1), np.uint64)
+    leases = np.zeros(max(n, 1), np.uint64)
+    if n:
+        assert lib.rl_rows_dump(eng._seg.handle, 0, n, ffi.from_buffer("uint64_t[]", words),
+                                ffi.from_buffer("uint64_t[]", leases)) == 0
+    return words[:n]
+
+
+def drain_check(eng: Engine, queued: npt.NDArray[np.bool_], hold: bool = False,
+                examples: dict[str, list[Any]] | None = None) -> dict[str, int]:
+    """Claim far in the future until nothing comes: every queued row must come exactly once
+    (``hold``: keep every lease, so all are in flight at once). Returns the counts."""
+    n = len(queued)
     far = now_ms() + 10 * YEAR_MS
     beyond_due = far + 20 * YEAR_MS
     assert beyond_due < 1 << 42
     seen = np.zeros(n, np.int64)
-    empty = 0
+    empty = refused = 0
     while empty < 5:
-        c = eng.claim(budget=4096, now_ms=far, lease_ms=YEAR_MS if drain_hold else 60_000)
+        c = eng.claim(budget=4096, now_ms=far, lease_ms=YEAR_MS if hold else 60_000)
         if len(c) == 0:
             empty += 1
             continue
         empty = 0
         np.add.at(seen, c.rows, 1)
-        if drain_hold:
-            continue
-        done = eng.complete_many(c.rows, c.tokens, next_due_ms=np.full(len(c), beyond_due),
-                                 now_ms=far)
-        if not done.all():
-            bad(f"drain: complete_many refused {int((~done).sum())} of its own leases")
-    if drain_hold:
-        res.drain_lane_max = max(lane["leased"] for lane in eng.stats(now_ms=far)["lanes"])
-    res.drained = int(seen.sum())
-    res.drain_dups = int((seen > 1).sum())
-    res.drain_phantoms = int(((seen > 0) & ~queued).sum())
+        if not hold:
+            done = eng.complete_many(c.rows, c.tokens, next_due_ms=np.full(len(c), beyond_due),
+                                     now_ms=far)
+            refused += int((~done).sum())
+    out = {"drained": int(seen.sum()), "drain_dups": int((seen > 1).sum()),
+           "drain_phantoms": int(((seen > 0) & ~queued).sum()), "refused": refused}
     strand = np.nonzero(queued & (seen == 0))[0]
-    res.stranded = int(len(strand))
-    ex["stranded"] = [eng.describe(int(r)) for r in strand[:5]]
-    ex["drain_dup"] = np.nonzero(seen > 1)[0][:5].tolist()
-    res.verify_after_drain = eng.verify()
-    return res
+    out["stranded"] = int(len(strand))
+    if hold:
+        out["drain_lane_max"] = max(lane["leased"] for lane in eng.stats(now_ms=far)["lanes"])
+    if examples is not None:
+        examples["stranded"] = [eng.describe(int(r)) for r in strand[:5]]
+        examples["drain_dup"] = np.nonzero(seen > 1)[0][:5].tolist()
+    return out

@@ -1,4 +1,5 @@
-"""The claim-floor protocol (csrc/floor.c) and the rows-in-flight protocol (csrc/sweep.c)
+"""The claim-floor protocol (csrc/floor.c), the rows-in-flight protocol (csrc/sweep.c) and the
+add path's reservation, rolled forward or back by a repair when its writer dies (csrc/writes.c),
 model-checked by spin: tests/model/check.sh.
 
 check.sh searches every interleaving of tests/model/floor.pml, in each of its bounded
@@ -32,6 +33,8 @@ VERIFIED = {
     "lease-write-merge",
     "relapse",
     "stale-grant",
+    "add",
+    "add-twice",
 }
 CAUGHT = {
     "broken-raise",
@@ -50,6 +53,11 @@ CAUGHT = {
     "release-publish-first",
     "sweep-publish-first",
     "no-end-recheck",
+    "add-no-settle",
+    "add-journal-after",
+    "add-settle-ignores-live",
+    "add-drop-before-publish",
+    "add-settle-journals-first",
 }
 
 # Set for the sanitized run (make test-sanitize) and meant for its C core only: neither spin

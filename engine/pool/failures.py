@@ -160,6 +160,9 @@ class FailureLog:
                                 " cleanup)")
         tmp = f"{path}.tmp-{os.getpid()}"
         try:
+            # 0600 before SQLite opens it: SQLite gives the -wal and -shm files the database
+            # file's mode, so the URLs and errors in all three are the pool's user's alone
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             conn = sqlite3.connect(tmp, isolation_level=None)
             try:
                 conn.execute("PRAGMA journal_mode = WAL")  # kept in the file: every opener uses it

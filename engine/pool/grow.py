@@ -100,11 +100,19 @@ def add_corpus(eng: Any, urls: Any, corpus: Corpus) -> Added:
                             corpus.provenance)
     with _adding(eng.name):
         urls.refresh()
-        known = {u: r for r, u in enumerate(urls.urls())}
-        rows_used = int(eng.stats()["rows"])
-        if rows_used != len(urls):
-            raise EngineError(f"engine {eng.name!r} has {rows_used} rows but {len(urls)} URLs:"
+        rows_used = eng._rows_used()  # row ids, those a repair took back included
+        table = urls.urls()
+        if len(table) > rows_used and UrlTable.remove_part(eng.name, rows_used):
+            # An adder killed after publishing its URLs and before reserving their rows (its
+            # lock is ours now): its URL file goes, as a failed add's does.
+            table = table[:rows_used]
+        if rows_used != len(table):
+            raise EngineError(f"engine {eng.name!r} has {rows_used} rows but {len(table)} URLs:"
                               " rows were added outside the pool; refusing to add more")
+        # A URL whose row a repair took back (its adder was killed between reserving the rows
+        # and writing them) is added again, as a new row.
+        void = eng._taken_back(np.arange(rows_used, dtype=np.int64))
+        known = {u: r for r, u in enumerate(table) if not void[r]}
         new = [i for i, u in enumerate(corpus.urls) if u not in known]
         again = [known[u] for u in corpus.urls if u in known]
         unparked = _unpark(eng, again)

@@ -1,6 +1,8 @@
 #!/bin/sh
 # Model-check the per-lane claim-floor protocol and the rows-in-flight protocol (tests/model/
-# floor.pml; csrc/floor.c, csrc/claim.c, csrc/sweep.c, csrc/writes.c, csrc/index.c) with spin.
+# floor.pml; csrc/floor.c, csrc/claim.c, csrc/sweep.c, csrc/writes.c, csrc/index.c), and the add
+# path's reservation with the repair that rolls a dead writer's add forward or back
+# (tests/model/add.pml; csrc/writes.c, csrc/lease.c, csrc/stats.c), with spin.
 #
 #   sh tests/model/check.sh
 #
@@ -18,6 +20,9 @@
 #                         granted again), a compactor, the sweeper, the clock
 #      stale-grant        one row; two claimers granting from the index and releasing (or
 #                         letting lapse), a compactor, the sweeper, the clock
+#      add                (add.pml) two writers adding two rows each, any of them killed at
+#                         any step, a repair at any moment, then the last repair
+#      add-twice          (add.pml) two writers adding one row twice each, two repairs
 # 2. Deliberately broken variants, in which spin must find an assertion violation (so the
 #    property provably catches each bug), each with its counterexample printed step by step:
 #    BROKEN_RAISE, BROKEN_LOWER, BROKEN_GEN, BROKEN_RING_MIN, BROKEN_PROPOSAL, BROKEN_FRESH
@@ -26,7 +31,9 @@
 #    BROKEN_FLIGHT_ORDER, BROKEN_NOTE_ORDER (rows in flight); RELEASE_PUBLISH_FIRST,
 #    SWEEP_PUBLISH_FIRST and NO_END_RECHECK (the rows-in-flight protocol as first written,
 #    before the fixes this model found); and a sanity run, REACH_TOP, whose violation shows
-#    that the floor does get raised to the top minute.
+#    that the floor does get raised to the top minute. In add.pml: NO_SETTLE (the repair before
+#    the write journal: rows counted but empty), JOURNAL_AFTER, SETTLE_IGNORES_LIVE,
+#    DROP_BEFORE_PUBLISH and SETTLE_JOURNALS_FIRST.
 #
 # The searches run CHECK_JOBS at a time (default 2); their results are printed in the order
 # above. SPIN_DEFINES is added to every run (e.g. SPIN_DEFINES=-DLITERAL_CAS_LOOPS). Work
@@ -72,10 +79,11 @@ search() {
     name=$1
     shift
     dir="$work/$name"
-    mkdir "$dir" && cp "$model" "$dir/floor.pml" || exit 2
+    case $name in add*) source="$here/add.pml" ;; *) source="$model" ;; esac
+    mkdir "$dir" && cp "$source" "$dir/model.pml" || exit 2
     # shellcheck disable=SC2086  # $extra is a list of words
-    if ! (cd "$dir" && spin -a "$@" $extra floor.pml >spin.log 2>&1); then
-        echo "check.sh: spin -a $* $extra floor.pml failed:" >&2
+    if ! (cd "$dir" && spin -a "$@" $extra model.pml >spin.log 2>&1); then
+        echo "check.sh: spin -a $* $extra $(basename "$source") failed:" >&2
         cat "$dir/spin.log" >&2
         exit 2
     fi
@@ -102,7 +110,7 @@ search() {
 # trail [-DNAME...]: the counterexample just found, one line per step of the model.
 trail() {
     # shellcheck disable=SC2086
-    (cd "$dir" && spin -t "$@" $extra floor.pml 2>&1) |
+    (cd "$dir" && spin -t "$@" $extra model.pml 2>&1) |
         sed -n -e 's/^ *MSC: /      /p' -e 's/^spin: text of failed assertion: /      violated: /p'
 }
 
@@ -117,7 +125,7 @@ expect_verified() {
             "(complete: $complete)"
         grep -e '^pan:[0-9]*:' -e 'too small' -e 'MEMLIM' -e 'out of memory' "$dir/pan.log" |
             sed 's/^/      /'
-        if [ -f "$dir/floor.pml.trail" ]; then
+        if [ -f "$dir/model.pml.trail" ]; then
             echo "      counterexample:"
             trail "$@"
         fi
@@ -130,7 +138,7 @@ expect_caught() {
     shift
     search "$name" "$@"
     if [ "${errors:-0}" != 0 ] && grep -q 'assertion violated' "$dir/pan.log" &&
-        [ -f "$dir/floor.pml.trail" ]; then
+        [ -f "$dir/model.pml.trail" ]; then
         depth=$(sed -n 's/.*assertion violated.*(at depth \([0-9]*\)).*/\1/p' "$dir/pan.log")
         echo "ok    $name ($flags): caught, errors: $errors, at depth $depth, after $states states," \
             "${elapsed} s:"
@@ -187,7 +195,7 @@ job() {
     pids="$pids $!"
 }
 
-echo "spin model check of the claim floor and rows in flight: $model"
+echo "spin model check of the claim floor, rows in flight and the add path: $here"
 # the longest first, so that two run side by side to the end
 job verified stale-grant -DLEASES -DNW=0 -DNCL=2 -DNC=1 -DNR=1 -DRING_GRANTS=0 -DENDS=2
 job verified relapse -DLEASES -DNW=0 -DNCL=1 -DNPASS=2 -DNC=1 -DNR=1
@@ -215,6 +223,13 @@ job caught broken-flight-order -DLEASES -DNW=0 -DNCL=2 -DNC=0 -DNSW=0 -DNT=1 -DB
 job caught broken-note-order -DLEASES -DNW=0 -DNCL=1 -DNC=1 -DBROKEN_NOTE_ORDER
 job caught release-publish-first -DLEASES -DNW=0 -DNCL=1 -DNC=1 -DRELEASE_PUBLISH_FIRST
 job caught sweep-publish-first -DLEASES -DNW=0 -DNCL=1 -DNC=1 -DSWEEP_PUBLISH_FIRST
+job verified add
+job verified add-twice -DNA=2 -DK=1 -DNRP=2
+job caught add-no-settle -DNO_SETTLE
+job caught add-journal-after -DJOURNAL_AFTER
+job caught add-settle-ignores-live -DSETTLE_IGNORES_LIVE
+job caught add-drop-before-publish -DDROP_BEFORE_PUBLISH
+job caught add-settle-journals-first -DSETTLE_JOURNALS_FIRST
 while [ "$printed" -lt "$njobs" ]; do
     nap
     flush
