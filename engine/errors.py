@@ -63,6 +63,11 @@ class SegmentMissing(EngineError, FileNotFoundError):
     """No segment of that name exists."""
 
 
+class StoreError(EngineError):
+    """A snapshot store cannot be opened or written: the directory is unwritable, is not a
+    store (or another version of one), or the store was opened in another process."""
+
+
 class NotAllowed(EngineError):
     """The operation is refused in the current state (restamp while lanes are enabled, ...)."""
 
