@@ -55,11 +55,14 @@ if TYPE_CHECKING:
     from .worker import Worker
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
+# No crash reporter: its handler double-forks into a session of its own, out of the worker's
+# group, and outlives a killed browser.
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--disable-extensions",
                   "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
-                  "--disable-dev-shm-usage", "--remote-debugging-port=0")
+                  "--disable-dev-shm-usage", "--disable-crashpad-for-testing",
+                  "--remote-debugging-port=0")
 BLOCKED_TYPES = ("Image", "Media", "Font")
 """CDP resource types never fetched: a snapshot is HTML, and these are most of a page's bytes."""
 BLOCKED_HOSTS = ("google-analytics.com", "googletagmanager.com", "doubleclick.net",
