@@ -31,11 +31,11 @@ DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 
 # Header words (int64).
 _MAGIC = 0x314452414F424C52  # "RLBOARD1"
-VERSION = 3
+VERSION = 2
 """The board's layout version: bump it whenever a header word or a slot field moves or grows,
 so a reader of another version is refused (``LayoutMismatch``) instead of misreading counters.
 v2: the per-lane, per-outcome duration histograms and sums (``F_LANE_HIST``,
-``F_LANE_DURATION_US``); v3: renders whose snapshot was already stored (``F_UNCHANGED``)."""
+``F_LANE_DURATION_US``)."""
 H_MAGIC, H_VERSION, H_SLOTS, H_FIELDS, H_PID, H_START_MS, H_STOP, H_RESTARTS = range(8)
 H_ORIGIN_MS, H_WALL_ORIGIN_MS, H_SCALE_MICRO, H_CHECKPOINTS, H_CHECKPOINT_MS = range(8, 13)
 HEADER = 16
@@ -50,8 +50,7 @@ OK, FAILED = 0, 1
 """The outcome axis of the per-lane histograms."""
 F_LANE_HIST = F_LANE_AGE_MILLI + LANES  # [lane][outcome][bucket] render counts
 F_LANE_DURATION_US = F_LANE_HIST + LANES * 2 * BUCKETS  # [lane][outcome] sum of durations
-F_UNCHANGED = F_LANE_DURATION_US + LANES * 2  # browser renders whose snapshot was unchanged
-FIELDS = F_UNCHANGED + 1
+FIELDS = F_LANE_DURATION_US + LANES * 2
 
 Int64Array = npt.NDArray[np.int64]
 
@@ -193,8 +192,7 @@ class Board:
             "lane_renders": s[F_LANE_RENDERS:F_LANE_AGE_MILLI].copy(),
             "lane_age_sum": s[F_LANE_AGE_MILLI:F_LANE_HIST] / 1000.0,
             "lane_hist": s[F_LANE_HIST:F_LANE_DURATION_US].reshape(LANES, 2, BUCKETS).copy(),
-            "lane_duration_s": s[F_LANE_DURATION_US:F_UNCHANGED].reshape(LANES, 2) / 1e6,
-            "unchanged": int(s[F_UNCHANGED]),
+            "lane_duration_s": s[F_LANE_DURATION_US:FIELDS].reshape(LANES, 2) / 1e6,
             "restarts": int(h[H_RESTARTS]),
             "checkpoints": int(h[H_CHECKPOINTS]),
             "checkpoint_ms": int(h[H_CHECKPOINT_MS]),

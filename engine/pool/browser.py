@@ -55,14 +55,15 @@ if TYPE_CHECKING:
     from .worker import Worker
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
-# No crash reporter: its handler double-forks into a session of its own, out of the worker's
-# group, and outlives a killed browser.
+# Chromium's crash handler double-forks into a session of its own, out of the worker's group; it
+# exits within a second of its browser's death (it watches its client), which the tests check.
+# (--disable-crashpad-for-testing would keep it from starting, but Chromium 150 then aborts
+# every navigation.)
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--disable-extensions",
                   "--disable-default-apps", "--mute-audio", "--hide-scrollbars",
-                  "--disable-dev-shm-usage", "--disable-crashpad-for-testing",
-                  "--remote-debugging-port=0")
+                  "--disable-dev-shm-usage", "--remote-debugging-port=0")
 BLOCKED_TYPES = ("Image", "Media", "Font")
 """CDP resource types never fetched: a snapshot is HTML, and these are most of a page's bytes."""
 BLOCKED_HOSTS = ("google-analytics.com", "googletagmanager.com", "doubleclick.net",
@@ -345,11 +346,10 @@ class _Tabs:
         status = snap.status
         if status < 500:
             took_ms = (time.perf_counter() - job.started.t0) * 1000
-            outcome = self.store.put(job.url, snap.html, status=status, location=snap.location,
-                                     interval_s=job.started.interval_s, lane=job.claim.lane,
-                                     render_ms=took_ms)
-            if outcome == "unchanged":
-                self.worker.note_unchanged()
+            # An unchanged page rewrites nothing; the store counts it ("unchanged").
+            self.store.put(job.url, snap.html, status=status, location=snap.location,
+                           interval_s=job.started.interval_s, lane=job.claim.lane,
+                           render_ms=took_ms)
         if status >= 400:
             raise PageStatus(f"HTTP {status}" + (" (snapshot kept)" if status < 500 else ""),
                              status)

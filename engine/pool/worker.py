@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..engine import Claim, Claims, wall_ms
 from ..errors import EngineError, LeaseLost
-from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, F_UNCHANGED, record_render
+from .board import F_LEASE_LOST, F_PID, F_RELEASED, F_RENEWED, record_render
 from .failures import PARKED_MS
 from .parts import PoolParts
 from .progress import format_due
@@ -314,10 +314,6 @@ class Worker:
             ok = self.eng.release_many(rows, tokens)
             self.slot[F_RELEASED] += int(ok.sum()) if at_stop else 0
             self.slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
-
-    def note_unchanged(self) -> None:
-        """A render whose snapshot was the one stored already."""
-        self.slot[F_UNCHANGED] += 1
 
 
 def _alive(pid: int) -> bool:
