@@ -339,17 +339,16 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _failures(args: argparse.Namespace) -> int:
-    from .pool.failures import PARKED_MS, FailureLog
+    from .pool.failures import PARKED_MS
+    from .pool.parts import PoolParts
     from .pool.progress import format_due
     from .pool.view import print_table
 
-    eng = _engine(args)
+    parts = PoolParts.attach(args.name, local=_local(args), redis=args.redis)
+    eng: Any = parts.engine  # either backend
     try:
-        log = FailureLog.attach(_local(args))
-        try:
-            entries = log.entries()
-        finally:
-            log.close()
+        assert parts.failures is not None
+        entries = parts.failures.entries()
         now = wall_ms()
         wanted = None if args.lane is None else _lane_number(eng, args.lane)
         rows = []
@@ -368,7 +367,7 @@ def _failures(args: argparse.Namespace) -> int:
             if len(rows) >= args.limit:
                 break
     finally:
-        eng.close()
+        parts.close()
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -88,7 +88,8 @@ def test_hung_busy_and_crashing_pages_fail_with_their_reason_while_others_render
         assert run.left_behind() == []
     err = run.stderr()
     assert re.search(r"/hang \(row \d+\) failed: PageTimeout: the page did not settle within"
-                     r" 10 s( \(DOMContentLoaded never came\))?: 1 request\(s\) still open: http://127\.0\.0\.1:\d+/never; retry", err)
+                     r" 10 s( \(DOMContentLoaded never came\))?: 1 request\(s\) still open:"
+                     r" http://127\.0\.0\.1:\d+/never; retry", err)
     assert re.search(r"/busy \(row \d+\) failed: PageTimeout: the page did not settle within"
                      r" 10 s: its JavaScript did not answer \(a busy loop\?\); retry", err)
     assert re.search(r"/crash \(row \d+\) failed: PageCrashed: the page crashed", err)

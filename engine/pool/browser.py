@@ -102,7 +102,7 @@ class BrowserSpec:
     tabs: int = 4
     page_timeout_s: float = 20.0
     recycle_after: int = 500
-    rss_limit_mb: int = 1536
+    rss_limit_mb: int = 2048
     js_heap_mb: int = 512
     keep_scripts: bool = False
     block_types: tuple[str, ...] = BLOCKED_TYPES
