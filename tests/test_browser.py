@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,6 +18,8 @@ import pytest
 from browser_testlib import PoolRun, stored, write_corpus
 from lanes_testlib import shm_path
 from render_site import JSON_LD, SiteServer
+
+from engine.pool import clear_stale
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +167,22 @@ def test_sigkilled_workers_leave_no_browser_and_no_torn_snapshot(
 def test_sigkilled_workers_for_a_minute_leave_no_browser_and_no_torn_snapshot(
         site: SiteServer, tmp_path: Path, name: str) -> None:
     _sigkill_run(site, tmp_path, name, seconds=60, pages=120)
+
+
+def test_a_pool_killed_whole_leaves_no_browser(site: SiteServer, tmp_path: Path,
+                                               name: str) -> None:
+    urls = [site.url(f"/slow/{n}?whole") for n in range(40)]
+    store = tmp_path / "store"
+    with PoolRun(name, write_corpus(tmp_path / "c.csv", urls), store, "--tabs", "4",
+                 workers=2) as run:
+        run.wait_until(lambda: len(stored(store, urls)) >= 4, 60)
+        pythons = [run.proc.pid, *(w.pid for w in run.workers())]
+        for sig in (signal.SIGSTOP, signal.SIGKILL):  # supervisor and workers at one instant,
+            for pid in pythons:  # their browsers untouched: nobody is left to kill a group
+                os.kill(pid, sig)
+        run.proc.wait(10)
+        assert run.left_behind(settle_s=5) == []
+    clear_stale(name)  # what a supervisor killed whole leaves in /dev/shm
 
 
 def _browser_rss_mb(run: PoolRun) -> float:

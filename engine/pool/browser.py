@@ -13,7 +13,9 @@ or under load, and pages that hang. Each has a cause this module removes:
   own closes its browser and then kills what is left of the tree. That is why the driver is raw
   DevTools over a websocket (``cdp``) and not Playwright: Playwright launches Chromium
   ``detached`` (a new process group, so a group kill misses it) behind a Node driver process
-  of its own.
+  of its own. Chromium also gets SIGKILL from the kernel when its worker dies (a parent-death
+  signal), for when nobody is left to kill the group: a pool killed whole, supervisor and
+  workers at once.
 * **Memory.** The browser is recycled after ``recycle_after`` renders and whenever its process
   tree's RSS passes ``rss_limit_mb``; every page gets a fresh context (disposed after, which ends
   its renderer), and a page's JavaScript heap is capped (``js_heap_mb``), so one page that
@@ -77,6 +79,10 @@ that never happened, and change nothing a crawler should see."""
 RESOURCE_TYPES = ("Document", "Stylesheet", "Image", "Media", "Font", "Script", "TextTrack",
                   "XHR", "Fetch", "Prefetch", "EventSource", "WebSocket", "Manifest",
                   "SignedExchange", "Ping", "CSPViolationReport", "Preflight", "Other")
+_LAUNCHER = ("setpriv", "--pdeathsig", "KILL") if shutil.which("setpriv") else ()
+"""Chromium gets SIGKILL when its worker dies, however it dies (util-linux's setpriv sets the
+parent-death signal, which survives the exec): the supervisor kills the worker's group too, but
+a pool whose supervisor and workers are killed at one instant has no supervisor left to."""
 START_S = 30.0
 """How long Chromium may take to open its DevTools port."""
 RSS_EVERY_S = 1.0
@@ -165,7 +171,7 @@ class Chromium:
         self._rss_mb = 0.0
 
     async def start(self) -> Chromium:
-        argv = [self.spec.chromium, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
+        argv = [*_LAUNCHER, self.spec.chromium, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
                 f"--js-flags=--max-old-space-size={self.spec.js_heap_mb}", "about:blank"]
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
