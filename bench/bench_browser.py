@@ -222,6 +222,17 @@ def prerender_rate(where: Path, urls: list[str], tmp: Path) -> float:
 # -- RSS over many renders -----------------------------------------------------------------------
 
 
+def _tree_rss(root: psutil.Process) -> int:
+    """The RSS of ``root``'s descendants (a renderer may end while they are summed)."""
+    total = 0
+    for p in root.children(recursive=True):
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 def rss_over_renders(site: SiteServer, tmp: Path, marks: tuple[int, ...]) -> list[float]:
     """The RSS (MiB) of one worker's browser tree when the pool has done each of ``marks``
     renders (counted at the site: one /api/N fetch per /js/N render)."""
@@ -242,11 +253,34 @@ def rss_over_renders(site: SiteServer, tmp: Path, marks: tuple[int, ...]) -> lis
                     raise RuntimeError("the pool stopped")
                 time.sleep(0.5)
             worker = psutil.Process(proc.pid).children()[0]
-            out.append(sum(p.memory_info().rss for p in worker.children(recursive=True)) / 2**20)
+            out.append(_tree_rss(worker) / 2**20)
             print(f"  rss after {mark} renders: {out[-1]:.0f} MiB", flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
+    return out
+
+
+def _rate_figures(got: dict[str, list[float]], whole: int, where: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    out.append(figure("browser.lanes", "lanes pool --browser, 2 workers x 4 tabs",
+                          "renders/s", got["lanes"], "higher"))
+    out.append(figure("browser.playwright", "(a) bare Playwright, 8 pages at once",
+                          "renders/s", got["playwright"], "higher"))
+    out.append(figure("browser.dumpdom", "(b) chromium --dump-dom per page, 8 at once",
+                          "renders/s", got["dumpdom"], "higher",
+                          note=f"{whole} of its last run's dumps held the 300 ms content"))
+    out.append(figure("browser.vs_playwright", "lanes / (a) Playwright (goal >= 0.8)",
+                          "x", ratios(got["lanes"], got["playwright"]), "higher"))
+    out.append(figure("browser.vs_dumpdom", "lanes / (b) dump-dom (goal >= 4)",
+                          "x", ratios(got["lanes"], got["dumpdom"]), "higher"))
+    if got["prerender"]:
+        out.append(figure("browser.prerender", "(c) prerender, 8 clients",
+                              "renders/s", got["prerender"], "higher"))
+        out.append(figure("browser.vs_prerender", "lanes / (c) prerender (goal > 1)",
+                              "x", ratios(got["lanes"], got["prerender"]), "higher"))
+    else:
+        out.append(skipped("browser.prerender", "(c) prerender", where))
     return out
 
 
@@ -255,13 +289,15 @@ def main() -> None:
     args = parse_args(__doc__, lambda ap: (
         ap.add_argument("--pages", type=int, default=160),
         ap.add_argument("--reps", type=int, default=3),
-        ap.add_argument("--rss-renders", type=int, default=2000)))
+        ap.add_argument("--rss-renders", type=int, default=2000),
+        ap.add_argument("--rss-only", action="store_true", help="only the RSS figures")))
     pages, reps, rss_n = (24, 1, 200) if args.smoke else (args.pages, args.reps, args.rss_renders)
+    reps = 0 if args.rss_only else reps
     tmp = Path(tempfile.mkdtemp(prefix="bench-browser-"))
     figures: list[dict[str, Any]] = []
     try:
         with SiteServer(delay_ms=300) as site:
-            where = install_prerender(tmp)
+            where = install_prerender(tmp) if reps else "not run (--rss-only)"
             if isinstance(where, str):
                 print(f"prerender: {where}", flush=True)
             got: dict[str, list[float]] = {"lanes": [], "playwright": [], "dumpdom": [],
@@ -284,24 +320,8 @@ def main() -> None:
                         print(where, flush=True)
                 print(f"rep {rep}: " + ", ".join(f"{k} {v[-1]:.2f}/s" for k, v in got.items()
                                                  if len(v) > rep), flush=True)
-            figures.append(figure("browser.lanes", "lanes pool --browser, 2 workers x 4 tabs",
-                                  "renders/s", got["lanes"], "higher"))
-            figures.append(figure("browser.playwright", "(a) bare Playwright, 8 pages at once",
-                                  "renders/s", got["playwright"], "higher"))
-            figures.append(figure("browser.dumpdom", "(b) chromium --dump-dom per page, 8 at once",
-                                  "renders/s", got["dumpdom"], "higher",
-                                  note=f"{whole} of its last run's dumps held the 300 ms content"))
-            figures.append(figure("browser.vs_playwright", "lanes / (a) Playwright (goal >= 0.8)",
-                                  "x", ratios(got["lanes"], got["playwright"]), "higher"))
-            figures.append(figure("browser.vs_dumpdom", "lanes / (b) dump-dom (goal >= 4)",
-                                  "x", ratios(got["lanes"], got["dumpdom"]), "higher"))
-            if got["prerender"]:
-                figures.append(figure("browser.prerender", "(c) prerender, 8 clients",
-                                      "renders/s", got["prerender"], "higher"))
-                figures.append(figure("browser.vs_prerender", "lanes / (c) prerender (goal > 1)",
-                                      "x", ratios(got["lanes"], got["prerender"]), "higher"))
-            else:
-                figures.append(skipped("browser.prerender", "(c) prerender", str(where)))
+            if reps:
+                figures += _rate_figures(got, whole, str(where))
             rss = rss_over_renders(site, tmp, (100, rss_n))
             figures.append(figure("browser.rss_100", "worker browser tree RSS after 100 renders",
                                   "MiB", [rss[0]]))

@@ -6,7 +6,7 @@
 ``/ready/N``     ``window.prerenderReady`` false until a timer, with a request still open when it
                  turns true (so only the flag can make it ready)
 ``/meta404``     ``<meta name="prerender-status-code" content="404">``
-``/redirect``    a 301 to ``/js/1``
+``/redirect``    a 301 to ``/js/9``
 ``/hang``        a fetch that is never answered
 ``/busy``        a busy loop after DOMContentLoaded
 ``/crash``       allocates until its tab's renderer dies
@@ -142,7 +142,7 @@ class SiteServer:
         if head in fixed and not tail:
             return 200, fixed[head], {}
         if head == "redirect":
-            return 301, "", {"Location": "/js/1"}
+            return 301, "", {"Location": "/js/9"}
         return 404, "<html><body>not found</body></html>", {}
 
 

@@ -317,17 +317,26 @@ class _Tabs:
         tab = Tab(self.browser.cdp, self.rules)
         timeout = self.spec.page_timeout_s
         try:
-            try:
-                snap = await asyncio.wait_for(tab.render(job.url), timeout)
-            except TimeoutError:
-                raise PageTimeout(tab.why_not_ready(timeout)) from None
-        finally:
-            try:
-                await tab.dispose()
-            except BrowserBroken:
-                self.browser.renders = self.spec.recycle_after  # replaced once drained
-                raise
+            snap = await asyncio.wait_for(tab.render(job.url), timeout)
+        except TimeoutError:
+            await self._dispose(tab, keep_error=True)
+            raise PageTimeout(tab.why_not_ready(timeout)) from None
+        except BaseException:
+            await self._dispose(tab, keep_error=True)
+            raise
+        await self._dispose(tab, keep_error=False)
         return snap
+
+    async def _dispose(self, tab: Tab, keep_error: bool) -> None:
+        """Close a tab's context; a browser that cannot is replaced once drained. A render that
+        failed already keeps its own reason (``keep_error``)."""
+        assert self.browser is not None
+        try:
+            await tab.dispose()
+        except BrowserBroken:
+            self.browser.renders = self.spec.recycle_after
+            if not keep_error:
+                raise
 
     def _finish(self, task: asyncio.Task[Snapshot]) -> int | None:
         """Store a finished render and account for it; its row if it is to be completed."""

@@ -131,6 +131,7 @@ class Tab:
         self.context: str | None = None
         self.session: str | None = None
         self.state: _State | None = None
+        self._blocking: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
 
     async def render(self, url: str) -> Snapshot:
         """Load ``url`` and snapshot it once ready. No timeout here: the caller's cuts it."""
@@ -260,7 +261,9 @@ class Tab:
             if p.get("requestId") == st.main_request:
                 st.status = int(p["response"]["status"])
         elif method == "Fetch.requestPaused":
-            asyncio.get_running_loop().create_task(self._block(p["requestId"]))
+            task = asyncio.get_running_loop().create_task(self._block(p["requestId"]))
+            self._blocking.add(task)
+            task.add_done_callback(self._blocking.discard)
         elif method == "Page.domContentEventFired":
             st.dom_ready = True
         elif method == "Inspector.targetCrashed":
