@@ -173,16 +173,18 @@ def test_a_pool_killed_whole_leaves_no_browser(site: SiteServer, tmp_path: Path,
                                                name: str) -> None:
     urls = [site.url(f"/slow/{n}?whole") for n in range(40)]
     store = tmp_path / "store"
-    with PoolRun(name, write_corpus(tmp_path / "c.csv", urls), store, "--tabs", "4",
-                 workers=2) as run:
-        run.wait_until(lambda: len(stored(store, urls)) >= 4, 60)
-        pythons = [run.proc.pid, *(w.pid for w in run.workers())]
-        for sig in (signal.SIGSTOP, signal.SIGKILL):  # supervisor and workers at one instant,
-            for pid in pythons:  # their browsers untouched: nobody is left to kill a group
-                os.kill(pid, sig)
-        run.proc.wait(10)
-        assert run.left_behind(settle_s=5) == []
-    clear_stale(name)  # what a supervisor killed whole leaves in /dev/shm
+    try:
+        with PoolRun(name, write_corpus(tmp_path / "c.csv", urls), store, "--tabs", "4",
+                     workers=2) as run:
+            run.wait_until(lambda: len(stored(store, urls)) >= 4, 60)
+            pythons = [run.proc.pid, *(w.pid for w in run.workers())]
+            for sig in (signal.SIGSTOP, signal.SIGKILL):  # supervisor and workers at once,
+                for pid in pythons:  # their browsers untouched: nobody left to kill a group
+                    os.kill(pid, sig)
+            run.proc.wait(10)
+            assert run.left_behind(settle_s=5) == []
+    finally:
+        clear_stale(name)  # what a supervisor killed whole leaves in /dev/shm
 
 
 def _browser_rss_mb(run: PoolRun) -> float:
