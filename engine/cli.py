@@ -11,6 +11,7 @@ import sys
 from types import FrameType
 from typing import Any
 
+from .api import QueueEngine
 from .checks import wall_ms
 from .engine import Engine
 from .errors import EngineError, EngineValueError, LayoutMismatch, NotAllowed, SegmentMissing
@@ -273,14 +274,18 @@ def _pool(args: argparse.Namespace) -> int:
     from .pool import Pool, PoolOptions
     from .pool.render import RenderSpec
     from .pool.routes import Routes
-    from .pool.supervisor import LOG_FORMAT
     from .pool.view import LiveView, print_summary
+    from .pool.worker import LOG_FORMAT
 
     if args.checkpoint is None and args.checkpoint_every != PoolOptions().checkpoint_every_s:
         raise EngineValueError("--checkpoint-every needs --checkpoint PATH")
-    render = RenderSpec(callable=args.render, command=args.command_template,
-                        timeout_s=args.timeout, permanent_exits=tuple(args.permanent_exit),
-                        permanent_errors=tuple(args.permanent_error))
+    render: Any
+    if args.browser:
+        render = _browser_render(args)
+    else:
+        render = RenderSpec(callable=args.render, command=args.command_template,
+                            timeout_s=args.timeout, permanent_exits=tuple(args.permanent_exit),
+                            permanent_errors=tuple(args.permanent_error))
     options = PoolOptions(workers=args.workers, batch=args.batch, lease_s=args.lease,
                           start_method=args.start_method, checkpoint=args.checkpoint,
                           checkpoint_every_s=args.checkpoint_every, grace_s=args.grace,
@@ -343,6 +348,30 @@ def _pool(args: argparse.Namespace) -> int:
     return 0 if not summary["problems"] else 1
 
 
+def _browser_render(args: argparse.Namespace) -> Any:
+    """``--browser``: Chromium checked and the store opened here, before anything is made."""
+    from .pool.browser import BrowserSpec
+    from .store import SnapshotStore
+
+    if args.store is None:
+        raise EngineValueError("--browser needs --store DIR: where the snapshots go")
+    spec = BrowserSpec(args.store, chromium=args.chromium, tabs=args.tabs,
+                       page_timeout_s=args.page_timeout, recycle_after=args.recycle_after,
+                       rss_limit_mb=args.browser_rss_mb, js_heap_mb=args.js_heap_mb,
+                       keep_scripts=args.keep_scripts,
+                       block_types=_listed(args.block_type, BrowserSpec.block_types),
+                       block_hosts=_listed(args.block_host, BrowserSpec.block_hosts))
+    SnapshotStore.open(args.store).close()  # an unwritable store is refused here
+    return spec
+
+
+def _listed(given: list[str] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A repeatable option's values: the default when not given, nothing for ``none``."""
+    if given is None:
+        return default
+    return () if given == ["none"] else tuple(given)
+
+
 def _print_added(added: Any) -> None:
     """What --corpus added to a resumed pool or to a Redis queue."""
     if added is not None:
@@ -398,20 +427,19 @@ def _add(args: argparse.Namespace) -> int:
 
 
 def _failures(args: argparse.Namespace) -> int:
-    from .pool.failures import FailureLog, failure_rows
+    from .pool.failures import failure_rows
+    from .pool.parts import PoolParts
     from .pool.view import print_table
 
-    eng = _engine(args)
+    parts = PoolParts.attach(args.name, local=_local(args), redis=args.redis)
+    eng = parts.engine
     try:
-        log = FailureLog.attach(_local(args))
-        try:
-            entries = log.entries()
-        finally:
-            log.close()
+        assert parts.failures is not None
+        entries = parts.failures.entries()
         wanted = None if args.lane is None else _lane_number(eng, args.lane)
         rows = failure_rows(eng, entries, wall_ms(), wanted, args.limit)
     finally:
-        eng.close()
+        parts.close()
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -423,7 +451,7 @@ def _failures(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lane_number(eng: Engine, lane: str) -> int:
+def _lane_number(eng: QueueEngine, lane: str) -> int:
     """A lane given by name (``cold``, ``submitted/b0``) or number."""
     names = [eng.lane_name(i) for i in range(eng.policy.lane_count)]
     if lane.isdigit() and int(lane) < len(names):
@@ -525,6 +553,9 @@ def _pool_parser(sub: Any) -> None:
     how.add_argument("--render", metavar="MODULE:FUNCTION", help="called with (url, claim)")
     how.add_argument("--command", dest="command_template", metavar="TEMPLATE",
                      help="e.g. 'curl -fsS {url} -o /dev/null' ({url}, {row}, {lane}; no shell)")
+    how.add_argument("--browser", action="store_true",
+                     help="render in headless Chromium; snapshots into --store DIR")
+    _browser_arguments(p)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per command render")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)))
     p.add_argument("--batch", type=int, default=DEFAULTS.batch, help="rows per claim")
@@ -565,6 +596,33 @@ def _pool_parser(sub: Any) -> None:
                         " permanent failure; repeatable")
     _redis_arguments(p, local=True)
     p.set_defaults(fn=_pool)
+
+
+def _browser_arguments(p: Any) -> None:
+    from .pool.browser import BLOCKED_HOSTS, BrowserSpec
+
+    b = p.add_argument_group("browser render (--browser)")
+    b.add_argument("--store", metavar="DIR", help="the snapshot store (created if missing)")
+    b.add_argument("--chromium", metavar="PATH", default=BrowserSpec.chromium)
+    b.add_argument("--tabs", type=int, default=BrowserSpec.tabs,
+                   help="pages rendered at once by each worker (one browser per worker)")
+    b.add_argument("--page-timeout", type=float, default=BrowserSpec.page_timeout_s,
+                   metavar="S", help="a page not ready by then fails (transient)")
+    b.add_argument("--recycle-after", type=int, default=BrowserSpec.recycle_after, metavar="N",
+                   help="restart a worker's browser after N pages")
+    b.add_argument("--browser-rss-mb", type=int, default=BrowserSpec.rss_limit_mb, metavar="MB",
+                   help="restart a worker's browser when its process tree's RSS passes this")
+    b.add_argument("--js-heap-mb", type=int, default=BrowserSpec.js_heap_mb, metavar="MB",
+                   help="a page's JavaScript heap cap (past it, its tab crashes)")
+    b.add_argument("--keep-scripts", action="store_true",
+                   help="keep <script> tags in snapshots (default: only application/ld+json)")
+    b.add_argument("--block-type", action="append", default=None, metavar="TYPE",
+                   help="a CDP resource type never fetched, repeatable (default: Image, Media,"
+                        " Font; --block-type none blocks none)")
+    b.add_argument("--block-host", action="append", default=None, metavar="HOST",
+                   help=f"a host (and subdomains) never fetched, repeatable (default:"
+                        f" {len(BLOCKED_HOSTS)} analytics and ad hosts; --block-host none"
+                        " blocks none)")
 
 
 def _add_parser(sub: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,6 +56,24 @@ def running(pids: set[int]) -> set[int]:
         except psutil.NoSuchProcess:
             pass
     return out
+
+
+def kill_host(pid: int) -> None:
+    """SIGKILL pool process ``pid`` and everything under it at one instant, as a host that dies
+    whole. Its workers lead process groups of their own (so that what they start dies with
+    them), so a kill of the pool's group alone would leave them: the whole tree is stopped
+    first, so that no process sees another die before it dies itself, then killed."""
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for p in tree:
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
 
 
 def files_of(name: str) -> list[str]:

@@ -16,7 +16,7 @@ How it works
   SIGKILLs one worker (its supervisor replaces it and reaps its leases), SIGSTOPs one worker for
   1.5-3 leases and then SIGCONTs it (a stalled process: its leases lapse, others take its rows,
   and when it wakes it renders rows it no longer holds), and SIGKILLs a whole pool with
-  ``killpg`` (a host gone), restarting it a moment later under the same local name (a
+  ``kill_host`` (a host gone), restarting it a moment later under the same local name (a
   replacement host: with ``--corpus`` or joining without it, in turn). ``lanes add --redis``
   grows the queue while they run.
 * Then a calm: stopped workers are woken, killed pools restarted, and the pools run until every
@@ -75,6 +75,8 @@ try:
     import engine  # noqa: F401
 except ImportError:  # the package may be built in place rather than installed
     sys.path.insert(0, ROOT)
+
+from pool_testlib import kill_host  # noqa: E402
 
 from engine import Engine  # noqa: E402
 from engine.pool.supervisor import remove_local_files  # noqa: E402
@@ -184,7 +186,7 @@ class RedisChaos:
         self.runs: list[_PoolRun] = []          # every pool ever started
         self.live: dict[int, _PoolRun] = {}     # slot -> its running pool
         self.kill_ms: dict[int, int] = {}       # worker pid -> server ms before its SIGKILL
-        self.pool_kill_ms: dict[int, int] = {}  # supervisor pid -> server ms before its killpg
+        self.pool_kill_ms: dict[int, int] = {}  # supervisor pid -> server ms before its kill
         self.stopped: dict[int, float] = {}     # SIGSTOPped pid -> monotonic time of its SIGCONT
         self.restarts: dict[int, float] = {}    # slot -> monotonic time of its restart
         self.seen: set[int] = set()             # every process of every pool
@@ -270,10 +272,7 @@ class RedisChaos:
         run = self.live.pop(self.rng.choice(list(self.live)))
         pids = self._workers(run)
         run.killed_ms = self.pool_kill_ms[run.proc.pid] = server_ms(self._eng)
-        try:
-            os.killpg(run.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # it died by itself: noted as a pool error by the loop
+        kill_host(run.proc.pid)  # if it died by itself, the loop notes a pool error
         run.proc.wait()
         for pid in pids:
             self.stopped.pop(pid, None)
@@ -410,7 +409,7 @@ class RedisChaos:
             try:
                 run.proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                os.killpg(run.proc.pid, signal.SIGKILL)
+                kill_host(run.proc.pid)
                 run.proc.wait()
                 self.res.pool_errors.append(f"pool {run.local} did not stop on SIGTERM")
                 continue
@@ -436,10 +435,7 @@ class RedisChaos:
                 pass
         for run in self.runs:
             if run.proc.poll() is None:
-                try:
-                    os.killpg(run.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                kill_host(run.proc.pid)
                 run.proc.wait()
             remove_local_files(run.local)
         for pid in self.seen:

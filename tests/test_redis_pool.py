@@ -21,7 +21,16 @@ import numpy as np
 import psutil
 import pytest
 from lanes_testlib import unique_name
-from pool_testlib import cli, corpus, files_of, rendered, running, until_all, wait_for
+from pool_testlib import (
+    cli,
+    corpus,
+    files_of,
+    kill_host,
+    rendered,
+    running,
+    until_all,
+    wait_for,
+)
 from redis_server import RedisServer, find_server, fresh_queue, module_server
 
 from engine import Engine, checkpoint
@@ -230,7 +239,7 @@ def test_two_pools_on_one_host_need_two_local_names(server: RedisServer, queue: 
 
 
 def _pool_cli(server: RedisServer, queue: str, local: str, csv: Path, lease: str) -> Any:
-    """``lanes pool`` as a host of its own: a new session, so os.killpg ends all of it."""
+    """``lanes pool`` as a host of its own (a new session); ``kill_host`` ends all of it."""
     return cli("pool", queue, "--redis", server.url, "--corpus", str(csv), "--local-name", local,
                "--render", "pool_renders:leased", "--workers", "2", "--batch", "4", "--lease",
                lease, "--grace", "5", "--plain", start_new_session=True)
@@ -305,7 +314,7 @@ def test_two_hosts_share_one_queue_and_survive_one_killed_whole(
         assert len(a_pids) >= 3
         held = _held_by(server, queue, a_pids)  # row -> lease expiry, read just before
         killed_ms = time.time_ns() // 1_000_000
-        os.killpg(a.pid, signal.SIGKILL)
+        kill_host(a.pid)
         a.communicate(timeout=30)
         wait_for(lambda: not running(a_pids), timeout=10)
         wait_for(until_all(log, 300), timeout=120)
@@ -321,7 +330,7 @@ def test_two_hosts_share_one_queue_and_survive_one_killed_whole(
     finally:
         for p in pools:
             if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
+                kill_host(p.pid)
                 p.communicate()
 
     renders = rendered(log)

@@ -128,7 +128,10 @@ class Board:
 
     def close(self) -> None:
         del self._header, self._slots
-        self._buf.close()
+        try:
+            self._buf.close()
+        except BufferError:
+            pass  # a slot handed out is still referenced: the map goes with its last view
 
     # -- the supervisor's words ------------------------------------------------------------------
 

@@ -1,19 +1,16 @@
 """The forked render pool: a supervisor and N workers over one engine.
 
-Each worker loops: claim a batch, render each row (after asking the host gate, when the pool is
-polite), fail the rows that failed one by one (their reasons logged and kept in the failure
-log; a permanent failure goes cold at once, a row that failed ``max_failures`` times is
-parked) and complete the rest in one ``complete_many``. A thread in the worker renews the
-leases of the rows it holds, so a render longer than its lease keeps its row; a row whose lease
-was lost anyway (the worker stalled past its lease) is not completed, since someone else holds
-it now.
+Each worker (``worker``) claims rows, renders them (a callable, a command, or headless
+Chromium with ``BrowserSpec``) and completes or fails each; it leads its own process group, so
+everything it starts dies with it.
 
 The supervisor owns the engine's segment and the pool's files beside it: the URL table, the
 pool board, the failure log, the host gate and the routes (``remove_pool_files``). On Redis
 (``redis=URL``: pools on several hosts share one queue, docs/redis.md) the queue, its URLs and
 its routes live in Redis and outlive every pool; each host keeps only its local files (board,
-failure log, host gate) under the pool's local name. It restarts a worker that dies and
-reclaims the dead worker's leases at once (``Engine.reap``, ``RedisEngine.reap``),
+failure log, host gate) under the pool's local name. It restarts a worker that dies, kills
+that worker's process group at once (a render command or a browser it started must not
+outlive it), reclaims the dead worker's leases at once (``Engine.reap``, ``RedisEngine.reap``),
 checkpoints the schedule periodically, and on SIGINT/SIGTERM raises the board's stop flag:
 workers finish the render in hand, complete what they rendered, release what they did not and
 exit; after the grace period the rest are killed and their leases reclaimed. Then the last
@@ -40,53 +37,43 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
-import psutil
 
 from .. import checkpoint
-from ..api import Claim, ClaimBatch, QueueEngine, RowUrls
+from ..api import QueueEngine, RowUrls
 from ..checks import is_int, is_number, wall_ms
 from ..engine import Engine
 from ..errors import (
     EngineError,
     EngineValueError,
     LayoutMismatch,
-    LeaseLost,
     SegmentExists,
     SegmentMissing,
 )
 from ..policy import LanePolicy
 from ..process import is_running, process_start_ms
 from ..segment import Segment
-from .board import (
-    F_CURRENT_ROW,
-    F_LEASE_LOST,
-    F_PID,
-    F_RELEASED,
-    F_RENEWED,
-    F_STARTS,
-    Board,
-    Clock,
-    record_render,
-)
-from .failures import PARKED_MS, FailureLog
+from .board import Board, Clock
+from .failures import FailureLog
 from .grow import Added, add_corpus, store_routes, unlink_routes
 from .hosts import HostGate
 from .ingest import Corpus
-from .progress import format_due
 from .render import RenderSpec
 from .routes import Routes
 from .urls import UrlTable
+from .worker import WorkerSpec, worker_main
 
 if TYPE_CHECKING:
     from ..redis import RedisEngine
+    from .browser import BrowserSpec
     from .refresh import CorpusRefresh
+
+    AnyRender = RenderSpec | BrowserSpec
 
 START_METHODS = ("fork", "spawn", "forkserver")
 GROWTH_ROOM = 100_000
 """A new pool's segment holds its corpus twice over and at least this many rows (about 50 bytes
 a row), so ``lanes add`` has room; ``capacity=`` sets it exactly."""
 log = logging.getLogger("engine.pool")
-LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(message)s"
 
 
 @dataclass(frozen=True)
@@ -140,270 +127,6 @@ class PoolOptions:
             raise EngineValueError("env must map variable names to strings")
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """Everything a worker needs, by name (picklable for spawn and forkserver)."""
-
-    name: str
-    render: RenderSpec
-    batch: int
-    lease_s: float
-    idle_s: float
-    env: dict[str, str] = field(default_factory=dict)
-    max_failures: int | None = None
-    polite: bool = False  # a host gate (per-host cap or delay) is in force
-    local: str = ""  # the name of the pool's files in /dev/shm ("": the engine's name)
-    redis: str | None = field(default=None, repr=False)  # the queue's Redis URL (may hold a
-    # password, hence not in the repr); None: the shared-memory engine ``name``
-
-
-# -- the worker --------------------------------------------------------------------------------
-
-
-class _Held:
-    """The tokens of the rows a worker holds, renewed by a thread while renders run long."""
-
-    def __init__(self, eng: QueueEngine, now: Callable[[], int | None], lease_ms: int,
-                 slot: Any) -> None:
-        self._eng, self._now, self._lease_ms, self._slot = eng, now, lease_ms, slot
-        self._lock = threading.Lock()
-        self._tokens: dict[int, int] = {}
-        self.lost = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._renew_loop, name="lease-renewer", daemon=True)
-
-    def start(self, period_s: float) -> None:
-        self._period = period_s
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def hold(self, batch: ClaimBatch) -> None:
-        with self._lock:
-            self._tokens.update(zip(batch.rows.tolist(), batch.tokens.tolist(), strict=True))
-
-    def take(self, rows: list[int]) -> tuple[list[int], list[int]]:
-        """Stop renewing ``rows``; returns those still held and their current tokens."""
-        with self._lock:
-            held = [(r, self._tokens.pop(r)) for r in rows if r in self._tokens]
-        return [r for r, _ in held], [t for _, t in held]
-
-    def drain_lost(self) -> int:
-        """Leases the renewer found lost since the last call (the slot has one writer)."""
-        with self._lock:
-            n, self.lost = self.lost, 0
-        return n
-
-    def rest(self) -> tuple[list[int], list[int]]:
-        with self._lock:
-            rows = list(self._tokens)
-        return self.take(rows)
-
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(self._period):
-            with self._lock:
-                for row, token in list(self._tokens.items()):
-                    try:
-                        self._tokens[row] = self._eng.renew(row, token, self._lease_ms,
-                                                            now_ms=self._now())
-                        self._slot[F_RENEWED] += 1
-                    except LeaseLost:
-                        del self._tokens[row]  # someone else holds it now; do not complete it
-                        self.lost += 1  # counted into the slot by the main thread
-                    except EngineError:
-                        pass  # e.g. the engine closed under us at exit: try again next period
-
-
-def worker_main(spec: WorkerSpec, slot_index: int) -> None:
-    """A worker process: claim, render, complete, until the board says stop."""
-    stop = [False]
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        stop[0] = True  # finish the render in hand, then leave like a graceful stop
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when the pool stops
-    signal.signal(signal.SIGTERM, on_term)
-    os.environ.update(spec.env)
-    if not log.handlers:  # a worker's failure lines go to stderr whatever the parent set up
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(LOG_FORMAT))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
-    local = spec.local or spec.name
-    board = Board.attach(local)
-    clock = board.clock
-    eng: QueueEngine
-    urls: RowUrls
-    now: Callable[[], int | None]
-    if spec.redis is None:
-        eng, urls, now = Engine.attach(spec.name), UrlTable.attach(spec.name), clock.now_ms
-    else:
-        from ..redis.urls import RedisUrls
-
-        # Its own owner id (host:pid:start); the server's clock, which every host shares.
-        eng = Engine.connect(spec.redis, spec.name)
-        urls, now = RedisUrls(eng), _server_time
-    failures = FailureLog.attach(local)
-    gate = HostGate.attach(local) if spec.polite else None
-    slot = board.slot(slot_index)
-    slot[F_PID] = os.getpid()
-    slot[F_STARTS] += 1
-    lease_ms = clock.virtual_ms(spec.lease_s * 1000)
-    render = spec.render.build()
-    worker = _Worker(spec, eng, failures, render, clock, now, slot)
-    held = _Held(eng, now, lease_ms, slot)
-    held.start(max(0.01, spec.lease_s / 3))
-    # The supervisor is our parent (or, under forkserver, the server's, which exits with it).
-    # A dead parent that is not reaped yet still answers kill(pid, 0); being re-parented is
-    # the reliable sign.
-    parent = os.getppid()
-    supervisor, _ = board.supervisor
-
-    def leaving() -> bool:
-        # Checked before every render: an orphan must not render on beside a --resume.
-        return stop[0] or board.stopping or os.getppid() != parent or not _alive(supervisor)
-
-    try:
-        while not leaving():
-            batch = eng.claim(spec.batch, now_ms=now(), lease_ms=lease_ms)
-            if not len(batch):
-                time.sleep(spec.idle_s)
-                continue
-            held.hold(batch)
-            done: list[int] = []
-            later: list[int] = []
-            parking = failures.parking(batch.rows.tolist())
-            for c, url in zip(batch, urls.many(batch.rows.tolist()), strict=True):
-                if leaving():
-                    break
-                if c.row in parking:
-                    worker.park(c, url, held)
-                    continue
-                if gate is None:
-                    worker.render_one(c, url, held, done)
-                    continue
-                ticket = gate.try_enter(url)
-                if ticket is None:
-                    later.append(c.row)  # its host is busy: given back below, due as it was
-                    continue
-                try:
-                    worker.render_one(c, url, held, done)
-                finally:
-                    gate.leave(ticket)
-            slot[F_LEASE_LOST] += held.drain_lost()
-            rows, tokens = held.take(done)
-            if rows:
-                ok = eng.complete_many(rows, tokens, now_ms=now())
-                slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
-                failures.clear(rows)
-            _give_back(eng, slot, *held.take(later), at_stop=False)
-            _give_back(eng, slot, *held.rest(), at_stop=True)  # not rendered: stopping
-            if len(later) == len(batch):
-                time.sleep(spec.idle_s)  # every row waits for a busy host: do not spin on them
-    finally:
-        held.stop()
-        if gate is not None:
-            gate.close()
-        failures.close()
-        eng.close()
-
-
-def _server_time() -> None:
-    """The time a worker on Redis passes: None, the server's clock (hosts' clocks differ)."""
-    return None
-
-
-def _give_back(eng: QueueEngine, slot: Any, rows: list[int], tokens: list[int],
-               at_stop: bool) -> None:
-    """Release rows unrendered (due as they were); those given back at a stop are counted."""
-    if rows:
-        ok = eng.release_many(rows, tokens)
-        slot[F_RELEASED] += int(ok.sum()) if at_stop else 0
-        slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
-
-
-class _Worker:
-    """What a worker needs to render one row and to account for how it went."""
-
-    def __init__(self, spec: WorkerSpec, eng: QueueEngine, failures: FailureLog,
-                 render: Callable[[str, Claim], object], clock: Clock,
-                 now: Callable[[], int | None], slot: Any) -> None:
-        self.spec, self.eng, self.failures = spec, eng, failures
-        self.render, self.clock, self.now, self.slot = render, clock, now, slot
-
-    def render_one(self, c: Claim, url: str, held: _Held, done: list[int]) -> None:
-        """Render ``c``; on success add its row to ``done``, on failure fail it at once (with its
-        reason logged and kept in the failure log)."""
-        eng, clock = self.eng, self.clock
-        now = clock.now_ms()
-        info = eng.describe(c.row, now_ms=now)
-        age_over_ttl = 1.0 + max(0, now - c.due_ms) / (1000 * int(info["interval_s"]))
-        t0 = time.perf_counter()
-        self.slot[F_CURRENT_ROW] = c.row + 1
-        try:
-            self.render(url, c)
-            failure = None
-        except Exception as exc:
-            failure = self.spec.render.classify(exc)
-        finally:
-            self.slot[F_CURRENT_ROW] = 0
-        record_render(self.slot, c.lane, time.perf_counter() - t0, age_over_ttl,
-                      failure is None)
-        if failure is None:
-            done.append(c.row)
-            return
-        rows, tokens = held.take([c.row])
-        if not rows:
-            log.warning("%s (row %d) failed: %s; its lease was lost meanwhile", url, c.row,
-                        failure.reason)
-            return  # the renewer already found this lease lost (and counted it)
-        try:
-            count = self.failures.record(c.row, url, failure, wall_ms())  # renders that failed
-        except EngineError as exc:  # the log is advisory: the row is failed all the same
-            log.error("cannot record the failure of %s in the failure log: %s", url, exc)
-            count = 1
-        park = self.spec.max_failures is not None and count >= self.spec.max_failures
-        try:
-            eng.fail(c.row, tokens[0], retry_at_ms=PARKED_MS if park else None,
-                     now_ms=self.now(), permanent=failure.permanent)
-        except LeaseLost:
-            self.slot[F_LEASE_LOST] += 1
-            return
-        if park:
-            then = f"parked after {count} failures (a rush or a re-add retries it)"
-        else:
-            due = eng.describe(c.row)["due_ms"]
-            then = (f"{'permanent, ' if failure.permanent else ''}retry"
-                    f" {format_due(due, clock.now_ms())}")
-        log.warning("%s (row %d) failed: %s; %s", url, c.row, failure.reason, then)
-
-
-    def park(self, c: Claim, url: str, held: _Held) -> None:
-        """Park ``c`` unrendered, as an operator asked (``FailureLog.request_park``)."""
-        rows, tokens = held.take([c.row])
-        if rows:
-            try:
-                self.eng.fail(c.row, tokens[0], retry_at_ms=PARKED_MS, now_ms=self.now())
-                log.warning("%s (row %d) parked on request", url, c.row)
-            except LeaseLost:
-                self.slot[F_LEASE_LOST] += 1
-        self.failures.cancel_park([c.row])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # -- the supervisor ----------------------------------------------------------------------------
 
 
@@ -414,7 +137,7 @@ class Pool:
     the queue and its URLs belong to every pool that shares them."""
 
     def __init__(self, eng: QueueEngine, urls: RowUrls, board: Board, failures: FailureLog,
-                 render: RenderSpec, options: PoolOptions, *, local: str | None = None,
+                 render: AnyRender, options: PoolOptions, *, local: str | None = None,
                  redis: str | None = None) -> None:
         self.engine, self.urls, self.board, self.failures = eng, urls, board, failures
         self.local = local or eng.name  # the name of the pool's files in /dev/shm
@@ -438,7 +161,7 @@ class Pool:
 
     @classmethod
     def create(cls, name: str, urls: list[str], due_ms: Any, interval_s: Any, provenance: Any,
-               render: RenderSpec, options: PoolOptions | None = None, *,
+               render: AnyRender, options: PoolOptions | None = None, *,
                policy: LanePolicy | None = None, capacity: int | None = None,
                failures: Any = None, routes: Routes | None = None, redis: str | None = None,
                local: str | None = None) -> Pool:
@@ -476,7 +199,7 @@ class Pool:
             raise
 
     @classmethod
-    def resume(cls, name: str, path: str, render: RenderSpec,
+    def resume(cls, name: str, path: str, render: AnyRender,
                options: PoolOptions | None = None, *, policy: LanePolicy | None = None,
                capacity: int | None = None, routes: Routes | None = None,
                corpus: Corpus | None = None, redis: str | None = None,
@@ -539,7 +262,7 @@ class Pool:
             raise
 
     @classmethod
-    def join(cls, redis: str, name: str, render: RenderSpec, options: PoolOptions | None = None,
+    def join(cls, redis: str, name: str, render: AnyRender, options: PoolOptions | None = None,
              *, local: str | None = None, policy: LanePolicy | None = None) -> Pool:
         """A pool over the existing Redis queue ``name`` at ``redis`` (another host's pool made
         it, or ``create`` did); ``SegmentMissing`` if there is none."""
@@ -547,7 +270,7 @@ class Pool:
                              None, None)
 
     @classmethod
-    def _on_redis(cls, redis: str, name: str, render: RenderSpec, options: PoolOptions,
+    def _on_redis(cls, redis: str, name: str, render: AnyRender, options: PoolOptions,
                   local: str | None, policy: LanePolicy | None, capacity: int | None,
                   routes: Routes | None, corpus: tuple[Any, ...] | None,
                   resume: checkpoint.Checkpoint | None = None) -> Pool:
@@ -594,7 +317,7 @@ class Pool:
             raise
 
     @classmethod
-    def _around(cls, eng: Engine, urls: list[str], render: RenderSpec, options: PoolOptions,
+    def _around(cls, eng: Engine, urls: list[str], render: AnyRender, options: PoolOptions,
                 routes: Routes | None) -> Pool:
         """The pool's files around a filled engine (all of them removed if one fails)."""
         name = eng.name
@@ -673,6 +396,7 @@ class Pool:
         if dead and not self.board.stopping:
             self._reap()  # the dead workers' leases are claimable from here on
             for i in dead:
+                _kill_group(self._procs[i].pid)
                 self._procs[i].join()
                 self._procs[i] = None
                 # A worker that dies young (a render module that fails to import...) is
@@ -744,20 +468,19 @@ class Pool:
         return self._summary
 
     def _kill_workers(self) -> int:
-        """SIGKILL the workers still running, and the commands they started; returns how many."""
+        """SIGKILL the workers still running and everything they started (their process
+        groups: render commands, browsers); returns how many workers were killed."""
         killed = 0
-        for p in self._procs:
-            if p is not None and p.is_alive():
-                try:
-                    children = psutil.Process(p.pid).children(recursive=True)
-                except psutil.Error:
-                    children = []
-                p.kill()
-                for c in children:  # a render command would outlive its worker otherwise
-                    with contextlib.suppress(psutil.Error):
-                        c.kill()
-                p.join()
+        for i, p in enumerate(self._procs):
+            if p is None:
+                continue
+            alive = p.is_alive()
+            _kill_group(p.pid)  # the worker leads it: killed with everything it started
+            if alive:
+                p.kill()  # in case it was killed before it made its group
                 killed += 1
+            p.join()
+            self._procs[i] = None
         return killed
 
     def summary(self) -> dict[str, Any]:
@@ -800,6 +523,13 @@ class Pool:
     def __exit__(self, *exc: object) -> None:
         if not self._closed:
             self.shutdown()
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the process group worker ``pid`` leads (it calls setpgid first thing). No
+    group: the worker died before it made one, so it started nothing."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
 
 
 def _remove(name: str, eng: Engine | None = None) -> None:

@@ -1,0 +1,181 @@
+"""A local site of JavaScript pages for the browser render's tests and benchmark (stdlib HTTP on
+127.0.0.1, a free port). Each page stands for one case a real render farm meets:
+
+``/js/N``        content inserted by JavaScript after a fetch (``/api/N``) and a timer, a JSON-LD
+                 block, an inline script, an image (blocked by default: ``/img/N.png`` counted)
+``/ready/N``     ``window.prerenderReady`` false until a timer, with a request still open when it
+                 turns true (so only the flag can make it ready)
+``/meta404``     ``<meta name="prerender-status-code" content="404">``
+``/redirect``    a 301 to ``/js/9``
+``/hang``        a fetch that is never answered
+``/busy``        a busy loop after DOMContentLoaded
+``/crash``       allocates until its tab's renderer dies
+``/slow/N``      content inserted after ``delay_ms`` (the benchmark's 300 ms pages)
+``/gone``        a plain 404
+
+``SiteServer.hits(path)`` counts the requests for a path; leaving the ``with`` block stops the
+server, answers what was left hanging and joins every thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+JSON_LD = '{"@context": "https://schema.org", "@type": "Product", "name": "Widget N"}'
+
+_JS_PAGE = """<!doctype html>
+<html><head><title>page {n}</title>
+<script type="application/ld+json">{ld}</script>
+<script>
+document.addEventListener('DOMContentLoaded', () => {{
+  fetch('/api/{n}').then(r => r.json()).then(data => setTimeout(() => {{
+    const div = document.createElement('div');
+    div.id = 'content';
+    div.textContent = 'JS content ' + data.n + ': ' + data.word;
+    document.body.appendChild(div);
+  }}, 100));
+}});
+</script></head>
+<body><h1>static {n}</h1><img src="/img/{n}.png"></body></html>
+"""
+
+_READY_PAGE = """<!doctype html>
+<html><head><script>
+window.prerenderReady = false;
+fetch('/never');  // open for ever: only the flag can make this page ready
+setTimeout(() => {{
+  document.body.insertAdjacentHTML('beforeend', '<p id="ready">ready {n}</p>');
+  window.prerenderReady = true;
+}}, 300);
+</script></head><body></body></html>
+"""
+
+_META_404 = """<!doctype html><html><head>
+<meta name="prerender-status-code" content="404"></head>
+<body><p>no such product</p></body></html>"""
+
+_HANG = """<!doctype html><html><body><script>
+fetch('/never').then(r => r.text());
+</script><p>waiting</p></body></html>"""
+
+_BUSY = """<!doctype html><html><body><p>busy</p><script>
+document.addEventListener('DOMContentLoaded', () => setTimeout(() => {{ for (;;) {{}} }}, 50));
+</script></body></html>"""
+
+_CRASH = """<!doctype html><html><body><p>allocating</p><script>
+const keep = [];
+for (;;) keep.push(new Array(1 << 20).fill(keep.length + 0.5));  // until the renderer dies
+</script></body></html>"""
+
+_SLOW = """<!doctype html><html><head><script>
+setTimeout(() => {{
+  document.body.insertAdjacentHTML('beforeend', '<p id="content">slow {n} done</p>');
+}}, {delay});
+</script></head><body><h1>slow {n}</h1></body></html>"""
+
+
+class SiteServer:
+    """The site above on a free loopback port."""
+
+    def __init__(self, delay_ms: int = 300) -> None:
+        self.delay_ms = delay_ms
+        self._lock = threading.Lock()
+        self._hits: Counter[str] = Counter()
+        self.closing = threading.Event()  # answers what hangs, at close
+        self._httpd: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> SiteServer:
+        httpd = _Server(("127.0.0.1", 0), _Handler)
+        httpd.site = self
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="render-site", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        if self._httpd is None:
+            return
+        self.closing.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        assert self._thread is not None
+        self._thread.join()
+        self._httpd = self._thread = None
+
+    def __enter__(self) -> SiteServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def url(self, path: str = "") -> str:
+        assert self._httpd is not None, "the site is not running"
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}{path}"
+
+    def hits(self, path: str) -> int:
+        with self._lock:
+            return self._hits[path]
+
+    def _count(self, path: str) -> None:
+        with self._lock:
+            self._hits[path] += 1
+
+    def page(self, path: str) -> tuple[int, str, dict[str, str]]:
+        """(status, body, extra headers) for ``path``."""
+        head, _, tail = path.lstrip("/").partition("/")
+        if head == "js" and tail.isdigit():
+            return 200, _JS_PAGE.format(n=tail, ld=JSON_LD), {}
+        if head == "ready" and tail.isdigit():
+            return 200, _READY_PAGE.format(n=tail), {}
+        if head == "slow" and tail.isdigit():
+            return 200, _SLOW.format(n=tail, delay=self.delay_ms), {}
+        if head == "api" and tail.isdigit():
+            return 200, f'{{"n": {tail}, "word": "fetched"}}', {"Content-Type": "application/json"}
+        fixed = {"meta404": _META_404, "hang": _HANG, "busy": _BUSY.format(),
+                 "crash": _CRASH.format()}
+        if head in fixed and not tail:
+            return 200, fixed[head], {}
+        if head == "redirect":
+            return 301, "", {"Location": "/js/9"}
+        return 404, "<html><body>not found</body></html>", {}
+
+
+class _Server(ThreadingHTTPServer):
+    site: SiteServer
+    daemon_threads = True
+    block_on_close = True
+    request_queue_size = 128
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a browser that closed a tab mid-answer: quiet
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.0"
+
+    def do_GET(self) -> None:
+        site = self.server.site
+        path = urlsplit(self.path).path
+        site._count(path)
+        if path == "/never":
+            site.closing.wait(300)  # never answered while the site runs
+            return
+        status, body, headers = site.page(path)
+        payload = body.encode()
+        self.send_response(status)
+        headers.setdefault("Content-Type", "text/html; charset=utf-8")
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
