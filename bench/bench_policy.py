@@ -5,7 +5,7 @@ layout), at 100, 75 and 50 % of demand and over several seeds: the worst class's
 over the bound (``engine.sim.bound``), the shortest-interval class, starved classes and the
 renders against ``today``, for ``default``, ``floors`` and ``lateness``. Medians over the seeds
 with the range in brackets. Not part of ``make bench`` (it takes tens of minutes at full scale);
-the short form is tests/test_default_policy.py.
+the short form is tests/shm/test_default_policy.py.
 
     nice python bench/bench_policy.py [--scale 1] [--seeds 1,2,3] [--jobs 2]
 """

@@ -3,7 +3,7 @@ run, on a unix socket and on loopback TCP (docs/redis.md, "Figures").
 
     .venv/bin/python bench/bench_redis.py [--smoke] [--out FILE]
 
-One redis-server (tests/redis_server.py: temp dir, no persistence) listens on both. Per
+One redis-server (tests/lib/redis_server.py: temp dir, no persistence) listens on both. Per
 transport and per run, 1, 2 and 4 client processes, rows/s summed over them:
 
 * RedisEngine: a worker's cycle is ``complete_and_claim`` (complete the batch held, claim up
@@ -44,7 +44,7 @@ from common import (
     run_clients,
 )
 
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "lib"))
 from redis_server import RedisServer, free_port  # noqa: E402
 
 from engine import Engine, RedisEngine  # noqa: E402

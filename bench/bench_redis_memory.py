@@ -1,5 +1,5 @@
 """Memory per row of a Redis queue (docs/redis.md), and what a claim costs beside many rows in
-flight. Starts its own redis-server on a unix socket (tests/redis_server.py), default settings.
+flight. Starts its own redis-server on a unix socket (tests/lib/redis_server.py), default settings.
 
     .venv/bin/python bench/bench_redis_memory.py [--rows 100000 1000000]
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "lib")]
 
 import redis  # noqa: E402
 from redis_server import RedisServer  # noqa: E402

@@ -1,16 +1,16 @@
-"""The long form of the multi-process chaos test (tests/test_chaos.py): run until the engine has
-granted at least ``--claims`` leases, SIGKILLing a random worker about once a second, then run the
-same oracle and print the counts.
+"""The long form of the multi-process chaos test (tests/chaos/test_chaos.py): run until the
+engine has granted at least ``--claims`` leases, SIGKILLing a random worker about once a second,
+then run the same oracle and print the counts.
 
     .venv/bin/python bench/chaos_long.py                      # 10,000,000 claims
     .venv/bin/python bench/chaos_long.py --claims 200000      # a quick check
     .venv/bin/python bench/chaos_long.py --redis --seconds 600 --pools 3   # Redis, across hosts
 
-``--redis`` runs the chaos across "hosts" instead (tests/redis_chaos_lib.py, the long form of
-tests/test_redis_chaos.py): ``--pools`` ``lanes pool --redis`` pools, each in its own process
+``--redis`` runs the chaos across "hosts" instead (tests/lib/redis_chaos_lib.py, the long form of
+tests/chaos/test_redis_chaos.py): ``--pools`` ``lanes pool --redis`` pools, each in its own process
 group, on a redis-server of its own (unix socket, temporary directory), for ``--seconds``.
 
-The worker, supervisor and oracle code lives in tests/chaos_lib.py (imported from there, not
+The worker, supervisor and oracle code lives in tests/lib/chaos_lib.py (imported from there, not
 copied). Exit status 0 when every count that must be zero is zero. The workers' lease logs take
 about 50 bytes per claim; they go to a temporary directory removed at the end (``--keep-logs``
 keeps it).
@@ -27,7 +27,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "tests"))
+                                "tests", "lib"))
 
 from chaos_lib import ChaosConfig, children_alive, run_chaos  # noqa: E402
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "lib"))
 
 from common import BUDGET, NOW, corpus  # noqa: E402
 from redis_server import RedisServer  # noqa: E402

@@ -33,7 +33,7 @@ if "--checkout" in sys.argv:  # before common.py puts this checkout first on the
     sys.path.insert(0, sys.argv[sys.argv.index("--checkout") + 1])
     import engine  # noqa: F401  (common.py's `from engine import` then finds this one)
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "lib"))
 
 from common import BUDGET, NOW, corpus  # noqa: E402
 from redis_server import RedisServer, find_server  # noqa: E402

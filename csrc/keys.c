@@ -1,5 +1,5 @@
 /* The C mirror of engine/keys.py and of LanePolicy.lane_for: the key packing and the lane a
- * row's inputs put it in. tests/test_c_mirror.py holds the two equal. */
+ * row's inputs put it in. tests/shm/test_c_mirror.py holds the two equal. */
 #include "layout.h"
 
 uint64_t rl_encode(uint32_t lane, uint64_t due_ms) {

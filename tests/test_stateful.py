@@ -1,7 +1,7 @@
 """A stateful model test (docs/design.md §14): a real engine and a plain-Python model side by side.
 
 One of the two stateful machines: this one drives every public call on small engines and compares
-every row after every step; tests/test_inflight.py's holds thousands of rows in flight at once,
+every row after every step; tests/shm/test_inflight.py's holds thousands of rows in flight at once,
 a scale this one's per-row comparison cannot reach.
 
 Hypothesis drives every public write and claim of one engine in virtual time (``now_ms`` is

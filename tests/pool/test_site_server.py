@@ -1,4 +1,4 @@
-"""The local site of the pool's end-to-end tests (tests/site_server.py) tells the truth: it
+"""The local site of the pool's end-to-end tests (tests/lib/site_server.py) tells the truth: it
 answers what exists, 404s the rest, counts requests in flight per Host header exactly, and
 leaves no thread or open port behind."""
 

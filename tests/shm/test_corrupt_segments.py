@@ -2,7 +2,7 @@
 engine's name, attaching refuses it with ``LayoutMismatch`` or ``AttachTimeout``, never reads a
 view with shifted offsets, never writes to it, and never crashes the interpreter.
 
-tests/test_segment.py already covers: a file of random bytes, a tiny text file, an empty file
+tests/shm/test_segment.py already covers: a file of random bytes, a tiny text file, an empty file
 (timeout 0.3), layout version + 1 and a foreign magic patched into a live segment, a copy cut
 to four sizes, a header-only copy, and one truncated copy attached in a child. This file
 extends that to: random bytes anywhere in the identity block of a real segment, every size and

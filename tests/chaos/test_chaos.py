@@ -4,7 +4,7 @@ supervisor SIGKILLs a random worker about once a second and forks a replacement.
 reads every worker's append-only lease log and the engine (see ``chaos_lib``).
 
 ``RL_CHAOS_SECONDS`` sets the length of the chaos (default 20 s; the whole test stays well under
-a minute). ``pytest -s tests/test_chaos.py`` prints the counts. The long form, millions of
+a minute). ``pytest -s tests/chaos/test_chaos.py`` prints the counts. The long form, millions of
 claims, is ``bench/chaos_long.py``.
 """
 

@@ -1,6 +1,6 @@
 """Multi-process chaos against one engine, in real time: the workers, the killer, the oracle.
 
-Shared by ``tests/test_chaos.py`` (the CI form, ~20 s) and ``bench/chaos_long.py`` (the long
+Shared by ``tests/chaos/test_chaos.py`` (the CI form, ~20 s) and ``bench/chaos_long.py`` (the long
 form, millions of claims). No pytest import: forked children run this code.
 
 How it works
@@ -62,7 +62,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 try:
     import engine  # noqa: F401
 except ImportError:  # the package may be built in place rather than installed

@@ -16,7 +16,7 @@ many of its rows were due. What these tests hold the engine to:
 
 Each scenario runs with no row, a few thousand rows (below the old limit) and ten thousand rows
 (past it) held at the head of the lane. The leases of killed owners are in
-tests/test_inflight_chaos.py.
+tests/chaos/test_inflight_chaos.py.
 """
 
 from __future__ import annotations

@@ -265,8 +265,9 @@ def test_a_token_a_lua_number_cannot_hold_is_never_a_live_lease(q):
 
 
 def test_a_lapsed_lease_put_back_keeps_its_token_until_the_row_is_granted_again(q):
-    """The Redis side of tests/test_leases.py's contract test: a pass that puts a lapsed row
-    back into ready without granting it (budget spent elsewhere) leaves the token valid."""
+    """The Redis side of tests/contract/test_leases.py's contract test: a pass that puts a
+    lapsed row back into ready without granting it (budget spent elsewhere) leaves the token
+    valid."""
     row = q.add(NOW - MINUTE, 3600, provenance="discovered")  # lane 5
     _, tok = _claim_one(q, lease_ms=1000)
     first = q.add(NOW - DAY, 600)  # lane 1: the next pass grants this one, not the lapsed row

@@ -1,6 +1,6 @@
 """Chaos across "hosts" on one Redis queue: the runner and the lease-log oracle.
 
-Shared by ``tests/test_redis_chaos.py`` (the CI form, seconds per seed) and
+Shared by ``tests/chaos/test_redis_chaos.py`` (the CI form, seconds per seed) and
 ``bench/chaos_long.py --redis`` (the long form). No pytest import.
 
 How it works
@@ -69,8 +69,8 @@ from typing import Any
 import numpy as np
 import psutil
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(TESTS)
+LIB = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(LIB))
 try:
     import engine  # noqa: F401
 except ImportError:  # the package may be built in place rather than installed
@@ -198,7 +198,7 @@ class RedisChaos:
 
     def _env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONPATH": os.pathsep.join(
-            p for p in (TESTS, ROOT, os.environ.get("PYTHONPATH", "")) if p),
+            p for p in (LIB, ROOT, os.environ.get("PYTHONPATH", "")) if p),
                 "RL_TEST_REDIS": self.url, "RL_TEST_QUEUE": self.queue,
                 "RL_TEST_RENDER_LOG": self.log}
 

@@ -19,7 +19,7 @@ from engine.policy import MAX_INTERVAL_S
 from engine.pool.ingest import CHANGEFREQ_INTERVALS, MISSING_CHANGEFREQ, read_corpora, read_corpus
 from engine.pool.routes import Route, Routes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "tests" / "data" / "site"
 SHOP = ROOT / "examples" / "routes-shop.toml"
 HOUR, DAY = 3600, 86_400

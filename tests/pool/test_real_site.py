@@ -24,8 +24,8 @@ from site_server import SiteServer
 from engine.pool.ingest import read_corpora
 from engine.pool.routes import Routes
 
-SITE = Path(__file__).resolve().parent / "data" / "site"
-ESCAPE = Path(__file__).resolve().parent / "data" / "escape"
+SITE = Path(__file__).resolve().parents[1] / "data" / "site"
+ESCAPE = Path(__file__).resolve().parents[1] / "data" / "escape"
 CORPUS = [SITE / "sitemap.xml", SITE / "sitemap_index.xml", SITE / "blog" / "sitemap.xml"]
 BASE = "http://site.test/"
 GROWN = [f"http://other.test/new/{i}/" for i in range(4)]

@@ -17,7 +17,9 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LIB = os.path.dirname(os.path.abspath(__file__))
+"""tests/lib: the helpers, on the path of every test module and of the processes they start."""
+ROOT = os.path.dirname(os.path.dirname(LIB))
 if ROOT not in sys.path:
     # The package may be built in place rather than installed into the venv.
     try:

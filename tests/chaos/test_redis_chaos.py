@@ -1,7 +1,7 @@
 """Chaos across "hosts" on Redis: two or three ``lanes pool --redis`` pools, each in
 its own process group as a machine of its own, share one queue on a real redis-server; workers
 are SIGKILLed and SIGSTOPped, whole pools killed and replaced, the queue grown with ``lanes
-add``, at random; then the lease-log oracle, nothing lost, a drain (tests/redis_chaos_lib.py).
+add``, at random; then the lease-log oracle, nothing lost, a drain (tests/lib/redis_chaos_lib.py).
 
 Three runs, each with a seed of its own, printed and in every failure message;
 ``RL_REDIS_CHAOS_SEED`` repeats the runner's choices (not the timing) in one run,

@@ -13,7 +13,7 @@ import pytest
 from engine.redis import LIBRARY, library_source
 from engine.redis.library import LibraryFilesError, LuaFile, assemble, lua_files
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "engine" / "redis" / "lua"
 MAX_LINES = 100
 

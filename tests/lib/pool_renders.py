@@ -117,7 +117,7 @@ def _lease_now(row: int) -> tuple[int, str]:
 
 
 def chaos(url: str, claim: Any) -> None:
-    """The render of the Redis chaos test (tests/redis_chaos_lib.py): log to
+    """The render of the Redis chaos test (tests/lib/redis_chaos_lib.py): log to
     ``RL_TEST_RENDER_LOG`` ``S <pool pid> <pid> <row> <token> <server ms> <held token> <held
     by pid> <expiry>`` (the lease the queue holds for the row as the render starts), render
     for 5-60 ms, fail one render in 20, then log ``E ... ok|fail`` with the lease as it ends.

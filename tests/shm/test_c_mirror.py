@@ -13,7 +13,7 @@ from engine import STRIDE, LanePolicy, encode
 from engine.policy import PROVENANCES
 from engine.segment import lib, policy_to_c
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @given(lane=st.integers(0, 63), due=st.integers(0, STRIDE - 1))

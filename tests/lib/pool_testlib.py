@@ -22,7 +22,7 @@ from lanes_testlib import shm_path
 from engine.pool import Pool, PoolOptions
 from engine.pool.render import RenderSpec
 
-TESTS = os.path.dirname(__file__)
+LIB = os.path.dirname(os.path.abspath(__file__))
 
 
 def rendered(log: Path) -> list[tuple[int, str]]:
@@ -87,7 +87,7 @@ def until_all(log: Path, n: int) -> Any:
 
 
 def cli(*args: str, **kw: Any) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": LIB + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([sys.executable, "-m", "engine", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
 

@@ -41,7 +41,7 @@ from engine.pool.ingest import (
 )
 
 DAY = 86_400
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def write(path: Path, text: str) -> Path:
@@ -848,8 +848,8 @@ def test_root_relative_locs_need_base_url(tmp_path: Path) -> None:
 
 # -- the mirrored site (tests/data/site) -------------------------------------------------------
 
-SITE = Path(__file__).resolve().parent / "data" / "site"
-ESCAPE = Path(__file__).resolve().parent / "data" / "escape"
+SITE = Path(__file__).resolve().parents[1] / "data" / "site"
+ESCAPE = Path(__file__).resolve().parents[1] / "data" / "escape"
 
 
 def test_a_hugo_multilingual_index_reads_its_language_sitemaps() -> None:

@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, ROOT, is_redis, shm_path, unique_name
+from lanes_testlib import DAY, HOUR, LIB, MINUTE, NOW, ROOT, is_redis, shm_path, unique_name
 
 from engine import STRIDE, Engine, LanePolicy, due_ms_of, encode, lane_of
 from engine.errors import EngineClosed, EngineError, SegmentMissing
@@ -1126,7 +1126,8 @@ def test_crash_prone_calls_do_not_crash_a_fresh_interpreter(backend):
     name = unique_name()
     code = ("import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]\n"
             "import test_fuzz_inputs as m; m.child_main(sys.argv[3])\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([ROOT, LIB, os.environ.get("PYTHONPATH", "")]))
     try:
         out = subprocess.run([sys.executable, "-c", code, TESTS, ROOT, name],
                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
