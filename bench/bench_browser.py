@@ -1,6 +1,6 @@
 """The browser render against the ways a site operator would otherwise render, on one machine.
 
-All render the same local site of 300 ms JavaScript pages (tests/render_site.py, ``/slow/N``:
+All render the same local site of 300 ms JavaScript pages (tests/lib/render_site.py, ``/slow/N``:
 content inserted by a 300 ms timer), with Debian's Chromium and the same flags, 8 pages at once:
 
 * **lanes**: ``lanes pool --browser --workers 2 --tabs 4`` into a fresh store;
@@ -41,7 +41,7 @@ from typing import Any
 import psutil
 from common import ROOT, figure, finish, parse_args, ratios, skipped
 
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "lib"))
 from browser_testlib import stored, write_corpus  # noqa: E402
 from render_site import SiteServer  # noqa: E402
 

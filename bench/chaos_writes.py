@@ -1,5 +1,5 @@
-"""The long form of tests/test_write_chaos.py: every write path SIGKILLed midway, then the oracle
-(tests/write_chaos_lib.py). With ``--kinds add_many --rows 4000000 --kills 120 --kill-ms 50 120``
+"""The long form of tests/chaos/test_write_chaos.py: every write path SIGKILLed midway, then the oracle
+(tests/lib/write_chaos_lib.py). With ``--kinds add_many --rows 4000000 --kills 120 --kill-ms 50 120``
 it is the run that found rows reserved and never written, and a fresh ``verify()`` reporting
 false problems after a killed ``add_many`` loop:
 
@@ -22,7 +22,7 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "tests"))
+                                "tests", "lib"))
 
 from write_chaos_lib import KINDS, WriteChaosConfig, run_write_chaos  # noqa: E402
 

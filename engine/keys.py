@@ -27,6 +27,10 @@ from .errors import EngineTypeError, EngineValueError
 STRIDE: int = 1 << 42
 """Width of one lane in ms (about 139 years)."""
 
+PARKED_MS: int = STRIDE - 1
+"""The due time of a parked row (``--max-failures``, or an operator's Park): never due,
+until a rush or a re-add."""
+
 KEY_LANES: int = 2048
 """Lanes the key contract allows: they keep every key below 2**53. A segment holds fewer
 (``RL_MAX_LANES``, 64: the row word keeps 7 lane bits); the policy's own lane count is smaller

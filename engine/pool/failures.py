@@ -58,8 +58,9 @@ from ..errors import (
     SegmentExists,
     SegmentMissing,
 )
-from ..keys import STRIDE
+from ..keys import PARKED_MS
 from . import shmfile
+from .progress import format_due
 from .render import KINDS, Failure
 
 SUFFIX = "failures"
@@ -113,9 +114,6 @@ EXPORT_FIELDS = ("url", "failures", "first_ms", "last_ms", "reason", "kind", "pe
                  "http_status")
 """The fields of each tuple :meth:`FailureLog.export` returns (plain JSON-able values)."""
 
-
-PARKED_MS = STRIDE - 1
-"""The due time of a row parked after ``--max-failures``: never due, until a rush or a re-add."""
 
 
 @dataclass(frozen=True)
@@ -374,8 +372,6 @@ def failure_rows(eng: Any, entries: Sequence[FailureEntry], now_ms: int,
     """``entries`` with what the engine says of their rows now (lane, next try; ``kind``:
     ``parked``, ``permanent`` or ``transient``), in lane ``lane`` only if given, at most
     ``limit``: the rows of ``lanes failures --json`` and of the dashboard."""
-    from .progress import format_due
-
     where = _lanes_and_dues(eng, [e.row for e in entries], now_ms)
     rows: list[dict[str, Any]] = []
     for e in entries:

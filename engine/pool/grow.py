@@ -29,9 +29,9 @@ import numpy as np
 from .. import checkpoint
 from ..engine import Engine
 from ..errors import CapacityError, EngineError, SegmentMissing
+from ..keys import PARKED_MS
 from . import shmfile
 from .board import Board
-from .failures import PARKED_MS
 from .ingest import Corpus
 from .routes import Routes
 from .urls import UrlTable

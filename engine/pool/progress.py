@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import checkpoint
+from ..keys import PARKED_MS
 from .board import DURATION_BUCKETS
-from .failures import PARKED_MS
 
 if TYPE_CHECKING:
     from ..api import QueueEngine

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from ..api import Claim, ClaimBatch, QueueEngine
 from ..checks import wall_ms
 from ..errors import EngineError, LeaseLost
+from ..keys import PARKED_MS
 from .board import (
     F_CURRENT_ROW,
     F_LEASE_LOST,
@@ -41,7 +42,6 @@ from .board import (
     F_STARTS,
     record_render,
 )
-from .failures import PARKED_MS
 from .parts import PoolParts
 from .progress import format_due
 from .render import RenderFn, RenderSpec

@@ -36,10 +36,11 @@ from .. import checkpoint
 from ..api import Stats
 from ..checks import wall_ms
 from ..errors import EngineError, EngineValueError
+from ..keys import PARKED_MS
 from ..policy import REMAINDERS, SHARE_CLASSES, LanePolicy
 from ..pool import progress
 from ..pool.board import Board
-from ..pool.failures import PARKED_MS, failure_rows
+from ..pool.failures import failure_rows
 from ..pool.routes import Routes
 from ..pool.staleness import RouteOf, staleness
 from ..pool.view import for_json, lane_figures, lane_sums, pool_figures

@@ -41,7 +41,7 @@ from lanes_testlib import unique_name
 from pool_testlib import cli, wait_for
 from redis_server import RedisServer
 
-from engine.pool.failures import PARKED_MS
+from engine.keys import PARKED_MS
 
 SHOTS = Path("/work/notes/shots")
 PAGES = (("overview", "/"), ("failures", "/failures"), ("routes", "/routes"),

@@ -11,9 +11,10 @@ from lanes_testlib import unique_name
 
 from engine import Engine
 from engine.errors import EngineValueError
+from engine.keys import PARKED_MS
 from engine.pool import failures as failures_module
 from engine.pool.board import F_CURRENT_ROW, F_PID, F_STARTS, Board, Clock
-from engine.pool.failures import PARKED_MS, FailureEntry, FailureLog, failure_rows
+from engine.pool.failures import FailureEntry, FailureLog, failure_rows
 
 
 def test_park_requests_are_kept_per_row_until_cancelled() -> None:

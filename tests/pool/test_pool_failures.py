@@ -17,8 +17,8 @@ from pool_testlib import files_of, rendered
 
 from engine import CapacityError, EngineValueError
 from engine import checkpoint as ck
+from engine.keys import PARKED_MS
 from engine.pool import Pool, PoolOptions
-from engine.pool.failures import PARKED_MS
 from engine.pool.grow import add_corpus
 from engine.pool.ingest import Corpus
 from engine.pool.render import RenderSpec

@@ -13,8 +13,8 @@ import pytest
 from lanes_testlib import unique_name
 
 from engine import CorpusError, Engine, EngineValueError
+from engine.keys import PARKED_MS
 from engine.pool import Pool, PoolOptions
-from engine.pool.failures import PARKED_MS
 from engine.pool.ingest import Corpus
 from engine.pool.refresh import CorpusRefresh, follow, parse_duration
 from engine.pool.render import RenderSpec

@@ -35,8 +35,8 @@ from redis_server import RedisServer, find_server, fresh_queue, module_server
 
 from engine import Engine, checkpoint
 from engine.errors import CapacityError, EngineValueError, SegmentExists, SegmentMissing
+from engine.keys import PARKED_MS
 from engine.pool import Pool, PoolOptions
-from engine.pool.failures import PARKED_MS
 from engine.pool.render import RenderSpec
 from engine.pool.routes import Route, Routes
 from engine.redis import queue_keys

@@ -35,7 +35,7 @@ its holder entry. So a claim writes nothing per row but one field of one variadi
 complete reads the batch's records with one BITFIELD_RO and writes a record only to clear
 failures or urgency.
 
-A token is valid while the row's holder entry holds it, as in shared memory (API.md: stale
+A token is valid while the row's holder entry holds it, as in shared memory (docs/design.md §5: stale
 means the lease expired AND the row was claimed again, or the lease ended): an expired lease
 nobody has claimed again can still be completed, failed, released or renewed by its holder.
 So the expiry step puts a lapsed batch's rows back into ready (claimable) but leaves their

@@ -1,7 +1,7 @@
 """Every write path killed midway: a process loops on one kind of write and is SIGKILLed at a
 random instant, over and over; an oracle then reads what it acknowledged and the engine.
 
-Shared by ``tests/test_write_chaos.py`` (the CI form) and ``bench/chaos_writes.py`` (the long
+Shared by ``tests/chaos/test_write_chaos.py`` (the CI form) and ``bench/chaos_writes.py`` (the long
 form, and the before/after figures of a killed ``add_many`` loop). No pytest import: forked
 children run this code.
 

@@ -20,7 +20,7 @@ import psutil
 
 from engine.store import SnapshotStore
 
-TESTS = os.path.dirname(__file__)
+LIB = os.path.dirname(__file__)
 MARK = "LANES_BROWSER_TEST_RUN"
 
 
@@ -51,7 +51,7 @@ class PoolRun:
         self.mark = uuid.uuid4().hex
         self.name, self.store = name, store
         env = {**os.environ, MARK: self.mark,
-               "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
+               "PYTHONPATH": LIB + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "engine", "pool", name, "--browser", "--store", str(store),
              "--corpus", str(corpus), "--workers", str(workers), "--plain", "--grace", "5",
