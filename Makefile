@@ -43,7 +43,11 @@ tools:
 		echo "warning: could not install$$pkgs; the tests that need them will fail"
 
 test: lint tools
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -m "not slow"
+
+# The long forms of the stress runs (marked slow): minutes each.
+test-slow: $(STAMP) tools
+	$(VENV)/bin/pytest -q -m slow
 
 demo: $(STAMP)
 	$(VENV)/bin/lanes demo
@@ -77,12 +81,18 @@ $(SAN_STAMP): $(SOURCES) $(PACKAGE) Makefile
 		matplotlib aiohttp jinja2
 	touch $@
 
-# The unit, property, pool and simulator tests against the sanitized core (installed apart, put
-# first on the path). The benchmark smoke test builds its own module and is left out.
+# The suites that drive the C core, against the sanitized core (installed apart, put first on
+# the path): the contract on shared memory, its mechanics, the stateful machines, the kill chaos
+# and the pool's own tests. Left out: what never reaches the C core (the Redis backend, the
+# store, the server, the dashboard, the browser's renders), the model check (spin's verifier is
+# not instrumented) and the benchmark smoke test (it builds its own module).
+SAN_TESTS = tests/contract tests/shm tests/chaos tests/test_stateful.py tests/test_backends_agree.py \
+	tests/pool/test_pool.py tests/pool/test_pool_failures.py tests/pool/test_pool_files.py \
+	tests/pool/test_cli.py tests/pool/test_real_site.py
 test-sanitize: $(SAN_STAMP) tools
 	nm -D $(SAN_VENV)/core/engine/_core*.so | grep -q __ubsan_handle  # really instrumented
 	$(SAN_ENV) PYTHONPATH=$(SAN_VENV)/core $(SAN_VENV)/bin/pytest -q -p no:cacheprovider \
-		-m "not slow" --ignore=tests/test_model.py --ignore=tests/test_bench_smoke.py
+		-m "not slow" -k "not redis" $(SAN_TESTS)
 
 clean:
 	rm -rf $(VENV) $(SAN_VENV) build *.egg-info engine/_core*.so engine/_hot*.so engine/_core.c

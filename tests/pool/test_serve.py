@@ -40,6 +40,9 @@ PAGES: dict[str, dict[str, Any]] = {
 
 
 def fill(directory: Path) -> None:
+    """Render ``PAGES`` into a store at ``directory``, their ages counted from now (``NOW``)."""
+    global NOW
+    NOW = wall_ms()
     with SnapshotStore.open(directory) as s:
         for url, p in PAGES.items():
             s.put(url, p["html"], status=p["status"], location=p.get("location"),
@@ -78,7 +81,7 @@ def request(base: str, path: str, method: str = "GET", headers: dict[str, str] |
 
 
 def age_now(age_s: int) -> float:
-    """The age now of a page filled in as ``age_s`` old when the module was loaded."""
+    """The age now of a page filled in as ``age_s`` old by the last ``fill``."""
     return age_s + (wall_ms() - NOW) / 1000
 
 
