@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
+
+from http_testlib import LocalSite, SiteHttpServer
 
 JSON_LD = '{"@context": "https://schema.org", "@type": "Product", "name": "Widget N"}'
 
@@ -78,45 +80,17 @@ setTimeout(() => {{
 </script></head><body><h1>slow {n}</h1></body></html>"""
 
 
-class SiteServer:
+class SiteServer(LocalSite):
     """The site above on a free loopback port."""
 
     def __init__(self, delay_ms: int = 300) -> None:
+        super().__init__()
         self.delay_ms = delay_ms
         self._lock = threading.Lock()
         self._hits: Counter[str] = Counter()
-        self.closing = threading.Event()  # answers what hangs, at close
-        self._httpd: _Server | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> SiteServer:
-        httpd = _Server(("127.0.0.1", 0), _Handler)
-        httpd.site = self
-        self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="render-site", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        if self._httpd is None:
-            return
-        self.closing.set()
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        assert self._thread is not None
-        self._thread.join()
-        self._httpd = self._thread = None
-
-    def __enter__(self) -> SiteServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def url(self, path: str = "") -> str:
-        assert self._httpd is not None, "the site is not running"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}{path}"
+        return f"http://127.0.0.1:{self.port}{path}"
 
     def hits(self, path: str) -> int:
         with self._lock:
@@ -146,18 +120,8 @@ class SiteServer:
         return 404, "<html><body>not found</body></html>", {}
 
 
-class _Server(ThreadingHTTPServer):
-    site: SiteServer
-    daemon_threads = True
-    block_on_close = True
-    request_queue_size = 128
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a browser that closed a tab mid-answer: quiet
-
-
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    server: SiteHttpServer
     protocol_version = "HTTP/1.0"
 
     def do_GET(self) -> None:
@@ -179,3 +143,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+SiteServer.handler = _Handler

@@ -21,9 +21,11 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
+
+from http_testlib import LocalSite, SiteHttpServer
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,12 @@ class Request:
     end_s: float
 
 
-class SiteServer:
+class SiteServer(LocalSite):
     """The site: ``paths`` exist (query strings ignored), ``failing`` answer 500, others 404."""
 
     def __init__(self, paths: Iterable[str], delay_ms: tuple[float, float] = (20, 200),
                  seed: int = 0, failing: Iterable[str] = ()) -> None:
+        super().__init__()
         lo, hi = delay_ms
         if not 0 <= lo <= hi:
             raise ValueError(f"delay_ms must be (lo, hi) with 0 <= lo <= hi, not {delay_ms}")
@@ -57,43 +60,12 @@ class SiteServer:
         self._seen: dict[str, int] = {}  # path -> requests so far (the delay's seed)
         self._requests: list[Request] = []
         self.errors = 0  # connections that broke (a client gone mid-answer): counted, not logged
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
-    # -- running ---------------------------------------------------------------------------------
-
-    def start(self) -> SiteServer:
-        httpd = _Server(("127.0.0.1", 0), _Handler)
-        httpd.site = self
-        self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="site-server", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        """Stop serving, wait for the requests in hand and every thread; idempotent."""
-        if self._httpd is None:
-            return
-        self._httpd.shutdown()  # the serve loop returns
-        self._httpd.server_close()  # closes the socket and joins the request threads
-        assert self._thread is not None
-        self._thread.join()
-        self._httpd = self._thread = None
-
-    def __enter__(self) -> SiteServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def on_error(self) -> None:
+        with self._lock:
+            self.errors += 1
 
     # -- addressing ------------------------------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        if self._httpd is None:
-            raise RuntimeError("the site is not running")
-        return int(self._httpd.server_address[1])
 
     def url(self, host_alias: str = "127.0.0.1") -> str:
         """The base URL (no trailing slash) under a name that resolves to 127.0.0.1."""
@@ -150,19 +122,8 @@ class SiteServer:
         return 200 if path in self.paths else 404
 
 
-class _Server(ThreadingHTTPServer):
-    site: SiteServer
-    daemon_threads = True
-    block_on_close = True  # server_close() joins the request threads
-    request_queue_size = 128  # the default 5 drops a burst of connects (then retried 1 s later)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        with self.site._lock:
-            self.site.errors += 1  # quiet: no traceback on stderr
-
-
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    server: SiteHttpServer
     protocol_version = "HTTP/1.0"  # one request per connection: nothing lingers at close
 
     def do_GET(self) -> None:
@@ -192,3 +153,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet
+
+
+SiteServer.handler = _Handler

@@ -19,9 +19,11 @@ from __future__ import annotations
 import gzip
 import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
+
+from http_testlib import LocalSite, SiteHttpServer
 
 SITEMAP_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
 
@@ -47,16 +49,14 @@ class Answer:
     # ends), "drip" (a byte every 0.2 s: each read is quick, the whole never comes)
 
 
-class SitemapServer:
+class SitemapServer(LocalSite):
     """Answers what ``put`` and friends set (404 for the rest); counts requests per path."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._lock = threading.Lock()
         self._answers: dict[str, Answer] = {}
         self._hits: dict[str, int] = {}
-        self.closing = threading.Event()
-        self._httpd: _Server | None = None
-        self._thread: threading.Thread | None = None
 
     # -- what it serves --------------------------------------------------------------------------
 
@@ -102,53 +102,12 @@ class SitemapServer:
             self._hits[path] = self._hits.get(path, 0) + 1
             return self._answers.get(path)
 
-    # -- running ---------------------------------------------------------------------------------
-
-    def start(self) -> SitemapServer:
-        httpd = _Server(("127.0.0.1", 0), _Handler)
-        httpd.site = self
-        self._httpd = httpd
-        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="sitemap-server", daemon=True)
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        if self._httpd is None:
-            return
-        self.closing.set()  # hanging and endless answers end
-        self._httpd.shutdown()
-        self._httpd.server_close()  # joins the request threads
-        assert self._thread is not None
-        self._thread.join()
-        self._httpd = self._thread = None
-
-    def __enter__(self) -> SitemapServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def port(self) -> int:
-        assert self._httpd is not None
-        return int(self._httpd.server_address[1])
-
     def url(self, path: str = "/", host: str = "127.0.0.1") -> str:
         return f"http://{host}:{self.port}{path}"
 
 
-class _Server(ThreadingHTTPServer):
-    site: SitemapServer
-    daemon_threads = True
-    block_on_close = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # a client that hung up on an endless body: expected, and quiet
-
-
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
+    server: SiteHttpServer
     protocol_version = "HTTP/1.0"
 
     def do_GET(self) -> None:
@@ -184,3 +143,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+SitemapServer.handler = _Handler
