@@ -43,7 +43,9 @@ from redis_server import RedisServer
 
 from engine.keys import PARKED_MS
 
-SHOTS = Path("/work/notes/shots")
+SHOTS = os.environ.get("LANES_SHOTS_DIR")
+"""Where to keep a copy of the screenshots (one folder per backend), to look at them after the
+run; they are always in the test's temp dir."""
 PAGES = (("overview", "/"), ("failures", "/failures"), ("routes", "/routes"),
          ("policy", "/policy"))
 WIDTHS = (1280, 390)
@@ -164,10 +166,16 @@ def test_every_page_loads_with_no_console_error_and_no_request_elsewhere(setup: 
             w.close()
         assert w.errors == []
         assert w.requests and all(u.startswith(s.url + "/") for u in w.requests), w.requests
-    backend = "redis" if s.redis else "shm"
-    (SHOTS / backend).mkdir(parents=True, exist_ok=True)
     for png in shots.iterdir():
-        shutil.copy(png, SHOTS / backend / png.name)
+        keep_shot(png, s)
+
+
+def keep_shot(png: Path, s: Setup) -> None:
+    """A copy of screenshot ``png`` under $LANES_SHOTS_DIR/{shm,redis}, when that is set."""
+    if SHOTS:
+        folder = Path(SHOTS) / ("redis" if s.redis else "shm")
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, folder / png.name)
 
 
 def test_the_lane_table_changes_without_a_reload(setup: Setup) -> None:
@@ -433,7 +441,7 @@ def test_a_url_page_links_its_snapshot_and_the_overview_shows_served_staleness(
         assert "× its interval old" in w.page.inner_text("main")
         shot = s.tmp / "shots" / "url-with-snapshot-1280.png"
         w.page.screenshot(path=shot, full_page=True)
-        shutil.copy(shot, SHOTS / ("redis" if s.redis else "shm") / shot.name)
+        keep_shot(shot, s)
         assert w.errors == []
         link.click()
         w.page.wait_for_load_state("networkidle")
