@@ -21,20 +21,16 @@ from .segment import Segment
 
 def _engine(args: argparse.Namespace) -> Any:
     """Engine NAME: the shared-memory segment, or with ``--redis URL`` the Redis queue."""
-    if args.redis is None:
-        return Engine.attach(args.name)
-    return Engine.connect(args.redis, args.name)
+    from .pool.parts import attach_engine
+
+    return attach_engine(args.name, args.redis)
 
 
 def _url_source(args: argparse.Namespace, eng: Any) -> Any:
     """The URLs of NAME's rows: the pool's URL table, or those stored with the Redis queue."""
-    if args.redis is None:
-        from .pool.urls import UrlTable
+    from .pool.parts import attach_urls
 
-        return UrlTable.attach(args.name)
-    from .redis.urls import RedisUrls
-
-    return RedisUrls(eng)
+    return attach_urls(args.name, eng, args.redis)
 
 
 def _attached(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..api import QueueEngine, RowUrls
 from ..engine import Engine
+from ..errors import EngineValueError
 from .board import Board
 from .failures import FailureLog
 from .hosts import HostGate
@@ -49,20 +50,12 @@ class PoolParts:
         with contextlib.ExitStack() as opened:
             board = Board.attach(local)
             opened.callback(board.close)
-            eng: QueueEngine
-            urls: RowUrls
-            now: Callable[[], int | None]
-            if redis is None:
-                eng, now = Engine.attach(name), board.clock.now_ms
-                opened.callback(eng.close)
-                urls = UrlTable.attach(name)
-            else:
-                from ..redis.urls import RedisUrls
-
-                # Its own owner id (host:pid:start); the server's clock, which every host shares.
-                eng, now = Engine.connect(redis, name), _server_time
-                opened.callback(eng.close)
-                urls = RedisUrls(eng)
+            # On Redis: its own owner id (host:pid:start), and the server's clock, which every
+            # host shares; on shared memory, the pool's clock.
+            eng = attach_engine(name, redis)
+            opened.callback(eng.close)
+            now = board.clock.now_ms if redis is None else _server_time
+            urls = attach_urls(name, eng, redis)
             opened.callback(urls.close)
             log = FailureLog.attach(local) if failures else None
             if log is not None:
@@ -102,3 +95,22 @@ class PoolParts:
 def _server_time() -> None:
     """The time a worker on Redis passes: None, the server's clock (hosts' clocks differ)."""
     return None
+
+
+def attach_engine(name: str, redis: str | None = None) -> QueueEngine:
+    """Engine ``name``: the shared-memory segment, or with ``redis`` the queue at that URL."""
+    return Engine.attach(name) if redis is None else Engine.connect(redis, name)
+
+
+def attach_urls(name: str, eng: QueueEngine, redis: str | None = None) -> RowUrls:
+    """The URLs of engine ``name``'s rows: the pool's URL table, or those kept with the Redis
+    queue (read through ``eng``)."""
+    if redis is None:
+        return UrlTable.attach(name)
+    from ..redis import RedisEngine
+    from ..redis.urls import RedisUrls
+
+    if not isinstance(eng, RedisEngine):
+        raise EngineValueError(f"the URLs of a Redis queue are read through its RedisEngine, "
+                               f"not {type(eng).__name__}")
+    return RedisUrls(eng)

@@ -2,8 +2,10 @@
 
 Why this module exists: the dashboard, the JSON API and ``/metrics`` all read the same engine,
 URL table, failure log, board and routes, and none may stall the event loop that also serves
-snapshots. :class:`PoolSource` opens each part through the pool's own attach functions (the
-same ones ``lanes stats`` and ``lanes failures`` use, either backend), and runs every call on
+snapshots. :class:`PoolSource` opens each part through the pool's own attach functions
+(``engine.pool.parts``: the same ones a worker and ``lanes`` commands use, either backend), but
+each when first needed, since a pool's board and failure log come and go while the server runs
+(``PoolParts`` opens them all at once, for a process of the pool). It runs every call on
 them in one worker thread (:meth:`PoolSource.call`): a slow figure delays other figures, never
 a snapshot. The board is attached per use, since the pool it belongs to may start, stop or be
 restarted while the server runs.
@@ -19,10 +21,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..engine import Engine
 from ..errors import LayoutMismatch, SegmentMissing
 from ..pool.board import Board
 from ..pool.failures import FailureLog
+from ..pool.parts import attach_engine, attach_urls
 from ..pool.routes import Routes
 from ..store import SnapshotStore
 
@@ -39,7 +41,7 @@ class PoolSource:
         self.redis = redis
         self.local = local or name
         self.store = store
-        self.engine: Any = Engine.attach(name) if redis is None else Engine.connect(redis, name)
+        self.engine: Any = attach_engine(name, redis)
         self._urls: Any = None
         self._failures: FailureLog | None = None
         self._lock = threading.Lock()
@@ -55,14 +57,7 @@ class PoolSource:
         ``lanes add`` since the last call are seen."""
         with self._lock:
             if self._urls is None:
-                if self.redis is None:
-                    from ..pool.urls import UrlTable
-
-                    self._urls = UrlTable.attach(self.name)
-                else:
-                    from ..redis.urls import RedisUrls
-
-                    self._urls = RedisUrls(self.engine)
+                self._urls = attach_urls(self.name, self.engine, self.redis)
             self._urls.refresh()
             return self._urls
 
