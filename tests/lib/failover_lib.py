@@ -29,7 +29,8 @@ What it reports (:class:`FailoverResult`)
 * ``failover_s``: per kill, from the SIGKILL until the replica serves the queue.
 * ``stalls``: per kill, the longest time no pool started a render, from the kill on;
   ``probe_stalls``: the longest time the probe had no acknowledged call.
-* ``rerenders``: renders beyond a row's first.
+* ``rerenders``: renders beyond a row's first (``rerenders_per_kill``: those that began between
+  a kill and the next).
 * ``lost``, ``verify``, ``drain_dups``, ``stranded``: ``redis_chaos_lib.final_checks`` on the
   pools' queue (every corpus row queued, its URL mapped both ways, ``verify()`` empty, a drain
   returns every row once).
@@ -189,11 +190,11 @@ class Probe(threading.Thread):
         self.timing = True  # latencies are kept until the first kill
         self.halt = threading.Event()
 
-    def _timed(self, what: str, call: Any) -> Any:
+    def _timed(self, what: str, call: Any, *args: Any, **kw: Any) -> Any:
         c = self.counts
         t0 = time.perf_counter()
         try:
-            out = call()
+            out = call(*args, **kw)
         except OutcomeUnknown:
             c.unknown[what] += 1
             raise
@@ -212,14 +213,14 @@ class Probe(threading.Thread):
             i += 1
             url = f"https://probe.example/{i}"
             try:
-                got = self._timed("add", lambda: self.urls.add([url], [0], HOUR_S))
+                got = self._timed("add", self.urls.add, [url], [0], HOUR_S)
                 by_row[int(got.rows[0])] = url
                 c.adds[url] = int(got.rows[0])
-                batch = self._timed("claim", lambda: self.eng.claim(1, lease_ms=60_000))
+                batch = self._timed("claim", self.eng.claim, 1, lease_ms=60_000)
                 if len(batch):
                     row, token = int(batch.rows[0]), int(batch.tokens[0])
-                    self._timed("complete", lambda: self.eng.complete(
-                        row, token, next_due_ms=self._now() + FAR_MS))
+                    due = int(time.time() * 1000) + FAR_MS  # this host's clock is the server's
+                    self._timed("complete", self.eng.complete, row, token, next_due_ms=due)
                     if row in by_row:
                         c.completes.append(by_row[row])
             except EngineError:
@@ -279,8 +280,8 @@ class FailoverConfig:
     rows: int = 3000                  # more than the pools render in a run: no row twice
     render_ms: float = 10.0
     kills: int = 1
-    before_s: float = 1.5             # of running before each kill
-    after_s: float = 2.5              # of running after the killed server rejoined
+    before_s: float = 1.0             # of running before each kill
+    after_s: float = 2.0              # of running after the killed server rejoined (> lease)
     wait_replicas: int = 0
 
 
@@ -292,6 +293,7 @@ class FailoverResult:
     probe_stalls: list[float] = field(default_factory=list)
     renders: int = 0
     rerenders: int = 0
+    rerenders_per_kill: list[int] = field(default_factory=list)  # from one kill to the next
     acked_adds: int = 0
     acked_adds_lost: int = 0
     acked_completes: int = 0
@@ -340,6 +342,8 @@ class FailoverRun:
         self.res = FailoverResult()
         self.procs: list[tuple[subprocess.Popen[bytes], str, str]] = []
         self.suffix = uuid.uuid4().hex[:8]
+        self.added: list[str] = []
+        """URLs a ``disrupt`` added (acknowledged) beside the corpus: checked as kept too."""
 
     def _corpus(self) -> tuple[str, list[str]]:
         urls = [f"https://shop{i % 5}.example/p/{i}" for i in range(self.cfg.rows)]
@@ -411,7 +415,10 @@ class FailoverRun:
             self._stop_pools()
             self._measure(kills, probe)
             with Engine.connect(self.target.url, self.queue) as eng:
-                final_checks(eng, urls, {row for _, row in self._renders()}, self.res.checks)
+                final_checks(eng, urls + self.added, {row for _, row in self._renders()},
+                             self.res.checks)
+                RedisUrls(eng).drop()
+                eng.drop()
             probe.check(self.res)
             probe = None
         finally:
@@ -424,13 +431,25 @@ class FailoverRun:
     def _measure(self, kills: list[tuple[float, float]], probe: Probe) -> None:
         renders = self._renders()
         self.res.renders = len(renders)
-        per_row = Counter(row for _, row in renders)
-        self.res.rerenders = sum(n - 1 for n in per_row.values())
+        seen: set[int] = set()
+        again: list[float] = []  # the start of every render but a row's first
+        for t, row in sorted(renders):
+            if row in seen:
+                again.append(t)
+            seen.add(row)
+        self.res.rerenders = len(again)
+        edges = [wall for wall, _ in kills]
+        self.res.rerenders_per_kill = [
+            sum(1 for t in again if lo <= t < hi) for lo, hi in zip(edges, [*edges[1:], np.inf],
+                                                                   strict=True)]
         starts = np.sort(np.array([t for t, _ in renders]))
         acks = np.sort(np.array(probe.counts.acked_at))
-        for wall, mono in kills:
-            self.res.stalls.append(_longest_gap(starts, wall))
-            self.res.probe_stalls.append(_longest_gap(acks, mono))
+        for i, (wall, mono) in enumerate(kills):
+            last = i + 1 == len(kills)
+            self.res.stalls.append(_longest_gap(starts, wall, np.inf if last else
+                                                kills[i + 1][0]))
+            self.res.probe_stalls.append(_longest_gap(acks, mono, np.inf if last else
+                                                      kills[i + 1][1]))
 
     def _out(self, i: int) -> str:
         try:
@@ -460,9 +479,9 @@ class FailoverRun:
             remove_local_files(local)
 
 
-def _longest_gap(times: Any, since: float, horizon: float = 30.0) -> float:
-    """The longest time without an event from ``since`` on (the events being sorted), up to
-    the last event within ``horizon`` seconds."""
-    after = times[(times >= since) & (times <= since + horizon)]
+def _longest_gap(times: Any, since: float, until: float) -> float:
+    """The longest time without an event (``times``, sorted) from ``since`` on, before
+    ``until`` (the next kill); up to the last such event."""
+    after = times[(times >= since) & (times < until)]
     points = np.concatenate(([since], after))
-    return float(np.max(np.diff(points))) if len(points) > 1 else horizon
+    return float(np.max(np.diff(points))) if len(points) > 1 else float("inf")

@@ -382,11 +382,11 @@ class SentinelGroup:
         raise LookupError("no Sentinel names a master")
 
     def in_sync(self, primary: RedisServer) -> bool:
-        """``primary`` is a master with a connected replica at its offset."""
+        """``primary`` is a master with a replica past its initial sync (streaming)."""
         info = primary.client().info("replication")  # type: ignore[attr-defined]
         if info["role"] != "master" or int(info["connected_slaves"]) < 1:
             return False
-        return int(info["slave0"]["offset"]) >= int(info["master_repl_offset"])
+        return bool(info["slave0"]["state"] == "online")
 
     def fail_over(self, timeout: float = 20.0) -> tuple[RedisServer, RedisServer]:
         """SIGKILL the primary and wait until the Sentinels name its replica and it answers

@@ -173,16 +173,20 @@ def test_pools_claim_on_while_their_queue_slot_migrates_key_by_key(tmp_path: Pat
     cluster = target.cluster
     name = _queue()
     watcher: list[Any] = []
+    surfaced: list[Exception] = []
     halt = threading.Event()
 
     def watch() -> None:  # an engine of our own on the queue: it counts what it waited out
         eng = Engine.connect(target.url, name)
         watcher.append(eng)
-        while not halt.is_set():
-            eng.stats()
-            held = eng.claim(1, lease_ms=5000)
-            if len(held):
-                eng.release(int(held.rows[0]), int(held.tokens[0]))
+        try:
+            while not halt.is_set():
+                eng.stats()
+                held = eng.claim(1, lease_ms=5000)
+                if len(held):
+                    eng.release(int(held.rows[0]), int(held.tokens[0]))
+        except Exception as e:  # noqa: BLE001 -- any error surfacing is the failure here
+            surfaced.append(e)
 
     def migrate() -> None:
         spare = next(n.port for n in cluster.nodes if n.port != target.home(name))
@@ -203,6 +207,7 @@ def test_pools_claim_on_while_their_queue_slot_migrates_key_by_key(tmp_path: Pat
         halt.set()
         target.stop()
     print("\nslot migration:", res.summary(), dict(retried))
+    assert surfaced == []
     assert res.problems() == [], res.summary()
     assert res.checks.rows == 3000 and res.checks.drained == 3000
     assert res.unknown == {} and res.probe_errors == {}, res.summary()
