@@ -251,10 +251,10 @@ class Probe(threading.Thread):
         res.acked_adds_lost += len(urls) - len(rows)
         res.acked_completes += len(c.completes)
         far = self._now() + FAR_MS // 2
-        for u in c.completes:
-            due = eng.due_ms(rows[u]) if u in rows else None
-            if due is None or due < far:
-                res.acked_completes_lost += 1
+        ids, cols = eng.export_rows()  # one read: the due time of every row
+        due = dict(zip(ids.tolist(), cols["due_ms"].tolist(), strict=True))
+        res.acked_completes_lost += sum(1 for u in c.completes
+                                        if u not in rows or due.get(rows[u], 0) < far)
         for what, n in c.unknown.items():
             res.unknown[what] = res.unknown.get(what, 0) + n
         for what, n in c.errors.items():
@@ -387,14 +387,9 @@ class FailoverRun:
         kills: list[tuple[float, float]] = []  # (unix time, monotonic time) of each kill
         try:
             probe_name = self.target.probe_name(self.queue)
-            self._start_pool(0, corpus)
-            deadline = time.monotonic() + 60
-            while not self._renders():
-                if self.procs[0][0].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the first pool did not render: {self._out(0)}")
-                time.sleep(0.05)
-            for i in range(1, c.pools):
+            for i in range(c.pools):  # the same command on every host: one creates the queue
                 self._start_pool(i, corpus)
+            self._until_all_render()
             probe = Probe(self.target.url, probe_name, c.wait_replicas)
             probe.start()
             for _ in range(c.kills):
@@ -427,6 +422,17 @@ class FailoverRun:
                 probe.eng.close()
             self._cleanup()
         return self.res
+
+    def _until_all_render(self, timeout: float = 60) -> None:
+        """Every pool is up (its banner printed, so a SIGTERM stops it cleanly) and a render
+        was logged."""
+        deadline = time.monotonic() + timeout
+        while not (self._renders() and all("SIGTERM stop it" in self._out(i)
+                                           for i in range(len(self.procs)))):
+            for i, (proc, local, _) in enumerate(self.procs):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"pool {local} did not start: {self._out(i)}")
+            time.sleep(0.05)
 
     def _measure(self, kills: list[tuple[float, float]], probe: Probe) -> None:
         renders = self._renders()

@@ -199,7 +199,7 @@ def test_pools_claim_on_while_their_queue_slot_migrates_key_by_key(tmp_path: Pat
     try:
         # Claims wait while the keys are split (TRYAGAIN): a lease longer than the migration
         # keeps every row held meanwhile, so none is rendered twice.
-        cfg = FailoverConfig(before_s=1.0, after_s=1.0, lease_s=5.0)
+        cfg = FailoverConfig(before_s=0.5, after_s=0.5, lease_s=5.0)
         res = FailoverRun(cfg, target, name, str(tmp_path)).run(disrupt=migrate)
         retried = watcher[0].transport.retried
         watcher[0].close()
