@@ -24,6 +24,7 @@ from pool_testlib import running
 from redis_server import RedisServer, SentinelGroup, module_server
 
 from engine import Engine
+from engine.cli import main
 from engine.errors import EngineError, EngineValueError, OutcomeUnknown
 from engine.redis.codec import queue_keys
 from engine.redis.sentinel import split_sentinel_url
@@ -76,6 +77,15 @@ def test_wait_replicas_rides_in_the_url_and_is_checked() -> None:
             Engine.connect("redis://127.0.0.1:1" + bad, "q")
     with pytest.raises(EngineValueError):
         Engine.connect("redis://127.0.0.1:1", "q", wait_replicas=-1)
+
+
+def test_wait_replicas_on_the_command_line_is_for_pools_on_redis(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.csv"
+    corpus.write_text("url,interval_s\nhttps://a.example/,60\n")
+    assert main(["pool", "q", "--corpus", str(corpus), "--render", "failover_lib:render",
+                 "--wait-replicas", "1"]) == 2
+    assert "--wait-replicas is for pools on Redis" in capsys.readouterr().err
 
 
 def test_a_write_no_replica_acknowledges_in_time_is_applied_and_reported_unknown(
