@@ -520,7 +520,8 @@ def _corpus_arguments(p: argparse.ArgumentParser, routes: bool) -> None:
 
 def _redis_arguments(p: argparse.ArgumentParser, local: bool) -> None:
     p.add_argument("--redis", metavar="URL",
-                   help="the queue NAME on this Redis server (redis://, rediss://, unix://)"
+                   help="the queue NAME on this Redis server (redis://, rediss://, unix://,"
+                        " redis+sentinel://host:port[,host:port]/MASTER)"
                         " instead of the shared-memory engine NAME")
     if local:  # what names this host's pool files (board, failure log, host gate)
         p.add_argument("--local-name", metavar="NAME",

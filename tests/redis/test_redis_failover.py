@@ -113,7 +113,8 @@ def test_pools_follow_a_sentinel_failover_and_lose_no_row(
     print("\nsentinel, no WAIT:", res.summary())
     assert res.problems() == [], res.summary()
     assert res.kills == 1 and res.checks.rows == 3000 and res.checks.drained == 3000
-    assert max(res.stalls) < 8, res.summary()  # down-after 500 ms + election + back-off
+    # down-after 500 ms, the vote (a split vote retries after 2 failover-timeouts), back-off
+    assert max(res.stalls) < 15, res.summary()
     assert res.renders > res.rerenders and res.acked_adds > 0
 
 
@@ -130,7 +131,7 @@ def test_with_wait_replicas_no_acknowledged_write_is_lost_in_a_cluster_failover(
     assert res.checks.rows == 3000 and res.checks.drained == 3000
     assert res.acked_adds_lost == 0 and res.acked_completes_lost == 0, res.summary()
     assert res.acked_adds > 0 and res.acked_completes > 0
-    assert max(res.stalls) < 10, res.summary()
+    assert max(res.stalls) < 15, res.summary()
 
 
 def test_an_acknowledged_add_is_lost_when_the_replica_lags_unless_writes_wait(
@@ -152,7 +153,7 @@ def test_an_acknowledged_add_is_lost_when_the_replica_lags_unless_writes_wait(
         group_client: Any = primary.client()
         os.kill(replica.proc.pid, signal.SIGSTOP)
         try:
-            for i in range(6):  # 48 MB of replication stream the stopped replica cannot take
+            for i in range(12):  # 96 MB of replication stream: more than the sockets can hold
                 group_client.set(f"ballast:{i}", b"x" * (8 << 20))
             acked = table.add(["https://acked.example/"], [0], 3600)
             assert acked.added == 1
