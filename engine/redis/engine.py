@@ -81,7 +81,7 @@ from .codec import (
     split_holder,
 )
 from .library import library_source as library_source
-from .transport import Transport, redact
+from .transport import NOT_RUN, Transport, redact
 
 MIN_REDIS = (7, 0)
 ADD_CHUNK = 10_000
@@ -170,8 +170,9 @@ class RedisEngine:
                 cluster = t.is_cluster_node()
             if cluster:
                 t.join_cluster()
-            for client in t.primaries():  # FUNCTION LOAD is per node
-                eng._load_library(client, replace=create or upgrade)
+            # FUNCTION LOAD is per node; a primary lost meanwhile (a failover under way) is
+            # waited out, the topology read again, the promoted replica loaded instead
+            t.retrying(lambda: eng._load_libraries(create or upgrade))
             eng._ensure_queue(policy, create, cap)
         except BaseException:
             eng.close()
@@ -196,13 +197,19 @@ class RedisEngine:
         except redis_errors.ResponseError as e:
             if "function not found" in str(e).lower():
                 return None
+            if isinstance(e, NOT_RUN):
+                raise  # CLUSTERDOWN during a failover...: waited out by the caller
             raise self.transport.error(e, "lanes_version") from None
         return str(reply[0].decode() if isinstance(reply[0], bytes) else reply[0])
+
+    def _load_libraries(self, replace: bool) -> None:
+        for client in self.transport.primaries():
+            self._load_library(client, replace)
 
     def _load_library(self, client: Any, replace: bool) -> None:
         """The library of this version on the node of ``client``."""
         t = self.transport
-        have = t.retrying(lambda: self._library_version(client))
+        have = self._library_version(client)
         if have == LIBRARY_VERSION:
             return
         if have is not None and not replace:

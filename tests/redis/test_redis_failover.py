@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 from failover_lib import ClusterTarget, FailoverConfig, FailoverRun, SentinelTarget
 from pool_testlib import running
-from redis_server import RedisServer, SentinelGroup, module_server
+from redis_server import RedisServer, SentinelGroup, module_server, wait_for
 
 from engine import Engine
 from engine.cli import main
@@ -120,13 +121,30 @@ def test_pools_follow_a_sentinel_failover_and_lose_no_row(
 
 def test_with_wait_replicas_no_acknowledged_write_is_lost_in_a_cluster_failover(
         tmp_path: Path) -> None:
+    """And a client that connects while the failover is under way (a worker restarted just
+    then) waits for the promoted replica instead of for its timeout."""
     target = ClusterTarget(node_timeout_ms=1000).start()
+    name = _queue()
+    connected: list[float] = []
+
+    def kill_and_connect() -> None:
+        cluster = target.cluster
+        old = cluster.by_port(target.home(name))
+        old.kill()
+        t0 = time.monotonic()
+        with Engine.connect(target.url, name, timeout=30) as eng:
+            assert eng.stats()["rows"] == 3000
+        connected.append(time.monotonic() - t0)
+        wait_for(lambda: target.home(name) != old.port, 20, "no replica took over")
+        target.rejoin(old)
+
     try:
-        res = FailoverRun(FailoverConfig(wait_replicas=1), target, _queue(),
-                          str(tmp_path)).run()
+        res = FailoverRun(FailoverConfig(wait_replicas=1), target, name,
+                          str(tmp_path)).run(disrupt=kill_and_connect)
     finally:
         target.stop()
-    print("\ncluster, --wait-replicas 1:", res.summary())
+    print("\ncluster, --wait-replicas 1:", res.summary(), f"connected in {connected}")
+    assert connected and connected[0] < 10  # the failover (~2.5 s), not the 30 s timeout
     assert res.problems() == [], res.summary()
     assert res.checks.rows == 3000 and res.checks.drained == 3000
     assert res.acked_adds_lost == 0 and res.acked_completes_lost == 0, res.summary()
