@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -252,30 +253,34 @@ class LocalCluster:
                 return int(primary[1])
         raise LookupError(f"no node serves slot {slot}")
 
+    def begin_move(self, key: str, to_port: int) -> SlotMove:
+        """Start migrating ``key``'s slot to the primary at ``to_port`` (IMPORTING there,
+        MIGRATING here); the keys move with ``SlotMove.migrate``, the slot with
+        ``SlotMove.hand_over``."""
+        masters: dict[int, Any] = {int(n.port or 0): n.client() for n in self.running()
+                                   if self.role(n) == "master"}
+        src, dst = masters[self.node_of(key)], masters[to_port]
+        move = SlotMove(self, key, int(src.cluster("keyslot", key)), src, to_port,
+                        dst.execute_command("CLUSTER MYID").decode(), list(masters.values()))
+        dst.execute_command("CLUSTER SETSLOT", move.slot, "IMPORTING",
+                            src.execute_command("CLUSTER MYID").decode())
+        src.execute_command("CLUSTER SETSLOT", move.slot, "MIGRATING", move.dst_id)
+        return move
+
     def move_slot(self, key: str, to_port: int, pause_s: float = 0.0) -> None:
         """Migrate ``key``'s slot, keys and all, to the primary at ``to_port`` (the steps of
         the Cluster specification: IMPORTING, MIGRATING, MIGRATE, SETSLOT NODE everywhere).
         With ``pause_s``, one key per MIGRATE and a pause after each, and another before the
         slot is handed over: clients meet the slot half moved (TRYAGAIN) and wholly moved but
         still migrating (ASK)."""
-        by_port: dict[int, Any] = {int(n.port or 0): n.client() for n in self.running()
-                                   if self.role(n) == "master"}
-        src, dst = by_port[self.node_of(key)], by_port[to_port]
-        slot = int(src.cluster("keyslot", key))
-        src_id = src.execute_command("CLUSTER MYID").decode()
-        dst_id = dst.execute_command("CLUSTER MYID").decode()
-        dst.execute_command("CLUSTER SETSLOT", slot, "IMPORTING", src_id)
-        src.execute_command("CLUSTER SETSLOT", slot, "MIGRATING", dst_id)
+        move = self.begin_move(key, to_port)
         # A write may make a key on the source meanwhile: move until none is left.
-        while keys := src.execute_command("CLUSTER GETKEYSINSLOT", slot, 1000):
+        while keys := move.keys():
             for part in ([[k] for k in keys] if pause_s else [keys]):
-                src.execute_command("MIGRATE", "127.0.0.1", to_port, "", 0, 5000, "KEYS", *part)
+                move.migrate(part)
                 time.sleep(pause_s)
         time.sleep(pause_s)
-        for client in by_port.values():
-            client.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
-        wait_for(lambda: self.node_of(key) == to_port and self.ready(), 10,
-                 f"slot {slot} did not move")
+        move.hand_over()
 
     def fail_over(self, key: str, timeout: float = 20.0) -> tuple[RedisServer, int]:
         """SIGKILL the primary serving ``key`` and wait until its replica serves the slot;
@@ -303,6 +308,35 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+
+
+@dataclass
+class SlotMove:
+    """A slot migrating from the ``src`` primary to the one at ``to_port`` (``begin_move``)."""
+
+    cluster: LocalCluster
+    key: str
+    slot: int
+    src: Any
+    to_port: int
+    dst_id: str
+    masters: list[Any]
+
+    def keys(self) -> list[bytes]:
+        """The slot's keys still on the source."""
+        return list(self.src.execute_command("CLUSTER GETKEYSINSLOT", self.slot, 1000))
+
+    def migrate(self, keys: list[bytes]) -> None:
+        if keys:
+            self.src.execute_command("MIGRATE", "127.0.0.1", self.to_port, "", 0, 5000, "KEYS",
+                                     *keys)
+
+    def hand_over(self) -> None:
+        """SETSLOT NODE on every primary; until every node agrees and the cluster is ok."""
+        for client in self.masters:
+            client.execute_command("CLUSTER SETSLOT", self.slot, "NODE", self.dst_id)
+        wait_for(lambda: self.cluster.node_of(self.key) == self.to_port and self.cluster.ready(),
+                 10, f"slot {self.slot} did not move")
 
 class SentinelGroup:
     """A standalone primary on a loopback port, one replica of it, and ``sentinels``

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from failover_lib import ClusterTarget, FailoverConfig, FailoverRun, SentinelTarget
 from pool_testlib import running
-from redis_server import RedisServer, SentinelGroup, module_server, wait_for
+from redis_server import LocalCluster, RedisServer, SentinelGroup, module_server, wait_for
 
 from engine import Engine
 from engine.cli import main
@@ -242,6 +242,42 @@ def test_pools_claim_on_while_their_queue_slot_migrates_key_by_key(tmp_path: Pat
     assert res.unknown == {} and res.probe_errors == {}, res.summary()
     assert retried["TryAgainError"] + retried["AskError"] + retried["asking"] > 0, retried
     assert res.rerenders == 0, res.summary()  # nothing lost, nothing applied twice
+
+
+def test_a_call_meeting_tryagain_then_ask_runs_once_on_the_importing_node() -> None:
+    """Step by step: one key of the queue moved (its FCALLs answered TRYAGAIN: backed off),
+    then the rest (ASK: sent to the importing node behind ASKING, where it runs as all its keys
+    are there), then a read meeting ASK (backed off until the slot is handed over, then MOVED:
+    followed)."""
+    cluster = LocalCluster(3).start()
+    name = _queue()
+    try:
+        eng = Engine.connect(cluster.url, name, create=True)
+        eng.add_many([0] * 10, 60)
+        eng.claim(2, lease_ms=60_000)  # every key of a claim exists (leases: lease, holder)
+        home = cluster.node_of(queue_keys(name)[0])
+        spare = next(int(n.port or 0) for n in cluster.nodes if n.port != home)
+        move = cluster.begin_move(queue_keys(name)[0], spare)
+        keys = move.keys()
+        assert len(keys) == 5
+        move.migrate(keys[:1])
+        later = threading.Timer(0.3, lambda: move.migrate(move.keys()))
+        later.start()
+        held = eng.claim(2, lease_ms=60_000)
+        later.join()
+        retried = eng.transport.retried
+        assert len(held) == 2 and retried["TryAgainError"] >= 1 and retried["asking"] >= 1
+        handing = threading.Timer(0.3, move.hand_over)
+        handing.start()
+        stats = eng.stats()
+        handing.join()
+        assert retried["AskError"] >= 1
+        assert stats["in_flight"] == 4 and stats["queued"] == 10  # the claim ran once
+        assert eng.transport.client.connection_pool.connection_kwargs["port"] == spare
+        assert eng.verify() == []
+        eng.close()
+    finally:
+        cluster.stop()
 
 
 def test_a_connection_to_a_dead_sentinel_group_fails_after_the_timeout() -> None:
