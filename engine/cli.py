@@ -293,6 +293,12 @@ def _pool(args: argparse.Namespace) -> int:
                                " read again")
     routes = Routes.load(args.routes) if args.routes else None
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    if args.wait_replicas:
+        if args.redis is None:
+            raise EngineValueError("--wait-replicas is for pools on Redis (--redis URL)")
+        from .redis.transport import with_wait  # the URL carries it to every worker
+
+        args.redis = with_wait(args.redis, args.wait_replicas)
     if args.redis is not None:
         pool = _pool_on_redis(args, render, options, policy, routes)
     elif args.local_name is not None:
@@ -510,7 +516,8 @@ def _corpus_arguments(p: argparse.ArgumentParser, routes: bool) -> None:
 
 def _redis_arguments(p: argparse.ArgumentParser, local: bool) -> None:
     p.add_argument("--redis", metavar="URL",
-                   help="the queue NAME on this Redis server (redis://, rediss://, unix://)"
+                   help="the queue NAME on this Redis server (redis://, rediss://, unix://,"
+                        " redis+sentinel://host:port[,host:port]/MASTER)"
                         " instead of the shared-memory engine NAME")
     if local:  # what names this host's pool files (board, failure log, host gate)
         p.add_argument("--local-name", metavar="NAME",
@@ -591,6 +598,9 @@ def _pool_parser(sub: Any) -> None:
                    help="an exception type (name or module.Name) a render raises for a"
                         " permanent failure; repeatable")
     _redis_arguments(p, local=True)
+    p.add_argument("--wait-replicas", type=int, default=0, metavar="N",
+                   help="with --redis: every write waits until N replicas have it (WAIT);"
+                        " fewer in 1 s is an error, as a lost connection is")
     p.set_defaults(fn=_pool)
 
 

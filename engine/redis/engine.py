@@ -81,7 +81,7 @@ from .codec import (
     split_holder,
 )
 from .library import library_source as library_source
-from .transport import Transport, redact
+from .transport import NOT_RUN, Transport, redact
 
 MIN_REDIS = (7, 0)
 ADD_CHUNK = 10_000
@@ -121,7 +121,8 @@ class RedisEngine:
     @classmethod
     def connect(cls, url: str, name: str, policy: LanePolicy | None = None,
                 create: bool = False, *, capacity: int | None = None, upgrade: bool = False,
-                timeout: float = 10.0, cluster: bool | None = None) -> RedisEngine:
+                timeout: float = 10.0, cluster: bool | None = None,
+                wait_replicas: int | None = None) -> RedisEngine:
         """Connect to queue ``name`` on the Redis server at ``url`` (any URL redis-py takes:
         ``redis://``, ``rediss://``, ``unix://``, with credentials).
 
@@ -138,7 +139,12 @@ class RedisEngine:
         Redis Cluster when it is a cluster node; ``True`` requires one, ``False`` treats the
         server as standalone. On a cluster the URL names any node (``redis://`` or
         ``rediss://``); the function library is loaded on every primary and each call goes
-        to the primary serving the queue's slot.
+        to the primary serving the queue's slot. A ``redis+sentinel://`` URL names Sentinels
+        and the master they fail over (docs/redis.md "Failover").
+
+        ``wait_replicas``: every write waits until this many replicas have it (``WAIT``, at
+        most ``wait_timeout_ms`` of the URL, default 1000) and raises ``OutcomeUnknown`` when
+        fewer did; default: the URL's ``wait_replicas`` parameter, else 0 (no waiting).
         """
         if not isinstance(url, str):
             raise EngineTypeError("url must be a str")
@@ -152,7 +158,10 @@ class RedisEngine:
             raise EngineValueError("timeout must be a number of seconds in [0, 86400)")
         if cluster is not None and not isinstance(cluster, bool):
             raise EngineTypeError(f"cluster must be a bool or None, got {cluster!r}")
-        eng = cls(Transport(url, name, queue_keys(name), LIBRARY_VERSION, float(timeout)), name)
+        if wait_replicas is not None:
+            check_int(wait_replicas, "wait_replicas", 0, 100)
+        eng = cls(Transport(url, name, queue_keys(name), LIBRARY_VERSION, float(timeout),
+                            wait_replicas), name)
         try:
             t = eng.transport
             t.retrying(lambda: t.live().ping(), "cannot reach")
@@ -161,8 +170,9 @@ class RedisEngine:
                 cluster = t.is_cluster_node()
             if cluster:
                 t.join_cluster()
-            for client in t.primaries():  # FUNCTION LOAD is per node
-                eng._load_library(client, replace=create or upgrade)
+            # FUNCTION LOAD is per node; a primary lost meanwhile (a failover under way) is
+            # waited out, the topology read again, the promoted replica loaded instead
+            t.retrying(lambda: eng._load_libraries(create or upgrade))
             eng._ensure_queue(policy, create, cap)
         except BaseException:
             eng.close()
@@ -187,13 +197,19 @@ class RedisEngine:
         except redis_errors.ResponseError as e:
             if "function not found" in str(e).lower():
                 return None
+            if isinstance(e, NOT_RUN):
+                raise  # CLUSTERDOWN during a failover...: waited out by the caller
             raise self.transport.error(e, "lanes_version") from None
         return str(reply[0].decode() if isinstance(reply[0], bytes) else reply[0])
+
+    def _load_libraries(self, replace: bool) -> None:
+        for client in self.transport.primaries():
+            self._load_library(client, replace)
 
     def _load_library(self, client: Any, replace: bool) -> None:
         """The library of this version on the node of ``client``."""
         t = self.transport
-        have = t.retrying(lambda: self._library_version(client))
+        have = self._library_version(client)
         if have == LIBRARY_VERSION:
             return
         if have is not None and not replace:

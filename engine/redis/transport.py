@@ -1,27 +1,36 @@
-"""The connection of a Redis queue: one server, or the Cluster primary serving the queue's slot.
+"""The connection of a Redis queue: one server, the master Sentinel names (``redis+sentinel://``,
+:mod:`engine.redis.sentinel`), or the Cluster primary serving the queue's slot.
 
 Every command goes through one of three calls, and one retry rule (:meth:`Transport.retrying`)
-serves them all: a lost connection is retried with back-off (50 ms doubling, at most 1 s
-apart) until ``timeout`` seconds have passed, then ``EngineError`` names the URL, never its
-password.
+serves them all: a lost connection, and a reply that says the command was not run and may
+succeed later (``TRYAGAIN``, ``CLUSTERDOWN``, ``LOADING``, ``MASTERDOWN``, a master demoted to
+a replica; ``ASK`` for a read), is retried with back-off (50 ms doubling, at most 1 s apart)
+until ``timeout`` seconds have passed, then ``EngineError`` names the URL, never its password.
 
 * :meth:`Transport.call` -- a read, or a command that is safe to repeat: retried whole.
-* :meth:`Transport.fcall` -- a function of the library: only getting a connected connection
-  is retried (nothing was sent yet). A connection lost after sending makes the outcome unknown,
-  and a write is then never replayed (``OutcomeUnknown``, docs/redis.md "Lost connections"):
-  a replayed add would add twice, a replayed claim would lease rows nobody holds.
+* :meth:`Transport.fcall` -- a function of the library: retried only while nothing was sent
+  or the server said it did not run it. A connection lost after sending makes the outcome
+  unknown, and a write is then never replayed (``OutcomeUnknown``, docs/redis.md "Lost
+  connections"): a replayed add would add twice, a replayed claim would lease rows nobody
+  holds. With ``wait_replicas`` N each FCALL is followed, in the same round trip, by
+  ``WAIT N timeout`` (a function cannot block on WAIT itself); fewer replicas than N
+  acknowledging in time is ``OutcomeUnknown`` too: applied on the primary, maybe lost in a
+  failover (docs/redis.md "Failover").
 * :meth:`Transport.snapshot` -- reads in one MULTI/EXEC, so they see one consistent state.
 
 On a Redis Cluster every key of a queue carries the hash tag ``{name}``, so a queue is one
 slot; the client is a plain one of the primary serving it, found through a ``RedisCluster``
 kept for the topology only. A MOVED reply (the node did not run the call) reads the topology
-again and sends again, at most ``MOVED_RETRIES`` times.
+again and sends again, at most ``MOVED_RETRIES`` times. While the slot migrates, an FCALL
+answered ``ASK`` (its keys moved already) is sent to the importing node after ``ASKING``, in
+one round trip; a ``TRYAGAIN`` (the keys are split between the two nodes) backs off.
 """
 
 from __future__ import annotations
 
 import time
 import urllib.parse
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -42,11 +51,19 @@ from ..errors import (
     OutcomeUnknown,
     SegmentMissing,
 )
+from . import sentinel
 
 T = TypeVar("T")
 
 LOST = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 """What a lost or refused connection raises (redis-py wraps most socket errors, not all)."""
+NOT_RUN: tuple[type[Exception], ...] = (redis_errors.TryAgainError, redis_errors.ClusterDownError,
+           redis_errors.MasterDownError, redis_errors.ReadOnlyError, redis_errors.AskError)
+"""Replies that say the command was not run and may succeed later (for a read, ``ASK`` is
+waited out: the migration ends with the slot's new owner, reached through MOVED). MOVED, an
+AskError to redis-py, is not among them: it is followed at once."""
+NOT_RUN_LOST = (redis_errors.BusyLoadingError,)
+"""Lost-connection errors that are replies (the command was not run): ``LOADING``."""
 MOVED_RETRIES = 3
 """A Cluster slot that moved: re-read the topology and send again this many times (a MOVED
 reply means the node did not run the call, so sending again is safe)."""
@@ -74,20 +91,43 @@ def redact(url: str) -> str:
         query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     except ValueError:
         return "<unparsable URL>"
-    in_query = any(k.lower() == "password" for k, _ in query)
+    in_query = any(k.lower().endswith("password") for k, _ in query)  # sentinel_password too
     if parts.password is None and not in_query:
         return url
     netloc = parts.netloc
     if parts.password is not None:
-        host = parts.hostname or ""
-        if parts.port is not None:
-            host = f"{host}:{parts.port}"
-        netloc = f"{parts.username or ''}:***@{host}"
+        hosts = netloc.rpartition("@")[2]  # verbatim: a Sentinel URL lists several
+        netloc = f"{parts.username or ''}:***@{hosts}"
     text = f"{parts.scheme}://{netloc}{parts.path}"  # urlunsplit would drop unix:// 's "//"
     if query:
-        text += "?" + "&".join(f"{k}=***" if k.lower() == "password"
+        text += "?" + "&".join(f"{k}=***" if k.lower().endswith("password")
                                else urllib.parse.urlencode({k: v}) for k, v in query)
     return text
+
+
+def durability(url: str) -> tuple[str, int, int]:
+    """(``url`` without our own query parameters, ``wait_replicas``, ``wait_timeout_ms``):
+    ``?wait_replicas=N&wait_timeout_ms=T`` make every write wait for N replicas, T ms at most
+    (default 1000), so a pool's workers, which connect by URL, all wait alike."""
+    base, mark, query = url.partition("?")
+    params = urllib.parse.parse_qsl(query, keep_blank_values=True)
+    own = dict(p for p in params if p[0] in ("wait_replicas", "wait_timeout_ms"))
+    rest = urllib.parse.urlencode([p for p in params if p[0] not in own])
+    try:
+        replicas, ms = int(own.get("wait_replicas", 0)), int(own.get("wait_timeout_ms", 1000))
+    except ValueError:
+        raise ValueError("wait_replicas and wait_timeout_ms must be integers") from None
+    if not 0 <= replicas <= 100 or not 1 <= ms <= 3_600_000:
+        raise ValueError("wait_replicas must be in [0, 100], wait_timeout_ms in [1, 3600000]")
+    return base + (mark if rest else "") + rest, replicas, ms
+
+
+def with_wait(url: str, replicas: int) -> str:
+    """``url`` asking every write to wait for ``replicas`` replicas (``--wait-replicas``)."""
+    base, mark, query = url.partition("?")
+    params = [p for p in urllib.parse.parse_qsl(query, keep_blank_values=True)
+              if p[0] != "wait_replicas"]
+    return f"{base}?{urllib.parse.urlencode([*params, ('wait_replicas', str(replicas))])}"
 
 
 def _never_replay() -> Retry:
@@ -100,7 +140,7 @@ class Transport:
     """The connection to the server holding queue ``name`` (whose keys are ``keys``)."""
 
     def __init__(self, url: str, name: str, keys: tuple[str, ...], version: str,
-                 timeout: float) -> None:
+                 timeout: float, wait_replicas: int | None = None) -> None:
         self.url = url
         self.name = name
         self.keys = keys
@@ -108,11 +148,21 @@ class Transport:
         """The library version every FCALL sends first: the library refuses another."""
         self.timeout = timeout
         try:
-            self.client: Any = redis_py.Redis.from_url(url, retry=_never_replay())
+            plain, in_url, self.wait_ms = durability(url)
+            self.wait_replicas = in_url if wait_replicas is None else wait_replicas
+            if sentinel.is_sentinel_url(plain):
+                self.client: Any = sentinel.sentinel_client(plain, _never_replay())
+            else:
+                self.client = redis_py.Redis.from_url(plain, retry=_never_replay())
         except ValueError as e:
             raise EngineValueError(f"bad Redis URL {redact(url)}: {e}") from None
         self.cluster: Any = None
         """The RedisCluster the node was found through, or None on a standalone server."""
+        self._plain_url = plain
+        self.retried: Counter[str] = Counter()
+        """Replies retried because the command was not run (TryAgainError, AskError...), and
+        ``ASK`` followed to the importing node (``asking``), by kind: how often a failover or
+        a slot migration made this client wait."""
 
     @property
     def where(self) -> str:
@@ -136,9 +186,9 @@ class Transport:
 
     def retrying(self, attempt: Callable[[], T], failed: str = "lost",
                  timeout: float | None = None) -> T:
-        """``attempt()`` until it does not lose the connection, backing off, for ``timeout``
-        seconds (default: the transport's); then ``EngineError``: "``failed`` Redis at URL".
-        Wrong credentials are never retried."""
+        """``attempt()`` until it neither loses the connection nor is told "not run, try later"
+        (``NOT_RUN``), backing off, for ``timeout`` seconds (default: the transport's); then
+        ``EngineError``: "``failed`` Redis at URL". Wrong credentials are never retried."""
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
         delay = FIRST_DELAY_S
@@ -147,7 +197,10 @@ class Transport:
                 return attempt()
             except redis_errors.AuthenticationError as e:  # a ConnectionError: caught first
                 raise EngineError(f"{self.where} refused the credentials: {e}") from None
-            except LOST as e:
+            except LOST + NOT_RUN as e:
+                if isinstance(e, redis_errors.MovedError):  # an AskError: followed at once
+                    raise
+                self.retried[type(e).__name__] += 1
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise EngineError(f"{failed} {self.where} (tried for {limit:g} s): {e}") \
@@ -191,34 +244,89 @@ class Transport:
 
     def fcall(self, fn: str, *args: Any, extra_keys: tuple[str, ...] = ()) -> Any:
         """One FCALL of the library with the queue's keys (then ``extra_keys``, each with the
-        queue's hash tag); never replayed once sent (see the module's note)."""
+        queue's hash tag); never replayed once it may have run (see the module's note)."""
         keys = (*self.keys, *extra_keys)
-        for _ in range(MOVED_RETRIES + 1):
-            # Sent and read on the connection checked out here, with redis-py's own
-            # send_command / read_response (the parser maps error replies to ResponseError,
-            # MOVED to MovedError): one pool round, where Redis.fcall would take a second one.
-            pool, conn = self.retrying(self._checkout)
+        command = ("FCALL", fn, len(keys), *keys, self.version, *args)
+        moved = 0
+        while True:
             try:
-                conn.send_command("FCALL", fn, len(keys), *keys, self.version, *args)
-                return conn.read_response()
-            except LOST as e:
-                conn.disconnect()
-                raise OutcomeUnknown(f"lost {self.where} during {fn}: {e}; it may or may not "
-                                     "have been applied") from None
+                return self.retrying(lambda: self._fcall_once(fn, command))
             except redis_errors.ResponseError as e:
-                if not self._moved(e):
-                    raise self.error(e, fn) from None
-            except BaseException:
-                conn.disconnect()  # a reply half read (an interrupt): never reuse the socket
-                raise
-            finally:
-                pool.release(conn)
-        raise EngineError(f"{fn}: the queue's slot kept moving at {redact(self.url)}")
+                if moved < MOVED_RETRIES and self._moved(e):
+                    moved += 1
+                    continue
+                raise self.error(e, fn) from None
 
-    def _checkout(self) -> tuple[Any, Any]:
+    def _fcall_once(self, fn: str, command: tuple[Any, ...]) -> Any:
+        """Send ``command`` once (after an ``ASK``, once more to the importing node) and read
+        its reply; a reply that says it did not run is raised for ``retrying``."""
+        pool, conn = self._checkout(self.live().connection_pool)
+        try:
+            return self._exchange(conn, fn, command)
+        except redis_errors.AskError as e:
+            if isinstance(e, redis_errors.MovedError):
+                raise
+            target = self._asked(e)
+            self.retried["asking"] += 1
+        finally:
+            pool.release(conn)
+        pool, conn = self._checkout(target.connection_pool)
+        try:
+            return self._exchange(conn, fn, command, asking=True)
+        finally:
+            pool.release(conn)
+
+    def _exchange(self, conn: Any, fn: str, command: tuple[Any, ...],
+                  asking: bool = False) -> Any:
+        """One round trip on ``conn``: [ASKING,] the FCALL [, WAIT]; the FCALL's reply.
+        Sent and read with redis-py's own send / read_response (the parser maps error replies
+        to ResponseError, MOVED to MovedError): one pool round, where Redis.fcall would take a
+        second one."""
+        wait = self.wait_replicas > 0
+        commands = [*([("ASKING",)] if asking else []), command,
+                    *([("WAIT", self.wait_replicas, self.wait_ms)] if wait else [])]
+        try:
+            conn.send_packed_command(conn.pack_commands(commands))
+            if asking:
+                conn.read_response()
+            try:
+                reply, refused = conn.read_response(), None
+            except redis_errors.ResponseError as e:
+                reply, refused = None, e
+            acked = int(conn.read_response()) if wait else 0
+        except NOT_RUN_LOST:
+            conn.disconnect()
+            raise  # LOADING: not run, retried
+        except LOST as e:
+            conn.disconnect()
+            if sentinel.DEMOTED in str(e):
+                raise  # READONLY: not run; the next connection asks the Sentinels again
+            raise OutcomeUnknown(f"lost {self.where} during {fn}: {e}; it may or may not "
+                                 "have been applied") from None
+        except BaseException:
+            conn.disconnect()  # a reply half read (an interrupt): never reuse the socket
+            raise
+        if refused is not None:
+            raise refused
+        if wait and acked < self.wait_replicas:
+            raise OutcomeUnknown(
+                f"{fn} was applied at {self.where} but only {acked} of {self.wait_replicas} "
+                f"replica(s) acknowledged it within {self.wait_ms} ms: a failover now may lose "
+                "it (docs/redis.md, Failover)")
+        return reply
+
+    def _checkout(self, pool: Any) -> tuple[Any, Any]:
         """(pool, a connected connection taken from it): the caller gives it back."""
-        pool = self.live().connection_pool
         return pool, pool.get_connection()
+
+    def _asked(self, e: redis_errors.AskError) -> Any:
+        """The client of the node an ``ASK`` names (importing the queue's slot)."""
+        node = self.cluster.get_node(host=e.host, port=e.port) if self.cluster else None
+        if node is None:  # a node we do not know yet: the topology changed
+            self._after_lost()
+            raise redis_errors.TryAgainError(f"ASK to an unknown node {e.host}:{e.port}")
+        node.redis_connection.connection_pool.set_retry(_never_replay())
+        return node.redis_connection
 
     def error(self, e: redis_errors.ResponseError, what: str) -> EngineError:
         """An error reply as our exception (a library code, an ACL refusal, a lost library)."""
@@ -248,8 +356,9 @@ class Transport:
         if not self.is_cluster_node():
             raise EngineError(f"{self.where} is not a cluster node (connect with cluster=False "
                               "or None)")
-        try:
-            self.cluster = RedisCluster.from_url(self.url, retry=_never_replay())
+        try:  # a node down (a failover under way) is waited out as any lost connection
+            self.cluster = self.retrying(lambda: RedisCluster.from_url(
+                self._plain_url, retry=_never_replay()), "cannot read the cluster through")
         except (redis_errors.RedisError, ValueError, OSError) as e:
             raise EngineError(f"cannot read the cluster at {redact(self.url)}: {e}") from None
         self._route()
