@@ -30,7 +30,10 @@ settings.load_profile("lanes")
 # ``[shm]`` and ``[redis]``; a test there about shared-memory mechanics only is marked
 # ``@pytest.mark.shm_only("why")`` and runs as ``[shm]``. Elsewhere ``backend`` is "shm".
 
-BACKENDS = ("shm", "redis")
+BACKENDS = ("shm", "redis", *(("redis-sharded",) if os.environ.get("RL_CONTRACT_SHARDED") else ()))
+"""``RL_CONTRACT_SHARDED=1`` adds ``redis-sharded``, a queue over ``SHARDS`` shards
+(docs/redis.md "Shards"): left out of ``make test`` for its time (about 2 minutes here)."""
+SHARDS = 3
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -81,12 +84,14 @@ def _opener(request: pytest.FixtureRequest, backend: str) -> Callable[..., tuple
             return Engine.create(name, capacity, policy, **kw), name
 
         return open_shm
-    assert backend == "redis", backend
+    assert backend in ("redis", "redis-sharded"), backend
     url = request.getfixturevalue("redis_server").url
+    shards = SHARDS if backend == "redis-sharded" else None
 
     def open_redis(policy: Any, capacity: int, **kw: Any) -> tuple[Any, str]:
         name = unique_name()
-        return Engine.connect(url, name, policy, create=True, capacity=capacity, **kw), name
+        return Engine.connect(url, name, policy, create=True, capacity=capacity, shards=shards,
+                              **kw), name
 
     return open_redis
 

@@ -57,12 +57,14 @@ class PoolParts:
                 opened.callback(eng.close)
                 urls = UrlTable.attach(name)
             else:
-                from ..redis.urls import RedisUrls
+                from ..redis.shard_urls import row_urls
 
                 # Its own owner id (host:pid:start); the server's clock, which every host shares.
-                eng, now = Engine.connect(redis, name), _server_time
+                # One queue or over shards, as the queue is.
+                redis_eng = Engine.connect(redis, name)
+                eng, now = redis_eng, _server_time
                 opened.callback(eng.close)
-                urls = RedisUrls(eng)
+                urls = row_urls(redis_eng)
             opened.callback(urls.close)
             log = FailureLog.attach(local) if failures else None
             if log is not None:

@@ -60,9 +60,9 @@ class PoolSource:
 
                     self._urls = UrlTable.attach(self.name)
                 else:
-                    from ..redis.urls import RedisUrls
+                    from ..redis.shard_urls import row_urls
 
-                    self._urls = RedisUrls(self.engine)
+                    self._urls = row_urls(self.engine)
             self._urls.refresh()
             return self._urls
 

@@ -81,7 +81,8 @@ def test_save_keeps_extra_and_load_takes_capacity_and_policy_by_keyword(
         url = request.getfixturevalue("redis_server").url
         with pytest.raises(TypeError):
             type(eng).load(path, url, name, 100)  # capacity is keyword-only
-        back = type(eng).load(path, url, name, capacity=100, policy=policy)
+        shards = {"shards": eng.catalog.shards} if backend == "redis-sharded" else {}
+        back = type(eng).load(path, url, name, capacity=100, policy=policy, **shards)
     else:
         with pytest.raises(TypeError):
             Engine.load(path, name, 100)  # capacity is keyword-only
