@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 from lanes_testlib import DAY, HOUR, LANE_INTERVALS, NOW, add_to_lane, unique_name
-from pool_testlib import cli, corpus, rendered, until_all, wait_for
+from pool_testlib import corpus, rendered, until_all, wait_for
 from redis_server import LocalCluster, RedisServer, module_server
 
 from engine import Engine, LanePolicy, LeaseLost, checkpoint
+from engine.cli import main as lanes
 from engine.errors import (
     EngineError,
     EngineTypeError,
@@ -324,7 +325,8 @@ def test_urls_go_to_the_shard_of_their_hash_once_and_map_back(sharded: Any) -> N
 
 
 def test_a_pool_over_shards_renders_every_row_once_and_commands_work_across_them(
-        server: RedisServer, log: Path, tmp_path: Path) -> None:
+        server: RedisServer, log: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        ) -> None:
     queue, local = unique_name(), unique_name()
     c = corpus(30)
     pool = Pool.create(queue, c["urls"], c["due_ms"], c["interval_s"], c["provenance"],
@@ -341,19 +343,20 @@ def test_a_pool_over_shards_renders_every_row_once_and_commands_work_across_them
         csv = tmp_path / "more.csv"
         csv.write_text("url,interval_s,provenance\n" + "".join(
             f"{u},3600,submitted\n" for u in (c["urls"][0], "https://shop.example/p/new")))
-        redis = ("--redis", server.url)
-        for args, expect in ((("check", queue, *redis), "ok"),
-                             (("stats", queue, *redis, "--local-name", local, "--json"),
-                              '"shards"'),
-                             (("prioritize", queue, *redis, "--url", c["urls"][5]), "rush"),
-                             (("add", queue, *redis, "--corpus", str(csv)), "1 new URL(s)"),
-                             (("failures", queue, *redis, "--local-name", local), "0 failing"),
-                             (("pool", queue, *redis, "--shards", "2", "--render", "x:y"),
-                              "")):
-            p = cli(*args)
-            out, err = p.communicate(timeout=60)
-            assert (p.returncode == 0) == (args[0] != "pool"), (args, out, err)
-            assert expect in out or "spread over 3 shards" in err, (args, out, err)
+        redis = ["--redis", server.url]
+        for args, status, expect in (
+                (["check", queue, *redis], 0, "ok"),
+                (["stats", queue, *redis, "--local-name", local, "--json"], 0, '"shards"'),
+                (["prioritize", queue, *redis, "--url", c["urls"][5]], 0, "rush"),
+                (["add", queue, *redis, "--corpus", str(csv)], 0, "1 new URL(s)"),
+                (["failures", queue, *redis, "--local-name", local], 0, "0 failing"),
+                (["pool", queue, *redis, "--shards", "2", "--render", "pool_renders:record",
+                  "--local-name", unique_name()], 2, "spread over 3 shards")):
+            assert lanes(args) == status, args
+            out, err = capsys.readouterr()
+            assert expect in out + err, (args, out, err)
+        # the rush made it due at once: rendered again (its interval is an hour)
+        wait_for(lambda: Counter(u for _, u in rendered(log))[c["urls"][5]] == 2)
         assert pool.urls.find("https://shop.example/p/new") >= 0
     finally:
         pool.shutdown()
