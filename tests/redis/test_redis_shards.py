@@ -28,6 +28,7 @@ from engine.errors import (
     EngineTypeError,
     EngineValueError,
     LayoutMismatch,
+    SegmentExists,
     SegmentMissing,
 )
 from engine.policy import reference_pass
@@ -35,7 +36,7 @@ from engine.pool import Pool, PoolOptions
 from engine.pool.render import RenderSpec
 from engine.redis import RedisEngine, queue_keys
 from engine.redis.catalog import MAX_SHARDS, ShardsMismatch, catalog_key, shard_keys
-from engine.redis.shard_urls import ShardedUrls, row_urls
+from engine.redis.shard_urls import ShardedUrls, restore, row_urls
 from engine.redis.shards import STAY, ShardedEngine
 
 N = 3
@@ -302,6 +303,31 @@ def test_save_then_load_moves_a_queue_between_shard_counts(server: RedisServer, 
     finally:
         three.drop()
         three.close()
+
+
+def test_a_pool_checkpoint_resumes_into_a_queue_over_another_count_with_its_urls(
+        server: RedisServer, sharded: Any, tmp_path: Path) -> None:
+    eng = sharded()
+    names = [f"https://shop.example/r/{i}" for i in range(40)]
+    got = ShardedUrls(eng).add(names, NOW - np.arange(40) * 1000, 600 + np.arange(40))
+    eng.prioritize(int(got.rows[3]), "rush", now_ms=NOW)
+    eng.save(tmp_path / "ck.npz", ShardedUrls(eng).urls)
+    ck = checkpoint.read(tmp_path / "ck.npz")
+    made, urls = restore(ck, server.url, unique_name(), shards=2)
+    try:
+        assert isinstance(made, ShardedEngine) and made.catalog.shards == 2
+        assert sorted(urls.urls()[r] for r in made.export_rows()[0]) == sorted(names)
+        for i, u in enumerate(names):
+            d = made.describe(urls.find(u))
+            assert (d["due_ms"], d["interval_s"]) == ((NOW, 600 + i) if i == 3
+                                                      else (NOW - i * 1000, 600 + i))
+        assert made.describe(urls.find(names[3]))["urgent"] and made.verify() == []
+        with pytest.raises(SegmentExists):
+            restore(ck, server.url, made.name, shards=2)
+    finally:
+        urls.drop()
+        made.drop()
+        made.close()
 
 
 # -- pools and commands across shards -------------------------------------------------------------
