@@ -233,7 +233,9 @@ class Pool:
             try:
                 restored = ck.extra.get("failures")
                 if restored:
-                    pool.failures.import_(restored, {u: r for r, u in enumerate(urls)})
+                    # the rows the URLs have now (over shards, not their saved order)
+                    pool.failures.import_(restored, {u: r for r, u in
+                                                     enumerate(pool.urls.urls()) if u})
                 if corpus is not None:
                     pool.added = add_corpus(pool.engine, pool.urls, corpus)
             except BaseException:

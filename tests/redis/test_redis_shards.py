@@ -392,6 +392,34 @@ def test_a_pool_over_shards_renders_every_row_once_and_commands_work_across_them
         eng.drop()
 
 
+def test_a_sharded_pool_resumes_over_another_count_with_its_failures_under_their_new_rows(
+        server: RedisServer, log: Path, tmp_path: Path) -> None:
+    queue, moved, ck_path = unique_name(), unique_name(), tmp_path / "ck.npz"
+    urls = [f"https://shop.example/p/{i}" for i in range(8)] + ["https://shop.example/gone/1"]
+    c = corpus(len(urls))
+    pool = Pool.create(queue, urls, c["due_ms"], c["interval_s"], c["provenance"],
+                       RenderSpec(callable="pool_renders:gone_or_flaky",
+                                  permanent_errors=("Gone",)),
+                       PoolOptions(env={"RL_TEST_RENDER_LOG": str(log)}, workers=2,
+                                   checkpoint=str(ck_path)),
+                       redis=server.url, local=unique_name(), shards=N)
+    pool.run(seconds=60, until=lambda: until_all(log, 8)() and pool.board.totals()[
+        "failures"] >= 1)
+    again = Pool.resume(moved, str(ck_path), RenderSpec(callable="pool_renders:record"),
+                        redis=server.url, local=unique_name(), shards=2)
+    try:
+        assert isinstance(again.engine, ShardedEngine) and again.engine.catalog.shards == 2
+        failing = again.failures.entries()
+        assert [(e.url, again.urls[e.row]) for e in failing] == [(urls[8], urls[8])]
+        assert sorted(u for u in again.urls.urls() if u) == sorted(urls)
+    finally:
+        again.close()
+    for name in (queue, moved):
+        with Engine.connect(server.url, name) as eng:
+            row_urls(eng).drop()
+            eng.drop()
+
+
 def test_on_a_cluster_the_shards_fall_on_different_primaries_and_serve_claims() -> None:
     with LocalCluster(3) as cluster:
         name = unique_name()
