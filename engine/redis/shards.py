@@ -191,6 +191,7 @@ class ShardedEngine:
         self.created = created
         """Whether this object's ``connect`` made the queue."""
         self._cursor = random.randrange(self._n)
+        self._cursor_pid = os.getpid()
         self._stayed = 0
         self._known = [0] * self._n
         """Per shard, rows it is known to hold (``_groups``)."""
@@ -496,7 +497,7 @@ class ShardedEngine:
         """Up to ``budget`` rows, one claim pass (one FCALL) on the shard this client is at,
         and on the next ones in turn while a pass comes back short."""
         b = claim_args(budget, lease_ms, window)[0]
-        k = self._cursor
+        k = self._start()
         with self._shard(k) as eng:
             first = eng.claim(b, now_ms, lease_ms, window)
         return self._fill([(k, first)], b, now_ms, lease_ms, window)
@@ -510,7 +511,7 @@ class ShardedEngine:
         now_arg(now_ms)
         groups = self._groups(rows, tokens)
         ok = np.zeros(sum(len(g[1]) for g in groups), np.bool_)
-        k = self._cursor
+        k = self._start()
         here: tuple[Any, list[int], list[int]] = (np.zeros(0, np.int64), [], [])
         for s, pos, lr, lt in groups:
             if s == k:
@@ -522,6 +523,14 @@ class ShardedEngine:
             done, first = eng.complete_and_claim(here[1], here[2], b, now_ms, lease_ms, window)
         ok[here[0]] = done
         return ok, self._fill([(k, first)], b, now_ms, lease_ms, window)
+
+    def _start(self) -> int:
+        """The shard this call's first pass goes to: a forked child draws its own, so that the
+        children of one parent do not all start at the same shard."""
+        if os.getpid() != self._cursor_pid:
+            self._cursor, self._cursor_pid, self._stayed = (random.randrange(self._n),
+                                                            os.getpid(), 0)
+        return self._cursor
 
     def _fill(self, got: list[tuple[int, RedisClaims]], budget: int, now_ms: int | None,
               lease_ms: int, window: int) -> RedisClaims:
