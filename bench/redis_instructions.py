@@ -71,7 +71,13 @@ def zpopmin_cycles(srv: RedisServer, rows: int) -> tuple[Callable[[], None], int
     return cycle, 2
 
 
-def measure(rows: int, cycles: int, peer: str = "engine") -> dict[str, object]:
+Cycles = Callable[[RedisServer, int], tuple[Callable[[], None], float]]
+"""(server, rows) -> (one cycle, the server's commands per cycle), the queue filled and warm."""
+
+
+def measure(rows: int, cycles: int, peer: str = "engine",
+            make: Cycles | None = None) -> dict[str, object]:
+    """Instructions per cycle of ``make`` (default: the engine's, or the ``peer``'s)."""
     with tempfile.TemporaryDirectory(prefix="rl-callgrind-") as tmp:
         wrapper = Path(tmp) / "redis-server"
         wrapper.write_text("#!/bin/sh\nexec valgrind --tool=callgrind --instr-atstart=no "
@@ -79,7 +85,8 @@ def measure(rows: int, cycles: int, peer: str = "engine") -> dict[str, object]:
         wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
         srv = RedisServer(binary=str(wrapper), prefix="rl-callgrind-srv-").start()
         try:
-            cycle, per_cycle = (engine_cycles if peer == "engine" else zpopmin_cycles)(srv, rows)
+            make = make or (engine_cycles if peer == "engine" else zpopmin_cycles)
+            cycle, per_cycle = make(srv, rows)
             for _ in range(50):  # warm up
                 cycle()
             pid = str(srv.proc.pid)

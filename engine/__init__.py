@@ -35,9 +35,10 @@ from .policy import LanePolicy
 
 if TYPE_CHECKING:
     from .engine import Claims, Engine
-    from .redis import RedisEngine
+    from .redis import RedisEngine, ShardedEngine
 
-_BACKENDS = {"Engine": "engine", "Claims": "engine", "RedisEngine": "redis"}
+_BACKENDS = {"Engine": "engine", "Claims": "engine", "RedisEngine": "redis",
+             "ShardedEngine": "redis"}
 
 
 def __getattr__(name: str) -> Any:
@@ -53,6 +54,6 @@ __all__ = [
     "STRIDE", "AttachTimeout", "CapacityError", "Claim", "ClaimBatch", "Claims", "CorpusError",
     "Engine", "EngineClosed", "EngineError", "EngineTypeError", "EngineValueError",
     "LanePolicy", "LayoutMismatch", "LeaseLost", "NotAllowed", "OutcomeUnknown",
-    "QueueEngine", "RedisEngine", "RowUrls", "SegmentExists", "SegmentMissing",
+    "QueueEngine", "RedisEngine", "RowUrls", "SegmentExists", "SegmentMissing", "ShardedEngine",
     "due_ms_of", "encode", "lane_of",
 ]

@@ -104,6 +104,7 @@ class Stats(TypedDict):
     url: NotRequired[str]
     library_version: NotRequired[str]
     owners: NotRequired[dict[str, int]]
+    shards: NotRequired[list[dict[str, Any]]]
 
 
 class RowInfo(TypedDict):

@@ -301,6 +301,8 @@ def _pool(args: argparse.Namespace) -> int:
         args.redis = with_wait(args.redis, args.wait_replicas)
     if args.redis is not None:
         pool = _pool_on_redis(args, render, options, policy, routes)
+    elif args.shards is not None:
+        raise EngineValueError("--shards is for pools on Redis (--redis URL)")
     elif args.local_name is not None:
         raise EngineValueError("--local-name is for pools on Redis (--redis URL): a pool on"
                                " shared memory names its files after its engine")
@@ -394,16 +396,16 @@ def _pool_on_redis(args: argparse.Namespace, render: Any, options: Any, policy: 
         corpus = _read_corpus(args, routes) if args.corpus else None
         pool = Pool.resume(args.name, args.checkpoint, render, options, policy=policy,
                            capacity=args.capacity, routes=routes, corpus=corpus,
-                           redis=args.redis, local=args.local_name)
+                           redis=args.redis, local=args.local_name, shards=args.shards)
         _print_added(pool.added)
         return pool
     if not args.corpus:
         return Pool.join(args.redis, args.name, render, options, local=args.local_name,
-                         policy=policy)
+                         policy=policy, shards=args.shards)
     c = _read_corpus(args, routes)
     pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
                        options, policy=policy, capacity=args.capacity, routes=routes,
-                       redis=args.redis, local=args.local_name)
+                       redis=args.redis, local=args.local_name, shards=args.shards)
     _print_added(pool.added)
     return pool
 
@@ -601,6 +603,10 @@ def _pool_parser(sub: Any) -> None:
     p.add_argument("--wait-replicas", type=int, default=0, metavar="N",
                    help="with --redis: every write waits until N replicas have it (WAIT);"
                         " fewer in 1 s is an error, as a lost connection is")
+    p.add_argument("--shards", type=int, default=None, metavar="N",
+                   help="with --redis: the queue is spread over N shards (hash tags; on a"
+                        " cluster, on different primaries), made so when this pool creates"
+                        " it; default: as the queue is, a new one not sharded")
     p.set_defaults(fn=_pool)
 
 

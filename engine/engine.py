@@ -63,6 +63,7 @@ from .segment import (
 
 if TYPE_CHECKING:
     from .redis import RedisEngine
+    from .redis.shards import ShardedEngine
 
 _U64 = (1 << 64) - 1
 _WORD_VOID = 1 << 60  # a row word's "taken back" bit (csrc/layout.h)
@@ -181,13 +182,18 @@ class Engine(_hot.EngineBase):
 
     @staticmethod
     def connect(url: str, name: str, policy: LanePolicy | None = None,
-                create: bool = False, **options: Any) -> RedisEngine:
+                create: bool = False, shards: int | None = None,
+                **options: Any) -> RedisEngine | ShardedEngine:
         """The same engine on a Redis server (``engine.redis.RedisEngine``, docs/redis.md):
-        queue ``name`` at ``url``, made when missing if ``create``. Needs redis-py."""
-        # redis-py is an optional extra: the Redis backend is imported when it is asked for.
-        from .redis import RedisEngine
+        queue ``name`` at ``url``, made when missing if ``create``. Needs redis-py.
 
-        return RedisEngine.connect(url, name, policy, create, **options)
+        ``shards``: a queue over that many shards (``engine.redis.shards.ShardedEngine``,
+        docs/redis.md "Shards"), made so with ``create``; another count is refused. None: the
+        queue as it is (a new one is one queue)."""
+        # redis-py is an optional extra: the Redis backend is imported when it is asked for.
+        from .redis.shards import connect
+
+        return connect(url, name, policy, create, shards=shards, **options)
 
     @property
     def name(self) -> str:

@@ -28,9 +28,15 @@ settings.load_profile("lanes")
 # A module marked ``pytestmark = pytest.mark.contract`` runs each of its tests that takes an
 # engine (``eng``, ``make_engine``, ``fresh``, or ``backend`` itself) once per backend, with ids
 # ``[shm]`` and ``[redis]``; a test there about shared-memory mechanics only is marked
-# ``@pytest.mark.shm_only("why")`` and runs as ``[shm]``. Elsewhere ``backend`` is "shm".
+# ``@pytest.mark.shm_only("why")`` and runs as ``[shm]``; one about what one pass over the whole
+# queue grants is marked ``@pytest.mark.one_queue("why")`` and never runs as ``[redis-sharded]``.
+# Elsewhere ``backend`` is "shm".
 
-BACKENDS = ("shm", "redis")
+BACKENDS = ("shm", "redis",
+            *(("redis-sharded",) if os.environ.get("RL_CONTRACT_SHARDED") else ()))
+"""``RL_CONTRACT_SHARDED=1`` adds ``redis-sharded``, a queue over ``SHARDS`` shards
+(docs/redis.md "Shards"): left out of ``make test`` for its time (about a minute here)."""
+SHARDS = 3
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -38,6 +44,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                        "(shm, redis)")
     config.addinivalue_line("markers", "shm_only(why): in a contract module, a test about the "
                                        "shared-memory engine's own mechanics; runs as [shm] only")
+    config.addinivalue_line("markers", "one_queue(why): in a contract module, a test of what one "
+                                       "pass over the whole queue grants, which a queue over "
+                                       "shards does not promise; not run as [redis-sharded]")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -48,7 +57,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     only = metafunc.definition.get_closest_marker("shm_only")
     if only is not None and not (only.args and isinstance(only.args[0], str)):
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: shm_only needs its reason")
-    metafunc.parametrize("backend", ["shm"] if only else list(BACKENDS), indirect=True)
+    whole = metafunc.definition.get_closest_marker("one_queue")
+    if whole is not None and not (whole.args and isinstance(whole.args[0], str)):
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: one_queue needs its reason")
+    backends = [b for b in BACKENDS if whole is None or b != "redis-sharded"]
+    metafunc.parametrize("backend", ["shm"] if only else backends, indirect=True)
 
 
 @pytest.fixture
@@ -81,12 +94,14 @@ def _opener(request: pytest.FixtureRequest, backend: str) -> Callable[..., tuple
             return Engine.create(name, capacity, policy, **kw), name
 
         return open_shm
-    assert backend == "redis", backend
+    assert backend in ("redis", "redis-sharded"), backend
     url = request.getfixturevalue("redis_server").url
+    shards = SHARDS if backend == "redis-sharded" else None
 
     def open_redis(policy: Any, capacity: int, **kw: Any) -> tuple[Any, str]:
         name = unique_name()
-        return Engine.connect(url, name, policy, create=True, capacity=capacity, **kw), name
+        return Engine.connect(url, name, policy, create=True, capacity=capacity, shards=shards,
+                              **kw), name
 
     return open_redis
 

@@ -37,6 +37,7 @@ from .routes import Routes
 from .urls import UrlTable
 
 if TYPE_CHECKING:
+    from ..redis.shard_urls import ShardedUrls
     from ..redis.urls import RedisUrls
 
 ROUTES_SUFFIX = "routes"
@@ -58,7 +59,7 @@ def store_routes(name: str, routes: Routes | None) -> None:
         shmfile.create(name, ROUTES_SUFFIX, routes.to_json().encode())
 
 
-def stored_routes(name: str, urls: RedisUrls | None = None) -> Routes | None:
+def stored_routes(name: str, urls: RedisUrls | ShardedUrls | None = None) -> Routes | None:
     """The routes pool ``name`` was started with, or None; on Redis (``urls`` given), those
     stored with the queue."""
     if urls is not None:
@@ -137,7 +138,7 @@ def add_corpus(eng: Any, urls: Any, corpus: Corpus) -> Added:
         return Added(len(new), len(again), unparked, rows_used)
 
 
-def add_to_redis(urls: RedisUrls, new_urls: list[str], due_ms: Any, interval_s: Any,
+def add_to_redis(urls: RedisUrls | ShardedUrls, new_urls: list[str], due_ms: Any, interval_s: Any,
                  provenance: Any, failures: Any = None) -> Added:
     """Add the URLs not known yet to a Redis queue, with their rows (``RedisUrls.add``).
     ``first_row`` is set when the new rows are consecutive (another host adding meanwhile may

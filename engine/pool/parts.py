@@ -107,10 +107,10 @@ def attach_urls(name: str, eng: QueueEngine, redis: str | None = None) -> RowUrl
     queue (read through ``eng``)."""
     if redis is None:
         return UrlTable.attach(name)
-    from ..redis import RedisEngine
-    from ..redis.urls import RedisUrls
+    from ..redis import RedisEngine, ShardedEngine
+    from ..redis.shard_urls import row_urls
 
-    if not isinstance(eng, RedisEngine):
-        raise EngineValueError(f"the URLs of a Redis queue are read through its RedisEngine, "
+    if not isinstance(eng, RedisEngine | ShardedEngine):
+        raise EngineValueError(f"the URLs of a Redis queue are read through its engine, "
                                f"not {type(eng).__name__}")
-    return RedisUrls(eng)
+    return row_urls(eng)  # one queue, or over shards, as the queue is

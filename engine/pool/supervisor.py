@@ -64,6 +64,7 @@ from .worker import WorkerSpec, worker_main
 
 if TYPE_CHECKING:
     from ..redis import RedisEngine
+    from ..redis.shards import ShardedEngine
     from .browser import BrowserSpec
     from .refresh import CorpusRefresh
 
@@ -164,7 +165,7 @@ class Pool:
                render: AnyRender, options: PoolOptions | None = None, *,
                policy: LanePolicy | None = None, capacity: int | None = None,
                failures: Any = None, routes: Routes | None = None, redis: str | None = None,
-               local: str | None = None) -> Pool:
+               local: str | None = None, shards: int | None = None) -> Pool:
         """A new engine filled with a corpus (row ``r`` renders ``urls[r]``), with room for it
         to grow (``GROWTH_ROOM``) unless ``capacity`` is given. ``routes`` (the ones the corpus
         was read with) are kept for the rows ``lanes add`` adds later.
@@ -173,7 +174,8 @@ class Pool:
         missing (with ``policy`` and ``capacity``, default ``MAX_ROWS``); the corpus's URLs not
         in it yet are added (``Pool.added`` says what happened), so the pool of every host
         starts with the same call. Its files in /dev/shm are named ``local`` (default
-        ``name``): two pools on one host need two local names."""
+        ``name``): two pools on one host need two local names. ``shards``: the queue is (or is
+        made) over that many shards (docs/redis.md "Shards")."""
         options = options or PoolOptions()
         n = len(urls)
         if n == 0:
@@ -184,7 +186,8 @@ class Pool:
                 raise EngineValueError(f"{what} has {len(col)} entries for {n} URLs")
         if redis is not None:
             return cls._on_redis(redis, name, render, options, local, policy, capacity, routes,
-                                 (urls, due_ms, interval_s, provenance, failures))
+                                 (urls, due_ms, interval_s, provenance, failures),
+                                 shards=shards)
         if local is not None and local != name:
             raise EngineValueError("a local name is for pools on Redis: a pool on shared memory"
                                    " names its files after its engine")
@@ -203,7 +206,7 @@ class Pool:
                options: PoolOptions | None = None, *, policy: LanePolicy | None = None,
                capacity: int | None = None, routes: Routes | None = None,
                corpus: Corpus | None = None, redis: str | None = None,
-               local: str | None = None) -> Pool:
+               local: str | None = None, shards: int | None = None) -> Pool:
         """A new engine holding the schedule, URLs and failure log of checkpoint ``path``.
 
         ``routes`` set the intervals (and provenances) of the rows they match, as at ingest;
@@ -226,18 +229,20 @@ class Pool:
             ck = replace(ck, interval_s=interval, provenance=prov.astype(np.int64))
         if redis is not None:
             pool = cls._on_redis(redis, name, render, options, local, policy, capacity, routes,
-                                 None, resume=ck)
+                                 None, resume=ck, shards=shards)
             try:
                 restored = ck.extra.get("failures")
                 if restored:
-                    pool.failures.import_(restored, {u: r for r, u in enumerate(urls)})
+                    # the rows the URLs have now (over shards, not their saved order)
+                    pool.failures.import_(restored, {u: r for r, u in
+                                                     enumerate(pool.urls.urls()) if u})
                 if corpus is not None:
                     pool.added = add_corpus(pool.engine, pool.urls, corpus)
             except BaseException:
-                from ..redis.urls import RedisUrls
+                from ..redis.shard_urls import row_urls
 
                 made = cast("RedisEngine", pool.engine)  # ours, made just now: deleted again
-                RedisUrls(made).drop()
+                row_urls(made).drop()
                 made.drop()
                 pool.close()
                 raise
@@ -263,22 +268,25 @@ class Pool:
 
     @classmethod
     def join(cls, redis: str, name: str, render: AnyRender, options: PoolOptions | None = None,
-             *, local: str | None = None, policy: LanePolicy | None = None) -> Pool:
+             *, local: str | None = None, policy: LanePolicy | None = None,
+             shards: int | None = None) -> Pool:
         """A pool over the existing Redis queue ``name`` at ``redis`` (another host's pool made
-        it, or ``create`` did); ``SegmentMissing`` if there is none."""
+        it, or ``create`` did); ``SegmentMissing`` if there is none. ``shards``: the count it
+        must have (None: as it is)."""
         return cls._on_redis(redis, name, render, options or PoolOptions(), local, policy, None,
-                             None, None)
+                             None, None, shards=shards)
 
     @classmethod
     def _on_redis(cls, redis: str, name: str, render: AnyRender, options: PoolOptions,
                   local: str | None, policy: LanePolicy | None, capacity: int | None,
                   routes: Routes | None, corpus: tuple[Any, ...] | None,
-                  resume: checkpoint.Checkpoint | None = None) -> Pool:
+                  resume: checkpoint.Checkpoint | None = None,
+                  shards: int | None = None) -> Pool:
         """A pool over a Redis queue: its local files first (a clash with a running pool is
         found before Redis is touched), then the queue (made and filled when ``corpus`` is
         given, made from checkpoint ``resume`` when given). Nothing is left on this host if it
         fails; a queue that existed before is never dropped."""
-        from ..redis.urls import RedisUrls, restore
+        from ..redis.shard_urls import restore, row_urls
         from .grow import add_to_redis
 
         if options.time_scale != 1.0:
@@ -287,21 +295,22 @@ class Pool:
         local = local or name
         _clear_stale_local(local)
         board, failures = _local_files(local, options)
-        eng: RedisEngine | None = None
+        eng: RedisEngine | ShardedEngine | None = None
         try:
             if resume is not None:
-                eng, table = restore(resume, redis, name, policy, capacity)
+                eng, table = restore(resume, redis, name, policy, capacity, shards)
             else:
                 try:
                     # Not create=True first: that would also replace another version of the
                     # function library under the pools of other hosts (RedisEngine.connect).
-                    eng = Engine.connect(redis, name, policy)
+                    eng = Engine.connect(redis, name, policy, shards=shards)
                 except SegmentMissing as e:
                     if corpus is None:
                         raise SegmentMissing(f"{e}: start the first pool with --corpus FILE,"
                                              " which creates it") from None
-                    eng = Engine.connect(redis, name, policy, create=True, capacity=capacity)
-                table = RedisUrls(eng)
+                    eng = Engine.connect(redis, name, policy, create=True, capacity=capacity,
+                                         shards=shards)
+                table = row_urls(eng)
             added = add_to_redis(table, *corpus) if corpus is not None else None
             if routes is not None:
                 table.store_routes(routes.to_json())

@@ -62,6 +62,7 @@ from ..keys import check_due_array, check_due_ms
 from ..policy import CLASSES, MAX_INTERVAL_S, ONE, PROVENANCES, LanePolicy
 from ..process import host_owner_id, is_running
 from . import codec
+from .catalog import Catalog, catalog_key, refuse_count
 from .codec import (
     LAYOUT_VERSION,
     LIBRARY,
@@ -106,11 +107,13 @@ class RedisEngine:
     supports_compact: ClassVar[bool] = False
     spans_hosts: ClassVar[bool] = True
 
-    def __init__(self, transport: Transport, name: str) -> None:
+    def __init__(self, transport: Transport, name: str,
+                 keys: tuple[str, str, str, str, str] | None = None) -> None:
         self.transport = transport
         """The connection to the server (or Cluster primary) holding the queue."""
         self._name = name
-        self._keys = queue_keys(name)
+        self._keys = queue_keys(name) if keys is None else keys
+        self._shard = keys is not None
         self._owner_pid = -1
         self._owner = ""
         self.created = False
@@ -122,7 +125,8 @@ class RedisEngine:
     def connect(cls, url: str, name: str, policy: LanePolicy | None = None,
                 create: bool = False, *, capacity: int | None = None, upgrade: bool = False,
                 timeout: float = 10.0, cluster: bool | None = None,
-                wait_replicas: int | None = None) -> RedisEngine:
+                wait_replicas: int | None = None,
+                shard_keys: tuple[str, str, str, str, str] | None = None) -> RedisEngine:
         """Connect to queue ``name`` on the Redis server at ``url`` (any URL redis-py takes:
         ``redis://``, ``rediss://``, ``unix://``, with credentials).
 
@@ -145,6 +149,11 @@ class RedisEngine:
         ``wait_replicas``: every write waits until this many replicas have it (``WAIT``, at
         most ``wait_timeout_ms`` of the URL, default 1000) and raises ``OutcomeUnknown`` when
         fewer did; default: the URL's ``wait_replicas`` parameter, else 0 (no waiting).
+
+        ``shard_keys``: the keys of one shard of a queue spread over shards (made by
+        ``engine.redis.shards``, which checks the queue's shard record). Without it a queue
+        that has such a record is refused with ``ShardsMismatch`` (``Engine.connect`` then
+        opens it over its shards).
         """
         if not isinstance(url, str):
             raise EngineTypeError("url must be a str")
@@ -160,8 +169,9 @@ class RedisEngine:
             raise EngineTypeError(f"cluster must be a bool or None, got {cluster!r}")
         if wait_replicas is not None:
             check_int(wait_replicas, "wait_replicas", 0, 100)
-        eng = cls(Transport(url, name, queue_keys(name), LIBRARY_VERSION, float(timeout),
-                            wait_replicas), name)
+        keys = queue_keys(name) if shard_keys is None else shard_keys
+        eng = cls(Transport(url, name, keys, LIBRARY_VERSION, float(timeout), wait_replicas),
+                  name, shard_keys)
         try:
             t = eng.transport
             t.retrying(lambda: t.live().ping(), "cannot reach")
@@ -232,6 +242,9 @@ class RedisEngine:
             p = LanePolicy() if policy is None else policy
             self.created = bool(t.fcall("lanes_create", *policy_args(p), capacity, wall_ms()))
         layout, stored = t.call("HMGET", lambda r: r.hmget(self._keys[3], "layout", "policy"))
+        record = None if self._shard else t.call("GET", lambda r: r.get(catalog_key(self._name)))
+        if record is not None:
+            raise refuse_count(self._name, Catalog.from_json(self._name, record).shards, 1)
         if layout is None:
             raise SegmentMissing(f"no queue {self._name!r} at {redact(t.url)} "
                                  "(connect with create=True to make it)")
@@ -321,7 +334,10 @@ class RedisEngine:
                  failures: Any = None) -> IntArray:
         """Queue many rows; every element is checked before any row is sent. Rows go in chunks
         of ``ADD_CHUNK`` per FCALL (each chunk takes consecutive row ids)."""
-        blob = packed_rows(due_ms, interval_s, provenance, failures)
+        return self.add_packed(packed_rows(due_ms, interval_s, provenance, failures))
+
+    def add_packed(self, blob: Any) -> IntArray:
+        """``add_many`` of rows already checked and packed (``codec.packed_rows``)."""
         n = len(blob)
         out = np.empty(n, np.int64)
         for start in range(0, n, ADD_CHUNK):

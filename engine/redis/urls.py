@@ -24,7 +24,7 @@ Redis, and back with ``lanes pool --resume`` on shared memory.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ from ..api import RowUrls
 from ..checkpoint import Checkpoint
 from ..errors import EngineError, EngineValueError, SegmentExists, SegmentMissing
 from ..policy import LanePolicy
-from .codec import MAX_ROWS, now_arg, packed_rows
+from .codec import MAX_ROWS, now_arg, packed_rows, queue_keys
 from .engine import RedisEngine
 from .transport import redact
 
@@ -48,8 +48,13 @@ SCAN_COUNT = 10_000
 
 def pool_keys(name: str) -> tuple[str, str, str]:
     """The keys a pool keeps beside queue ``name``: urls, url_rows, routes (same hash tag)."""
-    tag = f"lanes:{{{name}}}:"
-    return f"{tag}urls", f"{tag}url_rows", f"{tag}routes"
+    return pool_keys_beside(queue_keys(name))
+
+
+def pool_keys_beside(keys: tuple[str, ...]) -> tuple[str, str, str]:
+    """The pool's keys beside a queue whose keys are ``keys`` (a shard's have their own tag)."""
+    prefix = keys[0].removesuffix("ready")
+    return f"{prefix}urls", f"{prefix}url_rows", f"{prefix}routes"
 
 
 @dataclass(frozen=True)
@@ -78,13 +83,24 @@ def _checked_url(i: int, url: object) -> bytes:
         raise EngineValueError(f"urls[{i}] = {url!r} cannot be written as UTF-8") from None
 
 
+def checked_rows(urls: Sequence[str], due_ms: Any, interval_s: Any, provenance: Any,
+                 failures: Any) -> tuple[list[bytes], npt.NDArray[np.uint8]]:
+    """Every URL and row of an add checked, before anything is sent: (the URLs as UTF-8, the
+    rows packed as ``lanes_add_urls`` takes them)."""
+    encoded = [_checked_url(i, u) for i, u in enumerate(urls)]
+    blob = packed_rows(due_ms, interval_s, provenance, failures)
+    if len(blob) != len(encoded):
+        raise EngineValueError(f"{len(blob)} rows for {len(encoded)} URLs")
+    return encoded, blob
+
+
 class RedisUrls:
     """Row id <-> URL of the Redis queue ``eng`` (which this object uses, never closes)."""
 
     def __init__(self, eng: RedisEngine) -> None:
         self.engine = eng
         self.name = eng.name
-        self._urls, self._url_rows, self._routes = pool_keys(eng.name)
+        self._urls, self._url_rows, self._routes = pool_keys_beside(eng.keys)
 
     def _plain(self, fn: str, *args: Any) -> Any:
         """A plain command (a read, or an idempotent write): retried on a lost connection."""
@@ -97,11 +113,12 @@ class RedisUrls:
         """Queue a row for each URL not known yet (``urls[i]`` with ``due_ms[i]``...); known
         URLs are left alone, except parked rows, made due now. Every URL and row is checked
         before anything is sent; each chunk of ``URL_CHUNK`` is one atomic FCALL."""
-        encoded = [_checked_url(i, u) for i, u in enumerate(urls)]
-        blob = packed_rows(due_ms, interval_s, provenance, failures)
-        if len(blob) != len(encoded):
-            raise EngineValueError(f"{len(blob)} rows for {len(encoded)} URLs")
-        now = now_arg(now_ms)
+        return self.add_checked(*checked_rows(urls, due_ms, interval_s, provenance, failures),
+                                now_arg(now_ms))
+
+    def add_checked(self, encoded: list[bytes], blob: npt.NDArray[np.uint8],
+                    now: int | str) -> UrlsAdded:
+        """``add`` of URLs and rows already checked (``checked_rows``), ``now`` as sent."""
         rows = np.empty(len(encoded), np.int64)
         states = np.empty(len(encoded), np.int64)
         for start in range(0, len(encoded), URL_CHUNK):
@@ -179,7 +196,8 @@ class RedisUrls:
 
 
 def restore(ck: Checkpoint, url: str, name: str, policy: LanePolicy | None = None,
-            capacity: int | None = None) -> tuple[RedisEngine, RedisUrls]:
+            capacity: int | None = None, *, connect: Callable[..., Any] = RedisEngine.connect,
+            table_of: Callable[[Any], Any] = RedisUrls) -> tuple[Any, Any]:
     """A new queue ``name`` at ``url`` holding a pool checkpoint's rows and their URLs, row ids
     renumbered from 0 in saved order (as ``Engine.from_checkpoint`` does on shared memory); the
     saved policy unless given, no bound on rows unless ``capacity``.
@@ -187,7 +205,9 @@ def restore(ck: Checkpoint, url: str, name: str, policy: LanePolicy | None = Non
     Refused with ``SegmentExists`` when the queue, or URL keys of an earlier one, exist: a Redis
     queue outlives its pools, so the way on is to join it, or to resume into another name. Rows
     and URLs go in together (``RedisUrls.add``: a row is never claimable without its URL);
-    if the restore fails the new queue is deleted again."""
+    if the restore fails the new queue is deleted again. ``connect`` and ``table_of`` open the
+    queue and its URL map (``engine.redis.shard_urls.restore`` passes those of a queue over
+    shards)."""
     if ck.urls is None:
         raise EngineValueError(f"the checkpoint of {ck.name!r} holds no URLs: not a pool"
                                " checkpoint")
@@ -200,31 +220,32 @@ def restore(ck: Checkpoint, url: str, name: str, policy: LanePolicy | None = Non
         f" so join it as it is (`lanes pool {name} --redis URL` without --resume), resume into"
         " a new queue name, or delete this queue first if the checkpoint is to replace it")
     try:
-        RedisEngine.connect(url, name).close()
+        connect(url, name).close()
     except SegmentMissing:
         pass
     else:
         raise taken
-    eng = RedisEngine.connect(url, name, ck.policy if policy is None else policy, create=True,
-                              capacity=capacity)
-    table = RedisUrls(eng)
+    eng = connect(url, name, ck.policy if policy is None else policy, create=True,
+                  capacity=capacity)
+    table = table_of(eng)
     if not eng.created:  # another host made it meanwhile
         eng.close()
         raise taken
-    if len(table):
+    left = len(table)
+    if left:
         eng.drop()
         eng.close()
         raise SegmentExists(f"queue {name!r} at {redact(url)} is gone but the URL keys of an"
-                            f" earlier queue of that name remain ({table._urls}): delete them,"
+                            f" earlier queue of that name remain ({left} URLs): delete them,"
                             " or resume into a new queue name")
     try:
         got = table.add(ck.urls, ck.due_ms, ck.interval_s, ck.provenance, ck.failures)
-        if not np.array_equal(got.rows, np.arange(len(ck))) or got.added != len(ck):
+        if got.added != len(ck) or eng.stats()["rows"] != len(ck):
             raise EngineError(f"queue {name!r}: rows were added by someone else during the"
                               " restore")
         for i in np.flatnonzero(ck.urgent):
             # A rush puts the row in the urgent lane due at `now_ms`: at its saved due time.
-            eng.prioritize(int(i), "rush", now_ms=int(ck.due_ms[i]))
+            eng.prioritize(int(got.rows[i]), "rush", now_ms=int(ck.due_ms[i]))
     except BaseException:
         table.drop()
         eng.drop()

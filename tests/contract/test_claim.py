@@ -14,6 +14,8 @@ from lanes_testlib import DAY, HOUR, MINUTE, NOW
 from engine import STRIDE, LanePolicy, encode
 from engine.errors import EngineError, EngineTypeError, EngineValueError
 
+ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
+
 pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 PRODUCT_INTERVAL = 48 * 3600
@@ -36,6 +38,7 @@ def _headline(eng):
 # -- the headline -------------------------------------------------------------------------------
 
 
+@pytest.mark.one_queue(ONE_PASS)
 @pytest.mark.parametrize("compacted", [False, True], ids=["recent-writes", "indexed"])
 @pytest.mark.parametrize("window", [1, 140])
 def test_deep_backlog_in_slow_lane_does_not_hide_fast_lane(make_engine, compacted, window):
@@ -52,6 +55,7 @@ def test_deep_backlog_in_slow_lane_does_not_hide_fast_lane(make_engine, compacte
     assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_without_lanes_the_deep_backlog_hides_the_homepage(make_engine):
     eng = make_engine(LanePolicy(lanes_enabled=False))
     products, home = _headline(eng)
@@ -64,6 +68,7 @@ def test_without_lanes_the_deep_backlog_hides_the_homepage(make_engine):
     assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_remainder_edf_serves_global_due_order_across_lanes(make_engine):
     eng = make_engine(LanePolicy(remainder="edf"))
     products, home = _headline(eng)
@@ -73,6 +78,7 @@ def test_remainder_edf_serves_global_due_order_across_lanes(make_engine):
     assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_remainder_lateness_serves_the_lane_head_latest_relative_to_its_interval(make_engine):
     """The headline again: the homepage is 2 intervals late, the oldest product 3 days of 2, so
     1.5 intervals: the homepage first, then products in due order. Only the choice between lane
@@ -85,6 +91,7 @@ def test_remainder_lateness_serves_the_lane_head_latest_relative_to_its_interval
     assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_remainder_lateness_weights_scale_a_lane_head_lateness(make_engine):
     """Weight 0.5 on the homepage band makes its 2 intervals count as 1, below the products'
     1.5: products first. Weight 1000 on the product band keeps it ahead of a homepage 10 h late."""
@@ -102,6 +109,7 @@ def test_remainder_lateness_weights_scale_a_lane_head_lateness(make_engine):
     assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_remainder_lateness_ignores_rows_not_yet_due_and_breaks_ties_by_lane(make_engine):
     """A row due in the future is no candidate however short its interval; equal lateness goes
     to the lower lane, and a row due this very millisecond (lateness 0) is still granted."""
@@ -115,6 +123,7 @@ def test_remainder_lateness_ignores_rows_not_yet_due_and_breaks_ties_by_lane(mak
     assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_remainder_lateness_opens_a_lone_lane_before_taking_from_it(make_engine):
     """With a single lane left and no runner-up, the pass opens that lane before granting: the
     process's cursor for the lane is a past pass's, here another engine's, whose rows are not
@@ -130,6 +139,7 @@ def test_remainder_lateness_opens_a_lone_lane_before_taking_from_it(make_engine)
     assert second.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 @pytest.mark.parametrize("flip", [False, True])
 def test_remainder_lateness_is_exact_where_doubles_cannot_tell(make_engine, flip):
     """Two heads whose lateness x other interval differ by 1 in 2^64 (the lengths of a 136-year
@@ -228,6 +238,7 @@ def test_bad_claim_arguments_are_rejected_and_change_nothing(eng, kwargs):
 # -- EDF inside a lane, and the disabled / edf orders -------------------------------------------
 
 
+@pytest.mark.one_queue(ONE_PASS)
 @settings(max_examples=25)
 @given(
     offsets=st.lists(st.integers(-5 * DAY, 2 * HOUR), min_size=1, max_size=40),
@@ -253,6 +264,7 @@ def test_rows_of_one_lane_are_claimed_in_due_order(fresh, offsets, budgets, comp
         assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 @settings(max_examples=20)
 @given(
     spec=st.lists(
@@ -278,6 +290,7 @@ def test_lanes_disabled_behaves_as_one_edf_queue(fresh, spec, budget):
         assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 @settings(max_examples=20)
 @given(
     spec=st.lists(
@@ -304,6 +317,7 @@ def test_remainder_edf_grants_the_globally_earliest_rows(fresh, spec, budget):
 # -- floors -------------------------------------------------------------------------------------
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_wedged_lane_does_not_strand_another_lane(make_engine):
     eng = make_engine(LanePolicy(cold_after=255))
     wedged_due = NOW - 3 * DAY
@@ -383,6 +397,7 @@ def test_floor_is_lowered_by_a_write_below_it(eng):
     assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_floor_is_lowered_by_a_reschedule_below_it(make_engine):
     # lane order: its pass proposes the floor past the row it grants in that same pass
     eng = make_engine(LanePolicy(remainder="lane-order"))
@@ -462,6 +477,7 @@ def test_due_entries_past_the_window_are_counted_as_spilled(eng):
     assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_window_caps_what_one_lane_grants_in_one_pass(eng):
     rows = [eng.add(NOW - HOUR - i, HOME_INTERVAL) for i in range(30)]  # lane 1, all due
     eng.compact()

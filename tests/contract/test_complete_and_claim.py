@@ -17,6 +17,8 @@ from engine import Claims, Engine, LanePolicy
 from engine.api import DEFAULT_LEASE_MS, DEFAULT_WINDOW
 from engine.errors import EngineClosed, EngineError, EngineTypeError, EngineValueError
 
+ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
+
 pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 ROWS = 300
@@ -43,6 +45,7 @@ def _batch(c) -> list[tuple[int, int, int]]:
     return list(zip(c.rows.tolist(), c.lanes.tolist(), c.due_ms.tolist(), strict=True))
 
 
+@pytest.mark.one_queue(ONE_PASS)
 @pytest.mark.parametrize("budget", [1, 5, 16])
 def test_complete_and_claim_grants_and_counts_exactly_as_complete_many_then_claim(fresh, budget):
     policy = LanePolicy(min_share={"discovered": 0.25, "cold": 0.05})
@@ -79,6 +82,7 @@ def test_complete_and_claim_takes_plain_arrays_and_reports_stale_tokens(fresh):
         assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_complete_many_of_a_claims_arrays_equals_completing_copies(fresh):
     with fresh() as a, fresh() as b:
         _fill(a), _fill(b)

@@ -60,7 +60,7 @@ def test_release_takes_now_ms_and_checks_it_on_every_backend(eng: Any) -> None:
 
 def test_capabilities_are_declared_and_compact_is_safe_everywhere(backend: str, eng: Any) -> None:
     assert eng.supports_compact is (backend == "shm")
-    assert eng.spans_hosts is (backend == "redis")
+    assert eng.spans_hosts is (backend != "shm")
     rows = eng.add_many([NOW - DAY, NOW - MINUTE, NOW + DAY], 3600)
     eng.compact()
     eng.compact(full=True)
@@ -81,7 +81,8 @@ def test_save_keeps_extra_and_load_takes_capacity_and_policy_by_keyword(
         url = request.getfixturevalue("redis_server").url
         with pytest.raises(TypeError):
             type(eng).load(path, url, name, 100)  # capacity is keyword-only
-        back = type(eng).load(path, url, name, capacity=100, policy=policy)
+        shards = {"shards": eng.catalog.shards} if backend == "redis-sharded" else {}
+        back = type(eng).load(path, url, name, capacity=100, policy=policy, **shards)
     else:
         with pytest.raises(TypeError):
             Engine.load(path, name, 100)  # capacity is keyword-only

@@ -12,6 +12,8 @@ from lanes_testlib import DAY, HOUR, MINUTE, NOW
 from engine import LanePolicy, LeaseLost
 from engine.errors import EngineError, EngineValueError
 
+ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
+
 pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 DESCRIBE_KEYS = {"row", "due_ms", "lane", "interval_s", "failures", "provenance", "queued",
@@ -69,6 +71,7 @@ def test_stale_token_raises_lease_lost_and_changes_nothing(eng):
     assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 @pytest.mark.parametrize("op", ["complete", "fail", "release", "renew"])
 def test_a_lapsed_lease_nobody_claimed_again_can_still_be_ended_by_its_holder(eng, op):
     """Stale means the lease expired *and someone else claimed the row* (docs/design.md §5): until then
@@ -231,6 +234,7 @@ def test_back_off_grows_with_failures(make_engine):
     assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_prioritize_rush_moves_to_urgent_due_now(eng):
     row = eng.add(NOW + DAY, 172800, provenance="discovered")
     others = [eng.add(NOW - HOUR - i, 600) for i in range(10)]

@@ -24,6 +24,10 @@ from lanes_testlib import (
 from engine import LanePolicy
 from engine.policy import reference_pass
 
+ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
+SHORT_PASS = ("a cap or floor of one pass (over shards a short pass moves on to the next"
+              " shard, whose pass has a cap and floors of its own)")
+
 LANE_ORDER = LanePolicy(remainder="lane-order")
 """The floors with the rest in lane order: what a floor guarantees, apart from the lateness
 remainder's order (which serves a floor class beyond its floor when it is the latest)."""
@@ -81,6 +85,7 @@ def _discovered_share(fresh, budget, calls):
         return counts[5] / sum(counts)
 
 
+@pytest.mark.one_queue(SHORT_PASS)
 def test_discovered_floor_is_a_minimum_with_budget_one_and_sixty_four(fresh):
     one = _discovered_share(fresh, 1, 320)
     many = _discovered_share(fresh, 64, 5)
@@ -168,6 +173,7 @@ def test_an_idle_class_banks_no_credit(fresh):
         assert eng.verify() == []
 
 
+@pytest.mark.one_queue(SHORT_PASS)
 def test_urgent_cap_holds_when_nothing_else_is_due(fresh):
     with fresh(capacity=1024) as eng:
         rows = _fill(eng, urgent=40)
@@ -188,6 +194,7 @@ def test_urgent_cap_holds_with_other_lanes_due_and_capacity_goes_to_them(fresh):
         assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_uncapped_urgent_drains_first(fresh):
     with fresh(STRICT, capacity=1024) as eng:
         _fill(eng, submitted=50, urgent=30)
@@ -200,6 +207,7 @@ def test_uncapped_urgent_drains_first(fresh):
 # -- the C pass against the reference allocator -------------------------------------------------
 
 
+@pytest.mark.one_queue(ONE_PASS)
 @settings(max_examples=40, deadline=None)
 @given(
     policy=share_policies(),
@@ -253,6 +261,7 @@ def test_uncapped_urgent_lane_accrues_no_credit(fresh):
         assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 @settings(max_examples=40, deadline=None)
 @given(
     weights=st.dictionaries(st.sampled_from(LanePolicy().lane_names()),
@@ -291,6 +300,7 @@ def test_lateness_grants_what_the_reference_grants_as_floors_rise(fresh, weights
         assert eng.verify() == []
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_a_running_engine_moves_to_the_default_with_set_policy_rewriting_no_row(fresh):
     """An engine running the lane-order floors (the policy a deployment made before the
     lateness default) moves to ``LanePolicy()`` live: a worker's next claim on its own handle

@@ -14,6 +14,8 @@ from lanes_testlib import DAY, HOUR, MINUTE, NOW, another_handle, snapshot
 from engine import STRIDE, CapacityError, LanePolicy, encode
 from engine.errors import EngineError, EngineTypeError, EngineValueError, NotAllowed
 
+ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
+
 pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
 
 N = 8
@@ -224,6 +226,7 @@ def _headline(eng):
     return products, home
 
 
+@pytest.mark.one_queue(ONE_PASS)
 def test_set_policy_from_an_attached_handle_changes_the_next_claim_and_rewrites_no_row(eng):
     products, home = _headline(eng)
     rows = products + [home]

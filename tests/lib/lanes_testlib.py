@@ -86,8 +86,9 @@ def dispose(eng: Any, name: str) -> None:
 
 
 def is_redis(eng: Any) -> bool:
-    """Whether ``eng`` is a RedisEngine (without importing redis-py for the shm-only tests)."""
-    return type(eng).__name__ == "RedisEngine"
+    """Whether ``eng`` is a RedisEngine, or one over shards (without importing redis-py for the
+    shm-only tests)."""
+    return type(eng).__name__ in ("RedisEngine", "ShardedEngine")
 
 
 def address(eng: Any) -> tuple[str, ...]:
