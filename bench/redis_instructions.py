@@ -18,6 +18,7 @@ checkout (e.g. the main branch), with this bench's corpus. Needs valgrind; about
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import os
 import re
@@ -38,14 +39,18 @@ sys.path.insert(0, str(HERE.parent / "tests" / "lib"))
 from common import BUDGET, NOW, corpus  # noqa: E402
 from redis_server import RedisServer, find_server  # noqa: E402
 
-from engine import STRIDE, RedisEngine  # noqa: E402
+from engine import STRIDE, LanePolicy, RedisEngine  # noqa: E402
+from engine.policy import REMAINDERS  # noqa: E402
 
 LEASE_MS = 60_000
 
 
-def engine_cycles(srv: RedisServer, rows: int) -> tuple[Callable[[], None], int]:
-    """(one worker cycle of RedisEngine, commands per cycle), the queue filled and warm."""
-    eng = RedisEngine.connect(srv.url, "calls", create=True, timeout=60)
+def engine_cycles(srv: RedisServer, rows: int, remainder: str | None = None,
+                  ) -> tuple[Callable[[], None], int]:
+    """(one worker cycle of RedisEngine, commands per cycle), the queue filled and warm; the
+    default policy, or the default with another ``remainder``."""
+    policy = LanePolicy() if remainder is None else LanePolicy(remainder=remainder)
+    eng = RedisEngine.connect(srv.url, "calls", policy, create=True, timeout=60)
     eng.add_many(*corpus(rows))
     held = [eng.claim(budget=BUDGET, now_ms=NOW, lease_ms=LEASE_MS)]
 
@@ -130,10 +135,14 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--cycles", type=int, default=300)
     ap.add_argument("--checkout", help="count the engine of this checkout instead")
+    ap.add_argument("--remainder", choices=REMAINDERS, default=None,
+                    help="the engine's policy: the default with this remainder")
     ap.add_argument("--peer", choices=("engine", "zpopmin"), default="engine",
                     help="zpopmin: count bench_servers.py's ZPOPMIN peer instead")
     a = ap.parse_args()
-    got = measure(a.rows, a.cycles, a.peer)
+    make = functools.partial(engine_cycles, remainder=a.remainder) if a.peer == "engine" \
+        else None
+    got = measure(a.rows, a.cycles, a.peer, make)
     what = engine_at() if a.peer == "engine" else "the ZPOPMIN peer"
     print(f"{what}: server instructions per cycle of 16: {got['instructions_per_cycle']:,} "
           f"(over {got['commands']} commands)")

@@ -204,38 +204,83 @@ local function remainder_edf(pass, first)
   in_due_order({pass.lanes, pass.members, pass.keys}, pass.keys, pass.lanes, start)
 end
 
--- The heads remainder_lateness weighs, per lane from `first` on: the next `remaining` due rows,
--- their due times and intervals (an interval of 0 as 1 s), the lane's weight.
-local function late_heads(pass, first)
-  local heads = {}
-  for l = first, pass.nl - 1 do
-    local got = ahead(pass, l)
-    if #got > 0 then
-      local ms, dues = {}, {}
-      for i = 1, #got, 2 do
-        ms[#ms + 1] = got[i]
-        dues[#dues + 1] = tonumber(got[i + 1]) - l * STRIDE
-      end
-      local recs = get_many(pass.K, ms)
-      local ivs = {}
-      for i = 1, #recs do ivs[i] = math.max(1, (record(recs[i]))) end
-      heads[l] = {dues = dues, ivs = ivs, at = 1, w = pass.P.weights[l] or ONE}
+-- The heads remainder_lateness weighs are read a few at a time, as picks reach them: most
+-- picks go to few lanes, and reading every lane's next `remaining` rows (scores, records)
+-- was most of a pass's cost. The rows and the picks are those of reading them all at once.
+local LATE_CHUNK = 4
+
+-- Lane l's next due rows after the `h.read` already read (up to `h.limit` in all): their
+-- members and keys (as ZRANGE gives them: what a grant takes) and due times; the members whose
+-- intervals are still to read are appended to `ms`. False when there are no more.
+local function late_read(pass, l, h, ms)
+  local n = math.min(LATE_CHUNK, h.limit - h.read)
+  if n <= 0 then return false end
+  local got = rcall('ZRANGE', pass.K[1], lane_lo(pass, l), lane_hi(pass, l), 'BYSCORE', 'LIMIT',
+    pass.taken[l] + h.read, n, 'WITHSCORES')
+  local k = #got / 2
+  if k < n then h.limit = h.read + k end
+  local base = h.read
+  for i = 1, #got, 2 do
+    local j = base + (i + 1) / 2
+    h.ms[j], h.keys[j] = got[i], got[i + 1]
+    h.dues[j] = tonumber(got[i + 1]) - l * STRIDE
+    ms[#ms + 1] = got[i]
+  end
+  h.read = base + k
+  return k > 0
+end
+
+-- The intervals of the rows `late_read` read (an interval of 0 as 1 s), one read for them all.
+local function late_intervals(pass, reads, ms)
+  if #ms == 0 then return end
+  local recs, at = get_many(pass.K, ms), 0
+  for _, h in ipairs(reads) do
+    for j = #h.ivs + 1, h.read do
+      at = at + 1
+      h.ivs[j] = math.max(1, (record(recs[at])))
     end
   end
+end
+
+-- The next rows of lane l, when its heads are used up; false when it has none left.
+local function late_refill(pass, l, h)
+  local ms = {}
+  if not late_read(pass, l, h, ms) then return false end
+  late_intervals(pass, {h}, ms)
+  return true
+end
+
+-- The heads remainder_lateness weighs, per lane from `first` on (each lane's first rows read;
+-- at most `remaining` of them in all, or what is left of its window), and the lane's weight.
+local function late_heads(pass, first)
+  local heads, reads, ms = {}, {}, {}
+  for l = first, pass.nl - 1 do
+    local h = {ms = {}, keys = {}, dues = {}, ivs = {}, at = 1, read = 0,
+               w = pass.P.weights[l] or ONE,
+               limit = math.max(0, math.min(pass.remaining, pass.window - pass.taken[l]))}
+    if late_read(pass, l, h, ms) then
+      heads[l] = h
+      reads[#reads + 1] = h
+    end
+  end
+  late_intervals(pass, reads, ms)
   return heads
 end
 
 -- The lane of each of the next `remaining` grants, one pick at a time of the lane whose head has
 -- the highest weight * (now - due) / interval (compared as products, ties to the lower lane),
--- and how many grants each lane gets.
+-- and the index of each in its lane's heads.
 local function late_picks(pass, heads, first)
   local now = pass.now
-  local picks, want = {}, {}
+  local picks, idx = {}, {}
   for _ = 1, pass.remaining do
     local best, best_w, best_late, best_iv
     for l = first, pass.nl - 1 do
       local h = heads[l]
-      if h and h.at <= #h.dues then
+      if h and not h.done and h.at > #h.dues and not late_refill(pass, l, h) then
+        h.done = true
+      end
+      if h and not h.done then
         local late = math.max(0, now - h.dues[h.at])
         local iv = h.ivs[h.at]
         if not best or product_gt(h.w, late, best_iv, best_w, best_late, iv) then
@@ -244,38 +289,30 @@ local function late_picks(pass, heads, first)
       end
     end
     if not best then break end
-    heads[best].at = heads[best].at + 1
     picks[#picks + 1] = best
-    want[best] = (want[best] or 0) + 1
+    idx[#idx + 1] = heads[best].at
+    heads[best].at = heads[best].at + 1
   end
-  return picks, want
+  return picks, idx
 end
 
--- 4. The remainder by lateness, lanes from `first` on: the grants late_picks chose, taken lane
--- by lane, then put in the order they were picked.
+-- 4. The remainder by lateness, lanes from `first` on: the rows late_picks chose, granted in
+-- the order they were picked (the rows late_read read: no second seek).
 local function remainder_lateness(pass, first)
   if pass.remaining <= 0 then return end
-  local picks, want = late_picks(pass, late_heads(pass, first), first)
-  local start = #pass.members
-  local at = {}
-  for l = first, pass.nl - 1 do
-    if want[l] then
-      at[l] = #pass.members + 1
-      take(pass, l, want[l])
-    end
-  end
-  local cols = {pass.lanes, pass.members, pass.keys}
-  local moved = {}
+  local heads = late_heads(pass, first)
+  local picks, idx = late_picks(pass, heads, first)
+  local members, keys, lanes = pass.members, pass.keys, pass.lanes
+  local taken, grants = pass.taken, pass.grants
+  local at = #members
   for k, l in ipairs(picks) do
-    for c, col in ipairs(cols) do
-      moved[c] = moved[c] or {}
-      moved[c][k] = col[at[l]]
-    end
-    at[l] = at[l] + 1
+    local h, i = heads[l], idx[k]
+    at = at + 1
+    members[at], keys[at], lanes[at] = h.ms[i], h.keys[i], l
+    taken[l] = taken[l] + 1
+    grants[l] = grants[l] + 1
   end
-  for c, col in ipairs(cols) do
-    for k = 1, #picks do col[start + k] = moved[c][k] end
-  end
+  pass.remaining = pass.remaining - #picks
 end
 
 -- The batch leased: its rows out of ready, a holder entry per row and the batch's record, its

@@ -30,6 +30,7 @@ local function limb_mul(a, b)
   return t
 end
 local function product_gt(a1, a2, a3, b1, b2, b3)
+  if a1 == b1 and a2 == b2 and a3 == b3 then return false end -- a tie, common: no limbs
   local x, y = a1 * a2 * a3, b1 * b2 * b3
   if x > y * (1 + 1e-12) then return true end
   if x < y * (1 - 1e-12) then return false end
