@@ -95,7 +95,9 @@ DELAY_MS = 300
 
 
 @dataclass(frozen=True)
-class Klass:
+class ScaledClass:
+    """A route class of the run: ``rows`` URLs of one interval (seconds) and provenance."""
+
     name: str
     rows: int
     interval_s: int
@@ -106,7 +108,7 @@ class Klass:
         return self.rows / self.interval_s
 
 
-def size_corpus(capacity: float, deficit: float, longest: int) -> list[Klass]:
+def size_corpus(capacity: float, deficit: float, longest: int) -> list[ScaledClass]:
     """The default corpus's classes at ``deficit`` x ``capacity`` renders/s, each keeping its
     share of the default corpus's demand."""
     demand = {c.name: c.demand_per_h() for c in DEFAULT_CLASSES}
@@ -115,11 +117,11 @@ def size_corpus(capacity: float, deficit: float, longest: int) -> list[Klass]:
     for c in DEFAULT_CLASSES:
         iv = max(1, round(longest * SCALE[c.name]))
         rows = max(MIN_ROWS, round(demand[c.name] / total * deficit * capacity * iv))
-        out.append(Klass(c.name, rows, iv, c.provenance))
+        out.append(ScaledClass(c.name, rows, iv, c.provenance))
     return out
 
 
-def write_inputs(tmp: Path, site: SiteServer, classes: list[Klass]
+def write_inputs(tmp: Path, site: SiteServer, classes: list[ScaledClass]
                  ) -> tuple[Path, Path, dict[str, list[str]]]:
     """The pool's corpus CSV and routes TOML, and the URLs of each class (``/slow/N?class``:
     every class renders the same 300 ms page)."""
@@ -298,25 +300,27 @@ class Watcher:
         out: dict[str, Any] = {"seconds": (end - start) / 1000, "renders": len(
             [r for r in self.renders if start <= r[0] < end]), "hits": int(served.sum()),
             "refused": int((~served).sum()), "unrendered": len(self.class_of) - len(self.last)}
-        axes: list[tuple[str, int, list[str]]] = [("classes", 1, hit_class),
-                                                  ("lanes", 2, hit_lane)]
-        for axis, pick, hit_keys in axes:
-            groups: dict[str, Any] = {}
+        for axis, pick, hit_keys in (("classes", 1, hit_class), ("lanes", 2, hit_lane)):
+            groups = {}
             for key in dict.fromkeys([*(r[pick] for r in renders), *hit_keys]):
-                mine = [r for r in renders if r[pick] == key]
-                g = np.array([r[3] / 1000 / r[4] for r in mine])  # age at render ÷ interval
-                snap = (np.concatenate([s[3][s[pick] == key]
-                                        for s in snaps]) if snaps else np.zeros(0))
-                hits = hit_ratio[(np.array(hit_keys) == key) & served] if len(ids) else snap[:0]
-                groups[key] = {
-                    "renders": len(mine),
-                    "render_age": round(float(g.mean()), 4) if len(mine) else None,
-                    # E[G^2] / (2 E[G]) in intervals: the served mean these gaps imply
-                    "renewal": round(float((g ** 2).sum() / (2 * g.sum())), 4)
-                    if len(mine) else None,
-                    "snapshot": reading(snap), "served": reading(hits)}
+                snap = [sample[3][sample[pick] == key] for sample in snaps]
+                hits = hit_ratio[(np.array(hit_keys) == key) & served] if len(ids) else []
+                groups[key] = _group([r for r in renders if r[pick] == key],
+                                     np.concatenate(snap) if snap else [], hits)
             out[axis] = groups
         return out
+
+
+def _group(renders: list[tuple[int, str, str, int, int]], snapshot: Any, hits: Any
+           ) -> dict[str, Any]:
+    """One class's or lane's readings in a window: its renders' mean age at render ÷ interval,
+    the served mean those gaps imply, and the snapshot and served readings."""
+    g = np.array([r[3] / 1000 / r[4] for r in renders])  # age at render ÷ interval
+    return {"renders": len(renders),
+            "render_age": round(float(g.mean()), 4) if len(g) else None,
+            # E[G^2] / (2 E[G]), in intervals: the served mean these gaps imply
+            "renewal": round(float((g ** 2).sum() / (2 * g.sum())), 4) if len(g) else None,
+            "snapshot": reading(snapshot), "served": reading(hits)}
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -331,7 +335,7 @@ class Plan:
     rate: float
 
 
-def deficit_run(site: SiteServer, tmp: Path, classes: list[Klass], plan: Plan
+def deficit_run(site: SiteServer, tmp: Path, classes: list[ScaledClass], plan: Plan
                 ) -> tuple[list[dict[str, Any]], float, dict[str, Any]]:
     """The pool, the server and the client on the corpus; every window's readings, the mean
     render time (s) of the snapshots at the end, and what the client got."""
@@ -359,7 +363,8 @@ def deficit_run(site: SiteServer, tmp: Path, classes: list[Klass], plan: Plan
                 windows.append(watcher.window(start, end))
                 w = windows[-1]
                 print(f"  window {len(windows)}: {w['renders'] / w['seconds']:.2f} renders/s,"
-                      f" {w['hits']} hits", flush=True)
+                      f" {w['hits']} hits ({w['refused']} refused), {w['unrendered']} URLs"
+                      " not rendered yet", flush=True)
             render_s = statistics.mean(s.render_ms / 1000 for u in class_of
                                        if (s := store.get(u)) is not None)
         finally:
@@ -374,7 +379,7 @@ def deficit_run(site: SiteServer, tmp: Path, classes: list[Klass], plan: Plan
     return windows, render_s, {"status": dict(client.status), "errors": client.errors}
 
 
-def sim_config_text(classes: list[Klass], plan: Plan, render_s: float) -> str:
+def sim_config_text(classes: list[ScaledClass], plan: Plan, render_s: float) -> str:
     """The simulator's corpus file: the same rows, intervals and provenance, the pool's way of
     rescheduling, no failures and no rushes, the run's windows."""
     head = (f"tick_s = 1\nrender_s = {max(1, round(render_s))}\nfail_rate = 0.0\n"
@@ -408,7 +413,7 @@ def _cell(values: list[float | None], digits: int = 2) -> str:
     return f"{mid} [{min(got):.{digits}f}-{max(got):.{digits}f}]"
 
 
-def _class_rows(classes: list[Klass], windows: list[dict[str, Any]],
+def _class_rows(classes: list[ScaledClass], windows: list[dict[str, Any]],
                 sims: list[dict[str, float | None]]) -> list[list[str]]:
     rows = []
     for k in classes:
@@ -453,7 +458,7 @@ def table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def report(classes: list[Klass], windows: list[dict[str, Any]],
+def report(classes: list[ScaledClass], windows: list[dict[str, Any]],
            sims: list[dict[str, float | None]]) -> str:
     by_class = table(["class (interval, rows)", "lag s", "age at render: real", "sim",
                       "real/sim",
@@ -467,7 +472,7 @@ def report(classes: list[Klass], windows: list[dict[str, Any]],
             f" band, 1 h)\n{by_lane}")
 
 
-def make_figures(classes: list[Klass], windows: list[dict[str, Any]],
+def make_figures(classes: list[ScaledClass], windows: list[dict[str, Any]],
                  sims: list[dict[str, float | None]], capacity: float,
                  demand: float) -> list[dict[str, Any]]:
     rates = [w["renders"] / w["seconds"] for w in windows]
