@@ -153,6 +153,9 @@ def _check(args: argparse.Namespace) -> int:
     marks: list[str] = []
     try:
         if not isinstance(eng, Engine):
+            if args.repair:
+                print("nothing to repair: each write to a Redis queue is one function call,"
+                      " applied whole or not at all")
             problems = eng.verify()
         else:
             walk = eng._verify_walk()
