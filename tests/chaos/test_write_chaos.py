@@ -46,9 +46,20 @@ def _lanes(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, cwd=ROOT, timeout=120)
 
 
-def _kill_a_big_add(name: str, rng: random.Random) -> None:
+def _add_seconds(name: str) -> float:
+    """How long the big add of ``_kill_a_big_add`` takes here, now (into a scratch engine): the
+    kills are spread over it, however fast or loaded the machine."""
+    with Engine.create(name, 1 << 20, ring_capacity=4096) as scratch:
+        t0 = time.perf_counter()
+        scratch.add_many(np.arange(400_000) + 1000, 60)
+        took = time.perf_counter() - t0
+    return took
+
+
+def _kill_a_big_add(name: str, rng: random.Random, window_s: float) -> None:
     """An attached process adds a batch larger than the ring (published by a full rebuild, so
-    the add spends long between its stores and its publication) and is SIGKILLed midway."""
+    the add spends long between its stores and its publication) and is SIGKILLed midway: at a
+    random instant of the ``window_s`` the add takes."""
     code = ("import sys, numpy as np; from engine import Engine\n"
             "e = Engine.attach(sys.argv[1]); e.add_many(np.full(10, 1000), 60)\n"
             "print('ready', flush=True)\n"
@@ -57,7 +68,7 @@ def _kill_a_big_add(name: str, rng: random.Random) -> None:
     child = subprocess.Popen([sys.executable, "-c", code, name], stdout=subprocess.PIPE,
                              text=True, cwd=ROOT)
     assert child.stdout is not None and child.stdout.readline() == "ready\n"
-    time.sleep(rng.uniform(0.0, 0.15))
+    time.sleep(rng.uniform(0.0, window_s))
     child.send_signal(signal.SIGKILL)
     child.wait()
     child.stdout.close()
@@ -69,9 +80,10 @@ def test_lanes_check_tells_dead_writers_marks_from_violations_and_repairs_them()
     takes them back and says so (exit 0), after which rows == queued and verify() is empty."""
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     name, seen = unique_name(), set()
+    window_s = _add_seconds(unique_name())
     with Engine.create(name, 1 << 20, ring_capacity=4096) as eng:
         for _ in range(30):
-            _kill_a_big_add(name, rng)
+            _kill_a_big_add(name, rng, window_s)
             walk = eng._verify_walk()
             assert walk.problems == []
             if not walk.marks:
