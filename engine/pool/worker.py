@@ -42,6 +42,7 @@ from .board import (
     F_STARTS,
     record_render,
 )
+from .heartbeat import HEARTBEAT_S, Heartbeat
 from .parts import PoolParts
 from .progress import format_due
 from .render import RenderFn, RenderSpec
@@ -68,6 +69,7 @@ class WorkerSpec:
     local: str = ""  # the name of the pool's files in /dev/shm ("": the engine's name)
     redis: str | None = field(default=None, repr=False)  # the queue's Redis URL (may hold a
     # password, hence not in the repr); None: the shared-memory engine ``name``
+    heartbeat_s: float = HEARTBEAT_S  # on Redis (engine/pool/heartbeat.py); 0: none
 
 
 def worker_main(spec: WorkerSpec, slot_index: int) -> None:
@@ -89,6 +91,8 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
             worker.held.stop()
             with contextlib.suppress(EngineError):  # leaving anyway; leases lapse otherwise
                 worker.give_back(worker.held.rest(), at_stop=True)  # not rendered: stopping
+            if worker.beat is not None:
+                worker.beat.stop()
         parts.close()
 
 
@@ -192,6 +196,7 @@ class Worker:
         self.lease_ms = self.clock.virtual_ms(spec.lease_s * 1000)
         self.held = _Held(self.eng, self.now, self.lease_ms, self.slot)
         self.held.start(max(0.01, spec.lease_s / 3))
+        self.beat = Heartbeat.of(self.eng, spec.heartbeat_s)
         self._stop = stop
         # The supervisor is our parent (or, under forkserver, the server's, which exits with
         # it). A dead parent that is not reaped yet still answers kill(pid, 0); being

@@ -32,7 +32,7 @@ from ..keys import STRIDE, check_due_array, check_due_ms
 from ..policy import MAX_INTERVAL_S, PROVENANCES, REMAINDERS, LanePolicy, share_fp
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "10"
+LIBRARY_VERSION = "11"
 """Bump with any change to the library (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
 LAYOUT_VERSION = 4
@@ -52,6 +52,12 @@ LIVE = 4
 _ADD_ROW = np.dtype([("due", "<u8"), ("interval", "<u4"), ("prov", "u1"), ("failures", "u1")])
 _RECORD_DTYPE = np.dtype([("interval", ">u4"), ("failures", "u1"), ("flags", "u1")])
 assert _RECORD_DTYPE.itemsize == RECORD
+
+
+def beats_key(name: str) -> str:
+    """The heartbeats of queue ``name``'s owners (ZSET: owner id -> the time its heartbeat
+    lapses, ms), beside the five keys under the same hash tag (docs/redis.md "Heartbeats")."""
+    return f"lanes:{{{name}}}:beats"
 
 
 def queue_keys(name: str) -> tuple[str, str, str, str, str]:

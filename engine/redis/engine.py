@@ -71,6 +71,7 @@ from .codec import (
     RECORD,
     RedisClaims,
     batch_args,
+    beats_key,
     live_token,
     member,
     now_arg,
@@ -86,6 +87,9 @@ from .transport import Transport, redact
 MIN_REDIS = (7, 0)
 ADD_CHUNK = 10_000
 """Rows per FCALL of add_many: a big batch never blocks the server for long."""
+HEARTBEAT_TTL_MS = 2_000
+"""How long an owner's heartbeat holds (two beats of a pool's 1 s period): past it, the next
+beat of any other owner puts the owner's leases back (docs/redis.md "Heartbeats")."""
 
 
 def _check_name(name: object) -> str:
@@ -111,6 +115,7 @@ class RedisEngine:
         """The connection to the server (or Cluster primary) holding the queue."""
         self._name = name
         self._keys = queue_keys(name)
+        self._beats = beats_key(name)
         self._owner_pid = -1
         self._owner = ""
         self.created = False
@@ -255,7 +260,7 @@ class RedisEngine:
 
     def drop(self) -> None:
         """Delete the queue's keys from the server: every row, lease and counter."""
-        self.transport.call("DEL", lambda r: r.delete(*self._keys))
+        self.transport.call("DEL", lambda r: r.delete(*self._keys, self._beats))
 
     unlink = drop
 
@@ -565,6 +570,17 @@ class RedisEngine:
         if dead:
             self.transport.fcall("lanes_reap", *dead)
         return len(dead)
+
+    def heartbeat(self, ttl_ms: int = HEARTBEAT_TTL_MS, now_ms: int | None = None
+                  ) -> tuple[int, int]:
+        """This owner is alive for ``ttl_ms`` more (``0``: it leaves, its heartbeat goes); and
+        every owner whose heartbeat lapsed loses its leases, its rows put back claimable, its
+        tokens stale (docs/redis.md "Heartbeats"). One FCALL. Returns (owners reaped, rows put
+        back). Owners that never beat are never judged so: their leases lapse by expiry."""
+        ttl = check_int(ttl_ms, "ttl_ms", 0, 86_400_000)
+        owners, rows = self.transport.fcall("lanes_heartbeat", now_arg(now_ms), self.owner, ttl,
+                                            extra_keys=(self._beats,))
+        return int(owners), int(rows)
 
     # -- checkpoints (engine/checkpoint.py's format) ----------------------------------------------
 
