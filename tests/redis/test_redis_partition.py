@@ -9,9 +9,12 @@ redis-servers and leaves no server, namespace, link or process behind."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 
 import pytest
+from netns import unavailable
+from partition_lib import HostPool, Partitioned
 from redis_server import RedisServer, fresh_queue, module_server
 
 from engine import Engine, LeaseLost
@@ -127,3 +130,73 @@ def test_a_bad_heartbeat_ttl_is_refused_and_sends_nothing(server: RedisServer, q
         assert server.client().exists(beats_key(queue)) == 0  # type: ignore[attr-defined]
     finally:
         eng.close()
+
+
+# -- hosts in network namespaces -------------------------------------------------------------------
+
+needs_netns = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+
+
+def _owners_of(run: Partitioned, pool: HostPool) -> set[str]:
+    """The owner ids with live leases whose process belongs to ``pool``."""
+    eng = run.engine()
+    try:
+        owners = eng.stats()["owners"]
+    finally:
+        eng.close()
+    return {o for o in owners if int(o.rsplit(":", 2)[1]) in pool.pids}
+
+
+@needs_netns
+def test_a_host_killed_whole_has_its_rows_back_within_three_heartbeats() -> None:
+    """Leases of 30 s; heartbeats every 1 s (a TTL of 2 s): the dead host's leases end within
+    3 s of its death, not 30 s, and the other host renders its rows."""
+    with Partitioned(hosts=2, rows=40, lease_s=30.0, heartbeat_s=1.0, render_s=0.3) as run:
+        a, b = run.start(0), run.start(1)
+        run.wait(lambda: len(run.rendered_by(a)) >= 2 and len(run.rendered_by(b)) >= 2, 60)
+        a.pids |= {p for p in _tree_of(a)}
+        held = _owners_of(run, a)
+        assert held, "host A holds no lease at its death"
+        killed = time.monotonic()
+        run.kill(a)
+        run.wait(lambda: not _owners_of(run, a), 30)
+        back_s = time.monotonic() - killed
+        run.wait(run.settled, 60)
+        run.stop()
+        assert run.problems() == []
+    print(f"\nleases of 30 s: a host's rows claimable {back_s:.2f} s after its SIGKILL")
+    assert back_s < 4.0  # 3 s (TTL + one period), and a loaded machine's delay
+
+
+@needs_netns
+def test_a_host_cut_off_loses_its_rows_and_its_late_completes_are_refused() -> None:
+    """Host A's link goes down for 3 leases while it renders; host B takes A's rows once A's
+    leases and heartbeat lapse; when the link heals, A's late renews and completes are
+    refused (LeaseLost, counted), and no row is lost or completed twice (the oracle:
+    tests/lib/partition_lib.py)."""
+    lease_s = 1.0
+    with Partitioned(hosts=2, rows=60, lease_s=lease_s, heartbeat_s=1.0, render_s=0.25) as run:
+        a, b = run.start(0), run.start(1)
+        run.wait(lambda: len(run.rendered_by(a)) >= 2 and len(run.rendered_by(b)) >= 2, 60)
+        run.cut(0)
+        cut_ms = run.cuts[-1][1]
+        time.sleep(3 * lease_s)
+        run.heal(0)
+        run.wait(run.settled, 90)
+        run.stop()
+        assert run.problems() == []
+        by_a, by_b = run.rendered_by(a), run.rendered_by(b)
+    held_by_a = {r.row for r in by_a if r.ms < cut_ms}
+    taken = sorted(min(r.ms for r in by_b if r.row == row) - cut_ms
+                   for row in held_by_a if any(r.row == row and r.ms > cut_ms for r in by_b))
+    assert taken, "host B took none of the rows host A held when it was cut off"
+    assert a.summary is not None and a.summary[3] >= 1  # its late calls refused, counted
+    print(f"\ncut for {3 * lease_s:g} s: B took {len(taken)} of A's rows, "
+          f"{taken[0]}-{taken[-1]} ms after the cut; A counted {a.summary[3]} leases lost")
+
+
+def _tree_of(pool: HostPool) -> set[int]:
+    import psutil
+
+    proc = psutil.Process(pool.proc.pid)
+    return {proc.pid} | {c.pid for c in proc.children(recursive=True)}
