@@ -82,6 +82,7 @@ from .codec import (
     split_holder,
 )
 from .library import library_source as library_source
+from .scan import RECHECK, SCAN_COUNT, QueueScan
 from .transport import Transport, redact
 
 MIN_REDIS = (7, 0)
@@ -116,6 +117,8 @@ class RedisEngine:
         self._name = name
         self._keys = queue_keys(name)
         self._beats = beats_key(name)
+        self.scan_count = SCAN_COUNT
+        """Entries per SCAN step of ``verify`` and ``save`` (engine.redis.scan)."""
         self._owner_pid = -1
         self._owner = ""
         self.created = False
@@ -518,19 +521,35 @@ class RedisEngine:
 
     def dump(self) -> list[Any]:
         """Every key of the queue as it stands, read in one MULTI/EXEC: meta (HGETALL), the
-        row table (GET), ready and lease (ZRANGE with scores), holder (HGETALL)."""
+        row table (GET), ready and lease (ZRANGE with scores), holder (HGETALL). For tests and
+        small queues: the server builds each reply whole (``verify`` reads by chunks)."""
         ready, lease, rows, meta, holder = self._keys
         return self.transport.snapshot(
             ("hgetall", (meta,)), ("get", (rows,)), ("zrange", (ready, 0, -1, False, True)),
             ("zrange", (lease, 0, -1, False, True)), ("hgetall", (holder,)))
 
     def verify(self) -> list[str]:
-        """Read the whole queue in one MULTI/EXEC; one line per broken invariant (empty when
-        all hold; ``codec.verify`` lists them)."""
-        meta_all, table, in_ready, in_lease, held = self.dump()
-        if not meta_all:
+        """One line per broken invariant (empty when all hold; ``codec.verify`` lists them).
+        The queue is read by chunks (``engine.redis.scan``: memory bounded on both sides, no
+        long block of the server); what the chunks show wrong is read again in one MULTI/EXEC
+        and reported only if that snapshot confirms it (docs/redis.md "Big queues")."""
+        scan = QueueScan(self.transport, self._keys, self.scan_count)
+        parts = scan.parts()
+        if parts is None:
             return [f"queue {self._name!r} does not exist"]
-        return codec.verify(codec.text_map(meta_all), table or b"", in_ready, in_lease, held)
+        if isinstance(parts, str):
+            return [parts]
+        problems, suspects = codec.verify(parts)
+        if not problems:
+            return []
+        again = scan.snapshot(suspects)
+        if again is None:
+            return [f"queue {self._name!r} does not exist"]
+        confirmed = codec.verify(again)[0]
+        if len(suspects) > RECHECK:
+            confirmed.append(f"{len(suspects) - RECHECK} more rows looked broken, unconfirmed: "
+                             "verify again (or on a queue at rest) to see them")
+        return confirmed
 
     check = verify
 
@@ -585,22 +604,27 @@ class RedisEngine:
     # -- checkpoints (engine/checkpoint.py's format) ----------------------------------------------
 
     def export_rows(self) -> tuple[IntArray, dict[str, IntArray]]:
-        """(row ids, columns) of every queued row, read in one transaction: the columns of
-        ``checkpoint.snapshot``."""
-        ready, _lease, rows_key, meta, holder = self._keys
-        meta_all, table, queued, held = self.transport.snapshot(
-            ("hgetall", (meta,)), ("get", (rows_key,)), ("zrange", (ready, 0, -1, False, True)),
-            ("hgetall", (holder,)))
-        if not meta_all:
+        """(row ids, columns) of every queued row: the columns of ``checkpoint.snapshot``,
+        read by chunks (``engine.redis.scan``). Under writes, each row is read at some moment
+        of the read, not all at one (docs/redis.md "Big queues" says what that gives)."""
+        scan = QueueScan(self.transport, self._keys, self.scan_count)
+        meta = scan.meta()
+        if not meta:
             raise SegmentMissing(f"queue {self._name!r} is gone")
-        return codec.exported_rows(int(meta_all[b"next_row"]), table or b"", queued, held)
+        n = int(meta["next_row"])
+        table = scan.table(n)
+        if table is None:
+            raise EngineError(f"queue {self._name!r}: its row table is shorter than next_row "
+                              f"{n} (verify() says more)")
+        return codec.exported_rows(table, scan.keys_of(n, (table["flags"] & codec.LIVE) != 0))
 
     def save(self, path: str | os.PathLike[str], urls: Any = None,
              extra: dict[str, Any] | None = None) -> int:
         """Write the queue's schedule to ``path`` in engine/checkpoint.py's format, atomically
         (read with ``checkpoint.read``, restored by ``load`` or ``Engine.load``); returns the
         rows saved. ``urls`` (row id -> URL) and ``extra``, if given, are saved with it.
-        Leases are not."""
+        Leases are not. Read by chunks: under writes, docs/redis.md "Big queues" says exactly
+        what the file holds."""
         return checkpoint.save(self, path, urls, extra)
 
     @classmethod
