@@ -180,6 +180,11 @@ def text_map(fields: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in fields.items()}
 
 
+def flags(raw: bytes) -> npt.NDArray[np.uint8]:
+    """The flags byte of packed row records (a view: no copy)."""
+    return np.frombuffer(raw, _RECORD_DTYPE)["flags"]
+
+
 def records(raw: bytes) -> dict[str, npt.NDArray[np.int64]]:
     """Columns of packed row records (the library's REC, big endian) as int64 arrays."""
     a = np.frombuffer(raw, _RECORD_DTYPE)
@@ -250,16 +255,18 @@ def row_info(row: int, record: bytes, key: Any, held: bytes | None, now: int) ->
     }
 
 
-def exported_rows(table: dict[str, npt.NDArray[np.int64]], key: npt.NDArray[np.int64]
+def exported_rows(table: bytes, key: npt.NDArray[np.int64]
                   ) -> tuple[IntArray, dict[str, IntArray]]:
-    """``export_rows`` from the records of the row table (``records``) and each row's key (-1:
-    none, the row is not queued): every live row with a key, in row order."""
-    rows = np.flatnonzero(((table["flags"] & LIVE) != 0) & (key >= 0))
-    flags = table["flags"]
-    cols = {"due_ms": key % STRIDE, "interval_s": table["interval"],
-            "failures": table["failures"], "provenance": flags & 1, "urgent": (flags >> 1) & 1,
+    """``export_rows`` from the row table's records and each row's key (-1: none, the row is
+    not queued): every live row with a key, in row order."""
+    rec = np.frombuffer(table, _RECORD_DTYPE)
+    rows = np.flatnonzero(((rec["flags"] & LIVE) != 0) & (key >= 0))
+    picked, key = rec[rows], key[rows]
+    f = picked["flags"].astype(np.int64)
+    cols = {"due_ms": key % STRIDE, "interval_s": picked["interval"],
+            "failures": picked["failures"], "provenance": f & 1, "urgent": (f >> 1) & 1,
             "lane": key // STRIDE}
-    return rows, {c: np.ascontiguousarray(v[rows], np.int64) for c, v in cols.items()}
+    return rows, {c: np.ascontiguousarray(v, np.int64) for c, v in cols.items()}
 
 
 # -- verify ---------------------------------------------------------------------------------------

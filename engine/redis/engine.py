@@ -616,7 +616,7 @@ class RedisEngine:
         if table is None:
             raise EngineError(f"queue {self._name!r}: its row table is shorter than next_row "
                               f"{n} (verify() says more)")
-        return codec.exported_rows(table, scan.keys_of(n, (table["flags"] & codec.LIVE) != 0))
+        return codec.exported_rows(table, scan.keys_of(n, (codec.flags(table) & codec.LIVE) != 0))
 
     def save(self, path: str | os.PathLike[str], urls: Any = None,
              extra: dict[str, Any] | None = None) -> int:

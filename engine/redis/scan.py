@@ -1,12 +1,13 @@
 """A queue read by chunks: what ``verify`` and ``save`` read of a queue too big for one reply.
 
 Why: a reply is built whole in the server's memory before it is sent (a 10M-row ready ZSET read
-with one ZRANGE is about 300 MB of output buffer, and more than a GB of Python objects on the
-client), and a MULTI/EXEC of such reads blocks every other client for as long as it runs. So a
-queue is read in bounded steps, none of which blocks the server for long: the row table by
-``GETRANGE`` windows, ready, lease and holder by ``ZSCAN``/``HSCAN`` cursors (``count``
-entries a step). The client keeps numpy arrays of a few bytes per row, never a Python object
-per row; the server never holds more than one step's reply.
+with one ZRANGE is hundreds of MB of output buffer, and GBs of Python objects on the client),
+and a MULTI/EXEC of such reads blocks every other client for as long as it runs. So a queue is
+read in bounded steps, none of which blocks the server for long: the row table by ``GETRANGE``
+windows, ready, lease and holder by ``ZSCAN``/``HSCAN`` cursors (``count`` entries a step;
+ready's through ``lanes_scan``, which packs a step as two strings). The client keeps the row
+table (6 bytes a row) and numpy arrays of a few bytes per row, never a Python object per row;
+the server never holds more than one step's reply.
 
 What a read by chunks sees under writes (docs/redis.md "Big queues"): a SCAN cursor returns
 every entry present for the whole scan at least once, and may return an entry that came or
@@ -26,11 +27,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ..keys import STRIDE
-from .codec import LIVE, MAX_LANES, RECORD, QueueParts, holding, member, records, text_map
+from .codec import LIVE, MAX_LANES, RECORD, QueueParts, flags, holding, member, text_map
 from .transport import Transport
 
-SCAN_COUNT = 10_000
-"""Entries a SCAN step asks for (a hint the server may exceed a little)."""
+SCAN_COUNT = 5_000
+"""Entries a SCAN step asks for (a hint the server may exceed a little): a few ms of the
+server's time a step."""
 TABLE_CHUNK = 100_000
 """Records per GETRANGE of the row table (600 kB)."""
 RECHECK = 10_000
@@ -51,38 +53,41 @@ class QueueScan:
     def meta(self) -> dict[str, str]:
         return text_map(self._read("hgetall", self.keys[3]))
 
-    def table(self, n: int) -> dict[str, npt.NDArray[np.int64]] | None:
-        """The records of rows below ``n`` (columns of ``codec.records``), by GETRANGE
-        windows; None when the table holds fewer."""
+    def table(self, n: int) -> bytes | None:
+        """The row table's records of rows below ``n`` (``RECORD`` bytes each), by GETRANGE
+        windows into one buffer; None when the table holds fewer."""
         key = self.keys[2]
-        parts = []
-        for start in range(0, n, TABLE_CHUNK):
-            stop = min(n, start + TABLE_CHUNK)
-            lo, hi = start * RECORD, stop * RECORD - 1
-            raw = self._read("getrange", key, lo, hi)
-            if len(raw) != (stop - start) * RECORD:
+        out = bytearray(n * RECORD)
+        for start in range(0, n * RECORD, TABLE_CHUNK * RECORD):
+            stop = min(n * RECORD, start + TABLE_CHUNK * RECORD)
+            raw = self._read("getrange", key, start, stop - 1)
+            if len(raw) != stop - start:
                 return None
-            parts.append(records(raw))
-        if not parts:
-            return records(b"")
-        return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+            out[start:stop] = raw
+        return bytes(out)
 
-    def zset(self, key: str) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
-        """(members as numbers, scores) of a ZSET, a SCAN step at a time."""
-        cursor = 0
+    def ready(self) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
+        """(rows, keys) of the ready ZSET, a SCAN step at a time (``lanes_scan``: a step's
+        members and scores come as two strings, parsed here by numpy, not per element)."""
+        cursor = b"0"
         while True:
-            cursor, got = self._read("zscan", key, cursor, count=self.count)
-            if got:
-                yield (np.array([m for m, _ in got], "S").astype(np.int64),
-                       np.array([s for _, s in got], np.float64).astype(np.int64))
-            if cursor == 0:
+            cursor, members, keys = self._read(
+                "fcall_ro", "lanes_scan", 5, *self.keys, self.t.version, cursor, self.count)
+            if members:
+                yield (np.frombuffer(members, "S8").astype(np.int64),
+                       np.array(keys.split(b" ")).astype(np.float64).astype(np.int64))
+            if cursor == b"0":
                 return
 
     def lease(self) -> dict[str, int]:
+        """The batches in flight (a pool's, not the queue's) and their expiries."""
         out: dict[str, int] = {}
-        for batches, expiry in self.zset(self.keys[1]):
-            out.update(zip((str(b) for b in batches.tolist()), expiry.tolist(), strict=True))
-        return out
+        cursor = 0
+        while True:
+            cursor, got = self._read("zscan", self.keys[1], cursor, count=self.count)
+            out.update((b.decode(), int(e)) for b, e in got)
+            if cursor == 0:
+                return out
 
     def holder(self) -> dict[bytes, bytes]:
         """The holder hash (rows in flight and batch records: a pool's in-flight, not the
@@ -110,13 +115,13 @@ class QueueScan:
         in_ready = np.zeros(n, np.bool_)
         far: list[int] = []
         past: list[tuple[str, int]] = []
-        for rows, keys in self.zset(self.keys[0]):
+        for rows, keys in self.ready():
             inside = rows < n
             in_ready[rows[inside]] = True
             past += [("ready", r) for r in rows[~inside].tolist()]
             far += rows[keys // STRIDE >= MAX_LANES].tolist()
         lease = self.lease()
-        return QueueParts(n, int(meta["token"]), (table["flags"] & LIVE) != 0, in_ready, lease,
+        return QueueParts(n, int(meta["token"]), (flags(table) & LIVE) != 0, in_ready, lease,
                           self.holder(), far, past)
 
     def snapshot(self, rows: set[int]) -> QueueParts | None:
@@ -157,7 +162,7 @@ class QueueScan:
         """Each live row's key (-1: none found): its ready score, or the key its holder entry
         keeps while it is in flight; rows missed by both cursors read again."""
         key = np.full(n, -1, np.int64)
-        for rows, scores in self.zset(self.keys[0]):
+        for rows, scores in self.ready():
             inside = rows < n
             key[rows[inside]] = scores[inside]
         lease = self.lease()
