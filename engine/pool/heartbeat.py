@@ -6,7 +6,8 @@ worker that holds leases on Redis beats from a thread of its own: every ``period
 its owner id alive for two periods (``RedisEngine.heartbeat``), and the same call puts back the
 leases of every owner whose heartbeat lapsed. So a dead host's rows are claimable elsewhere
 within three periods of its death (its last beat's TTL, then one period until another worker's
-beat), whatever the lease.
+beat), whatever the lease. A worker beats only when its lease is longer than two periods:
+with a shorter one, expiry is as quick.
 
 The beat is per lease owner (a worker process), not per host: the holder entries name owners,
 so reaping needs no map from hosts to owners, and a beat from the process that holds the leases
@@ -47,9 +48,14 @@ class Heartbeat:
         """Rows of owners whose heartbeat lapsed that this owner's beats put back."""
 
     @classmethod
-    def of(cls, eng: object, period_s: float) -> Heartbeat | None:
-        """A started heartbeat for ``eng`` if it keeps them (Redis) and ``period_s`` > 0."""
-        if period_s <= 0 or not callable(getattr(eng, "heartbeat", None)):
+    def of(cls, eng: object, period_s: float, lease_s: float) -> Heartbeat | None:
+        """A started heartbeat for ``eng`` if it keeps them (Redis), ``period_s`` > 0 and the
+        lease is longer than the heartbeat's TTL (two periods). With a shorter lease, expiry
+        puts a dead owner's rows back as soon as a lapsed heartbeat would, and a heartbeat
+        would only add a way to lose leases: a worker stalled for a moment (a pause, SIGSTOP)
+        would lose them before they expire."""
+        if (period_s <= 0 or lease_s <= 2 * period_s
+                or not callable(getattr(eng, "heartbeat", None))):
             return None
         beat = cls(eng, period_s)  # type: ignore[arg-type]
         beat._thread.start()

@@ -196,7 +196,7 @@ class Worker:
         self.lease_ms = self.clock.virtual_ms(spec.lease_s * 1000)
         self.held = _Held(self.eng, self.now, self.lease_ms, self.slot)
         self.held.start(max(0.01, spec.lease_s / 3))
-        self.beat = Heartbeat.of(self.eng, spec.heartbeat_s)
+        self.beat = Heartbeat.of(self.eng, spec.heartbeat_s, spec.lease_s)
         self._stop = stop
         # The supervisor is our parent (or, under forkserver, the server's, which exits with
         # it). A dead parent that is not reaped yet still answers kill(pid, 0); being

@@ -296,6 +296,67 @@ class Partitioned:
         assert not left, f"processes left behind: {left}"
 
 
+@dataclass
+class ChaosResult:
+    seed: int
+    cuts: int = 0
+    longest_cut_s: float = 0.0
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)  # leases each pool found lost
+    rendered_twice: int = 0
+
+    def summary(self) -> str:
+        return (f"seed {self.seed}: {self.cuts} cuts (longest {self.longest_cut_s:.1f} s) in "
+                f"{self.seconds:.1f} s; leases lost per pool {self.lost}; "
+                f"{self.rendered_twice} rows rendered more than once; "
+                f"problems: {self.problems or 'none'}")
+
+
+def partition_chaos(run: Partitioned, seconds: float, seed: int) -> ChaosResult:
+    """Every host runs a pool; for ``seconds``, at random moments (exponential gaps of a
+    lease on average), a host still connected is cut off for 1-3 leases, then healed (two at
+    most at once, so some host works on); then every link heals, the pools drain the queue and
+    stop, and the oracle runs (``Partitioned.problems``)."""
+    import random
+
+    rng = random.Random(seed)
+    res = ChaosResult(seed)
+    for k in range(run.n_hosts):
+        run.start(k)
+    run.wait(lambda: {r.pool for r in run.renders()} >= {p.proc.pid for p in run.pools}, 90)
+    heal_at: dict[int, float] = {}
+    t0 = time.monotonic()
+    next_cut = t0 + rng.expovariate(1 / run.lease_s)
+    while time.monotonic() - t0 < seconds:
+        now = time.monotonic()
+        for k, at in list(heal_at.items()):
+            if now >= at:
+                run.heal(k)
+                del heal_at[k]
+        if now >= next_cut and len(heal_at) < min(2, run.n_hosts - 1):
+            k = rng.choice([h for h in range(run.n_hosts) if h not in heal_at])
+            span = rng.uniform(1, 3) * run.lease_s
+            run.cut(k)
+            heal_at[k] = now + span
+            res.cuts += 1
+            res.longest_cut_s = max(res.longest_cut_s, span)
+            next_cut = now + rng.expovariate(1 / run.lease_s)
+        time.sleep(0.02)
+    for k in heal_at:
+        run.heal(k)
+    res.seconds = time.monotonic() - t0
+    run.wait(run.settled, 120)
+    run.stop()
+    res.problems = run.problems()
+    res.lost = [p.summary[3] if p.summary else -1 for p in run.pools]
+    counts: dict[int, int] = defaultdict(int)
+    for r in run.renders():
+        counts[r.row] += 1
+    res.rendered_twice = sum(1 for n in counts.values() if n > 1)
+    return res
+
+
 def _tree(pid: int) -> set[int]:
     import psutil
 

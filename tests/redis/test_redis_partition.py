@@ -179,8 +179,8 @@ def test_a_host_cut_off_loses_its_rows_and_its_late_completes_are_refused() -> N
     leases and heartbeat lapse; when the link heals, A's late renews and completes are
     refused (LeaseLost, counted), and no row is lost or completed twice (the oracle:
     tests/lib/partition_lib.py)."""
-    lease_s = 1.0
-    with Partitioned(hosts=2, rows=60, lease_s=lease_s, heartbeat_s=1.0, render_s=0.25) as run:
+    lease_s = 1.5  # beats every 0.5 s (TTL 1 s) reap A before its leases lapse
+    with Partitioned(hosts=2, rows=60, lease_s=lease_s, heartbeat_s=0.5, render_s=0.25) as run:
         a, b = run.start(0), run.start(1)
         run.wait(lambda: len(run.rendered_by(a)) >= 2 and len(run.rendered_by(b)) >= 2, 60)
         run.cut(0)
