@@ -7,7 +7,7 @@ before they read by chunks). docs/redis.md "Big queues" quotes it.
 For each size: a redis-server of its own (unix socket, default settings), N rows added
 (random lanes and due times, as bench_redis_memory.py), 10,000 of them in flight. Then each
 read runs in a fresh child process (so that its peak RSS is its own), ``--repeat`` times,
-alternating: wall time, the child's peak RSS above what it had before the read (ru_maxrss), and
+alternating: wall time, the child's peak RSS (ru_maxrss; and its peak before the read), and
 the server's memory above its level before the read (``used_memory``, sampled every 5 ms by
 the parent: output buffers included), plus ``used_memory_peak`` at the end of the size.
 Medians and [min .. max] are printed, and the whole as JSON with ``--out``.
@@ -43,7 +43,8 @@ READS = ("verify", "save", "dump")
 
 
 def child(url: str, op: str) -> None:
-    """One read in this process; prints {seconds, rss_mib} (peak RSS above the start)."""
+    """One read in this process; prints {seconds, rss_mib, base_mib}: its peak RSS, and the
+    peak before the read (imports, connection)."""
     eng = Engine.connect(url, "big")
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
@@ -58,7 +59,7 @@ def child(url: str, op: str) -> None:
         seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     eng.close()
-    print(json.dumps({"seconds": seconds, "rss_mib": (peak - base) / 1024}))
+    print(json.dumps({"seconds": seconds, "rss_mib": peak / 1024, "base_mib": base / 1024}))
 
 
 def fill(srv: RedisServer, n: int) -> float:
@@ -116,7 +117,8 @@ def run(n: int, repeat: int) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": n, "fill_s": filled, "used_memory_mib": used / 2**20,
                            "used_memory_peak_mib": peak / 2**20}
     for op, rs in runs.items():
-        out[op] = {k: summary([x[k] for x in rs]) for k in ("seconds", "rss_mib", "server_mib")}
+        out[op] = {k: summary([x[k] for x in rs])
+                   for k in ("seconds", "rss_mib", "base_mib", "server_mib")}
     return out
 
 
@@ -124,7 +126,9 @@ def show(res: dict[str, Any]) -> None:
     print(f"\n{res['rows']:,} rows (filled in {res['fill_s']:.0f} s): used_memory "
           f"{res['used_memory_mib']:.0f} MiB, used_memory_peak {res['used_memory_peak_mib']:.0f}"
           " MiB")
-    print(f"{'read':8} {'seconds':>22} {'client peak RSS, MiB':>26} {'server + MiB':>22}")
+    base = statistics.median(res["verify"]["base_mib"]["values"])
+    print(f"{'read':8} {'seconds':>22} {'client peak RSS, MiB':>26} {'server + MiB':>22}"
+          f"   (a child's RSS before any read: {base:.0f} MiB)")
     for op in READS:
         cells = []
         for k in ("seconds", "rss_mib", "server_mib"):

@@ -343,6 +343,7 @@ def _walk_batches(walk: _Walk) -> None:
     """The holder entries against the batches in lease and the batches' records."""
     batches = walk.p.lease
     records_of, held = split_holder(walk.p.holder)
+    listed = {b: set(rows) for b, (_count, rows) in records_of.items()}
     flying: dict[str, list[int]] = {b: [] for b in batches}
     far = []
     for row, h in held.items():
@@ -359,7 +360,7 @@ def _walk_batches(walk: _Walk) -> None:
         if h.expiry != batches[h.batch]:
             walk.report(f"row {row}: expiry {h.expiry}, its batch {h.batch}'s is "
                         f"{batches[h.batch]}", row)
-        if row not in records_of.get(h.batch, (0, []))[1]:
+        if row not in listed.get(h.batch, ()):
             walk.report(f"row {row}: not in the record of its batch {h.batch}", row)
     if far:
         walk.report("a row's lane is past the 64 a policy can make", *far)

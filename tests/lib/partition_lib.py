@@ -346,7 +346,7 @@ def partition_chaos(run: Partitioned, seconds: float, seed: int) -> ChaosResult:
     for k in heal_at:
         run.heal(k)
     res.seconds = time.monotonic() - t0
-    run.wait(run.settled, 120)
+    run.wait(run.settled, max(120.0, run.rows / 10))
     run.stop()
     res.problems = run.problems()
     res.lost = [p.summary[3] if p.summary else -1 for p in run.pools]
