@@ -7,7 +7,7 @@ before they read by chunks). docs/redis.md "Big queues" quotes it.
 For each size: a redis-server of its own (unix socket, default settings), N rows added
 (random lanes and due times, as bench_redis_memory.py), 10,000 of them in flight. Then each
 read runs in a fresh child process (so that its peak RSS is its own), ``--repeat`` times,
-alternating: wall time, the child's peak RSS (ru_maxrss; and its peak before the read), and
+alternating: wall time, how much the child's RSS grew during the read (sampled), and
 the server's memory above its level before the read (``used_memory``, sampled every 5 ms by
 the parent: output buffers included), plus ``used_memory_peak`` at the end of the size.
 Medians and [min .. max] are printed, and the whole as JSON with ``--out``.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "lib")]
@@ -43,10 +43,21 @@ READS = ("verify", "save", "dump")
 
 
 def child(url: str, op: str) -> None:
-    """One read in this process; prints {seconds, rss_mib, base_mib}: its peak RSS, and the
-    peak before the read (imports, connection)."""
+    """One read in this process; prints {seconds, rss_mib, base_mib}: the most its RSS grew
+    during the read (sampled every 5 ms by a thread), and its RSS before the read (imports,
+    connection). ru_maxrss would hide the read under the imports' transient peak."""
+    me = psutil.Process()
     eng = Engine.connect(url, "big")
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = me.memory_info().rss
+    top = [base]
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.005):
+            top[0] = max(top[0], me.memory_info().rss)
+
+    w = threading.Thread(target=watch)
+    w.start()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rl-bench-") as d:
         if op == "verify":
@@ -57,9 +68,11 @@ def child(url: str, op: str) -> None:
         else:
             eng.dump()
         seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    done.set()
+    w.join()
     eng.close()
-    print(json.dumps({"seconds": seconds, "rss_mib": peak / 1024, "base_mib": base / 1024}))
+    print(json.dumps({"seconds": seconds, "rss_mib": (top[0] - base) / 2**20,
+                      "base_mib": base / 2**20}))
 
 
 def fill(srv: RedisServer, n: int) -> float:
@@ -127,8 +140,8 @@ def show(res: dict[str, Any]) -> None:
           f"{res['used_memory_mib']:.0f} MiB, used_memory_peak {res['used_memory_peak_mib']:.0f}"
           " MiB")
     base = statistics.median(res["verify"]["base_mib"]["values"])
-    print(f"{'read':8} {'seconds':>22} {'client peak RSS, MiB':>26} {'server + MiB':>22}"
-          f"   (a child's RSS before any read: {base:.0f} MiB)")
+    print(f"{'read':8} {'seconds':>22} {'client RSS + MiB':>26} {'server + MiB':>22}"
+          f"   (a child's RSS before its read: {base:.0f} MiB)")
     for op in READS:
         cells = []
         for k in ("seconds", "rss_mib", "server_mib"):
