@@ -151,10 +151,8 @@ class QueueScan:
                 in_ready[r] = True
                 far += [r] if int(score) // STRIDE >= MAX_LANES else []
                 past += [("ready", r)] if r >= n else []
-        parts = QueueParts(n, int(m["token"]), live[:n], in_ready[:n],
-                           {b.decode(): int(e) for b, e in in_lease}, held, far, past,
-                           only[:n])
-        return parts
+        return QueueParts(n, int(m["token"]), live[:n], in_ready[:n],
+                          {b.decode(): int(e) for b, e in in_lease}, held, far, past, only[:n])
 
     # -- export ----------------------------------------------------------------------------------
 

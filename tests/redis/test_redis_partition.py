@@ -23,6 +23,7 @@ from redis_server import RedisServer, fresh_queue, module_server
 from engine import Engine, LeaseLost, checkpoint
 from engine.errors import EngineValueError
 from engine.keys import STRIDE
+from engine.pool.heartbeat import Heartbeat
 from engine.redis import RedisEngine, codec
 from engine.redis.codec import LIVE, RECORD, beats_key, member, records, split_holder
 
@@ -121,6 +122,27 @@ def test_a_reaped_lapsed_lease_already_back_in_ready_only_loses_its_token(
         with pytest.raises(LeaseLost):  # before the reap, this complete would have held
             eng.complete(*held[1])
         assert eng.complete_many(mine.rows, mine.tokens).all()
+    finally:
+        eng.close()
+
+
+def test_a_worker_beats_only_when_its_lease_outlasts_its_heartbeat_and_leaves_when_done(
+        server: RedisServer, queue: str) -> None:
+    """A pool worker's heartbeat thread: none on a lease of two periods or less (expiry is as
+    quick) or with a period of 0; else it beats, and takes its entry out when stopped."""
+    eng = _filled(server, queue, 1)
+    client = server.client()
+    try:
+        assert Heartbeat.of(eng, 1.0, lease_s=2.0) is None
+        assert Heartbeat.of(eng, 0.0, lease_s=30.0) is None
+        beat = Heartbeat.of(eng, 0.05, lease_s=30.0)
+        assert beat is not None
+        deadline = time.monotonic() + 10
+        while not client.zscore(beats_key(queue), eng.owner):  # type: ignore[attr-defined]
+            assert time.monotonic() < deadline, "no heartbeat"
+            time.sleep(0.01)
+        beat.stop()
+        assert client.zcard(beats_key(queue)) == 0  # type: ignore[attr-defined]
     finally:
         eng.close()
 
