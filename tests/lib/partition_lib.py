@@ -312,13 +312,14 @@ class ChaosResult:
     seconds: float = 0.0
     problems: list[str] = field(default_factory=list)
     lost: list[int] = field(default_factory=list)  # leases each pool found lost
+    unknown: int = 0  # completes whose outcome stayed unknown (sent again)
     rendered_twice: int = 0
 
     def summary(self) -> str:
         return (f"seed {self.seed}: {self.cuts} cuts (longest {self.longest_cut_s:.1f} s) in "
-                f"{self.seconds:.1f} s; leases lost per pool {self.lost}; "
-                f"{self.rendered_twice} rows rendered more than once; "
-                f"problems: {self.problems or 'none'}")
+                f"{self.seconds:.1f} s; leases lost per pool {self.lost}; {self.unknown} "
+                f"completes of unknown outcome; {self.rendered_twice} rows rendered more than "
+                f"once; problems: {self.problems or 'none'}")
 
 
 def partition_chaos(run: Partitioned, seconds: float, seed: int) -> ChaosResult:
@@ -358,6 +359,7 @@ def partition_chaos(run: Partitioned, seconds: float, seed: int) -> ChaosResult:
     run.stop()
     res.problems = run.problems()
     res.lost = [p.summary[3] if p.summary else -1 for p in run.pools]
+    res.unknown = sum(int(n) for p in run.pools for n in _UNKNOWN.findall(p.out))
     counts: dict[int, int] = defaultdict(int)
     for r in run.renders():
         counts[r.row] += 1
