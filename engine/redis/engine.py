@@ -542,14 +542,14 @@ class RedisEngine:
         problems, suspects = codec.verify(parts)
         if not problems:
             return []
-        again = scan.snapshot(suspects)
-        if again is None:
-            return [f"queue {self._name!r} does not exist"]
-        confirmed = codec.verify(again)[0]
-        if len(suspects) > RECHECK:
-            confirmed.append(f"{len(suspects) - RECHECK} more rows looked broken, unconfirmed: "
-                             "verify again (or on a queue at rest) to see them")
-        return confirmed
+        confirmed: dict[str, None] = {}  # in order, each line once
+        look = sorted(suspects)
+        for start in range(0, max(1, len(look)), RECHECK):
+            again = scan.snapshot(look[start:start + RECHECK])
+            if again is None:
+                return [f"queue {self._name!r} does not exist"]
+            confirmed.update(dict.fromkeys(codec.verify(again)[0]))
+        return list(confirmed)
 
     check = verify
 

@@ -36,7 +36,7 @@ server's time a step."""
 TABLE_CHUNK = 100_000
 """Records per GETRANGE of the row table (600 kB)."""
 RECHECK = 10_000
-"""Rows ``snapshot`` reads again in one MULTI/EXEC at most."""
+"""Rows read again in one MULTI/EXEC at most (``snapshot``, ``keys_of``)."""
 
 
 class QueueScan:
@@ -124,11 +124,11 @@ class QueueScan:
         return QueueParts(n, int(meta["token"]), (flags(table) & LIVE) != 0, in_ready, lease,
                           self.holder(), far, past)
 
-    def snapshot(self, rows: set[int]) -> QueueParts | None:
-        """The parts of ``rows`` (at most ``RECHECK`` of them), with lease and holder whole,
-        read in one MULTI/EXEC: what ``verify`` confirms its findings with."""
+    def snapshot(self, look: list[int]) -> QueueParts | None:
+        """The parts of rows ``look`` (sorted; ``RECHECK`` of them at most, to keep the reply
+        small), with lease and holder whole, read in one MULTI/EXEC: what ``verify`` confirms
+        its findings with."""
         ready, lease, table, meta, holder = self.keys
-        look = sorted(rows)[:RECHECK]
         members = [member(r) for r in look] or ["00000000"]
         fields = [a for r in look for a in ("GET", "u48", f"#{r}")] or ["GET", "u48", "#0"]
         meta_all, scores, recs, in_lease, held = self.t.snapshot(
