@@ -171,7 +171,7 @@ class Partitioned:
                 self.cuts[i] = (host, at, time.time_ns() // 1_000_000)
 
     def kill(self, pool: HostPool) -> None:
-        pool.pids |= _tree(pool.proc.pid)
+        pool.pids |= process_tree(pool.proc.pid)
         kill_host(pool.proc.pid)
         pool.proc.wait()
         pool.killed = True
@@ -210,7 +210,7 @@ class Partitioned:
         """SIGTERM every live pool, read its summary."""
         live = [p for p in self.pools if not p.killed and p.proc.poll() is None]
         for p in live:
-            p.pids |= _tree(p.proc.pid)
+            p.pids |= process_tree(p.proc.pid)
             p.proc.send_signal(signal.SIGTERM)
         for p in self.pools:
             if p.killed:
@@ -281,7 +281,7 @@ class Partitioned:
             except subprocess.CalledProcessError:
                 pass  # never made, or gone with its namespace
         for p in self.pools:
-            p.pids |= _tree(p.proc.pid)
+            p.pids |= process_tree(p.proc.pid)
             if p.proc.poll() is None:
                 kill_host(p.proc.pid)
                 p.proc.communicate()
@@ -367,7 +367,8 @@ def partition_chaos(run: Partitioned, seconds: float, seed: int) -> ChaosResult:
     return res
 
 
-def _tree(pid: int) -> set[int]:
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and every process under it now."""
     import psutil
 
     try:

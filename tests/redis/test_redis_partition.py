@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from netns import unavailable
-from partition_lib import HostPool, Partitioned
+from partition_lib import HostPool, Partitioned, process_tree
 from redis_server import RedisServer, fresh_queue, module_server
 
 from engine import Engine, LeaseLost, checkpoint
@@ -181,7 +181,7 @@ def test_a_host_killed_whole_has_its_rows_back_within_three_heartbeats() -> None
     with Partitioned(hosts=2, rows=40, lease_s=30.0, heartbeat_s=1.0, render_s=0.3) as run:
         a, b = run.start(0), run.start(1)
         run.wait(lambda: len(run.rendered_by(a)) >= 2 and len(run.rendered_by(b)) >= 2, 60)
-        a.pids |= {p for p in _tree_of(a)}
+        a.pids |= process_tree(a.proc.pid)
         held = _owners_of(run, a)
         assert held, "host A holds no lease at its death"
         killed = time.monotonic()
@@ -221,12 +221,6 @@ def test_a_host_cut_off_loses_its_rows_and_its_late_completes_are_refused() -> N
     print(f"\ncut for {3 * lease_s:g} s: B took {len(taken)} of A's rows, "
           f"{taken[0]}-{taken[-1]} ms after the cut; A counted {a.summary[3]} leases lost")
 
-
-def _tree_of(pool: HostPool) -> set[int]:
-    import psutil
-
-    proc = psutil.Process(pool.proc.pid)
-    return {proc.pid} | {c.pid for c in proc.children(recursive=True)}
 
 
 # -- big queues: verify and save by chunks ---------------------------------------------------------
