@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -56,7 +57,7 @@ def child(url: str, op: str) -> None:
         while not done.wait(0.005):
             top[0] = max(top[0], me.memory_info().rss)
 
-    w = threading.Thread(target=watch)
+    w = threading.Thread(target=watch, daemon=True)
     w.start()
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rl-bench-") as d:
@@ -69,7 +70,7 @@ def child(url: str, op: str) -> None:
             eng.dump()
         seconds = time.perf_counter() - t0
     done.set()
-    w.join()
+    w.join(timeout=1)
     eng.close()
     print(json.dumps({"seconds": seconds, "rss_mib": (top[0] - base) / 2**20,
                       "base_mib": base / 2**20}))
@@ -102,7 +103,7 @@ def measure(srv: RedisServer, op: str) -> dict[str, float]:
     w.start()
     try:
         out = subprocess.run([sys.executable, __file__, "--child", srv.url, op], check=True,
-                             capture_output=True, text=True).stdout
+                             capture_output=True, text=True, timeout=1800).stdout
     finally:
         done.set()
         w.join()
@@ -153,7 +154,8 @@ def show(res: dict[str, Any]) -> None:
 def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3])
-        return
+        sys.stdout.flush()
+        os._exit(0)  # nothing left to wait for (a stray thread never holds the parent up)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, nargs="*", default=[1_000_000, 3_000_000])
     ap.add_argument("--repeat", type=int, default=3)
