@@ -10,7 +10,8 @@ read runs in a fresh child process (so that its peak RSS is its own), ``--repeat
 alternating: wall time, how much the child's RSS grew during the read (sampled), and
 the server's memory above its level before the read (``used_memory``, sampled every 5 ms by
 the parent: output buffers included), plus ``used_memory_peak`` at the end of the size.
-Medians and [min .. max] are printed, and the whole as JSON with ``--out``.
+Medians and [min .. max] are printed (a read that failed, e.g. a reply slower than redis-py's
+socket timeout, is counted with its time and named), and the whole as JSON with ``--out``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import redis  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
 
 from engine import Engine  # noqa: E402
+from engine.errors import EngineError  # noqa: E402
 
 NOW = 1_800_000_000_000
 DAY = 86_400_000
@@ -60,20 +62,24 @@ def child(url: str, op: str) -> None:
     w = threading.Thread(target=watch, daemon=True)
     w.start()
     t0 = time.perf_counter()
+    error = ""
     with tempfile.TemporaryDirectory(prefix="rl-bench-") as d:
-        if op == "verify":
-            problems = eng.verify()
-            assert problems == [], problems[:5]
-        elif op == "save":
-            eng.save(Path(d) / "big.npz")
-        else:
-            eng.dump()
+        try:
+            if op == "verify":
+                problems = eng.verify()
+                assert problems == [], problems[:5]
+            elif op == "save":
+                eng.save(Path(d) / "big.npz")
+            else:
+                eng.dump()
+        except EngineError as e:  # e.g. a reply slower than redis-py's socket timeout
+            error = str(e)
         seconds = time.perf_counter() - t0
     done.set()
     w.join(timeout=1)
     eng.close()
     print(json.dumps({"seconds": seconds, "rss_mib": (top[0] - base) / 2**20,
-                      "base_mib": base / 2**20}))
+                      "base_mib": base / 2**20, "error": error}))
 
 
 def fill(srv: RedisServer, n: int) -> float:
@@ -133,6 +139,7 @@ def run(n: int, repeat: int) -> dict[str, Any]:
     for op, rs in runs.items():
         out[op] = {k: summary([x[k] for x in rs])
                    for k in ("seconds", "rss_mib", "base_mib", "server_mib")}
+        out[op]["errors"] = [x["error"] for x in rs if x["error"]]
     return out
 
 
@@ -148,7 +155,9 @@ def show(res: dict[str, Any]) -> None:
         for k in ("seconds", "rss_mib", "server_mib"):
             s = res[op][k]
             cells.append(f"{s['median']:.1f} [{s['min']:.1f} .. {s['max']:.1f}]")
-        print(f"{op:8} {cells[0]:>22} {cells[1]:>26} {cells[2]:>22}")
+        failed = res[op]["errors"]
+        note = f"   {len(failed)} failed: {failed[0][:120]}" if failed else ""
+        print(f"{op:8} {cells[0]:>22} {cells[1]:>26} {cells[2]:>22}{note}")
 
 
 def main() -> None:
