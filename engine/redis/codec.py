@@ -19,6 +19,7 @@ A queue ``name`` is five keys with the hash tag ``{name}`` (:func:`queue_keys`):
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -180,7 +181,7 @@ def text_map(fields: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in fields.items()}
 
 
-def flags(raw: bytes) -> npt.NDArray[np.uint8]:
+def flags(raw: bytes | bytearray) -> npt.NDArray[np.uint8]:
     """The flags byte of packed row records (a view: no copy)."""
     return np.frombuffer(raw, _RECORD_DTYPE)["flags"]
 
@@ -255,7 +256,7 @@ def row_info(row: int, record: bytes, key: Any, held: bytes | None, now: int) ->
     }
 
 
-def exported_rows(table: bytes, key: npt.NDArray[np.int64]
+def exported_rows(table: bytes | bytearray, key: npt.NDArray[np.int64]
                   ) -> tuple[IntArray, dict[str, IntArray]]:
     """``export_rows`` from the row table's records and each row's key (-1: none, the row is
     not queued): every live row with a key, in row order."""
@@ -305,9 +306,9 @@ class _Walk:
         self.p = p
         self.problems: list[str] = []
         self.suspects: set[int] = set()
-        self.in_lease = np.zeros(p.n, np.int64)
-        self.tokens = np.zeros(p.n, np.int64)
-        self.has_holder = np.zeros(p.n, np.bool_)
+        self.in_lease = np.zeros(p.n, np.uint8)  # a byte a row: a big queue's walk is light
+        self.tokens: dict[int, int] = {}
+        """Row -> the token of its holder entry (rows in flight and lapsed leases' entries)."""
 
     def report(self, text: str, *rows: int) -> None:
         self.problems.append(text)
@@ -350,7 +351,6 @@ def _walk_batches(walk: _Walk) -> None:
         if not walk.known(row, "holder"):
             continue
         walk.tokens[row] = h.token
-        walk.has_holder[row] = True
         if h.batch not in batches:  # a lapsed lease's entry (row back in ready): key void
             continue
         walk.in_lease[row] += 1
@@ -380,21 +380,22 @@ def _walk_batches(walk: _Walk) -> None:
 def _check_rows(walk: _Walk) -> None:
     """Each row against its record's live flag; the tokens against the counter."""
     p, out = walk.p, walk.report
-    queued = p.in_ready.astype(np.int64) + walk.in_lease
+    queued = p.in_ready.astype(np.uint8) + walk.in_lease
     look = np.ones(p.n, np.bool_) if p.only is None else p.only
     for row in np.flatnonzero(look & p.live & (queued != 1)).tolist():
         out(f"live row {row} is in {int(p.in_ready[row])} ready and "
             f"{int(walk.in_lease[row])} lease entries", row)
     for row in np.flatnonzero(look & ~p.live & (queued != 0)).tolist():
         out(f"removed row {row} is still queued", row)
-    for row in np.flatnonzero(look & ~p.live & walk.has_holder).tolist():
-        out(f"removed row {row} holds token {int(walk.tokens[row])}", row)
-    for row in np.flatnonzero(walk.has_holder & (walk.tokens == 0)).tolist():
-        out(f"row {row}: its holder entry holds no token", row)
-    for row in np.flatnonzero(walk.tokens > p.counter).tolist():
-        out(f"row {row}: token {int(walk.tokens[row])} past the counter {p.counter}", row)
-    issued = walk.tokens[walk.tokens != 0]
-    values, counts = np.unique(issued, return_counts=True)
-    twice = values[counts > 1]
-    if len(twice):
-        out("a token is held by two rows", *np.flatnonzero(np.isin(walk.tokens, twice)).tolist())
+    held = sorted(walk.tokens.items())
+    for row, token in held:
+        if look[row] and not p.live[row]:
+            out(f"removed row {row} holds token {token}", row)
+        if token == 0:
+            out(f"row {row}: its holder entry holds no token", row)
+        if token > p.counter:
+            out(f"row {row}: token {token} past the counter {p.counter}", row)
+    issued = Counter(token for _row, token in held if token)
+    twice = [row for row, token in held if issued[token] > 1]
+    if twice:
+        out("a token is held by two rows", *twice)

@@ -53,7 +53,7 @@ class QueueScan:
     def meta(self) -> dict[str, str]:
         return text_map(self._read("hgetall", self.keys[3]))
 
-    def table(self, n: int) -> bytes | None:
+    def table(self, n: int) -> bytearray | None:
         """The row table's records of rows below ``n`` (``RECORD`` bytes each), by GETRANGE
         windows into one buffer; None when the table holds fewer."""
         key = self.keys[2]
@@ -64,7 +64,7 @@ class QueueScan:
             if len(raw) != stop - start:
                 return None
             out[start:stop] = raw
-        return bytes(out)
+        return out
 
     def ready(self) -> Iterator[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]]:
         """(rows, keys) of the ready ZSET, a SCAN step at a time (``lanes_scan``: a step's
