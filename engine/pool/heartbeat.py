@@ -44,8 +44,6 @@ class Heartbeat:
         self._ttl_ms = max(1, round(2000 * period_s))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
-        self.reaped_rows = 0
-        """Rows of owners whose heartbeat lapsed that this owner's beats put back."""
 
     @classmethod
     def of(cls, eng: object, period_s: float, lease_s: float) -> Heartbeat | None:
@@ -66,7 +64,6 @@ class Heartbeat:
             try:
                 owners, rows = self._eng.heartbeat(self._ttl_ms)
                 if owners:
-                    self.reaped_rows += rows
                     log.info("put back %d row(s) of %d owner(s) whose heartbeat lapsed", rows,
                              owners)
             except EngineError as e:  # out of reach: our own beat lapses, as it should

@@ -23,6 +23,7 @@ from redis_server import RedisServer, fresh_queue, module_server
 from engine import Engine, LeaseLost, checkpoint
 from engine.errors import EngineValueError
 from engine.keys import STRIDE
+from engine.pool import PoolOptions
 from engine.pool.heartbeat import Heartbeat
 from engine.redis import RedisEngine, codec
 from engine.redis.codec import LIVE, RECORD, beats_key, member, records, split_holder
@@ -145,6 +146,12 @@ def test_a_worker_beats_only_when_its_lease_outlasts_its_heartbeat_and_leaves_wh
         assert client.zcard(beats_key(queue)) == 0  # type: ignore[attr-defined]
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("period", [-1, 3601, float("nan"), "1", None])
+def test_a_bad_heartbeat_period_is_refused(period: object) -> None:
+    with pytest.raises(EngineValueError, match="heartbeat_s"):
+        PoolOptions(heartbeat_s=period)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("ttl", [-1, 1.5, "2000", 86_400_001, True])
