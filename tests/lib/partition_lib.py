@@ -323,10 +323,11 @@ class ChaosResult:
 
 
 def partition_chaos(run: Partitioned, seconds: float, seed: int) -> ChaosResult:
-    """Every host runs a pool; for ``seconds``, at random moments (exponential gaps of a
-    lease on average), a host still connected is cut off for 1-3 leases, then healed (two at
-    most at once, so some host works on); then every link heals, the pools drain the queue and
-    stop, and the oracle runs (``Partitioned.problems``)."""
+    """Every host runs a pool; for ``seconds``, at random moments (the first at once, then
+    exponential gaps of a lease on average, two leases at most), a host still connected is cut
+    off for 1-3 leases, then healed (two at most at once, so some host works on); then every
+    link heals, the pools drain the queue and stop, and the oracle runs
+    (``Partitioned.problems``). Give it rows enough to outlast the chaos."""
     import random
 
     rng = random.Random(seed)
@@ -336,7 +337,8 @@ def partition_chaos(run: Partitioned, seconds: float, seed: int) -> ChaosResult:
     run.wait(lambda: {r.pool for r in run.renders()} >= {p.proc.pid for p in run.pools}, 90)
     heal_at: dict[int, float] = {}
     t0 = time.monotonic()
-    next_cut = t0 + rng.expovariate(1 / run.lease_s)
+    next_cut = t0 + 0.2  # the first cut at once: a short run has one at least
+    gap = min(2 * run.lease_s, rng.expovariate(1 / run.lease_s))
     while time.monotonic() - t0 < seconds:
         now = time.monotonic()
         for k, at in list(heal_at.items()):
@@ -350,7 +352,8 @@ def partition_chaos(run: Partitioned, seconds: float, seed: int) -> ChaosResult:
             heal_at[k] = now + span
             res.cuts += 1
             res.longest_cut_s = max(res.longest_cut_s, span)
-            next_cut = now + rng.expovariate(1 / run.lease_s)
+            next_cut = now + gap
+            gap = min(2 * run.lease_s, rng.expovariate(1 / run.lease_s))
         time.sleep(0.02)
     for k in heal_at:
         run.heal(k)
