@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--hosts", type=int, default=3)
     ap.add_argument("--rows", type=int, default=None,
                     help="default: enough to outlast the chaos (a row renders once: an hour's"
-                         " interval), 5 per host and second")
+                         " interval), 10 per host and second")
     ap.add_argument("--lease", type=float, default=1.5)
     ap.add_argument("--heartbeat", type=float, default=0.5)
     ap.add_argument("--render", type=float, default=0.2, help="seconds per render")
@@ -41,7 +41,7 @@ def main() -> None:
     bad = 0
     for i in range(args.runs):
         seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-        rows = args.rows or int(5 * args.hosts * args.seconds)
+        rows = args.rows or int(10 * args.hosts * args.seconds)
         with Partitioned(hosts=args.hosts, rows=rows, lease_s=args.lease,
                          heartbeat_s=args.heartbeat, render_s=args.render) as run:
             res = partition_chaos(run, args.seconds, seed)
