@@ -289,7 +289,7 @@ def _pool(args: argparse.Namespace) -> int:
                           start_method=args.start_method, checkpoint=args.checkpoint,
                           checkpoint_every_s=args.checkpoint_every, grace_s=args.grace,
                           per_host=args.per_host, delay_ms=args.delay_ms,
-                          max_failures=args.max_failures)
+                          max_failures=args.max_failures, heartbeat_s=args.heartbeat)
     policy = None if args.lanes else LanePolicy(lanes_enabled=False)
     if args.refresh_corpus is not None and not args.corpus:
         raise EngineValueError("--refresh-corpus needs --corpus: the files or sitemap URLs to"
@@ -568,6 +568,10 @@ def _pool_parser(sub: Any) -> None:
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)))
     p.add_argument("--batch", type=int, default=DEFAULTS.batch, help="rows per claim")
     p.add_argument("--lease", type=float, default=DEFAULTS.lease_s, help="lease seconds (renewed)")
+    p.add_argument("--heartbeat", type=float, default=DEFAULTS.heartbeat_s, metavar="SECONDS",
+                   help="with --redis: each worker's heartbeat period; a dead host's rows come"
+                        " back within 3 periods, not a lease (0, or a lease of at most 2"
+                        " periods: by lease expiry only)")
     p.add_argument("--start-method", choices=START_METHODS, default=DEFAULTS.start_method)
     p.add_argument("--checkpoint", metavar="PATH", help="checkpoint file (written atomically)")
     p.add_argument("--checkpoint-every", type=float, default=DEFAULTS.checkpoint_every_s,

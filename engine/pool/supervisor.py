@@ -55,6 +55,7 @@ from ..segment import Segment
 from .board import Board, Clock
 from .failures import FailureLog
 from .grow import Added, add_corpus, store_routes, unlink_routes
+from .heartbeat import HEARTBEAT_S
 from .hosts import HostGate
 from .ingest import Corpus
 from .render import RenderSpec
@@ -100,6 +101,9 @@ class PoolOptions:
     max_failures: int | None = None
     """A row that failed this many times is parked: kept and listed, not claimed, until a rush
     or a re-add (None: retried for ever, backing off)."""
+    heartbeat_s: float = HEARTBEAT_S
+    """On Redis, each worker's heartbeat period (0: none); a dead host's rows come back within
+    three periods, where the lease is longer than two (engine/pool/heartbeat.py)."""
 
     def __post_init__(self) -> None:
         for what, v, lo, hi in (("workers", self.workers, 1, 1000), ("batch", self.batch, 1, 4096)):
@@ -109,6 +113,9 @@ class PoolOptions:
                         ("idle_s", self.idle_s), ("time_scale", self.time_scale)):
             if not is_number(x) or not 1e-3 <= x < 1e9:
                 raise EngineValueError(f"{what} must be a positive number, got {x!r}")
+        if not is_number(self.heartbeat_s) or not 0 <= self.heartbeat_s <= 3600:
+            raise EngineValueError(f"heartbeat_s must be a number in [0, 3600], got "
+                                   f"{self.heartbeat_s!r}")
         if not is_number(self.grace_s) or not 0 <= self.grace_s < 1e6:
             raise EngineValueError(f"grace_s must be a number >= 0, got {self.grace_s!r}")
         if self.start_method not in START_METHODS:
@@ -347,7 +354,8 @@ class Pool:
     def start(self) -> None:
         o = self.options
         spec = WorkerSpec(self.engine.name, self.render, o.batch, o.lease_s, o.idle_s,
-                          dict(o.env), o.max_failures, _polite(o), self.local, self.redis)
+                          dict(o.env), o.max_failures, _polite(o), self.local, self.redis,
+                          o.heartbeat_s)
         self._spec = spec
         for i in range(self.options.workers):
             self._start_worker(i)

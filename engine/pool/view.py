@@ -18,6 +18,7 @@ import numpy as np
 from ..api import Stats
 from ..checks import wall_ms
 from ..engine import Engine
+from ..errors import EngineError
 from ..process import is_running
 from . import progress
 from .board import DURATION_BUCKETS, FAILED, OK, Board
@@ -232,7 +233,11 @@ class LiveView:
         now = time.monotonic()
         if now - self._last < (self.plain_every_s if self.plain else 0.5):
             return
-        rows, self._state = lane_rows(pool, self._state)
+        try:
+            rows, self._state = lane_rows(pool, self._state)
+        except EngineError:  # a Redis queue out of reach: the pool goes on, the view waits
+            self._last = now
+            return
         self._last = now
         title = headline(pool, self._state["rate"])
         stale = None if self._staleness is None else self._staleness.read(pool)

@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from ..api import Claim, ClaimBatch, QueueEngine
+import numpy as np
+
+from ..api import BoolArray, Claim, ClaimBatch, QueueEngine
 from ..checks import wall_ms
-from ..errors import EngineError, LeaseLost
+from ..errors import EngineError, LeaseLost, OutcomeUnknown
 from ..keys import PARKED_MS
 from .board import (
     F_CURRENT_ROW,
@@ -42,6 +44,7 @@ from .board import (
     F_STARTS,
     record_render,
 )
+from .heartbeat import HEARTBEAT_S, Heartbeat
 from .parts import PoolParts
 from .progress import format_due
 from .render import RenderFn, RenderSpec
@@ -68,6 +71,7 @@ class WorkerSpec:
     local: str = ""  # the name of the pool's files in /dev/shm ("": the engine's name)
     redis: str | None = field(default=None, repr=False)  # the queue's Redis URL (may hold a
     # password, hence not in the repr); None: the shared-memory engine ``name``
+    heartbeat_s: float = HEARTBEAT_S  # on Redis (engine/pool/heartbeat.py); 0: none
 
 
 def worker_main(spec: WorkerSpec, slot_index: int) -> None:
@@ -89,6 +93,8 @@ def worker_main(spec: WorkerSpec, slot_index: int) -> None:
             worker.held.stop()
             with contextlib.suppress(EngineError):  # leaving anyway; leases lapse otherwise
                 worker.give_back(worker.held.rest(), at_stop=True)  # not rendered: stopping
+            if worker.beat is not None:
+                worker.beat.stop()
         parts.close()
 
 
@@ -192,6 +198,7 @@ class Worker:
         self.lease_ms = self.clock.virtual_ms(spec.lease_s * 1000)
         self.held = _Held(self.eng, self.now, self.lease_ms, self.slot)
         self.held.start(max(0.01, spec.lease_s / 3))
+        self.beat = Heartbeat.of(self.eng, spec.heartbeat_s, spec.lease_s)
         self._stop = stop
         # The supervisor is our parent (or, under forkserver, the server's, which exits with
         # it). A dead parent that is not reaped yet still answers kill(pid, 0); being
@@ -246,7 +253,10 @@ class Worker:
     def claim(self, budget: int) -> tuple[list[Claim], list[str]]:
         """Claim up to ``budget`` rows and hold them; those to render and their URLs. Rows an
         operator asked to park (``FailureLog.request_park``) are parked here, unrendered."""
-        batch = self.eng.claim(budget, now_ms=self.now(), lease_ms=self.lease_ms)
+        try:
+            batch = self.eng.claim(budget, now_ms=self.now(), lease_ms=self.lease_ms)
+        except OutcomeUnknown:  # what it may have leased lapses; claim again next time
+            return [], []
         if not len(batch):
             return [], []
         self.held.hold(batch)
@@ -334,10 +344,28 @@ class Worker:
         self.slot[F_LEASE_LOST] += self.held.drain_lost()
         rows, tokens = self.held.take(done)
         if rows:
-            ok = self.eng.complete_many(rows, tokens, now_ms=self.now())
+            ok = self._complete_many(rows, tokens)
             self.slot[F_LEASE_LOST] += int(len(ok) - int(ok.sum()))
             if self.parts.failures is not None:
                 self.parts.failures.clear(rows)
+
+    def _complete_many(self, rows: list[int], tokens: list[int]) -> BoolArray:
+        """``complete_many``, sent once more if the connection was lost after sending (a
+        network cut): the tokens fence it, so it is applied once at most, and a refusal then
+        may mean the first one was applied (docs/redis.md "Lost connections"). Rows whose
+        outcome stays unknown count as not completed, and a warning says how many."""
+        try:
+            return self.eng.complete_many(rows, tokens, now_ms=self.now())
+        except OutcomeUnknown:
+            try:
+                ok = self.eng.complete_many(rows, tokens, now_ms=self.now())
+            except EngineError:  # out of reach still: their leases lapse, rows render again
+                ok = np.zeros(len(rows), np.bool_)
+        unknown = len(ok) - int(ok.sum())
+        if unknown:
+            log.warning("%d complete(s) of unknown outcome: applied once at most, counted as "
+                        "leases lost", unknown)
+        return ok
 
     def give_back(self, rows: list[int], at_stop: bool = False) -> None:
         """Release rows unrendered (due as they were); those given back at a stop are counted."""

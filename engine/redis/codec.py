@@ -19,7 +19,9 @@ A queue ``name`` is five keys with the hash tag ``{name}`` (:func:`queue_keys`):
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -32,7 +34,7 @@ from ..keys import STRIDE, check_due_array, check_due_ms
 from ..policy import MAX_INTERVAL_S, PROVENANCES, REMAINDERS, LanePolicy, share_fp
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "10"
+LIBRARY_VERSION = "11"
 """Bump with any change to the library (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
 LAYOUT_VERSION = 4
@@ -52,6 +54,12 @@ LIVE = 4
 _ADD_ROW = np.dtype([("due", "<u8"), ("interval", "<u4"), ("prov", "u1"), ("failures", "u1")])
 _RECORD_DTYPE = np.dtype([("interval", ">u4"), ("failures", "u1"), ("flags", "u1")])
 assert _RECORD_DTYPE.itemsize == RECORD
+
+
+def beats_key(name: str) -> str:
+    """The heartbeats of queue ``name``'s owners (ZSET: owner id -> the time its heartbeat
+    lapses, ms), beside the five keys under the same hash tag (docs/redis.md "Heartbeats")."""
+    return f"lanes:{{{name}}}:beats"
 
 
 def queue_keys(name: str) -> tuple[str, str, str, str, str]:
@@ -173,6 +181,11 @@ def text_map(fields: dict[bytes, bytes]) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in fields.items()}
 
 
+def flags(raw: bytes | bytearray) -> npt.NDArray[np.uint8]:
+    """The flags byte of packed row records (a view: no copy)."""
+    return np.frombuffer(raw, _RECORD_DTYPE)["flags"]
+
+
 def records(raw: bytes) -> dict[str, npt.NDArray[np.int64]]:
     """Columns of packed row records (the library's REC, big endian) as int64 arrays."""
     a = np.frombuffer(raw, _RECORD_DTYPE)
@@ -243,116 +256,146 @@ def row_info(row: int, record: bytes, key: Any, held: bytes | None, now: int) ->
     }
 
 
-def exported_rows(n: int, table: bytes, ready: list[tuple[bytes, float]],
-                  holder: dict[bytes, bytes]) -> tuple[IntArray, dict[str, IntArray]]:
-    """``export_rows`` from the row table of ``n`` rows, ready and holder read whole: a live
-    row's key is its ready score, or in flight its holder entry's."""
-    f = records(table[:n * RECORD])
-    rows = np.flatnonzero(f["flags"] & LIVE)
-    key = np.zeros(n, np.int64)
-    for row, h in split_holder(holder)[1].items():  # (in ready, a lapsed lease's entry)
-        key[row] = h.key
-    for m, score in ready:
-        key[int(m)] = int(score)
-    cols = {"due_ms": key % STRIDE, "interval_s": f["interval"], "failures": f["failures"],
-            "provenance": f["flags"] & 1, "urgent": (f["flags"] >> 1) & 1,
+def exported_rows(table: bytes | bytearray, key: npt.NDArray[np.int64]
+                  ) -> tuple[IntArray, dict[str, IntArray]]:
+    """``export_rows`` from the row table's records and each row's key (-1: none, the row is
+    not queued): every live row with a key, in row order."""
+    rec = np.frombuffer(table, _RECORD_DTYPE)
+    rows = np.flatnonzero(((rec["flags"] & LIVE) != 0) & (key >= 0))
+    picked, key = rec[rows], key[rows]
+    f = picked["flags"].astype(np.int64)
+    cols = {"due_ms": key % STRIDE, "interval_s": picked["interval"],
+            "failures": picked["failures"], "provenance": f & 1, "urgent": (f >> 1) & 1,
             "lane": key // STRIDE}
-    return rows, {c: np.ascontiguousarray(v[rows], np.int64) for c, v in cols.items()}
+    return rows, {c: np.ascontiguousarray(v, np.int64) for c, v in cols.items()}
 
 
 # -- verify ---------------------------------------------------------------------------------------
 
 
-class _Walk:
-    """What :func:`verify` counts on its way through ready, lease and holder."""
+@dataclass
+class QueueParts:
+    """What :func:`verify` checks, as read from a queue: by chunks (``engine.redis.scan``), or
+    in one snapshot restricted to some rows (``only``: the per-row checks look at those rows
+    alone; the batch and token checks always see lease and holder whole)."""
 
-    def __init__(self, n: int) -> None:
-        self.n = n
+    n: int
+    """``next_row``: rows below it exist."""
+    counter: int
+    """The token counter (``meta token``)."""
+    live: npt.NDArray[np.bool_]
+    """Per row below ``n``: its record's live flag."""
+    in_ready: npt.NDArray[np.bool_]
+    """Per row below ``n``: in the ready ZSET."""
+    lease: dict[str, int]
+    """Batch (member of lease) -> expiry."""
+    holder: dict[bytes, bytes]
+    """The holder hash whole: rows in flight (and lapsed leases' entries), batches' records."""
+    far_lanes: list[int] = field(default_factory=list)
+    """Rows in ready whose key's lane is past what a policy can make."""
+    past: list[tuple[str, int]] = field(default_factory=list)
+    """(where, row) of rows at or past ``n`` seen in ready (holder's are found here)."""
+    only: npt.NDArray[np.bool_] | None = None
+
+
+class _Walk:
+    """What :func:`verify` counts on its way through lease and holder, and the rows involved
+    in each problem it finds (``suspects``: what a re-read in one snapshot looks at again)."""
+
+    def __init__(self, p: QueueParts) -> None:
+        self.p = p
         self.problems: list[str] = []
-        self.lanes: list[int] = []
-        self.in_ready = np.zeros(n, np.int64)
-        self.in_lease = np.zeros(n, np.int64)
-        self.tokens = np.zeros(n, np.int64)
-        self.has_holder = np.zeros(n, np.bool_)
+        self.suspects: set[int] = set()
+        self.in_lease = np.zeros(p.n, np.uint8)  # a byte a row: a big queue's walk is light
+        self.tokens: dict[int, int] = {}
+        """Row -> the token of its holder entry (rows in flight and lapsed leases' entries)."""
+
+    def report(self, text: str, *rows: int) -> None:
+        self.problems.append(text)
+        self.suspects.update(rows)
 
     def known(self, row: int, where: str) -> bool:
-        if 0 <= row < self.n:
+        if 0 <= row < self.p.n:
             return True
-        self.problems.append(f"{where} holds row {row}, past next_row {self.n}")
+        self.report(f"{where} holds row {row}, past next_row {self.p.n}", row)
         return False
 
 
-def verify(meta: dict[str, str], table: bytes, ready: list[tuple[bytes, float]],
-           lease: list[tuple[bytes, float]], holder: dict[bytes, bytes]) -> list[str]:
-    """One line per broken invariant of a queue read whole (empty when all hold): every live
-    row is in exactly one of ready and a batch in lease (in flight: its holder entry names a
-    batch in lease), a removed row in neither; a row in flight has its batch's expiry and is
-    listed in its batch's record, every batch in lease has a record counting its rows in
-    flight (at least one) and every record a batch in lease (a row in ready may keep the entry
-    of a lapsed lease nobody was granted since), a removed row no entry; tokens are below the
-    token counter and unique; every key's lane is one a policy can make."""
-    n = int(meta["next_row"])
-    if len(table) < n * RECORD:
-        return [f"row table holds {len(table) // RECORD} records, next_row is {n}"]
-    walk = _Walk(n)
-    for m, score in ready:
-        if walk.known(int(m), "ready"):
-            walk.in_ready[int(m)] += 1
-            walk.lanes.append(int(score) // STRIDE)
-    _walk_batches(walk, {m.decode(): int(expiry) for m, expiry in lease}, holder)
-    live = (records(table[:n * RECORD])["flags"] & LIVE) != 0
-    _check_rows(walk, live, int(meta["token"]))
-    if any(lane >= MAX_LANES for lane in walk.lanes):
-        walk.problems.append("a row's lane is past the 64 a policy can make")
-    return walk.problems
+def verify(p: QueueParts) -> tuple[list[str], set[int]]:
+    """(one line per broken invariant, the rows involved) of a queue's parts (empty when all
+    hold): every live row is in exactly one of ready and a batch in lease (in flight: its
+    holder entry names a batch in lease), a removed row in neither; a row in flight has its
+    batch's expiry and is listed in its batch's record, every batch in lease has a record
+    counting its rows in flight (at least one) and every record a batch in lease (a row in
+    ready may keep the entry of a lapsed lease nobody was granted since), a removed row no
+    entry; tokens are below the token counter and unique; every key's lane is one a policy
+    can make."""
+    walk = _Walk(p)
+    for where, row in p.past:
+        walk.report(f"{where} holds row {row}, past next_row {p.n}", row)
+    if p.far_lanes:
+        walk.report("a row's lane is past the 64 a policy can make", *p.far_lanes)
+    _walk_batches(walk)
+    _check_rows(walk)
+    return walk.problems, walk.suspects
 
 
-def _walk_batches(walk: _Walk, batches: dict[str, int], holder: dict[bytes, bytes]) -> None:
+def _walk_batches(walk: _Walk) -> None:
     """The holder entries against the batches in lease and the batches' records."""
-    records_of, held = split_holder(holder)
-    flying = dict.fromkeys(batches, 0)
+    batches = walk.p.lease
+    records_of, held = split_holder(walk.p.holder)
+    listed = {b: set(rows) for b, (_count, rows) in records_of.items()}
+    flying: dict[str, list[int]] = {b: [] for b in batches}
+    far = []
     for row, h in held.items():
         if not walk.known(row, "holder"):
             continue
         walk.tokens[row] = h.token
-        walk.has_holder[row] = True
         if h.batch not in batches:  # a lapsed lease's entry (row back in ready): key void
             continue
         walk.in_lease[row] += 1
-        flying[h.batch] += 1
-        walk.lanes.append(h.key // STRIDE)
+        flying[h.batch].append(row)
+        if h.key // STRIDE >= MAX_LANES:
+            far.append(row)
         if h.expiry != batches[h.batch]:
-            walk.problems.append(f"row {row}: expiry {h.expiry}, its batch {h.batch}'s is "
-                                 f"{batches[h.batch]}")
-        if row not in records_of.get(h.batch, (0, []))[1]:
-            walk.problems.append(f"row {row}: not in the record of its batch {h.batch}")
-    for batch, count in flying.items():
+            walk.report(f"row {row}: expiry {h.expiry}, its batch {h.batch}'s is "
+                        f"{batches[h.batch]}", row)
+        if row not in listed.get(h.batch, ()):
+            walk.report(f"row {row}: not in the record of its batch {h.batch}", row)
+    if far:
+        walk.report("a row's lane is past the 64 a policy can make", *far)
+    for batch, rows in flying.items():
+        involved = [*rows, *records_of.get(batch, (0, []))[1]]
         if batch not in records_of:
-            walk.problems.append(f"batch {batch}: in lease without a record")
-        elif records_of[batch][0] != count:
-            walk.problems.append(f"batch {batch}: its record counts {records_of[batch][0]} "
-                                 f"rows in flight, {count} are")
-        if count == 0:
-            walk.problems.append(f"batch {batch}: in lease with no row in flight")
+            walk.report(f"batch {batch}: in lease without a record", *involved)
+        elif records_of[batch][0] != len(rows):
+            walk.report(f"batch {batch}: its record counts {records_of[batch][0]} "
+                        f"rows in flight, {len(rows)} are", *involved)
+        if not rows:
+            walk.report(f"batch {batch}: in lease with no row in flight", *involved)
     for batch in records_of.keys() - batches.keys():
-        walk.problems.append(f"batch {batch}: a record without a lease entry")
+        walk.report(f"batch {batch}: a record without a lease entry", *records_of[batch][1])
 
 
-def _check_rows(walk: _Walk, live: npt.NDArray[np.bool_], counter: int) -> None:
+def _check_rows(walk: _Walk) -> None:
     """Each row against its record's live flag; the tokens against the counter."""
-    queued = walk.in_ready + walk.in_lease
-    out = walk.problems
-    for row in np.flatnonzero(live & (queued != 1)).tolist():
-        out.append(f"live row {row} is in {int(walk.in_ready[row])} ready and "
-                   f"{int(walk.in_lease[row])} lease entries")
-    for row in np.flatnonzero(~live & (queued != 0)).tolist():
-        out.append(f"removed row {row} is still queued")
-    for row in np.flatnonzero(~live & walk.has_holder).tolist():
-        out.append(f"removed row {row} holds token {int(walk.tokens[row])}")
-    for row in np.flatnonzero(walk.has_holder & (walk.tokens == 0)).tolist():
-        out.append(f"row {row}: its holder entry holds no token")
-    for row in np.flatnonzero(walk.tokens > counter).tolist():
-        out.append(f"row {row}: token {int(walk.tokens[row])} past the counter {counter}")
-    issued = walk.tokens[walk.tokens != 0]
-    if len(np.unique(issued)) != len(issued):
-        out.append("a token is held by two rows")
+    p, out = walk.p, walk.report
+    queued = p.in_ready.astype(np.uint8) + walk.in_lease
+    look = np.ones(p.n, np.bool_) if p.only is None else p.only
+    for row in np.flatnonzero(look & p.live & (queued != 1)).tolist():
+        out(f"live row {row} is in {int(p.in_ready[row])} ready and "
+            f"{int(walk.in_lease[row])} lease entries", row)
+    for row in np.flatnonzero(look & ~p.live & (queued != 0)).tolist():
+        out(f"removed row {row} is still queued", row)
+    held = sorted(walk.tokens.items())
+    for row, token in held:
+        if look[row] and not p.live[row]:
+            out(f"removed row {row} holds token {token}", row)
+        if token == 0:
+            out(f"row {row}: its holder entry holds no token", row)
+        if token > p.counter:
+            out(f"row {row}: token {token} past the counter {p.counter}", row)
+    issued = Counter(token for _row, token in held if token)
+    twice = [row for row, token in held if issued[token] > 1]
+    if twice:
+        out("a token is held by two rows", *twice)

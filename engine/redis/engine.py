@@ -82,11 +82,15 @@ from .codec import (
     split_holder,
 )
 from .library import library_source as library_source
+from .scan import RECHECK, SCAN_COUNT, QueueScan
 from .transport import NOT_RUN, Transport, redact
 
 MIN_REDIS = (7, 0)
 ADD_CHUNK = 10_000
 """Rows per FCALL of add_many: a big batch never blocks the server for long."""
+HEARTBEAT_TTL_MS = 2_000
+"""How long an owner's heartbeat holds (two beats of a pool's 1 s period): past it, the next
+beat of any other owner puts the owner's leases back (docs/redis.md "Heartbeats")."""
 
 
 def _check_name(name: object) -> str:
@@ -114,6 +118,10 @@ class RedisEngine:
         self._name = name
         self._keys = queue_keys(name) if keys is None else keys
         self._shard = keys is not None
+        # the owners' heartbeats, under the queue's (or the shard's) hash tag
+        self._beats = self._keys[0].rsplit(":", 1)[0] + ":beats"
+        self.scan_count = SCAN_COUNT
+        """Entries per SCAN step of ``verify`` and ``save`` (engine.redis.scan)."""
         self._owner_pid = -1
         self._owner = ""
         self.created = False
@@ -284,7 +292,7 @@ class RedisEngine:
 
     def drop(self) -> None:
         """Delete the queue's keys from the server: every row, lease and counter."""
-        self.transport.call("DEL", lambda r: r.delete(*self._keys))
+        self.transport.call("DEL", lambda r: r.delete(*self._keys, self._beats))
 
     unlink = drop
 
@@ -545,19 +553,35 @@ class RedisEngine:
 
     def dump(self) -> list[Any]:
         """Every key of the queue as it stands, read in one MULTI/EXEC: meta (HGETALL), the
-        row table (GET), ready and lease (ZRANGE with scores), holder (HGETALL)."""
+        row table (GET), ready and lease (ZRANGE with scores), holder (HGETALL). For tests and
+        small queues: the server builds each reply whole (``verify`` reads by chunks)."""
         ready, lease, rows, meta, holder = self._keys
         return self.transport.snapshot(
             ("hgetall", (meta,)), ("get", (rows,)), ("zrange", (ready, 0, -1, False, True)),
             ("zrange", (lease, 0, -1, False, True)), ("hgetall", (holder,)))
 
     def verify(self) -> list[str]:
-        """Read the whole queue in one MULTI/EXEC; one line per broken invariant (empty when
-        all hold; ``codec.verify`` lists them)."""
-        meta_all, table, in_ready, in_lease, held = self.dump()
-        if not meta_all:
+        """One line per broken invariant (empty when all hold; ``codec.verify`` lists them).
+        The queue is read by chunks (``engine.redis.scan``: memory bounded on both sides, no
+        long block of the server); what the chunks show wrong is read again in one MULTI/EXEC
+        and reported only if that snapshot confirms it (docs/redis.md "Big queues")."""
+        scan = QueueScan(self.transport, self._keys, self.scan_count)
+        parts = scan.parts()
+        if parts is None:
             return [f"queue {self._name!r} does not exist"]
-        return codec.verify(codec.text_map(meta_all), table or b"", in_ready, in_lease, held)
+        if isinstance(parts, str):
+            return [parts]
+        problems, suspects = codec.verify(parts)
+        if not problems:
+            return []
+        confirmed: dict[str, None] = {}  # in order, each line once
+        look = sorted(suspects)
+        for start in range(0, max(1, len(look)), RECHECK):
+            again = scan.snapshot(look[start:start + RECHECK])
+            if again is None:
+                return [f"queue {self._name!r} does not exist"]
+            confirmed.update(dict.fromkeys(codec.verify(again)[0]))
+        return list(confirmed)
 
     check = verify
 
@@ -598,25 +622,41 @@ class RedisEngine:
             self.transport.fcall("lanes_reap", *dead)
         return len(dead)
 
+    def heartbeat(self, ttl_ms: int = HEARTBEAT_TTL_MS, now_ms: int | None = None
+                  ) -> tuple[int, int]:
+        """This owner is alive for ``ttl_ms`` more (``0``: it leaves, its heartbeat goes); and
+        every owner whose heartbeat lapsed loses its leases, its rows put back claimable, its
+        tokens stale (docs/redis.md "Heartbeats"). One FCALL. Returns (owners reaped, rows put
+        back). Owners that never beat are never judged so: their leases lapse by expiry."""
+        ttl = check_int(ttl_ms, "ttl_ms", 0, 86_400_000)
+        owners, rows = self.transport.fcall("lanes_heartbeat", now_arg(now_ms), self.owner, ttl,
+                                            extra_keys=(self._beats,))
+        return int(owners), int(rows)
+
     # -- checkpoints (engine/checkpoint.py's format) ----------------------------------------------
 
     def export_rows(self) -> tuple[IntArray, dict[str, IntArray]]:
-        """(row ids, columns) of every queued row, read in one transaction: the columns of
-        ``checkpoint.snapshot``."""
-        ready, _lease, rows_key, meta, holder = self._keys
-        meta_all, table, queued, held = self.transport.snapshot(
-            ("hgetall", (meta,)), ("get", (rows_key,)), ("zrange", (ready, 0, -1, False, True)),
-            ("hgetall", (holder,)))
-        if not meta_all:
+        """(row ids, columns) of every queued row: the columns of ``checkpoint.snapshot``,
+        read by chunks (``engine.redis.scan``). Under writes, each row is read at some moment
+        of the read, not all at one (docs/redis.md "Big queues" says what that gives)."""
+        scan = QueueScan(self.transport, self._keys, self.scan_count)
+        meta = scan.meta()
+        if not meta:
             raise SegmentMissing(f"queue {self._name!r} is gone")
-        return codec.exported_rows(int(meta_all[b"next_row"]), table or b"", queued, held)
+        n = int(meta["next_row"])
+        table = scan.table(n)
+        if table is None:
+            raise EngineError(f"queue {self._name!r}: its row table is shorter than next_row "
+                              f"{n} (verify() says more)")
+        return codec.exported_rows(table, scan.keys_of(n, (codec.flags(table) & codec.LIVE) != 0))
 
     def save(self, path: str | os.PathLike[str], urls: Any = None,
              extra: dict[str, Any] | None = None) -> int:
         """Write the queue's schedule to ``path`` in engine/checkpoint.py's format, atomically
         (read with ``checkpoint.read``, restored by ``load`` or ``Engine.load``); returns the
         rows saved. ``urls`` (row id -> URL) and ``extra``, if given, are saved with it.
-        Leases are not."""
+        Leases are not. Read by chunks: under writes, docs/redis.md "Big queues" says exactly
+        what the file holds."""
         return checkpoint.save(self, path, urls, extra)
 
     @classmethod

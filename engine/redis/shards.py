@@ -79,7 +79,7 @@ from .catalog import (
     shard_keys,
 )
 from .codec import LIBRARY_VERSION, MAX_ROWS, RedisClaims, now_arg, packed_rows, queue_keys
-from .engine import RedisEngine, _check_name
+from .engine import HEARTBEAT_TTL_MS, RedisEngine, _check_name
 from .transport import Transport, redact
 
 STAY = 4
@@ -653,12 +653,24 @@ class ShardedEngine:
                 found += eng.reap()
         return found
 
+    def heartbeat(self, ttl_ms: int = HEARTBEAT_TTL_MS, now_ms: int | None = None
+                  ) -> tuple[int, int]:
+        """``RedisEngine.heartbeat`` on every shard (each shard judges the owners of its own
+        leases): this owner beats everywhere it may hold a lease. Returns (owners reaped, rows
+        put back), summed over the shards."""
+        owners = rows = 0
+        for k in range(self._n):
+            with self._shard(k) as eng:
+                o, r = eng.heartbeat(ttl_ms, now_ms)
+            owners, rows = owners + o, rows + r
+        return owners, rows
+
     # -- checkpoints -----------------------------------------------------------------------------
 
     def export_rows(self) -> tuple[IntArray, dict[str, IntArray]]:
-        """(row ids, columns) of every queued row, in row id order: each shard read in one
-        transaction, one shard after the other (a save taken under writes holds each shard
-        as it was at its own moment)."""
+        """(row ids, columns) of every queued row, in row id order: each shard read by chunks
+        (``RedisEngine.export_rows``), one shard after the other (docs/redis.md "Big queues"
+        says what a save taken under writes holds)."""
         rows, cols = [], []
         for k in range(self._n):
             with self._shard(k) as eng:

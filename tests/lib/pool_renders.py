@@ -139,3 +139,17 @@ def chaos(url: str, claim: Any) -> None:
     line("E", " ok" if ok else " fail")
     if not ok:
         raise RuntimeError(f"{url}: chaos says this render fails")
+
+
+def partition(url: str, claim: Any) -> None:
+    """The render of the partition tests (tests/lib/partition_lib.py): append ``<pool pid>
+    <pid> <row> <token> <wall ms>`` to ``RL_TEST_RENDER_LOG`` as it starts, then take
+    ``RL_TEST_RENDER_S`` seconds. It touches no network: a host cut off renders on."""
+    line = (f"{os.getppid()} {os.getpid()} {claim.row} {claim.token} "
+            f"{time.time_ns() // 1_000_000}\n")
+    fd = os.open(os.environ["RL_TEST_RENDER_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+    time.sleep(float(os.environ.get("RL_TEST_RENDER_S", "0.1")))
