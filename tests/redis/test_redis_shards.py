@@ -10,6 +10,8 @@ on a cluster of three primaries.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from pool_testlib import corpus, rendered, until_all, wait_for
 from redis_server import LocalCluster, RedisServer, module_server
 
 from engine import Engine, LanePolicy, LeaseLost, checkpoint
+from engine.checks import wall_ms
 from engine.cli import main as lanes
 from engine.errors import (
     EngineError,
@@ -440,3 +443,24 @@ def test_on_a_cluster_the_shards_fall_on_different_primaries_and_serve_claims() 
             assert eng.verify() == []
         with Engine.connect(cluster.url, name) as again:
             assert isinstance(again, ShardedEngine) and again.stats()["rows"] == 90
+
+
+def test_a_dead_owner_s_leases_on_every_shard_come_back_at_another_owner_s_beat(
+        server: RedisServer, sharded: Any) -> None:
+    """An owner beats on every shard it may hold leases on; when its heartbeat lapses, the next
+    beat of another owner puts its rows back on each shard, long before the leases expire."""
+    eng = sharded()
+    eng.add_many(np.full(8 * N, wall_ms() - 60_000), 3600, provenance="submitted")  # due now
+    code = ("import sys; from engine import Engine\n"
+            "e = Engine.connect(sys.argv[1], sys.argv[2])\n"
+            "held = 0\n"
+            "for _ in range(4 * len(e.shards)):\n"
+            "    held += len(e.claim(budget=2, lease_ms=600_000))\n"
+            "e.heartbeat(ttl_ms=200)\n"
+            "print(held, flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", code, server.url, eng.name],
+                         capture_output=True, text=True, timeout=60, check=True)
+    held = int(out.stdout)
+    assert held == 8 * N and eng.stats()["in_flight"] == held  # on every shard, none back yet
+    wait_for(lambda: eng.heartbeat(ttl_ms=2_000) != (0, 0), timeout=10)
+    assert eng.stats()["in_flight"] == 0 and len(eng.claim(budget=8 * N)) == 8 * N
