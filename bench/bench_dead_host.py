@@ -23,16 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "lib")]
 
 from netns import unavailable  # noqa: E402
-from partition_lib import HostPool, Partitioned  # noqa: E402
-
-
-def _owners_of(run: Partitioned, pool: HostPool) -> set[str]:
-    eng = run.engine()
-    try:
-        owners = eng.stats()["owners"]
-    finally:
-        eng.close()
-    return {o for o in owners if int(o.rsplit(":", 2)[1]) in pool.pids}
+from partition_lib import Partitioned, owners_of  # noqa: E402
 
 
 def once(lease_s: float, heartbeat_s: float) -> float:
@@ -43,7 +34,7 @@ def once(lease_s: float, heartbeat_s: float) -> float:
         run.wait(lambda: len(run.rendered_by(a)) >= 4 and len(run.rendered_by(b)) >= 4, 90)
         killed = time.monotonic()
         run.kill(a)  # notes A's processes, then kills them all at once
-        while _owners_of(run, a):
+        while owners_of(run, a):
             time.sleep(0.02)
         return time.monotonic() - killed
 

@@ -378,3 +378,13 @@ def process_tree(pid: int) -> set[int]:
         return {pid} | {c.pid for c in psutil.Process(pid).children(recursive=True)}
     except psutil.NoSuchProcess:
         return set()
+
+
+def owners_of(run: Partitioned, pool: HostPool) -> set[str]:
+    """The owner ids with live leases whose process belongs to ``pool``."""
+    eng = run.engine()
+    try:
+        owners = eng.stats()["owners"]
+    finally:
+        eng.close()
+    return {o for o in owners if int(o.rsplit(":", 2)[1]) in pool.pids}

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from netns import unavailable
-from partition_lib import HostPool, Partitioned, process_tree
+from partition_lib import Partitioned, owners_of, process_tree
 from redis_server import RedisServer, fresh_queue, module_server
 
 from engine import Engine, LeaseLost, checkpoint
@@ -171,16 +171,6 @@ def test_a_bad_heartbeat_ttl_is_refused_and_sends_nothing(server: RedisServer, q
 needs_netns = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 
 
-def _owners_of(run: Partitioned, pool: HostPool) -> set[str]:
-    """The owner ids with live leases whose process belongs to ``pool``."""
-    eng = run.engine()
-    try:
-        owners = eng.stats()["owners"]
-    finally:
-        eng.close()
-    return {o for o in owners if int(o.rsplit(":", 2)[1]) in pool.pids}
-
-
 @needs_netns
 def test_a_host_killed_whole_has_its_rows_back_within_three_heartbeats() -> None:
     """Leases of 30 s; heartbeats every 1 s (a TTL of 2 s): the dead host's leases end within
@@ -189,11 +179,11 @@ def test_a_host_killed_whole_has_its_rows_back_within_three_heartbeats() -> None
         a, b = run.start(0), run.start(1)
         run.wait(lambda: len(run.rendered_by(a)) >= 2 and len(run.rendered_by(b)) >= 2, 60)
         a.pids |= process_tree(a.proc.pid)
-        held = _owners_of(run, a)
+        held = owners_of(run, a)
         assert held, "host A holds no lease at its death"
         killed = time.monotonic()
         run.kill(a)
-        run.wait(lambda: not _owners_of(run, a), 30)
+        run.wait(lambda: not owners_of(run, a), 30)
         back_s = time.monotonic() - killed
         run.wait(run.settled, 60)
         run.stop()
