@@ -96,6 +96,22 @@ def test_a_lapsed_heartbeat_puts_its_owners_leases_back_and_makes_its_tokens_sta
         eng.close()
 
 
+def test_an_owner_whose_own_beat_lapsed_judges_no_one_after_a_stall(
+        server: RedisServer, queue: str) -> None:
+    """When every beat lapsed together (the server stalled, failed over or moved a slot), the
+    first owner to beat again renews itself and reaps nobody; a period later, an owner that
+    did not come back is reaped."""
+    eng = _filled(server, queue, 4)
+    try:
+        held = _claim_in_child(server, queue, 4, beat_ttl_ms=2000)
+        assert eng.heartbeat(2000, now_ms=NOW) == (0, 0)  # both beat; then nothing for 5 s
+        assert eng.heartbeat(2000, now_ms=NOW + 5000) == (0, 0)  # lapsed itself: no judge
+        assert eng.stats(now_ms=NOW + 5000)["in_flight"] == len(held)
+        assert eng.heartbeat(2000, now_ms=NOW + 6000) == (1, 4)  # the other never came back
+    finally:
+        eng.close()
+
+
 def test_an_owner_that_never_beats_keeps_its_leases_until_they_expire(
         server: RedisServer, queue: str) -> None:
     eng = _filled(server, queue, 4)
@@ -118,6 +134,7 @@ def test_a_reaped_lapsed_lease_already_back_in_ready_only_loses_its_token(
         held = _claim_in_child(server, queue, 2, beat_ttl_ms=120_000)
         mine = eng.claim(1, now_ms=NOW + 60_000)  # the pass puts both back, grants one
         assert len(mine) == 1 and eng.describe(held[1][0], now_ms=NOW + 60_000)["queued"]
+        assert eng.heartbeat(120_000, now_ms=NOW + 60_000) == (0, 0)  # a first beat judges none
         assert eng.heartbeat(2000, now_ms=NOW + 120_000) == (1, 0)  # nothing was in flight
         assert eng.verify() == []
         with pytest.raises(LeaseLost):  # before the reap, this complete would have held
