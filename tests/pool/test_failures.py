@@ -285,6 +285,13 @@ WRITER_SPAN = 1_000_000  # writer k records rows k * WRITER_SPAN on
 VICTIM_BASE = 10_000_000
 
 
+WRITE_GAP_S = 0.0002
+"""A writer's pause between records. A worker records one failure per render, never in a tight
+loop; five processes committing back to back starve one another past the busy timeout (SQLite's
+busy handler tries the lock again only every 100 ms or so), which is SQLite's lock, not what
+this test holds."""
+
+
 def child_writer(name: str, base: int, start: Any, killed: Any, q: Any) -> None:
     """Record failures of rows base, base + 1, ... until AFTER_KILL records after the victim's
     death; fail the first half of them again, then clear (in batches of 16, as a worker does)
@@ -298,6 +305,7 @@ def child_writer(name: str, base: int, start: Any, killed: Any, q: Any) -> None:
             log.record(base + n, f"https://w{base}.example/{n}", BUSY, n)
             n += 1
             after += killed.is_set()
+            time.sleep(WRITE_GAP_S)
         for i in range(n // 2):
             log.record(base + i, f"https://w{base}.example/{i}", GONE, n + i)
         for lo in range(n - n // 4, n, 16):
@@ -316,6 +324,7 @@ def child_victim(name: str, start: Any) -> None:
     while True:
         log.record(VICTIM_BASE + i, f"https://victim.example/{i}", BUG, i)
         i += 1
+        time.sleep(WRITE_GAP_S)
 
 
 def test_concurrent_writers_keep_every_commit_when_one_is_killed_mid_way(log: FailureLog,
@@ -333,6 +342,7 @@ def test_concurrent_writers_keep_every_commit_when_one_is_killed_mid_way(log: Fa
         deadline = time.monotonic() + 60
         for base in (*(k * WRITER_SPAN for k in range(3)), VICTIM_BASE):
             while len(log.entries(rows=range(base, base + 30))) < 20:  # all under way
+                assert q.empty(), f"a writer stopped before the kill: {q.get()}"
                 assert time.monotonic() < deadline, f"writer {base} never recorded 20 failures"
                 time.sleep(0.001)
         os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
