@@ -40,6 +40,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 import tomllib
 import uuid
@@ -661,8 +662,12 @@ def run_many(config: SimConfig, specs: Sequence[PolicySpec], capacities: Sequenc
     if jobs == 1 or len(work) == 1:
         return [_job(w) for w in work]
     # fork, not spawn: spawn re-runs the caller's __main__, which a library must not demand
-    # of a script. Nothing is inherited that matters: this process holds no engine here.
-    method = "fork" if "fork" in get_all_start_methods() else "spawn"
+    # of a script. Nothing is inherited that matters: this process holds no engine here. But a
+    # process with other threads may be forked while one of them holds a lock (the child then
+    # waits on it forever): there, a fork server, started clean, forks the workers.
+    methods = get_all_start_methods()
+    method = ("fork" if "fork" in methods and threading.active_count() == 1
+              else "forkserver" if "forkserver" in methods else "spawn")
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context(method)) as pool:
         return list(pool.map(_job, work))
 
