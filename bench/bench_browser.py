@@ -28,6 +28,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -233,6 +234,22 @@ def _tree_rss(root: psutil.Process) -> int:
     return total
 
 
+def _browser_rss(worker: psutil.Process, samples: int = 5) -> float:
+    """The median RSS (MiB) of ``worker``'s browser tree over ``samples`` readings 0.3 s apart,
+    each taken while a browser is up: a reading during a recycle (the old browser gone, the
+    next not started) would measure nothing."""
+    got: list[float] = []
+    deadline = time.monotonic() + 60
+    while len(got) < samples and time.monotonic() < deadline:
+        kids = worker.children()
+        if any("chromium" in k.name() for k in kids if k.is_running()):
+            got.append(_tree_rss(worker) / 2**20)
+        time.sleep(0.3)
+    if not got:
+        raise RuntimeError("the worker had no browser for a minute")
+    return statistics.median(got)
+
+
 def rss_over_renders(site: SiteServer, tmp: Path, marks: tuple[int, ...]) -> list[float]:
     """The RSS (MiB) of one worker's browser tree when the pool has done each of ``marks``
     renders (counted at the site: one /api/N fetch per /js/N render)."""
@@ -253,7 +270,7 @@ def rss_over_renders(site: SiteServer, tmp: Path, marks: tuple[int, ...]) -> lis
                     raise RuntimeError("the pool stopped")
                 time.sleep(0.5)
             worker = psutil.Process(proc.pid).children()[0]
-            out.append(_tree_rss(worker) / 2**20)
+            out.append(_browser_rss(worker))
             print(f"  rss after {mark} renders: {out[-1]:.0f} MiB", flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)

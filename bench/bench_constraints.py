@@ -21,16 +21,31 @@
     weights derived from the bands) (lateness weighs the lane heads of every lane for every
     grant), interleaved pass block by pass block on the same rows; ratio per round, to
     lane-order's block of that round. The goal: lateness and the default <= 1.2x lane-order.
+(e) What a fitted policy costs (``LanePolicy.fitted``: 64 lanes, weights fitted to the rows):
+    claim(16) under it against lane order over the same bands and floors, interleaved the same
+    way on rows whose intervals spread over about 20 lanes of each provenance.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
-from common import BUDGET, NOW, corpus, corpus_lanes, drop, figure, finish, new_engine, parse_args
+from common import (
+    BUDGET,
+    DAY_MS,
+    NOW,
+    corpus,
+    corpus_lanes,
+    drop,
+    figure,
+    finish,
+    new_engine,
+    parse_args,
+)
 from seek_variants import NO_SKIP, NO_TOMB, TWO_SIDED, UNFLOORED, Handle
 
 from engine import LanePolicy
@@ -244,11 +259,39 @@ def remainders(c: dict[str, Any]) -> list[dict[str, Any]]:
     return figs
 
 
+def fitted(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """(e) claim(16) under ``LanePolicy.fitted`` (64 lanes) against lane order over the same
+    bands and floors, on one engine whose rows have intervals log-uniform from 30 min to 14 days
+    (about 20 lanes of each provenance in use), every lane due."""
+    rng = np.random.default_rng(11)
+    n = c["rows"]
+    due = NOW - rng.integers(3 * DAY_MS, 30 * DAY_MS, n)
+    interval = np.exp(rng.uniform(np.log(1800), np.log(14 * 86400), n)).astype(np.int64)
+    prov = rng.integers(0, 2, n)
+    failures = np.where(rng.random(n) < 0.02, 5, 0)
+    policies = {"fitted": LanePolicy.fitted(interval, prov)}
+    policies["lane_order"] = replace(policies["fitted"], remainder="lane-order")
+    vals: dict[str, list[float]] = {rid: [] for rid in policies}
+    eng = new_engine("fitted", n, policies["fitted"], rows=(due, interval, prov, failures))
+    try:
+        for k in range(c["d_rounds"]):
+            for rid in (("fitted", "lane_order") if k % 2 == 0 else ("lane_order", "fitted")):
+                eng.set_policy(policies[rid])
+                vals[rid].append(_bare_cycle([eng], [BUDGET], c["d_passes"]))
+    finally:
+        drop(eng)
+    return [figure(f"constraints.fitted.{rid}_us", f"(e) {rid} over the fitted bands: µs per"
+                   " claim(16) (bare)", "µs", vals[rid]) for rid in policies] + [
+        figure("constraints.fitted.over_lane_order", "(e) fitted / lane-order, same bands and"
+               " round (goal <= 1.2)", "x",
+               [t / o for t, o in zip(vals["fitted"], vals["lane_order"], strict=True)])]
+
+
 def main() -> None:
     args = parse_args(__doc__)
     started = time.perf_counter()
     c = SMOKE if args.smoke else FULL
-    figs = floors(c) + interleaving(c) + sidedness(c) + remainders(c)
+    figs = floors(c) + interleaving(c) + sidedness(c) + remainders(c) + fitted(c)
     finish("bench_constraints", args, figs, started)
 
 

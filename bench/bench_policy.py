@@ -34,7 +34,7 @@ from engine.sim import (  # noqa: E402
     worst_class,
 )
 
-POLICIES = ("today", "default", "floors", "lateness")
+POLICIES = ("today", "default", "floors", "lateness", "fitted")
 CAPACITIES = (1.0, 0.75, 0.5)
 OTHER_LAYOUT = ("news", tuple(h * 3600 for h in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)))
 """A second band layout: boundaries a factor 2 apart from 1 h to 512 h."""

@@ -18,6 +18,7 @@ checkout (e.g. the main branch), with this bench's corpus. Needs valgrind; about
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import glob
 import os
@@ -46,12 +47,18 @@ LEASE_MS = 60_000
 
 
 def engine_cycles(srv: RedisServer, rows: int, remainder: str | None = None,
-                  ) -> tuple[Callable[[], None], int]:
+                  fitted: bool = False) -> tuple[Callable[[], None], int]:
     """(one worker cycle of RedisEngine, commands per cycle), the queue filled and warm; the
-    default policy, or the default with another ``remainder``."""
+    default policy, or the default with another ``remainder``; ``fitted``: the policy
+    ``LanePolicy.fitted`` to the corpus (64 lanes), with ``remainder`` when given."""
+    rows_in = corpus(rows)
     policy = LanePolicy() if remainder is None else LanePolicy(remainder=remainder)
+    if fitted:
+        policy = LanePolicy.fitted(rows_in[1], rows_in[2])
+        if remainder is not None:
+            policy = dataclasses.replace(policy, remainder=remainder)
     eng = RedisEngine.connect(srv.url, "calls", policy, create=True, timeout=60)
-    eng.add_many(*corpus(rows))
+    eng.add_many(*rows_in)
     held = [eng.claim(budget=BUDGET, now_ms=NOW, lease_ms=LEASE_MS)]
 
     def cycle() -> None:
@@ -137,10 +144,12 @@ def main() -> None:
     ap.add_argument("--checkout", help="count the engine of this checkout instead")
     ap.add_argument("--remainder", choices=REMAINDERS, default=None,
                     help="the engine's policy: the default with this remainder")
+    ap.add_argument("--fitted", action="store_true",
+                    help="the policy LanePolicy.fitted to the corpus (with --remainder if given)")
     ap.add_argument("--peer", choices=("engine", "zpopmin"), default="engine",
                     help="zpopmin: count bench_servers.py's ZPOPMIN peer instead")
     a = ap.parse_args()
-    make = functools.partial(engine_cycles, remainder=a.remainder) if a.peer == "engine" \
+    make = functools.partial(engine_cycles, remainder=a.remainder, fitted=a.fitted) if a.peer == "engine" \
         else None
     got = measure(a.rows, a.cycles, a.peer, make)
     what = engine_at() if a.peer == "engine" else "the ZPOPMIN peer"

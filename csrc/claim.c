@@ -748,6 +748,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
     LateHead h[RL_MAX_LANES];
     uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES];
     uint32_t first = skip_urgent ? 1 : 0;
+    uint32_t live[RL_MAX_LANES], nlive = 0; /* the lanes that may have a head, in lane order */
     for (uint32_t l = first; l < P->lanes; l++) {
         rl_lane *ln = &P->s->lanes[l];
         uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
@@ -755,8 +756,14 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         ivmax[l] = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
         if (tls_cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
             late_peek(P, l, &h[l], ivmin[l], ivmax[l], 0);
+            if (h[l].state != LATE_NONE) live[nlive++] = l;
             continue;
         }
+        if (ivmax[l] == 0) { /* no row was ever published into it (its bounds come first) */
+            h[l].state = LATE_NONE;
+            continue;
+        }
+        live[nlive++] = l;
         uint64_t since = (uint64_t)fm * 60000u; /* no floor (0) bounds nothing */
         h[l].late = (unsigned __int128)P->p->weight[l] * ((uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
         h[l].iv_lo = 1;
@@ -769,7 +776,8 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             /* best: the highest lo (an unopened lane's lo is 0: any opened head comes first);
              * run: the highest hi of the others */
             best = run = -1;
-            for (uint32_t l = first; l < P->lanes; l++) {
+            for (uint32_t k = 0; k < nlive; k++) {
+                uint32_t l = live[k];
                 if (h[l].state == LATE_NONE) continue;
                 int lb = h[l].state == LATE_BOUND, bb = best >= 0 && h[best].state == LATE_BOUND;
                 if (best < 0 || (bb && !lb) ||
@@ -778,10 +786,12 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
                     best = (int)l; /* among unopened lanes only, the highest hi: open it first */
             }
             if (best < 0) return;
-            for (uint32_t l = first; l < P->lanes; l++)
+            for (uint32_t k = 0; k < nlive; k++) {
+                uint32_t l = live[k];
                 if ((int)l != best && h[l].state != LATE_NONE &&
                     (run < 0 || late_beats(h[l].late, h[l].iv_hi, l, h[run].late, h[run].iv_hi, (uint32_t)run)))
                     run = (int)l;
+            }
             if (run < 0 || late_surely_beats(h, best, run)) break;
             /* undecided: narrow the loosest of the two */
             if (h[best].state == LATE_BOUND) late_peek(P, (uint32_t)best, &h[best], ivmin[best], ivmax[best], 0);

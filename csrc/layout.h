@@ -385,6 +385,21 @@ static inline uint32_t rl_minute(uint64_t due_ms) { return (uint32_t)(due_ms / 6
 static inline uint32_t rl_key_lane(uint64_t key) { return (uint32_t)(key >> 42); }
 static inline uint64_t rl_key_due(uint64_t key) { return key & (RL_STRIDE - 1); }
 
+/* Widen lane `lane`'s interval bounds to take `iv` (iv_min, iv_max: only ever moved outward),
+ * before a row of that interval is visible in the lane: rl_publish, and a repair's rebuild for
+ * the rows a dead writer stored but never published. A lane whose iv_max is 0 therefore never
+ * had a row, and a lateness pass leaves it unopened (csrc/claim.c). */
+static inline void rl_lane_iv_note(rl_seg *s, uint32_t lane, uint32_t iv) {
+    _Atomic uint32_t *w = &s->lanes[lane].iv_min;
+    uint32_t cur = atomic_load_explicit(w, memory_order_relaxed);
+    while ((cur == 0 || iv < cur) && !atomic_compare_exchange_weak(w, &cur, iv))
+        ;
+    w = &s->lanes[lane].iv_max;
+    cur = atomic_load_explicit(w, memory_order_relaxed);
+    while (iv > cur && !atomic_compare_exchange_weak(w, &cur, iv))
+        ;
+}
+
 /* classes: 0 urgent, 1 submitted, 2 discovered, 3 cold (lanes past the layout count as cold) */
 static inline uint32_t rl_class_of(const rl_policy *p, uint32_t lane) {
     uint32_t bands = p->band_count + 1;

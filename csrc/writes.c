@@ -43,18 +43,10 @@ int rl_publish(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys, cons
     uint32_t lane_min[RL_MAX_LANES];
     int rc;
     if (n == 0) return RL_OK;
-    for (uint32_t i = 0; i < n; i++) { /* iv_min, iv_max first: no row is visible outside them */
-        if (keys[i] == RL_KEY_NONE) continue;
-        _Atomic uint32_t *w = &s->lanes[rl_key_lane(keys[i])].iv_min;
-        uint32_t iv = atomic_load_explicit(&s->intervals[rows[i]], memory_order_relaxed);
-        uint32_t cur = atomic_load_explicit(w, memory_order_relaxed);
-        while ((cur == 0 || iv < cur) && !atomic_compare_exchange_weak(w, &cur, iv))
-            ;
-        w = &s->lanes[rl_key_lane(keys[i])].iv_max;
-        cur = atomic_load_explicit(w, memory_order_relaxed);
-        while (iv > cur && !atomic_compare_exchange_weak(w, &cur, iv))
-            ;
-    }
+    for (uint32_t i = 0; i < n; i++) /* iv_min, iv_max first: no row is visible outside them */
+        if (keys[i] != RL_KEY_NONE)
+            rl_lane_iv_note(s, rl_key_lane(keys[i]),
+                            atomic_load_explicit(&s->intervals[rows[i]], memory_order_relaxed));
     if (n <= s->h->ring_capacity) {
         rc = rl_ring_append(s, owner, n, keys, rows, advice);
     } else {

@@ -295,6 +295,8 @@ def _pool(args: argparse.Namespace) -> int:
         raise EngineValueError("--refresh-corpus needs --corpus: the files or sitemap URLs to"
                                " read again")
     routes = Routes.load(args.routes) if args.routes else None
+    if args.fit_policy:
+        policy = _fitted_policy(args, routes)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     if args.wait_replicas:
         if args.redis is None:
@@ -313,7 +315,7 @@ def _pool(args: argparse.Namespace) -> int:
         if args.checkpoint is None:
             raise EngineValueError("--resume needs --checkpoint FILE: the checkpoint to go on"
                                    " from")
-        corpus = _read_corpus(args, routes) if args.corpus else None
+        corpus = _corpus_once(args, routes) if args.corpus else None
         pool = Pool.resume(args.name, args.checkpoint, render, options, policy=policy,
                            capacity=args.capacity, routes=routes, corpus=corpus)
         _print_added(pool.added)
@@ -321,7 +323,7 @@ def _pool(args: argparse.Namespace) -> int:
         if not args.corpus:
             raise EngineValueError("give the pages as --corpus FILE (CSV, JSONL, sitemap)"
                                    " or --resume from a checkpoint")
-        c = _read_corpus(args, routes)
+        c = _corpus_once(args, routes)
         if not len(c):
             raise EngineValueError(f"the corpus is empty: {', '.join(args.corpus)} hold no URL")
         pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
@@ -330,7 +332,7 @@ def _pool(args: argparse.Namespace) -> int:
         from .pool.refresh import CorpusRefresh
 
         pool.refresh = CorpusRefresh(lambda: _read_corpus(args, routes), args.refresh_corpus,
-                                     lambda: _attached(args))
+                                     lambda: _attached(args), fit=args.fit_policy)
     server, scraped = None, None
     view = LiveView(force_plain=args.plain, store=getattr(args, "store", None))
     try:
@@ -386,6 +388,28 @@ def _print_added(added: Any) -> None:
               f" ({added.unparked} parked one(s) made due)", flush=True)
 
 
+def _corpus_once(args: argparse.Namespace, routes: Any) -> Any:
+    """The corpus of --corpus, read once per command (a sitemap over HTTP is fetched once)."""
+    got = getattr(args, "corpus_read", None)
+    if got is None:
+        got = args.corpus_read = _read_corpus(args, routes)
+    return got
+
+
+def _fitted_policy(args: argparse.Namespace, routes: Any) -> LanePolicy:
+    """``--fit-policy``: ``LanePolicy.fitted`` to the intervals of --corpus."""
+    if not args.lanes:
+        raise EngineValueError("--fit-policy fits the lanes' weights; it cannot go with"
+                               " --no-lanes")
+    if not args.corpus:
+        raise EngineValueError("--fit-policy needs --corpus: the pages whose intervals it fits"
+                               " (a pool joining a Redis queue keeps the queue's policy)")
+    c = _corpus_once(args, routes)
+    if not len(c):
+        raise EngineValueError(f"the corpus is empty: {', '.join(args.corpus)} hold no URL")
+    return LanePolicy.fitted(c.interval_s, c.provenance)
+
+
 def _pool_on_redis(args: argparse.Namespace, render: Any, options: Any, policy: Any,
                    routes: Any) -> Any:
     """``lanes pool NAME --redis URL``: create or grow the queue from --corpus, make it from
@@ -396,7 +420,7 @@ def _pool_on_redis(args: argparse.Namespace, render: Any, options: Any, policy: 
         if args.checkpoint is None:
             raise EngineValueError("--resume needs --checkpoint FILE: the checkpoint to make"
                                    " the new Redis queue from")
-        corpus = _read_corpus(args, routes) if args.corpus else None
+        corpus = _corpus_once(args, routes) if args.corpus else None
         pool = Pool.resume(args.name, args.checkpoint, render, options, policy=policy,
                            capacity=args.capacity, routes=routes, corpus=corpus,
                            redis=args.redis, local=args.local_name, shards=args.shards)
@@ -405,7 +429,7 @@ def _pool_on_redis(args: argparse.Namespace, render: Any, options: Any, policy: 
     if not args.corpus:
         return Pool.join(args.redis, args.name, render, options, local=args.local_name,
                          policy=policy, shards=args.shards)
-    c = _read_corpus(args, routes)
+    c = _corpus_once(args, routes)
     pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
                        options, policy=policy, capacity=args.capacity, routes=routes,
                        redis=args.redis, local=args.local_name, shards=args.shards)
@@ -586,6 +610,9 @@ def _pool_parser(sub: Any) -> None:
                         f" at least {GROWTH_ROOM}, for `lanes add`)")
     p.add_argument("--no-lanes", dest="lanes", action="store_false",
                    help="one EDF queue (lanes disabled)")
+    p.add_argument("--fit-policy", action="store_true",
+                   help="LanePolicy.fitted: fine TTL bands, lane weights fitted to the corpus's"
+                        " intervals (again after each --refresh-corpus); docs/design.md")
     p.add_argument("--metrics-port", type=int, default=None, help="also serve /metrics")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .checks import is_int, is_number
@@ -48,6 +48,26 @@ them in ``ONE`` fixed point (csrc/lanes.h RL_WEIGHT_MAX)."""
 FIRST_BAND_WEIGHT = 4.0
 """The default weight of the shortest band: its rows are served before they are a whole
 interval late while the rest are up to four (docs/design.md, "The default policy")."""
+
+
+FINE_BANDS: tuple[int, ...] = tuple(round(1800 * 2 ** (k / 2)) for k in range(MAX_BANDS))
+"""Band boundaries a factor sqrt(2) apart from 30 min (the most a segment holds: 30, so 64
+lanes, up to 482 days): each lane then holds intervals at most sqrt(2) apart, and EDF inside a
+lane is close to an order by relative lateness (docs/design.md, "The fitted policy")."""
+
+SPREAD_EXPONENT = 3 / 16
+"""A fitted lane weighs ``(iv_max / iv_min) ** SPREAD_EXPONENT`` of its own intervals: EDF inside
+a lane ranks its head by due time, so the shorter-interval rows behind it are later, relative to
+their interval, than the head says, by up to the lane's spread. Chosen by the simulator
+(docs/design.md, "The fitted policy"): 0 leaves the lanes whose intervals vary to take the
+deficit at 75 %, 1/4 and above hands it to the lanes of one interval."""
+
+
+FITTED_FLOORS: Mapping[str, float] = {"discovered": 0.10, "cold": 0.005}
+"""A fitted policy's floors: the default's for discovered, a quarter of its cold floor. Cold
+rows also take part in the lateness remainder, so they are retried without it; a floor of 0.02
+spent 0.4-0.6 % of the renders at 50 % capacity on rows that always fail, 0.005 spends 0.1-0.3 %
+(docs/design.md, "The fitted policy")."""
 
 
 class _FromBands(dict[str, float]):
@@ -212,6 +232,24 @@ class LanePolicy:
             raise EngineValueError(f"a policy has no field {sorted(unknown)[0]!r}")
         return cls(**data)
 
+    @classmethod
+    def fitted(cls, interval_s: Any, provenance: Any = "submitted",
+               ttl_bands: Sequence[int] = FINE_BANDS, **fields: Any) -> LanePolicy:
+        """The lateness remainder with lane weights fitted to a corpus's intervals (the rows'
+        ``interval_s`` and ``provenance``, as ``add_many`` takes them) over fine bands
+        (``FINE_BANDS``): each lane weighs ``(iv_max / iv_min) ** SPREAD_EXPONENT`` of the
+        intervals it holds, and the lanes holding the corpus's shortest interval four times
+        that (``FIRST_BAND_WEIGHT``), so that class is held on time whatever its band. Both
+        backends run it as given weights; fit again when the corpus's shape changes. ``fields``
+        are any other ``LanePolicy`` fields (not ``weights``); the floors default to
+        ``FITTED_FLOORS``."""
+        if "weights" in fields or "remainder" in fields:
+            raise EngineValueError("a fitted policy derives its weights for the lateness"
+                                   " remainder; build a LanePolicy to give them")
+        fields.setdefault("min_share", FITTED_FLOORS)
+        policy = cls(ttl_bands=tuple(ttl_bands), weights={}, **fields)
+        return replace(policy, weights=fitted_weights(policy, interval_s, provenance))
+
     # -- lane layout -------------------------------------------------------------------------
 
     @property
@@ -277,6 +315,52 @@ class LanePolicy:
         past this layout weighs 1)."""
         fp = {name: weight_fp(w) for name, w in self.weights.items()}
         return [fp.get(name, ONE) for name in self.lane_names(lane_total)]
+
+
+def _corpus_lanes(policy: LanePolicy, interval_s: Any, provenance: Any) -> dict[int, list[int]]:
+    """The band lane of every row of a corpus, with its interval: lane -> intervals."""
+    import numpy as np
+
+    try:
+        iv = np.asarray(interval_s)
+        if iv.ndim == 0:
+            iv = iv.reshape(1)
+        if iv.ndim != 1 or iv.size == 0 or iv.dtype.kind not in "iu":
+            raise EngineValueError("interval_s must be a non-empty 1-D array of whole seconds,"
+                                   f" got {iv.dtype} of shape {iv.shape}")
+    except (TypeError, ValueError) as e:
+        raise EngineValueError(f"interval_s is not an array of whole seconds: {e}") from None
+    if int(iv.min()) < 1 or int(iv.max()) > MAX_INTERVAL_S:
+        raise EngineValueError(f"intervals must lie in [1, {MAX_INTERVAL_S}] s, got"
+                               f" {int(iv.min())}..{int(iv.max())}")
+    if isinstance(provenance, str):
+        prov = np.full(iv.size, PROVENANCES.index(provenance) if provenance in PROVENANCES
+                       else -1)
+    else:
+        prov = np.asarray(provenance)
+        if prov.dtype.kind in "US":
+            prov = np.array([PROVENANCES.index(p) if p in PROVENANCES else -1 for p in prov])
+    if prov.shape != iv.shape or prov.dtype.kind not in "iu" or not np.isin(prov, (0, 1)).all():
+        raise EngineValueError(f"provenance must be one of {PROVENANCES} (or 0 / 1), one per"
+                               " interval")
+    out: dict[int, list[int]] = {}
+    bands = np.searchsorted(np.asarray(policy.ttl_bands, np.int64), iv, side="left")
+    lanes = np.where(prov == 0, 1, 1 + policy.bands_per_class) + bands
+    for lane in np.unique(lanes).tolist():
+        mine = iv[lanes == lane]
+        out[int(lane)] = [int(mine.min()), int(mine.max())]
+    return out
+
+
+def fitted_weights(policy: LanePolicy, interval_s: Any, provenance: Any) -> dict[str, float]:
+    """``LanePolicy.fitted``'s weights over ``policy``'s bands for this corpus."""
+    lanes = _corpus_lanes(policy, interval_s, provenance)
+    shortest = min(lo for lo, _ in lanes.values())
+    out: dict[str, float] = {}
+    for lane, (lo, hi) in sorted(lanes.items()):
+        w = (hi / lo) ** SPREAD_EXPONENT * (FIRST_BAND_WEIGHT if lo == shortest else 1.0)
+        out[policy.lane_name(lane)] = min(WEIGHT_MAX, round(w, 4))
+    return out
 
 
 # -- the reference of one claim pass -----------------------------------------------------------

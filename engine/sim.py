@@ -57,7 +57,7 @@ import numpy.typing as npt
 from .checks import is_int, is_number
 from .engine import Engine
 from .errors import EngineError, EngineTypeError, EngineValueError
-from .policy import PROVENANCES, LanePolicy, band_weights, normalize_bands
+from .policy import FINE_BANDS, PROVENANCES, LanePolicy, band_weights, normalize_bands
 
 HOUR_MS = 3_600_000
 T0 = 1_800_000_000_000
@@ -73,7 +73,7 @@ STEADY_INTERVALS = 3.0
 default; a run with shorter windows is reported as not steady."""
 
 POLICIES: tuple[str, ...] = ("default", "today", "rerank", "strict", "fixed", "floors",
-                             "lateness")
+                             "lateness", "fitted")
 CAPACITIES: tuple[float, ...] = (1.0, 0.75, 0.5)
 RESCHEDULES: tuple[str, ...] = ("cadence", "completion")
 
@@ -384,6 +384,10 @@ def policy_spec(name: str, config: SimConfig) -> PolicySpec:
         names = set(config.policy().lane_names())
         return PolicySpec(name, config.policy(remainder="lateness", weights={
             k: v for k, v in LATENESS_WEIGHTS.items() if k in names}))
+    if name == "fitted":
+        corpus = build_corpus(config)
+        bands = FINE_BANDS if config.ttl_bands is None else config.ttl_bands
+        return PolicySpec(name, LanePolicy.fitted(corpus.interval_s, corpus.provenance, bands))
     raise EngineValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})")
 
 

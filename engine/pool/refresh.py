@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import checkpoint
 from ..errors import CapacityError, EngineValueError
-from ..policy import PROVENANCES
+from ..policy import PROVENANCES, LanePolicy
 from .grow import add_corpus
 from .ingest import Corpus
 from .progress import format_duration
@@ -94,6 +94,23 @@ def follow(eng: Any, urls: Any, corpus: Corpus) -> Refreshed:
     return Refreshed(len(corpus), added, moved[_DISCOVERED], moved[1 - _DISCOVERED])
 
 
+def refit(eng: Any) -> bool:
+    """Fit the lane weights of ``eng``'s policy to the intervals of the rows it now holds
+    (``LanePolicy.fitted`` over the same bands, urgent cap and floors: no row changes lane);
+    whether the policy changed. ``lanes pool --fit-policy`` does it after every refresh."""
+    rows, cols = checkpoint.snapshot(eng)
+    if not len(rows):
+        return False
+    now = eng.policy
+    fitted = LanePolicy.fitted(cols["interval_s"], cols["provenance"], ttl_bands=now.ttl_bands,
+                               cold_after=now.cold_after, min_share=now.min_share,
+                               urgent_max_share=now.urgent_max_share)
+    if fitted == now:
+        return False
+    eng.set_policy(fitted)
+    return True
+
+
 @dataclass(frozen=True)
 class _PartWay:
     """A refresh that failed once it had begun to change the pool (a lost connection, say);
@@ -109,10 +126,11 @@ class CorpusRefresh:
 
     def __init__(self, read: Callable[[], Corpus], every_s: float,
                  attach: Callable[[], tuple[Any, Any]],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, fit: bool = False) -> None:
         if not every_s > 0:
             raise EngineValueError(f"the refresh period must be positive, got {every_s!r}")
         self.read, self.every_s, self.attach, self._clock = read, every_s, attach, clock
+        self.fit = fit  # refit the policy's weights after each refresh (--fit-policy)
         self._next = clock() + every_s
         self._thread: threading.Thread | None = None
         self._got: Refreshed | _PartWay | Exception | None = None
@@ -178,6 +196,9 @@ class CorpusRefresh:
                 return
             try:
                 self._got = follow(eng, urls, corpus)
+                if self.fit and refit(eng):
+                    log.info("corpus refresh: lane weights fitted again: %s",
+                             dict(eng.policy.weights))
             except CapacityError as e:  # refused before anything was added
                 self._got = e
             except Exception as e:

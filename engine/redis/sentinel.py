@@ -63,6 +63,8 @@ def sentinel_client(url: str, retry: Retry) -> Any:
     """A client of the master that the Sentinels of ``url`` name now, and after a failover."""
     sentinels, master, options, sentinel_options = split_sentinel_url(url)
     timeout = options.get("socket_timeout")
-    sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": timeout or 1.0,
-                                                    "retry": retry, **sentinel_options})
+    # Typed Any: redis-py 8.1 dropped the annotations of Sentinel (an untyped call for mypy)
+    make: Any = Sentinel
+    sentinel = make(sentinels, sentinel_kwargs={"socket_timeout": timeout or 1.0,
+                                                "retry": retry, **sentinel_options})
     return sentinel.master_for(master, retry=retry, **options)

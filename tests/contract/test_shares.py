@@ -279,25 +279,51 @@ def test_lateness_grants_what_the_reference_grants_as_floors_rise(fresh, weights
     lanes unopened, which must never change a choice of the reference."""
     policy = LanePolicy(remainder="lateness", weights=weights)
     with fresh(policy, capacity=256) as eng:
-        queued: dict[int, tuple[int, int, int]] = {}  # row -> (lane, due, interval)
-        for prov, interval, age, failures in rows:
-            row = eng.add(NOW - age, interval, provenance=prov, failures=failures)
-            queued[row] = (eng.lane(row), NOW - age, interval)
-        eng.compact()
-        credits: dict[str, int] = {}
-        now = NOW
-        for budget in budgets:
-            now += step
-            heads = sorted((lane, due, row, iv) for row, (lane, due, iv) in queued.items())
-            due_lists = [[d for ln, d, _, _ in heads if ln == lane] for lane in range(10)]
-            intervals = [[i for ln, _, _, i in heads if ln == lane] for lane in range(10)]
-            expected, credits = reference_pass(policy, budget, due_lists, credits, now=now,
-                                               intervals=intervals)
-            c = eng.claim(budget=budget, now_ms=now, lease_ms=30 * DAY)
-            assert lane_counts(c, 10) == expected, (budget, due_lists, intervals)
-            for row in c.rows.tolist():
-                del queued[row]
-        assert eng.verify() == []
+        _claims_agree_with_the_reference(eng, policy, rows, budgets, step)
+
+
+def _claims_agree_with_the_reference(eng, policy, rows, budgets, step):
+    """Add ``rows`` (provenance, interval, age, failures), then claim ``budgets`` pass after pass
+    with the clock moving ``step``: each pass grants per lane what ``reference_pass`` grants."""
+    lanes = policy.lane_count
+    queued: dict[int, tuple[int, int, int]] = {}  # row -> (lane, due, interval)
+    for prov, interval, age, failures in rows:
+        row = eng.add(NOW - age, interval, provenance=prov, failures=failures)
+        queued[row] = (eng.lane(row), NOW - age, interval)
+    eng.compact()
+    credits: dict[str, int] = {}
+    now = NOW
+    for budget in budgets:
+        now += step
+        heads = sorted((lane, due, row, iv) for row, (lane, due, iv) in queued.items())
+        due_lists = [[d for ln, d, _, _ in heads if ln == lane] for lane in range(lanes)]
+        intervals = [[i for ln, _, _, i in heads if ln == lane] for lane in range(lanes)]
+        expected, credits = reference_pass(policy, budget, due_lists, credits, now=now,
+                                           intervals=intervals)
+        c = eng.claim(budget=budget, now_ms=now, lease_ms=30 * DAY)
+        assert lane_counts(c, lanes) == expected, (budget, due_lists, intervals)
+        for row in c.rows.tolist():
+            del queued[row]
+    assert eng.verify() == []
+
+
+@pytest.mark.one_queue(ONE_PASS)
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.sampled_from(["submitted", "discovered"]),
+                            st.integers(60, 30 * DAY // 1000), st.integers(0, 5 * DAY),
+                            st.sampled_from([0, 0, 0, 3])), min_size=1, max_size=80),
+    budgets=st.lists(st.integers(1, 24), min_size=1, max_size=8),
+    step=st.sampled_from([0, MINUTE, HOUR]),
+)
+def test_a_fitted_policy_grants_what_the_reference_grants(fresh, rows, budgets, step):
+    """``LanePolicy.fitted`` (64 lanes, weights fitted to the rows' intervals) is given weights
+    to the engine: the C pass, the Lua pass and the reference agree on it as on any other."""
+    policy = LanePolicy.fitted(np.array([iv for _, iv, _, _ in rows]),
+                               [p for p, _, _, _ in rows])
+    assert policy.lane_count == 64
+    with fresh(policy, capacity=256) as eng:
+        _claims_agree_with_the_reference(eng, policy, rows, budgets, step)
 
 
 @pytest.mark.one_queue(ONE_PASS)

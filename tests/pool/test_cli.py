@@ -237,3 +237,42 @@ def test_cli_messages_say_what_to_do(tmp_path: Path) -> None:
 def test_lanes_add_refuses_without_a_pool(tmp_path: Path) -> None:
     code, _, err = _run("add", unique_name(), "--corpus", str(write_csv(tmp_path, 3)))
     assert code == 2 and "lanes add:" in err and "Traceback" not in err
+
+
+def test_lanes_pool_fit_policy_runs_the_policy_fitted_to_the_corpus(log: Path,
+                                                                    tmp_path: Path) -> None:
+    import numpy as np
+
+    from engine import Engine, LanePolicy
+
+    name = unique_name()
+    intervals = [1800, 5 * 3600, 7 * 3600, 86400, 3 * 86400, 7 * 86400]
+    csv = tmp_path / "shop.csv"
+    csv.write_text("url,interval_s,provenance\n" + "".join(
+        f"https://shop.example/{k}/{i},{iv},{'discovered' if k == 5 else 'submitted'}\n"
+        for k, iv in enumerate(intervals) for i in range(20)))
+    p = cli("pool", name, "--corpus", str(csv), "--render", "pool_renders:slow", "--workers",
+            "1", "--fit-policy", "--plain")
+    try:
+        wait_for(lambda: len(rendered(log)) >= 2)
+        with Engine.attach(name) as eng:
+            want = LanePolicy.fitted(np.repeat(intervals, 20),
+                                     ["submitted"] * 100 + ["discovered"] * 20)
+            assert eng.policy == want and eng.policy.lane_count == 64
+            assert eng.policy.weights["submitted/b0"] == 4.0  # the 30 min pages
+    finally:
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert files_of(name) == []
+
+
+def test_lanes_pool_fit_policy_refuses_what_it_cannot_fit(tmp_path: Path) -> None:
+    name = unique_name()
+    code, _, err = _run("pool", name, "--corpus", str(write_csv(tmp_path, 3)), "--fit-policy",
+                        "--no-lanes", "--command", "true {url}")
+    assert code == 2 and "--fit-policy fits the lanes' weights" in err
+    code, _, err = _run("pool", name, "--resume", "--checkpoint", str(tmp_path / "ck.npz"),
+                        "--fit-policy", "--command", "true {url}")
+    assert code == 2 and "--fit-policy needs --corpus" in err
+    assert files_of(name) == []

@@ -187,3 +187,26 @@ def test_a_closed_refresh_changes_nothing_and_a_full_pool_is_a_failure(pool: Poo
     assert _settle(big) is None and big.failed == 1
     assert len(pool.urls.urls()) == len(URLS) and [_prov(pool, u) for u in URLS] == [
         "submitted"] * 5
+
+
+def test_a_fitting_refresh_fits_the_lane_weights_to_the_rows_it_leaves(pool: Pool) -> None:
+    """``--fit-policy`` with ``--refresh-corpus``: after the refresh the policy is
+    ``LanePolicy.fitted`` to every row's interval, over the bands already in force (no row
+    changes lane), on either backend."""
+    from engine import LanePolicy
+
+    longer = [f"https://shop.test/weekly/{i}" for i in range(3)]
+    corpus = Corpus(URLS + longer, np.array([3600] * 5 + [5 * 86400, 6 * 86400, 7 * 86400]),
+                    np.zeros(8, np.int64), np.full(8, 1000))
+    before = pool.engine.policy
+    clock = _Clock()
+    refresh = CorpusRefresh(lambda: corpus, 60, _attach(pool), clock=clock, fit=True)
+    clock.t += 61
+    refresh.tick()
+    _settle(refresh)
+    now = pool.engine.policy
+    assert now.ttl_bands == before.ttl_bands and now.min_share == before.min_share
+    assert now == LanePolicy.fitted(corpus.interval_s, corpus.provenance,
+                                    ttl_bands=before.ttl_bands, min_share=before.min_share)
+    assert now.weights == {"submitted/b0": 4.0, "submitted/b3": round(
+        (7 / 5) ** 0.1875, 4)}

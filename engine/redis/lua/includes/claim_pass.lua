@@ -250,17 +250,31 @@ local function late_refill(pass, l, h)
   return true
 end
 
+-- The first lane from `l` on that holds a row in ready (due or not), or nl: one ZRANGE finds
+-- it, so the empty lanes between cost nothing (a layout of 64 lanes of which few are used).
+local function next_lane(pass, l)
+  if l >= pass.nl then return pass.nl end
+  local got = rcall('ZRANGE', pass.K[1], lane_lo(pass, l), '+inf', 'BYSCORE', 'LIMIT', 0, 1,
+    'WITHSCORES')
+  if #got == 0 then return pass.nl end
+  return math.min(pass.nl, math.floor(tonumber(got[2]) / STRIDE))
+end
+
 -- The heads remainder_lateness weighs, per lane from `first` on (each lane's first rows read;
 -- at most `remaining` of them in all, or what is left of its window), and the lane's weight.
 local function late_heads(pass, first)
   local heads, reads, ms = {}, {}, {}
-  for l = first, pass.nl - 1 do
+  local l = first
+  while l < pass.nl do
     local h = {ms = {}, keys = {}, dues = {}, ivs = {}, at = 1, read = 0,
                w = pass.P.weights[l] or ONE,
                limit = math.max(0, math.min(pass.remaining, pass.window - pass.taken[l]))}
     if late_read(pass, l, h, ms) then
       heads[l] = h
       reads[#reads + 1] = h
+      l = l + 1
+    else -- nothing due here: skip the empty lanes after it in one probe
+      l = next_lane(pass, l + 1)
     end
   end
   late_intervals(pass, reads, ms)
