@@ -390,6 +390,7 @@ static inline uint64_t rl_key_due(uint64_t key) { return key & (RL_STRIDE - 1); 
  * the rows a dead writer stored but never published. A lane whose iv_max is 0 therefore never
  * had a row, and a lateness pass leaves it unopened (csrc/claim.c). */
 static inline void rl_lane_iv_note(rl_seg *s, uint32_t lane, uint32_t iv) {
+    if (iv == 0) iv = 1; /* counts as 1 s (an add refuses 0): iv_max is never 0 past a row */
     _Atomic uint32_t *w = &s->lanes[lane].iv_min;
     uint32_t cur = atomic_load_explicit(w, memory_order_relaxed);
     while ((cur == 0 || iv < cur) && !atomic_compare_exchange_weak(w, &cur, iv))

@@ -295,9 +295,9 @@ def _pool(args: argparse.Namespace) -> int:
         raise EngineValueError("--refresh-corpus needs --corpus: the files or sitemap URLs to"
                                " read again")
     routes = Routes.load(args.routes) if args.routes else None
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     if args.fit_policy:
         policy = _fitted_policy(args, routes)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     if args.wait_replicas:
         if args.redis is None:
             raise EngineValueError("--wait-replicas is for pools on Redis (--redis URL)")
