@@ -23,7 +23,8 @@
     lane-order's block of that round. The goal: lateness and the default <= 1.2x lane-order.
 (e) What a fitted policy costs (``LanePolicy.fitted``: 64 lanes, weights fitted to the rows):
     claim(16) under it against lane order over the same bands and floors, interleaved the same
-    way on rows whose intervals spread over about 20 lanes of each provenance.
+    way, on rows whose intervals spread over about 20 lanes of each provenance and on rows of
+    the shape of each corpus of the simulator; the default beside its own lane order there.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from seek_variants import NO_SKIP, NO_TOMB, TWO_SIDED, UNFLOORED, Handle
 
 from engine import LanePolicy
 from engine.segment import ffi, lib
+from engine.sim import build_corpus, corpus_config
 
 FULL = {"rows": 1_600_000, "reschedules": 40_000, "bucket": 2_000, "runs": 3,
         "b_rounds": 5, "b_passes": 2000, "c_rounds": 5, "c_passes": 2000,
@@ -259,32 +261,52 @@ def remainders(c: dict[str, Any]) -> list[dict[str, Any]]:
     return figs
 
 
+def _shape(name: str, n: int) -> tuple[Any, Any, Any, Any]:
+    """``n`` rows, every one due, with the intervals and provenance of a corpus shape: ``spread``
+    (intervals log-uniform from 30 min to 14 days, about 20 lanes of each provenance in use) or
+    a corpus of the simulator (engine.sim.CORPORA) scaled to ``n`` rows."""
+    rng = np.random.default_rng(11)
+    if name == "spread":
+        interval = np.exp(rng.uniform(np.log(1800), np.log(14 * 86400), n)).astype(np.int64)
+        prov = rng.integers(0, 2, n)
+    else:
+        config = corpus_config(name)
+        config = replace(config, scale=n / sum(c.rows for c in config.classes))
+        built = build_corpus(config)
+        interval, prov = built.interval_s, built.provenance
+        n = len(interval)
+    due = NOW - rng.integers(3 * DAY_MS, 30 * DAY_MS, n)
+    return due, interval, prov, np.where(rng.random(n) < 0.02, 5, 0)
+
+
 def fitted(c: dict[str, Any]) -> list[dict[str, Any]]:
     """(e) claim(16) under ``LanePolicy.fitted`` (64 lanes) against lane order over the same
-    bands and floors, on one engine whose rows have intervals log-uniform from 30 min to 14 days
-    (about 20 lanes of each provenance in use), every lane due."""
-    rng = np.random.default_rng(11)
-    n = c["rows"]
-    due = NOW - rng.integers(3 * DAY_MS, 30 * DAY_MS, n)
-    interval = np.exp(rng.uniform(np.log(1800), np.log(14 * 86400), n)).astype(np.int64)
-    prov = rng.integers(0, 2, n)
-    failures = np.where(rng.random(n) < 0.02, 5, 0)
-    policies = {"fitted": LanePolicy.fitted(interval, prov)}
-    policies["lane_order"] = replace(policies["fitted"], remainder="lane-order")
-    vals: dict[str, list[float]] = {rid: [] for rid in policies}
-    eng = new_engine("fitted", n, policies["fitted"], rows=(due, interval, prov, failures))
-    try:
-        for k in range(c["d_rounds"]):
-            for rid in (("fitted", "lane_order") if k % 2 == 0 else ("lane_order", "fitted")):
-                eng.set_policy(policies[rid])
-                vals[rid].append(_bare_cycle([eng], [BUDGET], c["d_passes"]))
-    finally:
-        drop(eng)
-    return [figure(f"constraints.fitted.{rid}_us", f"(e) {rid} over the fitted bands: µs per"
-                   " claim(16) (bare)", "µs", vals[rid]) for rid in policies] + [
-        figure("constraints.fitted.over_lane_order", "(e) fitted / lane-order, same bands and"
-               " round (goal <= 1.2)", "x",
-               [t / o for t, o in zip(vals["fitted"], vals["lane_order"], strict=True)])]
+    bands and floors, and ``LanePolicy()`` against its own lane order, on rows of each shape
+    (``_shape``), every lane due, interleaved round by round on one engine each."""
+    figs: list[dict[str, Any]] = []
+    for shape in ("spread", "default", "shop", "news", "docs"):
+        rows = _shape(shape, c["rows"])
+        fit = LanePolicy.fitted(rows[1], rows[2])
+        pairs = {"fitted": (fit, replace(fit, remainder="lane-order"))}
+        if shape != "spread":
+            pairs["default"] = (LanePolicy(), LanePolicy(remainder="lane-order"))
+        for rid, (policy, order) in pairs.items():
+            vals: dict[str, list[float]] = {"policy": [], "order": []}
+            eng = new_engine(f"fit-{shape}", len(rows[0]), policy, rows=rows)
+            try:
+                for k in range(c["d_rounds"]):
+                    for which in (("policy", "order") if k % 2 == 0 else ("order", "policy")):
+                        eng.set_policy(policy if which == "policy" else order)
+                        vals[which].append(_bare_cycle([eng], [BUDGET], c["d_passes"]))
+            finally:
+                drop(eng)
+            figs.append(figure(f"constraints.fitted.{shape}.{rid}_us", f"(e) {shape}: {rid},"
+                               " µs per claim(16) (bare)", "µs", vals["policy"]))
+            figs.append(figure(f"constraints.fitted.{shape}.{rid}_over_lane_order",
+                               f"(e) {shape}: {rid} / lane order over its bands (goal"
+                               " <= 1.2)", "x", [t / o for t, o in zip(
+                                   vals["policy"], vals["order"], strict=True)]))
+    return figs
 
 
 def main() -> None:

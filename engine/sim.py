@@ -40,7 +40,6 @@ import json
 import math
 import os
 import sys
-import threading
 import time
 import tomllib
 import uuid
@@ -657,7 +656,9 @@ def _job(args: tuple[SimConfig, PolicySpec, float]) -> SimResult:
 def run_many(config: SimConfig, specs: Sequence[PolicySpec], capacities: Sequence[float],
              jobs: int | None = None) -> list[SimResult]:
     """Every policy at every capacity, in that order; ``jobs`` processes (default: one per
-    core, at most one per run). Each run has its own segment, so they share nothing."""
+    core, at most one per run). Each run has its own segment, so they share nothing. The
+    processes come from a fork server, which imports a calling script as multiprocessing's
+    spawn does: a script calling this needs the usual ``if __name__ == "__main__":`` guard."""
     for cap in capacities:
         _positive(cap, "capacity")
     work = [(config, spec, cap) for cap in capacities for spec in specs]
@@ -665,13 +666,14 @@ def run_many(config: SimConfig, specs: Sequence[PolicySpec], capacities: Sequenc
     _whole(jobs, "jobs", 1, 1024)
     if jobs == 1 or len(work) == 1:
         return [_job(w) for w in work]
-    # fork, not spawn: spawn re-runs the caller's __main__, which a library must not demand
-    # of a script. Nothing is inherited that matters: this process holds no engine here. But a
-    # process with other threads may be forked while one of them holds a lock (the child then
-    # waits on it forever): there, a fork server, started clean, forks the workers.
+    # A fork server, started clean, forks the workers: this process is never forked itself.
+    # It has threads Python does not count (numpy's OpenBLAS pool, a sanitizer's), and a fork
+    # while one of them holds a lock leaves the child waiting on it forever: the sanitized suite
+    # hung in a worker's first malloc, on AddressSanitizer's allocator lock copied held, with
+    # threading.active_count() == 1 in the parent. Fork only where there is no fork server.
     methods = get_all_start_methods()
-    method = ("fork" if "fork" in methods and threading.active_count() == 1
-              else "forkserver" if "forkserver" in methods else "spawn")
+    method = "forkserver" if "forkserver" in methods else "fork" if "fork" in methods \
+        else "spawn"
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context(method)) as pool:
         return list(pool.map(_job, work))
 
