@@ -323,9 +323,7 @@ def _pool(args: argparse.Namespace) -> int:
         if not args.corpus:
             raise EngineValueError("give the pages as --corpus FILE (CSV, JSONL, sitemap)"
                                    " or --resume from a checkpoint")
-        c = _corpus_once(args, routes)
-        if not len(c):
-            raise EngineValueError(f"the corpus is empty: {', '.join(args.corpus)} hold no URL")
+        c = _corpus_once(args, routes, nonempty=True)
         pool = Pool.create(args.name, c.urls, c.due_ms, c.interval_s, c.provenance, render,
                            options, policy=policy, capacity=args.capacity, routes=routes)
     if args.refresh_corpus is not None:
@@ -388,11 +386,14 @@ def _print_added(added: Any) -> None:
               f" ({added.unparked} parked one(s) made due)", flush=True)
 
 
-def _corpus_once(args: argparse.Namespace, routes: Any) -> Any:
-    """The corpus of --corpus, read once per command (a sitemap over HTTP is fetched once)."""
+def _corpus_once(args: argparse.Namespace, routes: Any, nonempty: bool = False) -> Any:
+    """The corpus of --corpus, read once per command (a sitemap over HTTP is fetched once);
+    ``nonempty``: refused when it holds no URL."""
     got = getattr(args, "corpus_read", None)
     if got is None:
         got = args.corpus_read = _read_corpus(args, routes)
+    if nonempty and not len(got):
+        raise EngineValueError(f"the corpus is empty: {', '.join(args.corpus)} hold no URL")
     return got
 
 
@@ -404,9 +405,7 @@ def _fitted_policy(args: argparse.Namespace, routes: Any) -> LanePolicy:
     if not args.corpus:
         raise EngineValueError("--fit-policy needs --corpus: the pages whose intervals it fits"
                                " (a pool joining a Redis queue keeps the queue's policy)")
-    c = _corpus_once(args, routes)
-    if not len(c):
-        raise EngineValueError(f"the corpus is empty: {', '.join(args.corpus)} hold no URL")
+    c = _corpus_once(args, routes, nonempty=True)
     return LanePolicy.fitted(c.interval_s, c.provenance)
 
 
