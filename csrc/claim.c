@@ -20,6 +20,7 @@
  * and every budget: 100 calls of budget 1 with only urgent rows due grant about 20.
  */
 #define _GNU_SOURCE
+#include <math.h>
 #include <string.h>
 
 #include "layout.h"
@@ -125,6 +126,7 @@ typedef struct {
     const _Atomic uint32_t *ir;       /* and rows */
     const _Atomic uint32_t *lane_start; /* and the first position of each lane */
     const rl_policy *p;               /* the policy in force (cached per thread) */
+    int late;                         /* the remainder weighs heads' intervals: prefetch them */
     uint32_t lanes;                   /* lanes to consider: up to the highest ever written */
     uint32_t n;                       /* rows granted so far */
     uint32_t budget;                  /* rows asked for */
@@ -163,6 +165,8 @@ static inline void rows_prefetch(const Pass *P, Cursor *c) {
         if (atomic_load_explicit(&P->ik[k], memory_order_relaxed) & RL_TOMB) continue;
         uint32_t r = atomic_load_explicit(&P->ir[k], memory_order_relaxed);
         rl_prefetch_w(&P->s->rows[r < P->used ? r : 0]); /* a grant CASes its lease */
+        if (P->late) /* remainder_lateness reads the interval of a head it cannot rank by bounds */
+            __builtin_prefetch(&P->s->intervals[r < P->used ? r : 0], 0, 3);
     }
     c->pf = k;
 }
@@ -725,14 +729,15 @@ static inline int late_surely_beats(const LateHead *h, int a, int b) {
 }
 
 /* Open lane l (if it is not) and bound its head; `exact` reads the head's interval. */
-static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t iv_min, uint32_t iv_max, int exact) {
+static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w, uint32_t iv_min, uint32_t iv_max,
+                      int exact) {
     Cursor *c = lane_open(P, l);
     if (!lane_peek(P, c)) {
         h->state = LATE_NONE;
         return;
     }
     uint64_t due = rl_key_due(c->peek.key);
-    h->late = (unsigned __int128)P->p->weight[l] * ((uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
+    h->late = (unsigned __int128)w * ((uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
     if (exact || iv_max == 0) {
         uint32_t iv = atomic_load_explicit(&P->s->intervals[c->peek.row], memory_order_relaxed);
         h->iv_lo = h->iv_hi = iv ? iv : 1;
@@ -742,20 +747,66 @@ static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t iv_min, uint32_
     h->iv_lo = iv_max;
     h->iv_hi = iv_min ? iv_min : 1;
     h->state = LATE_HEAD;
+    __builtin_prefetch(&P->s->intervals[c->peek.row], 0, 3); /* in case the bounds decide nothing */
+}
+
+/* A band lane's spread weight, (hi / lo) ** (3 / 16) in RL_ONE fixed point rounded
+ * half up, as engine.policy.spread_weight_fp computes it (one libm pow of the same doubles). It
+ * is kept per thread and lane, and pow paid again only when the lane's bounds moved (outward
+ * only: rarely, once its intervals are in). */
+static __thread uint32_t tls_spread_lo[RL_MAX_LANES], tls_spread_hi[RL_MAX_LANES];
+static __thread uint32_t tls_spread[RL_MAX_LANES];
+
+static uint32_t spread_weight(uint32_t l, uint32_t lo, uint32_t hi) {
+    if (tls_spread_lo[l] != lo || tls_spread_hi[l] != hi) {
+        tls_spread[l] = (uint32_t)floor(pow((double)hi / (double)lo, (double)RL_SPREAD_NUM / RL_SPREAD_DEN) * RL_ONE + 0.5);
+        tls_spread_lo[l] = lo;
+        tls_spread_hi[l] = hi;
+    }
+    return tls_spread[l];
+}
+
+/* The weight of lanes first .. P->lanes - 1: the policy's, or with weights_live derived from
+ * the interval bounds read at the start of the pass (engine.policy.interval_weights_fp): a
+ * submitted or discovered lane that held a row weighs its spread, four times that when it holds
+ * the shortest interval of those lanes; urgent, cold and the lanes that never held a row, 1. */
+static void lane_weights(const Pass *P, uint32_t first, const uint32_t *ivmin,
+                         const uint32_t *ivmax, uint32_t *wt) {
+    const rl_policy *p = P->p;
+    if (!p->weights_live) {
+        for (uint32_t l = first; l < P->lanes; l++) wt[l] = p->weight[l];
+        return;
+    }
+    uint32_t last = 2 * (p->band_count + 1), shortest = UINT32_MAX; /* band lanes: 1 .. last */
+    for (uint32_t l = first; l < P->lanes; l++)
+        if (l >= 1 && l <= last && ivmax[l] && (ivmin[l] ? ivmin[l] : 1) < shortest)
+            shortest = ivmin[l] ? ivmin[l] : 1;
+    for (uint32_t l = first; l < P->lanes; l++) {
+        wt[l] = RL_ONE;
+        if (l < 1 || l > last || !ivmax[l]) continue;
+        uint32_t lo = ivmin[l] ? ivmin[l] : 1;
+        uint64_t w = spread_weight(l, lo, ivmax[l]);
+        if (lo == shortest) w *= RL_FIRST_BAND_WEIGHT;
+        wt[l] = w > RL_WEIGHT_MAX ? RL_WEIGHT_MAX : (uint32_t)w;
+    }
 }
 
 static void remainder_lateness(Pass *P, int skip_urgent) {
     LateHead h[RL_MAX_LANES];
-    uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES];
+    uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES], wt[RL_MAX_LANES];
     uint32_t first = skip_urgent ? 1 : 0;
     uint32_t live[RL_MAX_LANES], nlive = 0; /* the lanes that may have a head, in lane order */
     for (uint32_t l = first; l < P->lanes; l++) {
         rl_lane *ln = &P->s->lanes[l];
-        uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
         ivmin[l] = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
         ivmax[l] = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
+    }
+    lane_weights(P, first, ivmin, ivmax, wt);
+    for (uint32_t l = first; l < P->lanes; l++) {
+        rl_lane *ln = &P->s->lanes[l];
+        uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
         if (tls_cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
-            late_peek(P, l, &h[l], ivmin[l], ivmax[l], 0);
+            late_peek(P, l, &h[l], wt[l], ivmin[l], ivmax[l], 0);
             if (h[l].state != LATE_NONE) live[nlive++] = l;
             continue;
         }
@@ -765,7 +816,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         }
         live[nlive++] = l;
         uint64_t since = (uint64_t)fm * 60000u; /* no floor (0) bounds nothing */
-        h[l].late = (unsigned __int128)P->p->weight[l] * ((uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
+        h[l].late = (unsigned __int128)wt[l] * ((uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
         h[l].iv_lo = 1;
         h[l].iv_hi = ivmin[l] ? ivmin[l] : 1;
         h[l].state = LATE_BOUND;
@@ -794,16 +845,16 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             }
             if (run < 0 || late_surely_beats(h, best, run)) break;
             /* undecided: narrow the loosest of the two */
-            if (h[best].state == LATE_BOUND) late_peek(P, (uint32_t)best, &h[best], ivmin[best], ivmax[best], 0);
-            else if (h[run].state == LATE_BOUND) late_peek(P, (uint32_t)run, &h[run], ivmin[run], ivmax[run], 0);
-            else if (h[run].state == LATE_HEAD) late_peek(P, (uint32_t)run, &h[run], 0, 0, 1);
-            else if (h[best].state == LATE_HEAD) late_peek(P, (uint32_t)best, &h[best], 0, 0, 1);
+            if (h[best].state == LATE_BOUND) late_peek(P, (uint32_t)best, &h[best], wt[best], ivmin[best], ivmax[best], 0);
+            else if (h[run].state == LATE_BOUND) late_peek(P, (uint32_t)run, &h[run], wt[run], ivmin[run], ivmax[run], 0);
+            else if (h[run].state == LATE_HEAD) late_peek(P, (uint32_t)run, &h[run], wt[run], 0, 0, 1);
+            else if (h[best].state == LATE_HEAD) late_peek(P, (uint32_t)best, &h[best], wt[best], 0, 0, 1);
             else break; /* both exact: the comparison above was exact (not reached) */
         }
         if (h[best].state == LATE_BOUND) { /* the only lane left (no runner-up) is unopened: its
                                             * cursor is still a past pass's, maybe another
                                             * segment's; open it before taking from it */
-            late_peek(P, (uint32_t)best, &h[best], ivmin[best], ivmax[best], 0);
+            late_peek(P, (uint32_t)best, &h[best], wt[best], ivmin[best], ivmax[best], 0);
             if (h[best].state == LATE_NONE) continue;
         }
         Cursor *c = &tls_cursors[best]; /* opened: it has a head */
@@ -816,9 +867,9 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         uint64_t sure = UINT64_MAX;
         if (run >= 0) {
             sure = 0;
-            if (ivmax[best] && P->p->weight[best]) {
+            if (ivmax[best] && wt[best]) {
                 unsigned __int128 q = h[run].late * ivmax[best] /
-                                      ((unsigned __int128)P->p->weight[best] * h[run].iv_hi);
+                                      ((unsigned __int128)wt[best] * h[run].iv_hi);
                 if (q + 1 < (unsigned __int128)P->now) sure = (uint64_t)P->now - (uint64_t)q - 1;
             }
         }
@@ -826,7 +877,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
             if (P->n >= P->budget) return;
             if (lane_peek(P, c) && rl_key_due(c->peek.key) < sure) continue;
-            late_peek(P, (uint32_t)best, &h[best], ivmin[best], ivmax[best], 0);
+            late_peek(P, (uint32_t)best, &h[best], wt[best], ivmin[best], ivmax[best], 0);
             if (h[best].state == LATE_NONE) break;
             if (run >= 0 && !late_surely_beats(h, best, run)) break; /* decide again */
         }
@@ -904,9 +955,11 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     P.granted_any = P.lease_noted = 0;
     memset(P.cls_granted, 0, sizeof P.cls_granted);
     P.stamp = ++tls_stamp;
+    P.late = 0;
     memo_reset();
 
     const rl_policy *p = P.p;
+    P.late = p->lanes_enabled && p->remainder == RL_REMAINDER_LATENESS;
     if (!p->lanes_enabled) {
         for (uint32_t l = 0; l < P.lanes && P.n < budget; l++) lane_take(&P, l, budget);
     } else {

@@ -24,7 +24,7 @@
 
 /* Bump on any change to csrc/layout.h (a struct, the region order, the row/lease/floor word
  * packing): attachers refuse a segment of another version with RL_E_LAYOUT. */
-#define RL_LAYOUT_VERSION 14
+#define RL_LAYOUT_VERSION 15
 #define RL_MAX_LANES 64
 #define RL_MAX_BANDS 30
 #define RL_MAX_OWNERS 1024
@@ -38,6 +38,12 @@
 #define RL_REMAINDER_LATENESS 2
 /* Lane weights lie in [1, RL_WEIGHT_MAX] (RL_ONE = 1.0): 1/1000 .. 1000 as the caller gives them. */
 #define RL_WEIGHT_MAX 65536000
+/* Weights derived from the lanes' interval bounds (rl_policy.weights_live; engine.policy
+ * interval_weights_fp): a band lane weighs (iv_max / iv_min) ** (RL_SPREAD_NUM / RL_SPREAD_DEN),
+ * times RL_FIRST_BAND_WEIGHT when it holds the shortest interval of the band lanes. */
+#define RL_SPREAD_NUM 3
+#define RL_SPREAD_DEN 16
+#define RL_FIRST_BAND_WEIGHT 4
 
 /* Flags a claim pass reports back (rl_claim's *advice). */
 #define RL_ADVISE_COMPACT 1
@@ -58,6 +64,7 @@ typedef struct {
     uint32_t min_share[4];            /* indexed by class: 0 urgent (unused), 1 submitted, 2 discovered, 3 cold */
     uint32_t remainder;               /* RL_REMAINDER_*: how the grants floors leave are served */
     uint32_t lanes_enabled;
+    uint32_t weights_live;            /* 1: weight[] unused, derived at every pass (claim.c) */
     double urgent_share_exact;        /* the shares as the caller gave them, for reading back */
     double min_share_exact[4];
     uint32_t weight[64];              /* per lane, RL_ONE = 1.0: scales its relative lateness */
@@ -91,6 +98,8 @@ typedef struct {
     uint64_t due;
     uint64_t leased;
     uint64_t in_flight;       /* taken out of the index while leased (FLIGHT) */
+    uint32_t iv_min;          /* the lowest and highest interval (s) the lane ever held; 0: none */
+    uint32_t iv_max;
 } rl_lane_stats;
 
 typedef struct {

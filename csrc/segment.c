@@ -400,7 +400,7 @@ static int policy_valid(const rl_policy *p) {
     if (p->urgent_share > RL_ONE || sum > RL_ONE + RL_CLASSES) return 0;
     for (int l = 0; l < RL_MAX_LANES; l++)
         if (p->weight[l] < 1 || p->weight[l] > RL_WEIGHT_MAX) return 0;
-    return p->remainder <= RL_REMAINDER_LATENESS && p->lanes_enabled <= 1;
+    return p->remainder <= RL_REMAINDER_LATENESS && p->lanes_enabled <= 1 && p->weights_live <= 1;
 }
 
 int rl_policy_set(rl_seg *s, const rl_policy *p) {

@@ -47,7 +47,7 @@ ffibuilder.set_source(
     include_dirs=[str(CSRC)],
     extra_compile_args=_compile,
     extra_link_args=_link,
-    libraries=["rt"],
+    libraries=["rt", "m"],
 )
 
 if __name__ == "__main__":

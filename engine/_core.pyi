@@ -28,6 +28,9 @@ class _Lib:
     RL_REMAINDER_EDF: int
     RL_REMAINDER_LATENESS: int
     RL_WEIGHT_MAX: int
+    RL_SPREAD_NUM: int
+    RL_SPREAD_DEN: int
+    RL_FIRST_BAND_WEIGHT: int
     RL_ADVISE_COMPACT: int
     RL_ADVISE_REAP: int
     RL_PROV_SUBMITTED: int

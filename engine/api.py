@@ -83,6 +83,10 @@ class LaneStats(TypedDict):
     spilled: int
     stale_skipped: int
     lease_refused: int
+    iv_min: int
+    """The lowest and the highest interval (s) a row of the lane ever had (0: none); under
+    ``weights="intervals"`` the lane's weight follows from them."""
+    iv_max: int
 
 
 class Stats(TypedDict):

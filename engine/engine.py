@@ -598,6 +598,8 @@ class Engine(_hot.EngineBase):
                     "spilled": int(lanes[i].spilled),
                     "stale_skipped": int(lanes[i].stale_skipped),
                     "lease_refused": int(lanes[i].lease_refused),
+                    "iv_min": int(lanes[i].iv_min),
+                    "iv_max": int(lanes[i].iv_max),
                 }
                 for i in shown
             ],

@@ -45,47 +45,78 @@ WEIGHT_MAX = 1000.0
 them in ``ONE`` fixed point (csrc/lanes.h RL_WEIGHT_MAX)."""
 
 
-FIRST_BAND_WEIGHT = 4.0
-"""The default weight of the shortest band: its rows are served before they are a whole
-interval late while the rest are up to four (docs/design.md, "The default policy")."""
+FIRST_BAND_WEIGHT = 4
+"""The lanes holding the shortest interval weigh four times their spread: their rows are served
+before they are a whole interval late while the rest are up to four (docs/design.md, "The
+default policy")."""
 
 
 FINE_BANDS: tuple[int, ...] = tuple(round(1800 * 2 ** (k / 2)) for k in range(MAX_BANDS))
-"""Band boundaries a factor sqrt(2) apart from 30 min (the most a segment holds: 30, so 64
-lanes, up to 482 days): each lane then holds intervals at most sqrt(2) apart, and EDF inside a
-lane is close to an order by relative lateness (docs/design.md, "The fitted policy")."""
+"""The default's band boundaries, a factor sqrt(2) apart from 30 min (the most a segment holds:
+30, so 64 lanes, up to 482 days): each lane then holds intervals at most sqrt(2) apart, and EDF
+inside a lane is close to an order by relative lateness (docs/design.md, "The default
+policy")."""
+
+COARSE_BANDS: tuple[int, ...] = (3600, 6 * 3600, 24 * 3600)
+"""The bands of the default before it weighed its lanes by their intervals (1 h, 6 h, 24 h):
+the simulator's named presets (``floors``, ``lateness``, ...) keep them."""
 
 SPREAD_EXPONENT = 3 / 16
-"""A fitted lane weighs ``(iv_max / iv_min) ** SPREAD_EXPONENT`` of its own intervals: EDF inside
-a lane ranks its head by due time, so the shorter-interval rows behind it are later, relative to
+"""A lane weighs ``(iv_max / iv_min) ** SPREAD_EXPONENT`` of its own intervals: EDF inside a
+lane ranks its head by due time, so the shorter-interval rows behind it are later, relative to
 their interval, than the head says, by up to the lane's spread. Chosen by the simulator
-(docs/design.md, "The fitted policy"): 0 leaves the lanes whose intervals vary to take the
+(docs/design.md, "The default policy"): 0 leaves the lanes whose intervals vary to take the
 deficit at 75 %, 1/4 and above hands it to the lanes of one interval."""
 
+INTERVALS = "intervals"
+"""``LanePolicy.weights``' default: each band lane's weight derived at every pass from the
+interval bounds the backend keeps for it (``interval_weights_fp``)."""
 
-FITTED_FLOORS: Mapping[str, float] = {"discovered": 0.10, "cold": 0.005}
-"""A fitted policy's floors: the default's for discovered, a quarter of its cold floor. Cold
-rows also take part in the lateness remainder, so they are retried without it; a floor of 0.02
-spent 0.4-0.6 % of the renders at 50 % capacity on rows that always fail, 0.005 spends 0.1-0.3 %
-(docs/design.md, "The fitted policy")."""
+DEFAULT_FLOORS: Mapping[str, float] = {"discovered": 0.10, "cold": 0.005}
+"""The default's floors. Cold rows also take part in the lateness remainder, so they are
+retried without a large floor; one of 0.02 (the floor before) spent 0.4-0.6 % of the renders
+at 50 % capacity on rows that always fail, 0.005 spends 0.1-0.3 % (docs/design.md, "The
+default policy")."""
 
-
-class _FromBands(dict[str, float]):
-    """``LanePolicy.weights``' default, resolved to ``band_weights(ttl_bands)``; an empty
-    mapping given explicitly means every lane weighs 1."""
+CLASSIC_FLOORS: Mapping[str, float] = {"discovered": 0.10, "cold": 0.02}
+"""The floors of the default before, kept with ``COARSE_BANDS`` by the simulator's presets."""
 
 
 def band_weights(ttl_bands: Sequence[int]) -> dict[str, float]:
-    """The lane weights the default policy derives from its bands, the same for submitted and
-    discovered: ``FIRST_BAND_WEIGHT`` on the first band, ``(hi / lo) ** 0.25`` on a band
-    between two boundaries ``lo`` and ``hi`` (EDF inside a lane ranks its head by due time, so
-    a lane whose intervals vary lags by about that much), 1 on the last band and on cold."""
+    """Static lane weights from the bands alone, the same for submitted and discovered (the
+    default before it weighed the intervals its lanes hold): ``FIRST_BAND_WEIGHT`` on the first
+    band, ``(hi / lo) ** 0.25`` on a band between two boundaries ``lo`` and ``hi``, 1 on the last
+    band and on cold."""
     bands = normalize_bands(ttl_bands)
     out: dict[str, float] = {}
     for band in range(len(bands)):
         w = FIRST_BAND_WEIGHT if band == 0 else round((bands[band] / bands[band - 1]) ** 0.25, 4)
         for provenance in PROVENANCES:
-            out[f"{provenance}/b{band}"] = w
+            out[f"{provenance}/b{band}"] = float(w)
+    return out
+
+
+def spread_weight_fp(iv_min: int, iv_max: int) -> int:
+    """``(iv_max / iv_min) ** SPREAD_EXPONENT`` in ``ONE`` fixed point, rounded half up, as the C
+    and Lua passes compute it (one libm ``pow`` of the same doubles)."""
+    return math.floor(math.pow(iv_max / max(1, iv_min), SPREAD_EXPONENT) * ONE + 0.5)
+
+
+def interval_weights_fp(policy: LanePolicy, bounds: Sequence[tuple[int, int]]) -> list[int]:
+    """The weight of each lane in ``ONE`` fixed point under ``weights=INTERVALS``, from
+    ``bounds[lane] = (iv_min, iv_max)``, the lowest and highest interval (s) the lane ever held
+    (``(0, 0)``: none). Each submitted or discovered lane that held a row weighs its spread
+    (``spread_weight_fp``), times ``FIRST_BAND_WEIGHT`` when it holds the shortest interval of
+    them all; urgent, cold and the lanes that never held a row weigh 1. The rule names no lane:
+    it follows from the bands and the intervals the rows bring."""
+    band = [lane for lane, (_, hi) in enumerate(bounds)
+            if hi > 0 and policy.class_of(lane) in PROVENANCES]
+    shortest = min((max(1, bounds[lane][0]) for lane in band), default=0)
+    out = [ONE] * len(bounds)
+    for lane in band:
+        lo, hi = max(1, bounds[lane][0]), bounds[lane][1]
+        w = spread_weight_fp(lo, hi) * (FIRST_BAND_WEIGHT if lo == shortest else 1)
+        out[lane] = min(w, weight_fp(WEIGHT_MAX))
     return out
 
 
@@ -149,19 +180,18 @@ def _weight(name: str, value: Any) -> float:
 
 @dataclass(frozen=True)
 class LanePolicy:
-    ttl_bands: tuple[int, ...] = (3600, 6 * 3600, 24 * 3600)
+    ttl_bands: tuple[int, ...] = FINE_BANDS
     cold_after: int = 3
     urgent_max_share: float = 0.2
-    min_share: Mapping[str, float] = field(
-        default_factory=lambda: {"discovered": 0.10, "cold": 0.02}
-    )
+    min_share: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_FLOORS))
     remainder: str = "lateness"
     lanes_enabled: bool = True
-    weights: Mapping[str, float] = field(default_factory=_FromBands)
-    """Per lane name (``"submitted/b0"``, ``"cold"``, ...), a factor on the lane head's relative
-    lateness under ``remainder="lateness"``; a lane not named weighs 1. Not given: derived from
-    ``ttl_bands`` (``band_weights``); ``{}``: every lane weighs 1. Other remainders keep the
-    weights but do not use them."""
+    weights: Mapping[str, float] | str = INTERVALS
+    """Per lane, a factor on the lane head's relative lateness under ``remainder="lateness"``.
+    ``INTERVALS`` (the default): derived at every pass from the intervals each lane holds
+    (``interval_weights_fp``). A mapping of lane name (``"submitted/b0"``, ``"cold"``, ...) to
+    weight: those, fixed; a lane not named weighs 1, and ``{}`` weighs every lane 1. Other
+    remainders keep the weights but do not use them."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ttl_bands", normalize_bands(self.ttl_bands))
@@ -189,14 +219,17 @@ class LanePolicy:
             raise EngineValueError(f"remainder must be one of {REMAINDERS}, got {self.remainder!r}")
         if not isinstance(self.lanes_enabled, bool):
             raise EngineTypeError("lanes_enabled must be a bool")
+        if isinstance(self.weights, str):
+            if self.weights != INTERVALS:
+                raise EngineValueError(f"weights must be a mapping of lane name to weight, or"
+                                       f" {INTERVALS!r}, got {self.weights!r}")
+            return
         if not isinstance(self.weights, Mapping):
-            raise EngineTypeError("weights must be a mapping of lane name to weight")
+            raise EngineTypeError("weights must be a mapping of lane name to weight, or"
+                                  f" {INTERVALS!r}")
         known = self.lane_names()
         weights: dict[str, float] = {}
-        given = self.weights
-        if isinstance(given, _FromBands):
-            given = band_weights(self.ttl_bands)
-        for name, value in given.items():
+        for name, value in self.weights.items():
             if name not in known:
                 raise EngineValueError(
                     f"weights names unknown lane {name!r} (lanes of these ttl_bands:"
@@ -210,7 +243,13 @@ class LanePolicy:
     def __hash__(self) -> int:
         return hash((self.ttl_bands, self.cold_after, self.urgent_max_share,
                      tuple(sorted(self.min_share.items())), self.remainder, self.lanes_enabled,
-                     tuple(self.weights.items())))
+                     self.weights if isinstance(self.weights, str)
+                     else tuple(self.weights.items())))
+
+    @property
+    def live_weights(self) -> bool:
+        """Whether the weights are derived at every pass from the lanes' intervals."""
+        return isinstance(self.weights, str)
 
     # -- as data (checkpoints, the Redis queue's meta) -----------------------------------------
 
@@ -219,7 +258,8 @@ class LanePolicy:
         return {"ttl_bands": list(self.ttl_bands), "cold_after": self.cold_after,
                 "urgent_max_share": self.urgent_max_share, "min_share": dict(self.min_share),
                 "remainder": self.remainder, "lanes_enabled": self.lanes_enabled,
-                "weights": dict(self.weights)}
+                "weights": self.weights if isinstance(self.weights, str)
+                else dict(self.weights)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LanePolicy:
@@ -240,13 +280,12 @@ class LanePolicy:
         (``FINE_BANDS``): each lane weighs ``(iv_max / iv_min) ** SPREAD_EXPONENT`` of the
         intervals it holds, and the lanes holding the corpus's shortest interval four times
         that (``FIRST_BAND_WEIGHT``), so that class is held on time whatever its band. Both
-        backends run it as given weights; fit again when the corpus's shape changes. ``fields``
-        are any other ``LanePolicy`` fields (not ``weights``); the floors default to
-        ``FITTED_FLOORS``."""
+        backends run it as given weights; fit again when the corpus's shape changes. These are the
+        weights the default derives at every pass once these rows are in (``INTERVALS``), as a
+        snapshot. ``fields`` are any other ``LanePolicy`` fields (not ``weights``)."""
         if "weights" in fields or "remainder" in fields:
             raise EngineValueError("a fitted policy derives its weights for the lateness"
                                    " remainder; build a LanePolicy to give them")
-        fields.setdefault("min_share", FITTED_FLOORS)
         policy = cls(ttl_bands=tuple(ttl_bands), weights={}, **fields)
         return replace(policy, weights=fitted_weights(policy, interval_s, provenance))
 
@@ -310,9 +349,15 @@ class LanePolicy:
         return [self.lane_name(lane) for lane in range(
             self.lane_count if lane_total is None else lane_total)]
 
-    def lane_weights_fp(self, lane_total: int) -> list[int]:
+    def lane_weights_fp(self, lane_total: int,
+                        bounds: Sequence[tuple[int, int]] | None = None) -> list[int]:
         """The weight of each lane in ``ONE`` fixed point, as the C pass compares them (a lane
-        past this layout weighs 1)."""
+        past this layout weighs 1). Derived weights (``INTERVALS``) need the lanes' interval
+        bounds, ``(iv_min, iv_max)`` per lane."""
+        if isinstance(self.weights, str):
+            if bounds is None or len(bounds) < lane_total:
+                raise EngineValueError(f"weights={INTERVALS!r} needs each lane's interval bounds")
+            return interval_weights_fp(self, list(bounds[:lane_total]))
         fp = {name: weight_fp(w) for name, w in self.weights.items()}
         return [fp.get(name, ONE) for name in self.lane_names(lane_total)]
 
@@ -353,14 +398,13 @@ def _corpus_lanes(policy: LanePolicy, interval_s: Any, provenance: Any) -> dict[
 
 
 def fitted_weights(policy: LanePolicy, interval_s: Any, provenance: Any) -> dict[str, float]:
-    """``LanePolicy.fitted``'s weights over ``policy``'s bands for this corpus."""
+    """``LanePolicy.fitted``'s weights over ``policy``'s bands for this corpus: the weights
+    ``INTERVALS`` derives from the bounds of a queue that holds just these rows."""
     lanes = _corpus_lanes(policy, interval_s, provenance)
-    shortest = min(lo for lo, _ in lanes.values())
-    out: dict[str, float] = {}
-    for lane, (lo, hi) in sorted(lanes.items()):
-        w = (hi / lo) ** SPREAD_EXPONENT * (FIRST_BAND_WEIGHT if lo == shortest else 1.0)
-        out[policy.lane_name(lane)] = min(WEIGHT_MAX, round(w, 4))
-    return out
+    bounds = [(lanes[lane][0], lanes[lane][1]) if lane in lanes else (0, 0)
+              for lane in range(policy.lane_count)]
+    fp = interval_weights_fp(policy, bounds)
+    return {policy.lane_name(lane): fp[lane] / ONE for lane in sorted(lanes)}
 
 
 # -- the reference of one claim pass -----------------------------------------------------------
@@ -376,6 +420,7 @@ class _Pass:
     ivs: list[list[int]]
     cred: dict[str, int]
     remaining: int
+    bounds: Sequence[tuple[int, int]] | None = None
     grants: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -453,7 +498,7 @@ def remainder_edf(p: _Pass) -> None:
 def remainder_lateness(p: _Pass, now: int) -> None:
     """One grant at a time to the lane whose head is latest relative to its own interval,
     times the lane's weight; compared in integers exactly as the C pass compares them."""
-    weight = p.policy.lane_weights_fp(p.lanes)
+    weight = p.policy.lane_weights_fp(p.lanes, p.bounds)
     order = p.remainder_lanes()
     while p.remaining > 0:
         best, best_late, best_iv = -1, 0, 1
@@ -485,6 +530,7 @@ def reference_pass(
     credits: Mapping[str, int],
     now: int | None = None,
     intervals: Sequence[Sequence[int]] | None = None,
+    bounds: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[list[int], dict[str, int]]:
     """What one claim pass grants, in plain Python: the oracle for ``csrc/claim.c``.
 
@@ -502,7 +548,8 @@ def reference_pass(
        ``intervals[L]``, the intervals in seconds of ``due[L]``'s rows). Compared as
        ``w_a * (now - due_a) * iv_b > w_b * (now - due_b) * iv_a`` in integers, weights in
        ``ONE`` fixed point and an interval of 0 as 1 s, exactly as the C pass does; ties go to
-       the lower lane.
+       the lower lane. Derived weights (``weights=INTERVALS``) need ``bounds[L]``, the lane's
+       ``(iv_min, iv_max)`` as the backend keeps them (``stats()``'s ``iv_min``/``iv_max``).
     5. ``commit``: grants a floor class gets from the remainder count against its credit, so
        it cannot bank them.
     With lanes disabled the pass is one EDF queue over every lane, in lane order, with no shares.
@@ -514,7 +561,7 @@ def reference_pass(
             raise EngineValueError("remainder='lateness' needs now and intervals shaped as due")
     p = _Pass(policy, [list(d) for d in due],
               [list(i) for i in intervals] if intervals is not None else [[] for _ in due],
-              {c: int(credits.get(c, 0)) for c in CLASSES}, budget)
+              {c: int(credits.get(c, 0)) for c in CLASSES}, budget, bounds)
     if not policy.lanes_enabled:
         for lane in range(lanes):
             p.take(lane, p.remaining)

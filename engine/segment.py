@@ -32,7 +32,7 @@ from .errors import (
     SegmentExists,
     SegmentMissing,
 )
-from .policy import REMAINDERS, SHARE_CLASSES, LanePolicy, share_fp
+from .policy import INTERVALS, REMAINDERS, SHARE_CLASSES, LanePolicy, share_fp
 from .process import process_start_ms
 
 ffi = _core.ffi
@@ -107,10 +107,12 @@ def policy_to_c(policy: LanePolicy) -> Any:
         p.min_share_exact[CLASS_INDEX[name]] = share
     p.remainder = REMAINDERS.index(policy.remainder)  # RL_REMAINDER_*, in the same order
     p.lanes_enabled = 1 if policy.lanes_enabled else 0
-    weights = policy.lane_weights_fp(lib.RL_MAX_LANES)
+    p.weights_live = 1 if policy.live_weights else 0
+    given = {} if isinstance(policy.weights, str) else policy.weights
+    weights = policy.lane_weights_fp(lib.RL_MAX_LANES, [(0, 0)] * lib.RL_MAX_LANES)
     for lane, name in enumerate(policy.lane_names(lib.RL_MAX_LANES)):
-        p.weight[lane] = weights[lane]
-        p.weight_exact[lane] = policy.weights.get(name, 1.0)
+        p.weight[lane] = weights[lane]  # derived weights: RL_ONE, unread
+        p.weight_exact[lane] = given.get(name, 1.0)
     return p
 
 
@@ -126,8 +128,9 @@ def policy_from_c(p: Any) -> LanePolicy:
         min_share=shares,
         remainder=REMAINDERS[p.remainder],
         lanes_enabled=bool(p.lanes_enabled),
-        weights={name: float(p.weight_exact[lane]) for lane, name in enumerate(names)
-                 if lane < len(names) and p.weight_exact[lane] != 1.0},
+        weights=INTERVALS if p.weights_live else {
+            name: float(p.weight_exact[lane]) for lane, name in enumerate(names)
+            if lane < len(names) and p.weight_exact[lane] != 1.0},
     )
 
 

@@ -56,7 +56,15 @@ import numpy.typing as npt
 from .checks import is_int, is_number
 from .engine import Engine
 from .errors import EngineError, EngineTypeError, EngineValueError
-from .policy import FINE_BANDS, PROVENANCES, LanePolicy, band_weights, normalize_bands
+from .policy import (
+    CLASSIC_FLOORS,
+    COARSE_BANDS,
+    FINE_BANDS,
+    PROVENANCES,
+    LanePolicy,
+    band_weights,
+    normalize_bands,
+)
 
 HOUR_MS = 3_600_000
 T0 = 1_800_000_000_000
@@ -279,9 +287,17 @@ class SimConfig:
         return all(w >= need - 1e-9 for w in self.windows_h)
 
     def policy(self, **fields: Any) -> LanePolicy:
-        """A ``LanePolicy`` over this run's band layout."""
+        """A ``LanePolicy`` over this run's band layout (the default's when none is given)."""
         bands: dict[str, Any] = {} if self.ttl_bands is None else {"ttl_bands": self.ttl_bands}
         return LanePolicy(**bands, **fields)
+
+    def preset(self, **fields: Any) -> LanePolicy:
+        """A named preset's ``LanePolicy``: over this run's band layout, or the bands they were
+        defined on (``COARSE_BANDS``), with the floors they were defined with
+        (``CLASSIC_FLOORS``) unless ``fields`` gives others."""
+        fields.setdefault("min_share", CLASSIC_FLOORS)
+        return LanePolicy(ttl_bands=COARSE_BANDS if self.ttl_bands is None else self.ttl_bands,
+                          **fields)
 
 
 def corpus_config(name: str, **changes: Any) -> SimConfig:
@@ -356,32 +372,33 @@ def provenance_demand(config: SimConfig) -> dict[str, float]:
 
 def policy_spec(name: str, config: SimConfig) -> PolicySpec:
     """The policies it knows, over the run's band layout. ``default`` is ``LanePolicy()``;
-    ``floors`` is the same urgent cap and floors with the rest in lane order; ``fixed`` splits
+    the presets (``CLASSIC``) keep the bands and floors the default had before it weighed its
+    lanes by their intervals (``SimConfig.preset``), so they read as they did: ``floors`` is
+    the urgent cap and floors with the rest in lane order; ``fixed`` splits
     what the urgent cap and the cold share leave between submitted and discovered by their
     demand, so every class has a share and the shares sum to 1."""
     if name == "default":
         return PolicySpec(name, config.policy())
     if name == "today":
-        return PolicySpec(name, config.policy(lanes_enabled=False))
+        return PolicySpec(name, config.preset(lanes_enabled=False))
     if name == "rerank":
-        return PolicySpec(name, config.policy(lanes_enabled=False), rerank=True)
+        return PolicySpec(name, config.preset(lanes_enabled=False), rerank=True)
     if name == "strict":
-        return PolicySpec(name, config.policy(urgent_max_share=1.0, min_share={},
+        return PolicySpec(name, config.preset(urgent_max_share=1.0, min_share={},
                                               remainder="lane-order", weights={}))
     if name == "fixed":
-        default = LanePolicy()
-        cold = default.min_share.get("cold", 0.02)
-        left = 1.0 - default.urgent_max_share - cold
+        cold = CLASSIC_FLOORS["cold"]
+        left = 1.0 - LanePolicy().urgent_max_share - cold
         demand = provenance_demand(config)
         total = sum(demand.values()) or 1.0
         discovered = round(left * demand["discovered"] / total, 4)
-        return PolicySpec(name, config.policy(remainder="lane-order", weights={}, min_share={
+        return PolicySpec(name, config.preset(remainder="lane-order", weights={}, min_share={
             "submitted": round(left - discovered, 4), "discovered": discovered, "cold": cold}))
     if name == "floors":
-        return PolicySpec(name, config.policy(remainder="lane-order", weights={}))
+        return PolicySpec(name, config.preset(remainder="lane-order", weights={}))
     if name == "lateness":
-        names = set(config.policy().lane_names())
-        return PolicySpec(name, config.policy(remainder="lateness", weights={
+        names = set(config.preset().lane_names())
+        return PolicySpec(name, config.preset(remainder="lateness", weights={
             k: v for k, v in LATENESS_WEIGHTS.items() if k in names}))
     if name == "fitted":
         corpus = build_corpus(config)

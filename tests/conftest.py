@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
-from lanes_testlib import dispose, leftover_segments, unique_name
+from lanes_testlib import TEN_LANES, dispose, leftover_segments, unique_name
 
 settings.register_profile(
     "lanes",
@@ -91,7 +91,8 @@ def _opener(request: pytest.FixtureRequest, backend: str) -> Callable[..., tuple
     if backend == "shm":
         def open_shm(policy: Any, capacity: int, **kw: Any) -> tuple[Any, str]:
             name = unique_name()
-            return Engine.create(name, capacity, policy, **kw), name
+            return Engine.create(name, capacity, TEN_LANES if policy is None else policy,
+                                 **kw), name
 
         return open_shm
     assert backend in ("redis", "redis-sharded"), backend
@@ -100,8 +101,8 @@ def _opener(request: pytest.FixtureRequest, backend: str) -> Callable[..., tuple
 
     def open_redis(policy: Any, capacity: int, **kw: Any) -> tuple[Any, str]:
         name = unique_name()
-        return Engine.connect(url, name, policy, create=True, capacity=capacity, shards=shards,
-                              **kw), name
+        return Engine.connect(url, name, TEN_LANES if policy is None else policy, create=True,
+                              capacity=capacity, shards=shards, **kw), name
 
     return open_redis
 
@@ -109,7 +110,8 @@ def _opener(request: pytest.FixtureRequest, backend: str) -> Callable[..., tuple
 @pytest.fixture
 def make_engine(request: pytest.FixtureRequest, backend: str) -> Iterator[Callable[..., Any]]:
     """A factory: ``make_engine(policy=None, capacity=4096, **kw)``; every engine is disposed
-    (a segment unlinked, a Redis queue dropped)."""
+    (a segment unlinked, a Redis queue dropped). No policy: ``TEN_LANES``, the layout the
+    suites name lanes of."""
     open_engine = _opener(request, backend)
     made: list[tuple[Any, str]] = []
 

@@ -47,7 +47,17 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, dispose, share_policies, unique_name
+from lanes_testlib import (
+    DAY,
+    HOUR,
+    MINUTE,
+    NOW,
+    dispose,
+    lane_bounds,
+    share_policies,
+    ten_lanes,
+    unique_name,
+)
 
 from engine import (
     STRIDE,
@@ -189,6 +199,15 @@ class LanesMachine(RuleBasedStateMachine):
         if fresh and m.token is not None:
             tok = m.token
         return row, tok, m.token is not None and tok == m.token
+
+    def _bounds(self, heads: list[list[tuple[int, int, int]]]) -> list[tuple[int, int]]:
+        """The lanes' interval bounds as the engine keeps them, for a policy whose weights are
+        derived from them; checked first to take in the interval of every row in the lane."""
+        bounds = lane_bounds(self.e)
+        for lane, h in enumerate(heads):
+            for _, _, iv in h:
+                assert bounds[lane][0] <= max(1, iv) <= bounds[lane][1], (lane, iv, bounds[lane])
+        return bounds
 
     def _claimable(self, m: MRow, now: int) -> bool:
         return m.due is not None and m.due <= now and not m.leased_at(now)
@@ -513,7 +532,8 @@ class LanesMachine(RuleBasedStateMachine):
         intervals = [[i for _, _, i in h] for h in heads]
         if exact:
             expected, credits = reference_pass(self.policy, budget, due_lists, self.credits,
-                                               now=now, intervals=intervals)
+                                               now=now, intervals=intervals,
+                                               bounds=self._bounds(heads))
         c = self.e.claim(budget=budget, now_ms=now, lease_ms=lease_ms, window=window)
         rows, lanes, dues, toks = (c.rows.tolist(), c.lanes.tolist(), c.due_ms.tolist(),
                                    c.tokens.tolist())
@@ -668,8 +688,8 @@ def test_zero_urgent_share_sheds_banked_credit():
     banked credit is cut to one grant, as reference_pass says."""
     from lanes_testlib import fresh_engine
 
-    before = LanePolicy(urgent_max_share=0.5, min_share={})
-    after = LanePolicy(urgent_max_share=0.0, min_share={})
+    before = ten_lanes(urgent_max_share=0.5, min_share={})
+    after = ten_lanes(urgent_max_share=0.0, min_share={})
     with fresh_engine(before, capacity=64) as eng:
         eng.prioritize(eng.add(NOW + DAY, 600), "rush", now_ms=NOW)
         lanes = [[NOW]] + [[]] * (before.lane_count - 1)

@@ -34,10 +34,10 @@ from ..keys import STRIDE, check_due_array, check_due_ms
 from ..policy import MAX_INTERVAL_S, PROVENANCES, REMAINDERS, LanePolicy, share_fp
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "12"
+LIBRARY_VERSION = "13"
 """Bump with any change to the library (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
-LAYOUT_VERSION = 4
+LAYOUT_VERSION = 5
 """The data model of a queue's keys (the library's LAYOUT): bump when a record or key changes.
 A queue of another layout is refused."""
 RECORD = 6
@@ -101,15 +101,23 @@ def now_arg(now_ms: object) -> int | str:
 
 def policy_args(policy: LanePolicy) -> list[Any]:
     """The policy as the library reads it (fixed-point shares, the remainder's index in
-    REMAINDERS, the lane weights in ONE fixed point or "" when all are 1), then as JSON for
+    REMAINDERS, the lane weights in ONE fixed point, "" when all are 1, or "intervals" when
+    derived from the lanes' interval bounds), then as JSON for
     ``policy``."""
     shares = [share_fp(policy.min_share.get(c, 0.0)) for c in ("submitted", "discovered", "cold")]
-    weights = (",".join(map(str, policy.lane_weights_fp(policy.lane_count)))
+    weights = (policy.weights if isinstance(policy.weights, str)
+               else ",".join(map(str, policy.lane_weights_fp(policy.lane_count)))
                if policy.weights else "")
     return [int(policy.lanes_enabled), ",".join(str(b) for b in policy.ttl_bands),
             policy.cold_after, share_fp(policy.urgent_max_share), *shares,
             REMAINDERS.index(policy.remainder), weights,
             json.dumps(policy.to_dict(), sort_keys=True)]
+
+
+def lane_bounds(stored: str | None) -> tuple[int, int]:
+    """A lane's interval bounds as meta keeps them (``v<lane>`` = ``"lo:hi"``; none: 0, 0)."""
+    lo, _, hi = (stored or "0:0").partition(":")
+    return int(lo), int(hi)
 
 
 def policy_from(stored: bytes | str) -> LanePolicy:

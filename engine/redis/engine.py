@@ -517,11 +517,13 @@ class RedisEngine:
         meta = codec.text_map(meta_all)
         policy = policy_from(meta["policy"])
         at, per, flight = int(reply[0]), reply[1], reply[2]
+        bounds = [codec.lane_bounds(meta.get(f"v{i}")) for i in range(MAX_LANES)]
         lanes = [LaneStats(lane=i, name=policy.lane_name(i),
                            floor_minute=per[3 * i + 2] // 60_000 if per[3 * i + 2] >= 0 else 0,
                            queued=per[3 * i], due=per[3 * i + 1], leased=0, in_flight=0,
                            granted=int(meta.get(f"g{i}", 0)), spilled=0, stale_skipped=0,
-                           lease_refused=0) for i in range(MAX_LANES)]
+                           lease_refused=0, iv_min=bounds[i][0], iv_max=bounds[i][1])
+                 for i in range(MAX_LANES)]
         owners: dict[str, int] = {}
         for k in range(0, len(flight), 5):
             _row, lane, due, expiry, owner = flight[k:k + 5]

@@ -725,7 +725,11 @@ def merged_stats(parts: list[Stats], tags: tuple[str, ...]) -> Stats:
         for ln in part["lanes"]:
             have = lanes.setdefault(ln["lane"], LaneStats(
                 lane=ln["lane"], name=ln["name"], floor_minute=0, queued=0, due=0, leased=0,
-                in_flight=0, granted=0, spilled=0, stale_skipped=0, lease_refused=0))
+                in_flight=0, granted=0, spilled=0, stale_skipped=0, lease_refused=0,
+                iv_min=0, iv_max=0))
+            if ln["iv_max"]:
+                have["iv_min"] = min(have["iv_min"] or ln["iv_min"], ln["iv_min"])
+                have["iv_max"] = max(have["iv_max"], ln["iv_max"])
             if ln["floor_minute"] and (not have["floor_minute"]
                                        or ln["floor_minute"] < have["floor_minute"]):
                 have["floor_minute"] = ln["floor_minute"]

@@ -33,11 +33,11 @@ import numpy as np
 from aiohttp import web
 
 from .. import checkpoint
-from ..api import Stats
+from ..api import LaneStats, Stats
 from ..checks import wall_ms
 from ..errors import EngineError, EngineValueError
 from ..keys import PARKED_MS
-from ..policy import REMAINDERS, SHARE_CLASSES, LanePolicy
+from ..policy import INTERVALS, ONE, REMAINDERS, SHARE_CLASSES, LanePolicy
 from ..pool import progress
 from ..pool.board import Board
 from ..pool.failures import failure_rows
@@ -238,7 +238,8 @@ class Figures:
                 f["staleness"] = served.get(f["name"])
         return {"name": stats["name"], "rows": stats["rows"], "queued": stats["queued"],
                 "capacity": stats["capacity"], "now_ms": now, "lanes": lanes, "pool": pool,
-                "workers": workers, "policy": policy_dict(self.parts.engine.policy),
+                "workers": workers,
+                "policy": policy_dict(self.parts.engine.policy, stats["lanes"]),
                 "store": stale is not None, "history": self.history_note()}
 
     def _workers(self, board: Board) -> list[dict[str, Any]]:
@@ -388,7 +389,12 @@ class Figures:
         eng = self.parts.engine
         policy = policy_from_form(eng.policy, form)
         eng.set_policy(policy)
-        return policy_dict(eng.policy)
+        return self.policy()
+
+    def policy(self) -> dict[str, Any]:
+        """``policy_dict`` of the policy in force, with the engine's lanes."""
+        eng = self.parts.engine
+        return policy_dict(eng.policy, eng.stats()["lanes"])
 
 
 def _number(text: str) -> Any:
@@ -400,25 +406,39 @@ def _number(text: str) -> Any:
 
 
 def policy_from_form(current: LanePolicy, form: dict[str, str]) -> LanePolicy:
-    """``current`` with ``urgent_max_share``, ``min_share.<class>``, ``weight.<lane>`` and
-    ``remainder`` from ``form`` (an empty share: none; an empty weight: 1)."""
+    """``current`` with ``urgent_max_share``, ``min_share.<class>``, ``weights``,
+    ``weight.<lane>`` and ``remainder`` from ``form`` (an empty share: none; an empty weight: 1;
+    ``weights=intervals``: derived from the lanes' intervals, the ``weight.<lane>`` ignored)."""
     shares = {c: _number(form[f"min_share.{c}"].strip()) for c in SHARE_CLASSES
               if form.get(f"min_share.{c}", "").strip()}
-    weights = {name: _number(form[f"weight.{name}"].strip()) for name in current.lane_names()
-               if form.get(f"weight.{name}", "").strip()}
+    weights: Any = {name: _number(form[f"weight.{name}"].strip())
+                    for name in current.lane_names() if form.get(f"weight.{name}", "").strip()}
+    if form.get("weights", "given").strip() == INTERVALS:
+        weights = INTERVALS
     return dataclasses.replace(
         current, urgent_max_share=_number(form.get("urgent_max_share", "").strip()),
         min_share=shares, weights=weights,
         remainder=form.get("remainder", current.remainder))
 
 
-def policy_dict(p: LanePolicy) -> dict[str, Any]:
-    lanes = p.lane_names()
+def policy_dict(p: LanePolicy, lanes: list[LaneStats] | None = None) -> dict[str, Any]:
+    """The policy as the dashboard and ``/api/policy`` show it. ``weights``: the weight the next
+    pass gives each lane that ever held a row (from ``lanes``, the engine's lane stats) or that
+    weighs other than 1; every lane without ``lanes``. ``weights_live``: derived at every pass
+    from the lanes' intervals."""
+    names = p.lane_names()
+    bounds = [(0, 0)] * p.lane_count
+    for ln in lanes or []:
+        if ln["lane"] < p.lane_count:
+            bounds[ln["lane"]] = (ln["iv_min"], ln["iv_max"])
+    fp = p.lane_weights_fp(p.lane_count, bounds)
+    weights = {names[i]: round(fp[i] / ONE, 4) for i in range(p.lane_count)
+               if bounds[i][1] or fp[i] != ONE or lanes is None}
     return {"urgent_max_share": p.urgent_max_share,
             "min_share": {c: p.min_share[c] for c in SHARE_CLASSES if c in p.min_share},
             "remainder": p.remainder, "remainders": list(REMAINDERS),
             "share_classes": list(SHARE_CLASSES), "lanes_enabled": p.lanes_enabled,
-            "weights": {name: p.weights.get(name, 1.0) for name in lanes},
+            "weights": weights, "weights_live": isinstance(p.weights, str),
             "ttl_bands": list(p.ttl_bands), "cold_after": p.cold_after,
             "remainder_share": round(max(0.0, 1 - p.urgent_max_share
                                          - sum(p.min_share.values())), 6)}
@@ -492,7 +512,7 @@ async def api_url(request: web.Request) -> web.Response:
 
 async def api_policy(request: web.Request) -> web.Response:
     fig = request.app[FIGURES]
-    return _json(policy_dict(await fig.run(lambda: fig.parts.engine.policy)))
+    return _json(await fig.run(fig.policy))
 
 
 def row_number(text: str) -> int:

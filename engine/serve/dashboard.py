@@ -142,7 +142,7 @@ async def routes_page(request: web.Request) -> web.Response:
 
 async def policy_page(request: web.Request) -> web.Response:
     fig = request.app[api.FIGURES]
-    policy = api.policy_dict(await fig.run(lambda: fig.parts.engine.policy))
+    policy = await fig.run(fig.policy)
     return _page(request, "policy.html", policy=policy, error=None, form=None,
                  saved=request.query.get("saved") == "1")
 
@@ -176,7 +176,7 @@ async def policy_action(request: web.Request) -> web.Response:
     try:
         await fig.run(fig.set_policy, form)
     except EngineError as e:
-        policy = api.policy_dict(await fig.run(lambda: fig.parts.engine.policy))
+        policy = await fig.run(fig.policy)
         return _page(request, "policy.html", status=400, policy=policy, error=str(e),
                      form=form, saved=False)
     fig.forget("overview")

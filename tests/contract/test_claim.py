@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lanes_testlib import DAY, HOUR, MINUTE, NOW
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, ten_lanes
 
-from engine import STRIDE, LanePolicy, encode
+from engine import STRIDE, encode
 from engine.errors import EngineError, EngineTypeError, EngineValueError
 
 ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
@@ -57,7 +57,7 @@ def test_deep_backlog_in_slow_lane_does_not_hide_fast_lane(make_engine, compacte
 
 @pytest.mark.one_queue(ONE_PASS)
 def test_without_lanes_the_deep_backlog_hides_the_homepage(make_engine):
-    eng = make_engine(LanePolicy(lanes_enabled=False))
+    eng = make_engine(ten_lanes(lanes_enabled=False))
     products, home = _headline(eng)
     assert eng.lane(home) == 0
     assert {eng.lane(p) for p in products} == {0}
@@ -70,7 +70,7 @@ def test_without_lanes_the_deep_backlog_hides_the_homepage(make_engine):
 
 @pytest.mark.one_queue(ONE_PASS)
 def test_remainder_edf_serves_global_due_order_across_lanes(make_engine):
-    eng = make_engine(LanePolicy(remainder="edf"))
+    eng = make_engine(ten_lanes(remainder="edf"))
     products, home = _headline(eng)
     c = eng.claim(budget=1, now_ms=NOW)
     assert c.rows.tolist() == [products[59]]
@@ -83,7 +83,7 @@ def test_remainder_lateness_serves_the_lane_head_latest_relative_to_its_interval
     """The headline again: the homepage is 2 intervals late, the oldest product 3 days of 2, so
     1.5 intervals: the homepage first, then products in due order. Only the choice between lane
     heads changes; inside a lane the order stays EDF."""
-    eng = make_engine(LanePolicy(remainder="lateness"))
+    eng = make_engine(ten_lanes(remainder="lateness"))
     products, home = _headline(eng)
     c = eng.claim(budget=3, now_ms=NOW)
     assert c.rows.tolist() == [home, products[59], products[58]]
@@ -95,15 +95,15 @@ def test_remainder_lateness_serves_the_lane_head_latest_relative_to_its_interval
 def test_remainder_lateness_weights_scale_a_lane_head_lateness(make_engine):
     """Weight 0.5 on the homepage band makes its 2 intervals count as 1, below the products'
     1.5: products first. Weight 1000 on the product band keeps it ahead of a homepage 10 h late."""
-    eng = make_engine(LanePolicy(remainder="lateness", weights={"submitted/b0": 0.5}))
+    eng = make_engine(ten_lanes(remainder="lateness", weights={"submitted/b0": 0.5}))
     products, home = _headline(eng)
     c = eng.claim(budget=1, now_ms=NOW)
     assert c.rows.tolist() == [products[59]]
-    eng.set_policy(LanePolicy(remainder="lateness", weights={"submitted/b3": 1000.0}))
+    eng.set_policy(ten_lanes(remainder="lateness", weights={"submitted/b3": 1000.0}))
     late_home = eng.add(NOW - 10 * HOUR, HOME_INTERVAL)
     c = eng.claim(budget=2, now_ms=NOW)
     assert c.rows.tolist() == [products[58], products[57]]
-    eng.set_policy(LanePolicy(remainder="lateness"))
+    eng.set_policy(ten_lanes(remainder="lateness"))
     c = eng.claim(budget=2, now_ms=NOW)
     assert c.rows.tolist() == [late_home, home]  # 10, then 2 intervals late; products 1.5
     assert eng.verify() == []
@@ -113,7 +113,7 @@ def test_remainder_lateness_weights_scale_a_lane_head_lateness(make_engine):
 def test_remainder_lateness_ignores_rows_not_yet_due_and_breaks_ties_by_lane(make_engine):
     """A row due in the future is no candidate however short its interval; equal lateness goes
     to the lower lane, and a row due this very millisecond (lateness 0) is still granted."""
-    eng = make_engine(LanePolicy(remainder="lateness", min_share={}))
+    eng = make_engine(ten_lanes(remainder="lateness", min_share={}))
     eng.add(NOW + MINUTE, HOME_INTERVAL)
     product = eng.add(NOW - DAY, PRODUCT_INTERVAL)                 # 0.5 intervals late, lane 4
     catalog = eng.add(NOW - 6 * HOUR, 12 * 3600)                   # 0.5 intervals late, lane 3
@@ -128,11 +128,11 @@ def test_remainder_lateness_opens_a_lone_lane_before_taking_from_it(make_engine)
     """With a single lane left and no runner-up, the pass opens that lane before granting: the
     process's cursor for the lane is a past pass's, here another engine's, whose rows are not
     this engine's (it granted a row past this engine's capacity)."""
-    first = make_engine(LanePolicy(), capacity=512)
+    first = make_engine(ten_lanes(), capacity=512)
     first.add_many(np.full(300, NOW - DAY), np.full(300, PRODUCT_INTERVAL))
     homes = [first.add(NOW - HOUR, HOME_INTERVAL) for _ in range(5)]
     assert first.claim(budget=3, now_ms=NOW).rows.tolist() == homes[:3]  # the 4th is peeked
-    second = make_engine(LanePolicy(min_share={}), capacity=16)
+    second = make_engine(ten_lanes(min_share={}), capacity=16)
     rows = [second.add(NOW - k * MINUTE, HOME_INTERVAL) for k in range(3)]
     c = second.claim(budget=4, now_ms=NOW)
     assert c.rows.tolist() == rows[::-1]
@@ -146,7 +146,7 @@ def test_remainder_lateness_is_exact_where_doubles_cannot_tell(make_engine, flip
     interval): as doubles they tie, exactly one is later. The later one is granted first,
     whichever lane it is in, on every backend (C 128-bit, Python integers, Lua limbs)."""
     i2 = (1 << 32) - 2
-    eng = make_engine(LanePolicy(remainder="lateness", min_share={}))
+    eng = make_engine(ten_lanes(remainder="lateness", min_share={}))
     # a: i2 ms late of an (i2 + 1) s interval; b: (i2 - 1) ms late of i2 s. a*b' - b*a' = +1
     a = eng.add(NOW - i2, i2 + 1, provenance="submitted" if flip else "discovered")
     b = eng.add(NOW - (i2 - 1), i2, provenance="discovered" if flip else "submitted")
@@ -280,7 +280,7 @@ def test_rows_of_one_lane_are_claimed_in_due_order(fresh, offsets, budgets, comp
     budget=st.integers(1, 50),
 )
 def test_lanes_disabled_behaves_as_one_edf_queue(fresh, spec, budget):
-    with fresh(LanePolicy(lanes_enabled=False), capacity=128) as eng:
+    with fresh(ten_lanes(lanes_enabled=False), capacity=128) as eng:
         for off, interval, prov, failures in spec:
             eng.add(NOW + off, interval, provenance=prov, failures=failures)
         c = eng.claim(budget=budget, now_ms=NOW)
@@ -305,7 +305,7 @@ def test_lanes_disabled_behaves_as_one_edf_queue(fresh, spec, budget):
     budget=st.integers(1, 50),
 )
 def test_remainder_edf_grants_the_globally_earliest_rows(fresh, spec, budget):
-    with fresh(LanePolicy(remainder="edf", min_share={}), capacity=128) as eng:
+    with fresh(ten_lanes(remainder="edf", min_share={}), capacity=128) as eng:
         for off, interval, prov in spec:
             eng.add(NOW + off, interval, provenance=prov)
         c = eng.claim(budget=budget, now_ms=NOW)
@@ -319,7 +319,7 @@ def test_remainder_edf_grants_the_globally_earliest_rows(fresh, spec, budget):
 
 @pytest.mark.one_queue(ONE_PASS)
 def test_wedged_lane_does_not_strand_another_lane(make_engine):
-    eng = make_engine(LanePolicy(cold_after=255))
+    eng = make_engine(ten_lanes(cold_after=255))
     wedged_due = NOW - 3 * DAY
     wedged = eng.add(wedged_due, HOME_INTERVAL)  # lane 1, always fails at the same due time
     others = [eng.add(NOW - DAY - i * MINUTE, PRODUCT_INTERVAL) for i in range(10)]
@@ -400,7 +400,7 @@ def test_floor_is_lowered_by_a_write_below_it(eng):
 @pytest.mark.one_queue(ONE_PASS)
 def test_floor_is_lowered_by_a_reschedule_below_it(make_engine):
     # lane order: its pass proposes the floor past the row it grants in that same pass
-    eng = make_engine(LanePolicy(remainder="lane-order"))
+    eng = make_engine(ten_lanes(remainder="lane-order"))
     a = eng.add(NOW - HOUR, HOME_INTERVAL)
     b = eng.add(NOW - 30 * MINUTE, HOME_INTERVAL)
     eng.compact()

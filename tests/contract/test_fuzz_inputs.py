@@ -802,7 +802,7 @@ def test_non_contiguous_and_unusual_arrays_are_read_element_by_element(pop):
     intervals = np.array([600, 43200, 172800], np.int64)
     provs = np.array(["discovered", "submitted", "discovered"])
     fails = np.array([0, 1, 4], np.int64)
-    expected_lanes = [LanePolicy().lane_for(str(p), int(i), int(f))
+    expected_lanes = [eng.policy.lane_for(str(p), int(i), int(f))
                       for p, i, f in zip(provs, intervals, fails, strict=True)]
     for how in ("strided", "reversed", "bigendian", "readonly", "float64", "object"):
         args = [_container(dues.tolist(), how), _container(intervals.tolist(), how),

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lanes_testlib import DAY, HOUR, MINUTE, NOW
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, ten_lanes
 
-from engine import LanePolicy, LeaseLost
+from engine import LeaseLost
 from engine.errors import EngineError, EngineValueError
 
 ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
@@ -32,7 +32,7 @@ def test_describe_reports_the_documented_fields(eng):
     assert set(d) >= DESCRIBE_KEYS
     assert d["row"] == row
     assert d["due_ms"] == NOW - MINUTE
-    assert d["lane"] == LanePolicy().lane_for("discovered", 7200, 1) == 6
+    assert d["lane"] == ten_lanes().lane_for("discovered", 7200, 1) == 6
     assert d["interval_s"] == 7200
     assert d["failures"] == 1
     assert d["provenance"] == "discovered"
@@ -218,7 +218,7 @@ def test_fail_counts_backs_off_and_goes_cold_after_cold_after(eng):
 
 
 def test_back_off_grows_with_failures(make_engine):
-    eng = make_engine(LanePolicy(cold_after=10))
+    eng = make_engine(ten_lanes(cold_after=10))
     row = eng.add(NOW - HOUR, 3600)
     waits = []
     now = NOW
@@ -413,7 +413,7 @@ def test_renew_after_the_lease_was_taken_over_is_refused(eng):
                     min_size=1, max_size=25))
 def test_at_most_one_live_lease_per_row(fresh, ops):
     """Whatever the holder does, exactly one token is ever valid and a claim never doubles up."""
-    with fresh(LanePolicy(cold_after=255), capacity=16) as eng:
+    with fresh(ten_lanes(cold_after=255), capacity=16) as eng:
         row = eng.add(NOW - HOUR, 60)
         now = NOW
         dead_tokens: list[int] = []

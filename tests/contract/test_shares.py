@@ -17,8 +17,10 @@ from lanes_testlib import (
     NOW,
     add_to_lane,
     another_handle,
+    lane_bounds,
     lane_counts,
     share_policies,
+    ten_lanes,
 )
 
 from engine import LanePolicy
@@ -28,10 +30,10 @@ ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees o
 SHORT_PASS = ("a cap or floor of one pass (over shards a short pass moves on to the next"
               " shard, whose pass has a cap and floors of its own)")
 
-LANE_ORDER = LanePolicy(remainder="lane-order")
+LANE_ORDER = ten_lanes(remainder="lane-order")
 """The floors with the rest in lane order: what a floor guarantees, apart from the lateness
 remainder's order (which serves a floor class beyond its floor when it is the latest)."""
-STRICT = LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order")
+STRICT = ten_lanes(urgent_max_share=1.0, min_share={}, remainder="lane-order")
 """Strict priority: no floors, urgent uncapped, the rest in lane order."""
 
 pytestmark = pytest.mark.contract  # each test once per backend (tests/conftest.py)
@@ -234,7 +236,7 @@ def test_claim_pass_grants_what_the_reference_allocator_grants(fresh, policy, ro
             due_lists = [sorted(remaining[lane].values()) for lane in range(10)]
             intervals = [[LANE_INTERVALS[lane]] * len(due_lists[lane]) for lane in range(10)]
             expected, credits = reference_pass(policy, budget, due_lists, credits, now=NOW,
-                                               intervals=intervals)
+                                               intervals=intervals, bounds=lane_bounds(eng))
             c = eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY)
             assert lane_counts(c, 10) == expected, (budget, due_lists)
             for lane in range(10):
@@ -250,7 +252,7 @@ def test_claim_pass_grants_what_the_reference_allocator_grants(fresh, policy, ro
 def test_uncapped_urgent_lane_accrues_no_credit(fresh):
     """urgent_max_share=1.0 means no cap: urgent is served first and no credit is kept for it
     (a sign slip once accrued 2**32 - 1 grants of credit per call)."""
-    with fresh(LanePolicy(urgent_max_share=1.0, min_share={}), capacity=256) as eng:
+    with fresh(ten_lanes(urgent_max_share=1.0, min_share={}), capacity=256) as eng:
         rows = eng.add_many(np.full(20, NOW - HOUR), 3600)
         for r in rows[:10]:
             eng.prioritize(int(r), "rush", now_ms=NOW)
@@ -264,7 +266,7 @@ def test_uncapped_urgent_lane_accrues_no_credit(fresh):
 @pytest.mark.one_queue(ONE_PASS)
 @settings(max_examples=40, deadline=None)
 @given(
-    weights=st.dictionaries(st.sampled_from(LanePolicy().lane_names()),
+    weights=st.dictionaries(st.sampled_from(ten_lanes().lane_names()),
                             st.sampled_from([0.001, 0.5, 2.0, 4.0, 1000.0]), max_size=4),
     rows=st.lists(st.tuples(st.sampled_from(["submitted", "discovered"]),
                             st.integers(1, 4 * DAY // 1000), st.integers(0, 5 * DAY),
@@ -277,7 +279,7 @@ def test_lateness_grants_what_the_reference_grants_as_floors_rise(fresh, weights
     """remainder="lateness" over rows of any interval, pass after pass with the clock moving:
     the floors the passes raise and the lowest interval each lane has seen let the C pass leave
     lanes unopened, which must never change a choice of the reference."""
-    policy = LanePolicy(remainder="lateness", weights=weights)
+    policy = ten_lanes(remainder="lateness", weights=weights)
     with fresh(policy, capacity=256) as eng:
         _claims_agree_with_the_reference(eng, policy, rows, budgets, step)
 
@@ -299,7 +301,7 @@ def _claims_agree_with_the_reference(eng, policy, rows, budgets, step):
         due_lists = [[d for ln, d, _, _ in heads if ln == lane] for lane in range(lanes)]
         intervals = [[i for ln, _, _, i in heads if ln == lane] for lane in range(lanes)]
         expected, credits = reference_pass(policy, budget, due_lists, credits, now=now,
-                                           intervals=intervals)
+                                           intervals=intervals, bounds=lane_bounds(eng))
         c = eng.claim(budget=budget, now_ms=now, lease_ms=30 * DAY)
         assert lane_counts(c, lanes) == expected, (budget, due_lists, intervals)
         for row in c.rows.tolist():
@@ -329,7 +331,7 @@ def test_a_fitted_policy_grants_what_the_reference_grants(fresh, rows, budgets, 
 @pytest.mark.one_queue(ONE_PASS)
 def test_a_running_engine_moves_to_the_default_with_set_policy_rewriting_no_row(fresh):
     """An engine running the lane-order floors (the policy a deployment made before the
-    lateness default) moves to ``LanePolicy()`` live: a worker's next claim on its own handle
+    lateness default) moves to ``ten_lanes()`` live: a worker's next claim on its own handle
     follows the new order, and no row is rewritten (every row reads back the same)."""
     with fresh(LANE_ORDER, capacity=1024) as eng:
         catalog = [eng.add(NOW - HOUR - k * MINUTE, 12 * 3600) for k in range(20)]  # ~0.1 late

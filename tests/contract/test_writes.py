@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lanes_testlib import DAY, HOUR, MINUTE, NOW, another_handle, snapshot
+from lanes_testlib import DAY, HOUR, MINUTE, NOW, another_handle, snapshot, ten_lanes
 
-from engine import STRIDE, CapacityError, LanePolicy, encode
+from engine import STRIDE, CapacityError, encode
 from engine.errors import EngineError, EngineTypeError, EngineValueError, NotAllowed
 
 ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
@@ -38,7 +38,7 @@ def test_add_many_returns_row_ids_and_derives_lanes(eng):
     rows = eng.add_many(due, interval, prov, failures)
     assert isinstance(rows, np.ndarray) and rows.dtype.kind in "iu"
     assert len(set(rows.tolist())) == N
-    p = LanePolicy()
+    p = ten_lanes()
     for i, row in enumerate(rows.tolist()):
         d = eng.describe(row)
         assert d["due_ms"] == due[i]
@@ -234,24 +234,24 @@ def test_set_policy_from_an_attached_handle_changes_the_next_claim_and_rewrites_
     try:
         before = snapshot(eng, rows)
         floors = [eng.floor_minute(lane) for lane in range(10)]
-        other.set_policy(LanePolicy(remainder="edf"))
+        other.set_policy(ten_lanes(remainder="edf"))
         assert snapshot(eng, rows) == before  # no row rewritten
         assert [eng.floor_minute(lane) for lane in range(10)] == floors
         assert eng.policy.remainder == "edf"
         assert other.policy.remainder == "edf"
         c = eng.claim(budget=1, now_ms=NOW)
         assert c.rows.tolist() == [products[59]]  # the oldest now, not the homepage
-        other.set_policy(LanePolicy())
+        other.set_policy(ten_lanes())
         c = eng.claim(budget=1, now_ms=NOW)
         assert c.rows.tolist() == [home]
-        assert eng.policy == LanePolicy()
+        assert eng.policy == ten_lanes()
     finally:
         other.close()
     assert eng.verify() == []
 
 
 def test_set_policy_round_trips_its_values(eng):
-    p = LanePolicy(ttl_bands=(600, 7200), cold_after=5, urgent_max_share=0.3,
+    p = ten_lanes(ttl_bands=(600, 7200), cold_after=5, urgent_max_share=0.3,
                    min_share={"discovered": 0.25, "submitted": 0.05}, remainder="edf")
     eng.set_policy(p)
     got = eng.policy
@@ -268,14 +268,14 @@ def test_set_policy_round_trips_its_values(eng):
 def test_set_policy_rejects_a_non_policy(eng):
     with pytest.raises(EngineError):
         eng.set_policy({"urgent_max_share": 0.2})
-    assert eng.policy == LanePolicy() or eng.policy.remainder == "lane-order"
+    assert eng.policy == ten_lanes() or eng.policy.remainder == "lane-order"
 
 
 def test_changed_bands_apply_to_a_row_on_its_next_write_only(eng):
     row = eng.add(NOW - HOUR, 7200)  # band 1 of (3600, 21600, 86400): lane 2
     assert eng.lane(row) == 2
     before = eng.describe(row)
-    eng.set_policy(LanePolicy(ttl_bands=(10_000,)))  # 7200 s is now band 0: lane 1
+    eng.set_policy(ten_lanes(ttl_bands=(10_000,)))  # 7200 s is now band 0: lane 1
     assert eng.describe(row) == before  # no sweep
     c = eng.claim(budget=1, now_ms=NOW)
     assert c.rows.tolist() == [row]
@@ -290,7 +290,7 @@ def test_narrowing_the_bands_leaves_no_row_behind(eng):
     rows = [eng.add(NOW - HOUR - i * MINUTE, iv, provenance=prov, failures=f)
             for i, (prov, iv, f) in enumerate(spec)]
     assert [eng.lane(r) for r in rows] == [1, 4, 5, 8, 9]
-    narrow = LanePolicy(ttl_bands=[])  # 4 lanes: rows now sit in lanes past the layout
+    narrow = ten_lanes(ttl_bands=[])  # 4 lanes: rows now sit in lanes past the layout
     eng.set_policy(narrow)
     assert [eng.lane(r) for r in rows] == [1, 4, 5, 8, 9]  # no sweep
     s = eng.stats(now_ms=NOW)
@@ -325,7 +325,7 @@ def test_narrowing_the_bands_leaves_no_row_behind(eng):
     limit=st.integers(1, 12),
 )
 def test_restamp_preserves_every_due_time_and_reports_done_only_at_the_end(fresh, spec, limit):
-    with fresh(LanePolicy(lanes_enabled=False), capacity=64) as eng:
+    with fresh(ten_lanes(lanes_enabled=False), capacity=64) as eng:
         rows = [eng.add(NOW + off, iv, provenance=prov, failures=f) for off, iv, prov, f in spec]
         assert {eng.lane(r) for r in rows} == {0}
         dues = [eng.due_ms(r) for r in rows]
@@ -344,7 +344,7 @@ def test_restamp_preserves_every_due_time_and_reports_done_only_at_the_end(fresh
         assert total == len(rows)
         again = eng.restamp(limit=limit)
         assert again["restamped"] == 0 and again["done"] is True
-        enabled = LanePolicy()
+        enabled = ten_lanes()
         for r, (_, iv, prov, f) in zip(rows, spec, strict=True):
             assert eng.lane(r) == enabled.lane_for(prov, iv, f)
         assert eng.verify() == []
@@ -354,7 +354,7 @@ def test_restamp_preserves_every_due_time_and_reports_done_only_at_the_end(fresh
 
 
 def test_restamp_keeps_an_operator_rush_urgent(make_engine):
-    eng = make_engine(LanePolicy(lanes_enabled=False))
+    eng = make_engine(ten_lanes(lanes_enabled=False))
     rows = [eng.add(NOW - i * MINUTE, 172800) for i in range(5)]
     eng.prioritize(rows[2], "rush", now_ms=NOW - 5)
     while not eng.restamp(limit=2)["done"]:
@@ -375,12 +375,12 @@ def test_restamp_refuses_while_lanes_are_enabled(eng):
 
 
 def test_restamped_rows_stay_claimable(make_engine):
-    eng = make_engine(LanePolicy(lanes_enabled=False))
+    eng = make_engine(ten_lanes(lanes_enabled=False))
     rows = [eng.add(NOW - HOUR - i * MINUTE, (600, 172800)[i % 2]) for i in range(20)]
     eng.compact()
     while not eng.restamp(limit=7)["done"]:
         pass
-    eng.set_policy(LanePolicy())
+    eng.set_policy(ten_lanes())
     c = eng.claim(budget=100, now_ms=NOW)
     assert sorted(c.rows.tolist()) == sorted(rows)
     assert set(c.lanes.tolist()) == {1, 4}

@@ -27,6 +27,32 @@ if ROOT not in sys.path:
     except ImportError:
         sys.path.insert(0, ROOT)
 
+def _ten_lanes() -> Any:
+    from engine.policy import CLASSIC_FLOORS, COARSE_BANDS, LanePolicy, band_weights
+
+    return LanePolicy(ttl_bands=COARSE_BANDS, min_share=CLASSIC_FLOORS,
+                      weights=band_weights(COARSE_BANDS))
+
+
+TEN_LANES = _ten_lanes()
+"""The layout the suites name lanes of, the default before it weighed its lanes by their
+intervals: bands 1 h / 6 h / 24 h (lanes 1-4 submitted, 5-8 discovered, 9 cold), floors 0.10
+and 0.02, the lateness remainder with weights from the bands. An engine a test makes without a
+policy has it; the tests of ``LanePolicy()`` itself name it (tests/shm/test_default_policy.py,
+test_the_default_grants_what_the_reference_grants)."""
+
+
+
+def ten_lanes(**fields: Any) -> Any:
+    """``TEN_LANES`` with ``fields`` changed (a ``LanePolicy`` over the suites' layout; other
+    ``ttl_bands`` take their own band weights unless ``weights`` are given)."""
+    from engine.policy import band_weights
+
+    if "ttl_bands" in fields:
+        fields.setdefault("weights", band_weights(fields["ttl_bands"]))
+    return dataclasses.replace(TEN_LANES, **fields)
+
+
 NOW = 1_800_000_000_000
 """The fixed virtual time base of every test (ms since the epoch)."""
 
@@ -114,11 +140,20 @@ def fresh_engine(policy: Any = None, capacity: int = 4096, **kw: Any) -> Iterato
     from engine import Engine
 
     name = unique_name()
-    eng = Engine.create(name, capacity, policy, **kw)
+    eng = Engine.create(name, capacity, TEN_LANES if policy is None else policy, **kw)
     try:
         yield eng
     finally:
         dispose(eng, name)
+
+
+def lane_bounds(eng: Any) -> list[tuple[int, int]]:
+    """Each lane's interval bounds as the engine keeps them (``stats()``), for ``reference_pass``
+    of a policy whose weights are derived from them: (iv_min, iv_max) for lanes 0 .. 63."""
+    out = [(0, 0)] * 64
+    for ln in eng.stats()["lanes"]:
+        out[ln["lane"]] = (ln["iv_min"], ln["iv_max"])
+    return out
 
 
 def add_to_lane(eng: Any, lane: int, due: int) -> int:
@@ -337,12 +372,13 @@ def child_worker_lanes(where: tuple[str, ...], now_ms: int, calls: int, budget: 
 
 
 def share_policies(remainders: Any = ("lane-order", "edf", "lateness"), **fixed: Any) -> Any:
-    """A hypothesis strategy of share policies: floors and an urgent cap that together fit in 1,
-    any of ``remainders``, lane weights now and then, lanes mostly on. ``fixed`` holds
-    strategies for other LanePolicy fields."""
+    """A hypothesis strategy of share policies over ``TEN_LANES``' layout: floors and an urgent
+    cap that together fit in 1, any of ``remainders``, lane weights given or derived from the
+    intervals (``INTERVALS``) now and then, lanes mostly on. ``fixed`` holds strategies for other
+    LanePolicy fields."""
     from hypothesis import strategies as st
 
-    from engine import LanePolicy
+    from engine.policy import INTERVALS
 
     @st.composite
     def build(draw: Any) -> Any:
@@ -354,7 +390,7 @@ def share_policies(remainders: Any = ("lane-order", "edf", "lateness"), **fixed:
                 shares[cls] = v
         room = 1.0 - sum(shares.values())
         urgent = draw(st.sampled_from([u for u in (0.0, 0.1, 0.2, 0.5, 1.0) if u <= room + 1e-9]))
-        policy = LanePolicy(
+        policy = ten_lanes(
             urgent_max_share=urgent,
             min_share=shares,
             remainder=draw(st.sampled_from(list(remainders))),
@@ -362,9 +398,10 @@ def share_policies(remainders: Any = ("lane-order", "edf", "lateness"), **fixed:
             **{name: draw(strategy) for name, strategy in fixed.items()},
         )
         names = policy.lane_names()
-        weights = draw(st.dictionaries(st.sampled_from(names),
-                                       st.sampled_from([0.001, 0.5, 1.0, 1.5, 4.0, 1000.0]),
-                                       max_size=3))
+        weights = draw(st.one_of(
+            st.just(INTERVALS),  # derived from the lanes' intervals, as LanePolicy()'s
+            st.dictionaries(st.sampled_from(names),
+                            st.sampled_from([0.001, 0.5, 1.0, 1.5, 4.0, 1000.0]), max_size=3)))
         return dataclasses.replace(policy, weights=weights) if weights else policy
 
     return build()

@@ -9,8 +9,13 @@ from pathlib import Path
 from lanes_testlib import shm_path, unique_name
 from pool_testlib import cli, files_of, make_pool, rendered, running, wait_for, write_csv
 
+from engine import LanePolicy
 from engine import checkpoint as ck
 
+
+
+HOURLY = LanePolicy().lane_name(LanePolicy().lane_for("submitted", 3600))
+"""The lane of the 1 h pages the pools here render, under the default policy."""
 
 def test_lanes_pool_sigterm_and_a_killed_supervisor_resume(log: Path, tmp_path: Path) -> None:
     name = unique_name()
@@ -54,7 +59,7 @@ def test_stats_json_and_prometheus_parse_while_a_pool_runs(log: Path) -> None:
         out, err = js.communicate(timeout=60)
         assert js.returncode == 0, err
         stats = json.loads(out)
-        assert stats["rows"] == 50 and {ln["name"] for ln in stats["lanes"]} >= {"submitted/b0"}
+        assert stats["rows"] == 50 and {ln["name"] for ln in stats["lanes"]} >= {HOURLY}
         pool_js = stats["pool"]
         assert pool_js["renders"] == 50 and pool_js["supervisor_running"] is True
         assert pool_js["elapsed_s"] > 0 and pool_js["renders_per_s"] > 0
@@ -84,7 +89,7 @@ def test_stats_json_and_prometheus_parse_while_a_pool_runs(log: Path) -> None:
                   if s.name.endswith("_count")}
         assert sum(v for (_, o), v in counts.items() if o == "success") == 50
         assert sum(v for (_, o), v in counts.items() if o == "failure") == 0
-        assert ("submitted/b0", "failure") in counts
+        assert (HOURLY, "failure") in counts
         inf = [s.value for s in per_lane.samples if s.name.endswith("_bucket")
                and s.labels["le"] == "+Inf" and s.labels["outcome"] == "success"]
         assert sum(inf) == 50
@@ -116,7 +121,7 @@ def test_stats_shows_progress_per_lane_and_ends_quietly_on_a_closed_pipe(log: Pa
         for col in ("queued", "backlog", "in flight", "renders/s", "drains in", "next due",
                     "ok p50/95/99", "failed p50/95/99"):
             assert col in header, col
-        row = next(ln for ln in lines if ln.startswith("submitted/b0"))
+        row = next(ln for ln in lines if ln.startswith(HOURLY))
         assert re.search(r"in 1\.0 h \(\d\d:\d\d\)", row) and re.search(r" ms| s\b", row)
         assert not re.search(r"\d{10,}", out.replace(name, ""))  # no raw epoch ms anywhere
         # ``lanes stats NAME | head -1``: the reader leaves early; no traceback, no noise.
@@ -151,7 +156,7 @@ def test_stats_of_a_bare_engine_shows_the_engine_columns(tmp_path: Path) -> None
             assert "in 2.0 h (" in out and str(now + 2 * 3_600_000) not in out
             js = cli("stats", name, "--json")
             out, err = js.communicate(timeout=60)
-            lane = next(ln for ln in json.loads(out)["lanes"] if ln["name"] == "submitted/b0")
+            lane = next(ln for ln in json.loads(out)["lanes"] if ln["name"] == HOURLY)
             assert lane["next_due_ms"] == now + 2 * 3_600_000 and lane["queued"] == 2
         finally:
             eng.unlink()
@@ -191,7 +196,7 @@ def test_lanes_demo_runs_and_prints_its_summary() -> None:
     assert p.returncode == 0, err
     assert "granted by claim #1 of 61" in out and "behind the whole product backlog" in out
     assert "invariants: hold" in out and "left behind: nothing" in out
-    assert "submitted/b0" in out
+    assert HOURLY in out
 
 
 def test_lanes_cleanup_refuses_a_running_pool_unless_forced(log: Path) -> None:

@@ -293,17 +293,27 @@ def test_a_policy_edit_takes_effect_and_a_bad_value_shows_the_engine_s_error(set
         assert "urgent_max_share must lie in [0, 1], got 1.5" in error
         assert w.page.get_by_label("Urgent cap").input_value() == "1.5"  # kept to correct
         assert eng.policy.urgent_max_share == 0.3  # nothing changed
-        w.page.goto(s.url + "/policy")
-        w.page.get_by_label("submitted/b0", exact=True).fill("heavy")
+        w.page.goto(s.url + "/policy")  # derived weights, shown as the next pass takes them
+        assert w.page.get_by_label("Weights").input_value() == "intervals"
+        w.page.get_by_label("Weights").select_option("given")  # fixed: the values shown
         w.page.get_by_role("button", name="Apply the policy").click()
-        assert "weights['submitted/b0'] must be a number" in w.page.get_by_role(
-            "alert").inner_text()
+        w.page.wait_for_selector(".flash")
+        fixed = eng.policy.weights
+        assert isinstance(fixed, dict) and max(fixed.values()) >= 4.0  # the shortest pages' lane
         w.page.goto(s.url + "/policy")
+        field = w.page.locator("input[name^='weight.']").first
+        lane = (field.get_attribute("name") or "").removeprefix("weight.")
+        field.fill("heavy")
+        w.page.get_by_role("button", name="Apply the policy").click()
+        assert f"weights['{lane}'] must be a number" in w.page.get_by_role("alert").inner_text()
+        assert eng.policy.weights == fixed  # nothing changed
+        w.page.goto(s.url + "/policy")
+        w.page.get_by_label("Weights").select_option("intervals")
         w.page.get_by_label("Urgent cap").fill("0.2")
         w.page.get_by_label("discovered floor").fill("0.1")
         w.page.get_by_role("button", name="Apply the policy").click()
         w.page.wait_for_selector(".flash")
-        assert eng.policy.urgent_max_share == 0.2
+        assert eng.policy.urgent_max_share == 0.2 and eng.policy.weights == "intervals"
     finally:
         w.close()
         eng.close()

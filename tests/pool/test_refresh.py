@@ -194,6 +194,7 @@ def test_a_fitting_refresh_fits_the_lane_weights_to_the_rows_it_leaves(pool: Poo
     ``LanePolicy.fitted`` to every row's interval, over the bands already in force (no row
     changes lane), on either backend."""
     from engine import LanePolicy
+    from engine.policy import ONE, spread_weight_fp
 
     longer = [f"https://shop.test/weekly/{i}" for i in range(3)]
     corpus = Corpus(URLS + longer, np.array([3600] * 5 + [5 * 86400, 6 * 86400, 7 * 86400]),
@@ -208,5 +209,7 @@ def test_a_fitting_refresh_fits_the_lane_weights_to_the_rows_it_leaves(pool: Poo
     assert now.ttl_bands == before.ttl_bands and now.min_share == before.min_share
     assert now == LanePolicy.fitted(corpus.interval_s, corpus.provenance,
                                     ttl_bands=before.ttl_bands, min_share=before.min_share)
-    assert now.weights == {"submitted/b0": 4.0, "submitted/b3": round(
-        (7 / 5) ** 0.1875, 4)}
+    name = now.lane_name
+    assert now.weights == {  # 5 and 6 days share no lane with 7 (the bands are sqrt(2) apart)
+        name(now.lane_for("submitted", 3600)): 4.0,
+        name(now.lane_for("submitted", 7 * 86400)): spread_weight_fp(6 * 86400, 7 * 86400) / ONE}

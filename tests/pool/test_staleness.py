@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lanes_testlib import unique_name
+from lanes_testlib import TEN_LANES, unique_name
 from pool_testlib import make_pool
 
 from engine.engine import Engine, wall_ms
@@ -115,7 +115,7 @@ def run_stats(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 @pytest.fixture
 def engine_name(routes: Routes) -> Iterator[str]:
     name = unique_name()
-    eng = Engine.create(name, 64)
+    eng = Engine.create(name, 64, TEN_LANES)  # lanes 1 and 9 named as the suites name them
     store_routes(name, routes)
     try:
         yield name

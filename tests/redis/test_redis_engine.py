@@ -26,10 +26,13 @@ from lanes_testlib import (
     LANE_INTERVALS,
     MINUTE,
     NOW,
+    TEN_LANES,
     add_to_lane,
     dispose,
+    lane_bounds,
     lane_counts,
     share_policies,
+    ten_lanes,
     unique_name,
 )
 from redis_server import RedisServer, find_server  # noqa: E402
@@ -70,7 +73,8 @@ def make_queue(server: RedisServer) -> Iterator[Any]:
     made: list[RedisEngine] = []
 
     def make(policy: LanePolicy | None = None, **kw: Any) -> RedisEngine:
-        eng = Engine.connect(server.url, _qname(), policy, create=True, **kw)
+        eng = Engine.connect(server.url, _qname(), TEN_LANES if policy is None else policy,
+                             create=True, **kw)
         made.append(eng)
         return eng
 
@@ -126,11 +130,11 @@ def test_a_missing_queue_is_refused_without_create(server):
 
 
 def test_attaching_with_another_policy_is_refused(server, make_queue):
-    eng = make_queue(LanePolicy(cold_after=5))
+    eng = make_queue(ten_lanes(cold_after=5))
     with pytest.raises(EngineValueError, match="set_policy"):
-        Engine.connect(server.url, eng.name, LanePolicy(cold_after=4))
-    with Engine.connect(server.url, eng.name, LanePolicy(cold_after=5)) as same:
-        assert same.policy == LanePolicy(cold_after=5)
+        Engine.connect(server.url, eng.name, ten_lanes(cold_after=4))
+    with Engine.connect(server.url, eng.name, ten_lanes(cold_after=5)) as same:
+        assert same.policy == ten_lanes(cold_after=5)
 
 
 @pytest.mark.parametrize("name", ["", "a{b}", "x" * 201, 5])
@@ -333,7 +337,7 @@ def test_fail_backs_off_doubling_capped_at_the_interval_then_goes_cold(q):
         assert q.due_ms(row) == now + backoff_ms
         now += backoff_ms
     d = q.describe(row)
-    assert d["failures"] == 3 and d["lane"] == LanePolicy().cold_lane  # cold_after = 3
+    assert d["failures"] == 3 and d["lane"] == ten_lanes().cold_lane  # cold_after = 3
     capped = q.add(NOW - MINUTE, 40)  # an interval of 40 s caps the back-off
     now = NOW
     for backoff_ms in (30_000, 40_000):
@@ -367,11 +371,12 @@ def test_tokens_survive_a_lost_second_of_writes(q, server):
     r.close()
 
 
-@pytest.mark.parametrize("layout", ["1", "2", "3"])
+@pytest.mark.parametrize("layout", ["1", "2", "3", "4"])
 def test_an_older_layout_queue_is_refused_not_misread(q, server, layout):
     """Layout 1 (library 2: key and token in the record), layout 2 (library 3 or 4: the
     speed layout with unpadded members, or the padded members with 20-byte records), layout 3
-    (libraries 5 to 7: a lease entry per row, holder entries ``token:key:owner``)."""
+    (libraries 5 to 7: a lease entry per row, holder entries ``token:key:owner``), layout 4
+    (libraries 8 to 12: no lane interval bounds, which derived weights need)."""
     q.add(NOW - MINUTE, 3600)
     r = redis.Redis(unix_socket_path=server.socket)
     r.hset(q.keys[3], "layout", layout)
@@ -379,7 +384,7 @@ def test_an_older_layout_queue_is_refused_not_misread(q, server, layout):
         Engine.connect(server.url, q.name)
     with pytest.raises(LayoutMismatch, match=f"layout {layout}"):  # a connected client
         q.claim(budget=1, now_ms=NOW)
-    r.hset(q.keys[3], "layout", "4")
+    r.hset(q.keys[3], "layout", "5")
     assert len(q.claim(budget=1, now_ms=NOW)) == 1
     r.close()
 
@@ -432,7 +437,7 @@ def test_set_policy_is_live_and_rewrites_no_row(make_queue, server):
     q = make_queue()
     q.add_many(np.arange(50) + NOW - HOUR, 600, "discovered")
     scores = _dump(q)[0]
-    new = LanePolicy(min_share={"discovered": 0.5}, urgent_max_share=0.1)
+    new = ten_lanes(min_share={"discovered": 0.5}, urgent_max_share=0.1)
     with Engine.connect(server.url, q.name) as other:
         other.set_policy(new)
     assert q.policy == new
@@ -442,7 +447,7 @@ def test_set_policy_is_live_and_rewrites_no_row(make_queue, server):
 
 
 def test_restamp_moves_lane_zero_rows_into_their_lanes_in_bounded_steps(make_queue):
-    q = make_queue(LanePolicy(lanes_enabled=False))
+    q = make_queue(ten_lanes(lanes_enabled=False))
     rows = q.add_many(np.arange(30) + NOW - HOUR, 7200, "discovered")
     urgent = q.add(NOW, 600)
     q.prioritize(urgent, "rush", now_ms=NOW)
@@ -454,7 +459,7 @@ def test_restamp_moves_lane_zero_rows_into_their_lanes_in_bounded_steps(make_que
     assert {q.lane(int(x)) for x in rows} == {6}
     assert [q.due_ms(int(x)) for x in rows] == (np.arange(30) + NOW - HOUR).tolist()
     assert q.lane(urgent) == 0
-    q.set_policy(LanePolicy())
+    q.set_policy(ten_lanes())
     with pytest.raises(NotAllowed):
         q.restamp()
     q.release(r, tok, now_ms=NOW)
@@ -469,7 +474,7 @@ def test_stats_report_the_engines_keys_per_lane(q):
     assert {"name", "layout_version", "capacity", "rows", "lanes"} <= set(s)
     lanes = {ln["lane"]: ln for ln in s["lanes"]}
     assert all(STATS_LANE_KEYS <= set(ln) for ln in s["lanes"])
-    assert len(s["lanes"]) == LanePolicy().lane_count
+    assert len(s["lanes"]) == ten_lanes().lane_count
     assert (lanes[1]["queued"], lanes[1]["due"], lanes[1]["leased"], lanes[1]["granted"]) == (
         5, 5, 2, 2)
     assert (lanes[5]["queued"], lanes[5]["due"]) == (3, 0)
@@ -608,7 +613,7 @@ def test_claim_grants_what_the_reference_pass_grants(server, policy, rows, budge
             due_lists = [sorted(remaining[lane].values()) for lane in range(10)]
             intervals = [[LANE_INTERVALS[lane]] * len(due_lists[lane]) for lane in range(10)]
             expected, cred = reference_pass(policy, budget, due_lists, cred, now=NOW,
-                                            intervals=intervals)
+                                            intervals=intervals, bounds=lane_bounds(eng))
             c = eng.claim(budget=budget, now_ms=NOW, lease_ms=DAY)
             assert lane_counts(c, 10) == expected, (budget, due_lists)
             for lane in range(10):

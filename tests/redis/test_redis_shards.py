@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from lanes_testlib import DAY, HOUR, LANE_INTERVALS, NOW, add_to_lane, unique_name
+from lanes_testlib import (
+    DAY,
+    HOUR,
+    LANE_INTERVALS,
+    NOW,
+    add_to_lane,
+    ten_lanes,
+    unique_name,
+)
 from pool_testlib import corpus, rendered, until_all, wait_for
 from redis_server import LocalCluster, RedisServer, module_server
 
@@ -34,7 +42,7 @@ from engine.errors import (
     SegmentExists,
     SegmentMissing,
 )
-from engine.policy import reference_pass
+from engine.policy import INTERVALS, reference_pass
 from engine.pool import Pool, PoolOptions
 from engine.pool.render import RenderSpec
 from engine.redis import RedisEngine, queue_keys
@@ -173,11 +181,11 @@ def test_lane_shares_under_a_deficit_stay_within_two_points_of_the_policy_over_1
     assert eng.verify() == []
 
 
-POLICIES = (LanePolicy(), LanePolicy(urgent_max_share=0.3, min_share={"discovered": 0.2},
-                                     remainder="edf"),
-            LanePolicy(min_share={"cold": 0.1}, remainder="lateness",
-                       weights={"submitted/b0": 2.0, "discovered/b0": 0.5}),
-            LanePolicy(lanes_enabled=False))
+POLICIES = (ten_lanes(weights=INTERVALS),
+            ten_lanes(urgent_max_share=0.3, min_share={"discovered": 0.2}, remainder="edf"),
+            ten_lanes(min_share={"cold": 0.1}, remainder="lateness",
+                      weights={"submitted/b0": 2.0, "discovered/b0": 0.5}),
+            ten_lanes(lanes_enabled=False))
 
 
 @pytest.mark.parametrize("policy", POLICIES, ids=["default", "edf", "lateness", "no-lanes"])
@@ -190,10 +198,14 @@ def test_each_shard_s_pass_grants_what_reference_pass_grants(sharded: Any,
     rng = np.random.default_rng(7)
     remaining: list[dict[int, dict[int, int]]] = [{ln: {} for ln in range(10)}
                                                  for _ in range(N)]
+    bounds = [[(0, 0)] * 64 for _ in range(N)]  # each shard's lanes', from the rows it holds
     for _ in range(150):
         lane, due = int(rng.integers(0, 10)), NOW - int(rng.integers(1, 5 * DAY))
         row = add_to_lane(eng, lane, due)
         remaining[row % N][lane if policy.lanes_enabled else 0][row] = due
+        for ln in (1, 0) if lane == 0 else (lane,):  # a rush is added to submitted/b0 first
+            if policy.lanes_enabled or ln == 0:
+                bounds[row % N][ln] = (LANE_INTERVALS[lane], LANE_INTERVALS[lane])
     credits: list[dict[str, int]] = [{} for _ in range(N)]
     for budget in rng.integers(1, 40, 14).tolist():
         k, left, expected = eng.at, budget, []
@@ -202,7 +214,7 @@ def test_each_shard_s_pass_grants_what_reference_pass_grants(sharded: Any,
             due_lists = [sorted(remaining[s][ln].values()) for ln in range(10)]
             intervals = [[LANE_INTERVALS[ln]] * len(due_lists[ln]) for ln in range(10)]
             got, credits[s] = reference_pass(policy, left, due_lists, credits[s], now=NOW,
-                                             intervals=intervals)
+                                             intervals=intervals, bounds=bounds[s])
             expected.append((s, got))
             left -= sum(got)
             if left == 0:

@@ -28,9 +28,8 @@ from lanes_testlib import (
     get_result,
     past_owner_check,
     shm_path,
+    ten_lanes,
 )
-
-from engine import LanePolicy
 
 child_churn_entry = child_churn
 
@@ -231,7 +230,7 @@ def test_forked_child_keeps_using_the_parents_engine_as_a_new_owner(make_engine)
 @pytest.mark.parametrize("writer_seed", [None, 7, 8], ids=["descending", "random-7", "random-8"])
 def test_concurrent_claimers_and_a_writer_never_double_grant_or_lose_a_row(make_engine,
                                                                             writer_seed):
-    eng = make_engine(capacity=8192, policy=LanePolicy(urgent_max_share=1.0, min_share={}))
+    eng = make_engine(capacity=8192, policy=ten_lanes(urgent_max_share=1.0, min_share={}))
     name = eng.stats()["name"]
     initial = [eng.add(NOW - 1000 - i * MINUTE, (600, 7200, 172800)[i % 3]) for i in range(1500)]
     ctx = mp.get_context("fork")
@@ -291,7 +290,7 @@ def test_processes_killed_at_any_instant_lose_no_row_and_strand_none(make_engine
     import random
 
     rng = random.Random(seed)
-    eng = make_engine(capacity=4096, policy=LanePolicy(cold_after=255))
+    eng = make_engine(capacity=4096, policy=ten_lanes(cold_after=255))
     name = eng.stats()["name"]
     for _i in range(400):
         eng.add(NOW - rng.randint(0, 3 * DAY), rng.choice([60, 7200, 43200, 172800]),

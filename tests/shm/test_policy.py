@@ -7,11 +7,18 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lanes_testlib import NOW
+from lanes_testlib import NOW, TEN_LANES, ten_lanes
 
 from engine import EngineError, LanePolicy
 from engine.errors import EngineTypeError, EngineValueError
-from engine.policy import ONE, reference_pass
+from engine.policy import (
+    FINE_BANDS,
+    FIRST_BAND_WEIGHT,
+    INTERVALS,
+    ONE,
+    reference_pass,
+    spread_weight_fp,
+)
 
 DEFAULT_NAMES = [
     "urgent",
@@ -24,30 +31,63 @@ DEFAULT_NAMES = [
 # -- bands ----------------------------------------------------------------------------------
 
 
-def test_default_policy_has_ten_lanes_with_the_documented_names():
-    p = LanePolicy()
+def test_the_suites_layout_has_ten_lanes_with_the_documented_names():
+    p = TEN_LANES
     assert p.ttl_bands == (3600, 21600, 86400)
     assert p.lane_count == 10
     assert p.cold_lane == 9
     assert [p.lane_name(lane) for lane in range(10)] == DEFAULT_NAMES
-    assert p.cold_after == 3
-    assert p.urgent_max_share == pytest.approx(0.2)
     assert dict(p.min_share) == {"discovered": 0.10, "cold": 0.02}
     assert p.remainder == "lateness"
     assert dict(p.weights) == {f"{prov}/b{band}": w for prov in ("submitted", "discovered")
                                for band, w in enumerate((4.0, 1.5651, 1.4142))}
+
+
+def test_the_default_policy_has_fine_bands_and_weights_derived_from_the_intervals():
+    p = LanePolicy()
+    assert p.ttl_bands == FINE_BANDS and len(FINE_BANDS) == 30
+    assert all(b / a == pytest.approx(2 ** 0.5, rel=1e-3) for a, b in zip(FINE_BANDS, FINE_BANDS[1:]))
+    assert p.lane_count == 64 and p.cold_lane == 63
+    assert p.lane_name(1) == "submitted/b0" and p.lane_name(32) == "discovered/b0"
+    assert p.cold_after == 3
+    assert p.urgent_max_share == pytest.approx(0.2)
+    assert dict(p.min_share) == {"discovered": 0.10, "cold": 0.005}
+    assert p.remainder == "lateness" and p.weights == INTERVALS and p.live_weights
     assert p.lanes_enabled is True
+    assert LanePolicy.from_dict(p.to_dict()) == p and p.to_dict()["weights"] == INTERVALS
+    with pytest.raises(EngineValueError, match="weights must be"):
+        LanePolicy(weights="band")
+
+
+def test_derived_weights_follow_each_lane_s_spread_and_the_shortest_interval():
+    """``interval_weights_fp``: a band lane that held rows weighs its spread, four times that
+    when it holds the shortest interval of the band lanes; urgent, cold and unused lanes 1."""
+    p = LanePolicy()
+    bounds = [(0, 0)] * 64
+    bounds[0] = (60, 60)  # urgent: not weighed, and not the shortest
+    bounds[3] = (3600, 3600)  # submitted 1 h: the shortest of the band lanes
+    bounds[3 + 31] = (3600, 5000)  # discovered, same band: shortest too, and spread
+    bounds[10] = (20000, 28000)
+    bounds[63] = (30, 30)  # cold: not weighed
+    w = p.lane_weights_fp(64, bounds)
+    assert w[3] == FIRST_BAND_WEIGHT * ONE
+    assert w[34] == FIRST_BAND_WEIGHT * spread_weight_fp(3600, 5000)
+    assert w[10] == spread_weight_fp(20000, 28000) == round((28000 / 20000) ** (3 / 16) * ONE)
+    assert w[0] == w[63] == w[5] == ONE
+    with pytest.raises(EngineValueError, match="interval bounds"):
+        p.lane_weights_fp(64)
 
 
 def test_unsorted_duplicated_band_list_is_normalised():
-    p = LanePolicy(ttl_bands=[86400, 3600, 21600, 3600, 86400.0])
+    p = ten_lanes(ttl_bands=[86400, 3600, 21600, 3600, 86400.0])
     assert p.ttl_bands == (3600, 21600, 86400)
-    assert p == LanePolicy()
-    assert hash(p) == hash(LanePolicy())
+    assert p == TEN_LANES
+    assert hash(p) == hash(TEN_LANES)
+    assert hash(LanePolicy(ttl_bands=[86400, 3600])) == hash(LanePolicy(ttl_bands=(3600, 86400)))
 
 
 def test_empty_band_list_means_one_band():
-    p = LanePolicy(ttl_bands=[])
+    p = ten_lanes(ttl_bands=[])
     assert p.ttl_bands == ()
     assert p.lane_count == 4
     assert [p.lane_name(lane) for lane in range(4)] == [
@@ -63,24 +103,24 @@ def test_band_lists_normalise_to_sorted_unique_positive_seconds(bands):
     unique = sorted(set(bands))
     if len(unique) > 30:
         with pytest.raises(EngineValueError):
-            LanePolicy(ttl_bands=bands)
+            ten_lanes(ttl_bands=bands)
         return
-    p = LanePolicy(ttl_bands=bands)
+    p = ten_lanes(ttl_bands=bands)
     assert p.ttl_bands == tuple(unique)
     assert p.lane_count == 2 * (len(unique) + 1) + 2
-    assert LanePolicy(ttl_bands=list(reversed(bands)) + bands).ttl_bands == tuple(unique)
+    assert ten_lanes(ttl_bands=list(reversed(bands)) + bands).ttl_bands == tuple(unique)
 
 
 @pytest.mark.parametrize("bands", [[0], [-3600], [3600, math.nan], [math.inf], [1.5]], ids=repr)
 def test_non_positive_or_fractional_bands_are_rejected(bands):
     with pytest.raises(EngineValueError):
-        LanePolicy(ttl_bands=bands)
+        ten_lanes(ttl_bands=bands)
 
 
 @pytest.mark.parametrize("bands", ["3600", [None], ["3600"], [True], 3600], ids=repr)
 def test_non_numeric_bands_are_rejected(bands):
     with pytest.raises(EngineTypeError):
-        LanePolicy(ttl_bands=bands)
+        ten_lanes(ttl_bands=bands)
 
 
 # -- validation -------------------------------------------------------------------------------
@@ -122,7 +162,7 @@ BAD_VALUES = [
 @pytest.mark.parametrize("kwargs", BAD_VALUES, ids=repr)
 def test_bad_policy_values_are_rejected(kwargs):
     with pytest.raises(EngineValueError):
-        LanePolicy(**kwargs)
+        ten_lanes(**kwargs)
 
 
 BAD_TYPES = [
@@ -144,22 +184,22 @@ BAD_TYPES = [
 @pytest.mark.parametrize("kwargs", BAD_TYPES, ids=repr)
 def test_bad_policy_types_are_rejected(kwargs):
     with pytest.raises(EngineTypeError):
-        LanePolicy(**kwargs)
+        ten_lanes(**kwargs)
 
 
 def test_policy_errors_are_engine_errors():
     with pytest.raises(EngineError):
-        LanePolicy(urgent_max_share=2)
+        ten_lanes(urgent_max_share=2)
     with pytest.raises(ValueError):
-        LanePolicy(urgent_max_share=2)
+        ten_lanes(urgent_max_share=2)
     with pytest.raises(TypeError):
-        LanePolicy(lanes_enabled=0)
+        ten_lanes(lanes_enabled=0)
 
 
 def test_shares_summing_to_exactly_one_are_accepted():
-    p = LanePolicy(urgent_max_share=0.5, min_share={"discovered": 0.3, "cold": 0.2})
+    p = ten_lanes(urgent_max_share=0.5, min_share={"discovered": 0.3, "cold": 0.2})
     assert p.urgent_max_share + sum(p.min_share.values()) == pytest.approx(1.0)
-    assert LanePolicy(urgent_max_share=1.0, min_share={}).urgent_max_share == 1.0
+    assert ten_lanes(urgent_max_share=1.0, min_share={}).urgent_max_share == 1.0
 
 
 # -- lane derivation --------------------------------------------------------------------------
@@ -184,15 +224,15 @@ def test_shares_summing_to_exactly_one_are_accepted():
     ],
 )
 def test_lane_for_default_layout(prov, interval, failures, lane):
-    p = LanePolicy()
+    p = TEN_LANES
     assert p.lane_for(prov, interval, failures) == lane
 
 
 def test_lane_for_intent_and_suppression_and_disabled_lanes():
-    p = LanePolicy()
+    p = TEN_LANES
     assert p.lane_for("discovered", 172800, 5, urgent=True) == 0
     assert p.lane_for("submitted", 60, 0, suppressed=True) == 9
-    off = LanePolicy(lanes_enabled=False)
+    off = ten_lanes(lanes_enabled=False)
     for prov in ("submitted", "discovered"):
         for interval in (60, 7200, 10**6):
             assert off.lane_for(prov, interval, 10) == 0
@@ -203,7 +243,7 @@ def test_lane_for_intent_and_suppression_and_disabled_lanes():
 
 
 def test_class_of_every_default_lane():
-    p = LanePolicy()
+    p = TEN_LANES
     assert [p.class_of(lane) for lane in range(10)] == (
         ["urgent"] + ["submitted"] * 4 + ["discovered"] * 4 + ["cold"])
     assert p.class_of(40) == "cold"  # a lane left by a wider layout counts as cold
@@ -218,7 +258,7 @@ def test_class_of_every_default_lane():
     cold_after=st.integers(1, 255),
 )
 def test_lane_for_stays_in_layout_and_matches_class(bands, prov, interval, failures, cold_after):
-    p = LanePolicy(ttl_bands=bands, cold_after=cold_after)
+    p = ten_lanes(ttl_bands=bands, cold_after=cold_after)
     lane = p.lane_for(prov, interval, failures)
     assert 1 <= lane < p.lane_count
     if failures >= cold_after:
@@ -248,10 +288,10 @@ def _run_reference(policy, budgets, due):
     return total, credits
 
 
-LANE_ORDER = LanePolicy(remainder="lane-order")
+LANE_ORDER = ten_lanes(remainder="lane-order")
 """The floors with the rest in lane order: the reference's floor and credit rules, apart from
 the lateness remainder's order."""
-STRICT = LanePolicy(urgent_max_share=1.0, min_share={}, remainder="lane-order")
+STRICT = ten_lanes(urgent_max_share=1.0, min_share={}, remainder="lane-order")
 """Strict priority: no floors, urgent uncapped, the rest in lane order."""
 
 
@@ -303,7 +343,7 @@ def test_reference_idle_class_banks_no_credit():
 
 def test_reference_lanes_disabled_is_one_queue_without_shares():
     due = [list(range(50))] + [[] for _ in range(9)]
-    grants, _ = reference_pass(LanePolicy(lanes_enabled=False), 30, due, {})
+    grants, _ = reference_pass(ten_lanes(lanes_enabled=False), 30, due, {})
     assert grants[0] == 30
 
 
@@ -316,7 +356,7 @@ def test_reference_lanes_disabled_is_one_queue_without_shares():
 def test_reference_grants_the_whole_budget_when_no_urgent_row_is_due(sizes, budget, remainder):
     sizes[0] = 0
     due = [list(range(n)) for n in sizes]
-    grants, credits = reference_pass(LanePolicy(remainder=remainder), budget, due, {})
+    grants, credits = reference_pass(ten_lanes(remainder=remainder), budget, due, {})
     assert sum(grants) == min(budget, sum(sizes))
     assert all(0 <= c < 3 * budget * ONE + ONE for c in credits.values())
 
@@ -325,20 +365,20 @@ def test_reference_grants_the_whole_budget_when_no_urgent_row_is_due(sizes, budg
 
 
 def test_lane_weights_name_lanes_of_the_layout_and_default_to_one():
-    p = LanePolicy(remainder="lateness", weights={"cold": 0.5, "submitted/b0": 4, "urgent": 1.0})
+    p = ten_lanes(remainder="lateness", weights={"cold": 0.5, "submitted/b0": 4, "urgent": 1.0})
     assert p.weights == {"submitted/b0": 4.0, "cold": 0.5}  # lane order; 1.0 is the default
-    assert p == LanePolicy(remainder="lateness", weights={"submitted/b0": 4.0, "cold": 0.5})
-    assert hash(p) == hash(LanePolicy(remainder="lateness",
+    assert p == ten_lanes(remainder="lateness", weights={"submitted/b0": 4.0, "cold": 0.5})
+    assert hash(p) == hash(ten_lanes(remainder="lateness",
                                       weights={"submitted/b0": 4.0, "cold": 0.5}))
-    assert p != LanePolicy(remainder="lateness", weights={"submitted/b0": 4.0})
+    assert p != ten_lanes(remainder="lateness", weights={"submitted/b0": 4.0})
     fp = p.lane_weights_fp(12)
     assert fp[1] == 4 * ONE and fp[9] == ONE // 2 and fp[2] == ONE and fp[11] == ONE
-    assert LanePolicy(ttl_bands=()).lane_names() == [
+    assert ten_lanes(ttl_bands=()).lane_names() == [
         "urgent", "submitted/b0", "discovered/b0", "cold"]
 
 
 def test_reference_lateness_needs_now_and_intervals_shaped_as_due():
-    p = LanePolicy(remainder="lateness")
+    p = ten_lanes(remainder="lateness")
     due = [[], [NOW - 2 * 3600_000]] + [[]] * 8
     with pytest.raises(EngineValueError):
         reference_pass(p, 1, due, {})
@@ -359,8 +399,8 @@ def test_reference_lateness_takes_the_head_with_the_highest_weighted_relative_la
     (exact rationals; an interval of 0 counts as 1 s), the lowest such lane on a tie."""
     from fractions import Fraction
 
-    names = LanePolicy().lane_names()
-    p = LanePolicy(remainder="lateness", min_share={},
+    names = TEN_LANES.lane_names()
+    p = ten_lanes(remainder="lateness", min_share={},
                    weights={names[lane + 1]: w for lane, (_, _, w) in enumerate(heads)})
     due = [[]] + [[NOW - late] for late, _, _ in heads]
     intervals = [[]] + [[iv] for _, iv, _ in heads]

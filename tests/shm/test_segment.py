@@ -11,7 +11,7 @@ from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
 import pytest
-from lanes_testlib import DAY, HOUR, NOW, ROOT, dispose, shm_path, unique_name
+from lanes_testlib import DAY, HOUR, NOW, ROOT, TEN_LANES, dispose, shm_path, unique_name
 
 from engine import Engine, EngineError, LanePolicy, LayoutMismatch
 from engine.errors import (
@@ -400,7 +400,7 @@ def test_stats_shape_matches_the_api(make_engine):
     assert s["rows"] == 6
     lanes = s["lanes"]
     assert isinstance(lanes, list) and len(lanes) >= 10
-    names = [LanePolicy().lane_name(i) for i in range(10)]
+    names = [TEN_LANES.lane_name(i) for i in range(10)]
     for i, ln in enumerate(lanes[:10]):
         assert set(ln) >= LANE_KEYS
         assert ln["lane"] == i

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from engine import EngineError, LanePolicy
+from engine.policy import COARSE_BANDS, band_weights
 from engine.cli import main as lanes
 from engine.errors import EngineValueError
 from engine.sim import (
@@ -221,7 +222,7 @@ def test_the_sweep_tries_lateness_with_lane_weights():
     weighted = [s.policy.weights for s in specs if s.policy.ttl_bands == (3600, 21600, 86400)]
     assert {"submitted/b0": 4.0, "submitted/b1": 1.5, "submitted/b2": 1.5} in weighted
     assert {} in [s.policy.weights for s in specs]
-    assert LanePolicy().weights in weighted  # the default's, derived from the bands
+    assert band_weights(COARSE_BANDS) in weighted  # static weights from the bands
     assert all(s.policy.remainder == "lateness" for s in specs)
     assert len({s.name for s in specs}) == len(specs)
 

@@ -12,6 +12,7 @@ local function f_set_policy(K, A)
   queue_meta(K)
   rcall('HSET', K[4], 'p_on', A[2], 'p_bands', A[3], 'p_cold', A[4], 'p_urgent', A[5],
     'p_s1', A[6], 'p_s2', A[7], 'p_s3', A[8], 'p_edf', A[9], 'p_w', A[10], 'policy', A[11])
+  derive_weights(K, queue_meta(K)) -- the band lanes move with the bands
   return 1
 end
 

@@ -12,11 +12,12 @@ local function add_rows(K, P, blob)
   end
   local first = P.next_row
   local recs, z = {}, {}
-  local high = P.lanes_high
+  local high, seen = P.lanes_high, {}
   for i = 0, n - 1 do
     local due, interval, prov, failures = struct.unpack('<I6I4BB', blob, i * 12 + 1)
     local lane = lane_for(P, prov == 1, interval, failures, false)
     if lane > high then high = lane end
+    seen_add(seen, lane, interval)
     recs[#recs + 1] = struct.pack(REC, interval, failures,
       F_LIVE + (prov == 1 and F_DISCOVERED or 0))
     z[#z + 1] = fmt(lane * STRIDE + due)
@@ -25,6 +26,7 @@ local function add_rows(K, P, blob)
   rcall('SETRANGE', K[3], fmt(first * RECLEN), table.concat(recs))
   rcall('HSET', K[4], 'next_row', fmt(first + n))
   note_lane(K, P, high)
+  note_bounds(K, P, seen)
   chunked('ZADD', K[1], z)
   return first
 end

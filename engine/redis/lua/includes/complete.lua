@@ -18,7 +18,7 @@ local function complete_many(K, P, now, rows, tokens, nexts)
   end
   local recs = get_many(K, which)
   local ok, ended, helds, back = cleared(S_OK), cleared(S_ENDED), cleared(S_HELDS), cleared(S_BACK)
-  local high = P.lanes_high
+  local high, seen = P.lanes_high, {}
   local k = 0
   local texts = {} -- key -> its decimal string: a batch's rows share few keys (one `now`)
   for i = 1, #rows do
@@ -34,6 +34,7 @@ local function complete_many(K, P, now, rows, tokens, nexts)
       local lane = lane_for(P, discovered, interval, 0, false)
       local due = (nexts and nexts[i] >= 0) and nexts[i] or clamp(now + interval * 1000)
       if lane > high then high = lane end
+      seen_add(seen, lane, interval)
       ended[#ended + 1] = row
       helds[#helds + 1] = live[i]
       local key = key_of(lane, due)
@@ -51,5 +52,6 @@ local function complete_many(K, P, now, rows, tokens, nexts)
   end
   leases_end(K, ended, helds, back)
   note_lane(K, P, high)
+  note_bounds(K, P, seen)
   return ok
 end

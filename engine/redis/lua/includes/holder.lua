@@ -47,6 +47,9 @@ end
 local function reschedule(K, P, row, r, lane, due, h)
   put(K, row, r)
   note_lane(K, P, lane)
+  local seen = {}
+  seen_add(seen, lane, r.interval)
+  note_bounds(K, P, seen)
   if h then
     rcall('HSET', K[5], mem(row), rekeyed(h, key_of(lane, due)))
   else
