@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 from common import (
+    BENCH_POLICY,
     BUDGET,
     DAY_MS,
     NOW,
@@ -231,13 +232,12 @@ def sidedness(c: dict[str, Any]) -> list[dict[str, Any]]:
     return figs
 
 
-REMAINDER_POLICIES = [
-    ("lane_order", LanePolicy(remainder="lane-order")),
-    ("edf", LanePolicy(remainder="edf")),
-    ("lateness", LanePolicy(remainder="lateness",
-                            weights={"submitted/b0": 4.0, "submitted/b1": 1.5,
-                                     "submitted/b2": 1.5})),
-    ("default", LanePolicy()),
+REMAINDER_POLICIES = [  # over BENCH_POLICY's ten lanes (the engine (d) fills)
+    ("lane_order", replace(BENCH_POLICY, remainder="lane-order")),
+    ("edf", replace(BENCH_POLICY, remainder="edf")),
+    ("lateness", replace(BENCH_POLICY, weights={"submitted/b0": 4.0, "submitted/b1": 1.5,
+                                                "submitted/b2": 1.5})),
+    ("bands", BENCH_POLICY),
 ]
 
 
@@ -254,7 +254,7 @@ def remainders(c: dict[str, Any]) -> list[dict[str, Any]]:
         drop(eng)
     figs = [figure(f"constraints.remainder.{rid}_us", f"(d) remainder {rid}: µs "
                    "per claim(16) (bare)", "µs", vals[rid]) for rid, _ in REMAINDER_POLICIES]
-    for rid in ("edf", "lateness", "default"):
+    for rid in ("edf", "lateness", "bands"):
         figs.append(figure(f"constraints.remainder.{rid}_over_lane_order",
                            f"(d) remainder {rid} / lane-order, same round", "x",
                            [t / o for t, o in zip(vals[rid], vals["lane_order"])]))

@@ -37,12 +37,19 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from engine import STRIDE, Engine, LanePolicy  # noqa: E402
+from engine.policy import CLASSIC_FLOORS, COARSE_BANDS, band_weights  # noqa: E402
 from engine.segment import Segment  # noqa: E402
 
 NOW = 1_800_000_000_000
 DAY_MS = 86_400_000
 BUDGET = 16
-LANES = 10  # the default policy's lane count: urgent, submitted/b0..b3, discovered/b0..b3, cold
+BENCH_POLICY = LanePolicy(ttl_bands=COARSE_BANDS, min_share=CLASSIC_FLOORS,
+                          weights=band_weights(COARSE_BANDS))
+"""The benchmarks' layout, the one their figures have always been measured on (the default
+before it weighed its lanes by their intervals): ten lanes over the bands 1 h / 6 h / 24 h, so
+the peers (bench_python_peers, bench_servers) model the same lanes. The default itself,
+``LanePolicy()``, is measured by bench_constraints (e) on rows of each corpus's shape."""
+LANES = 10  # BENCH_POLICY's lane count: urgent, submitted/b0..b3, discovered/b0..b3, cold
 
 # ---------------------------------------------------------------------------------- corpus ----
 
@@ -62,7 +69,7 @@ def corpus(n: int, seed: int = 7, overdue_days: tuple[int, int] = (3, 30)) -> tu
 def corpus_lanes(interval: np.ndarray, prov: np.ndarray, failures: np.ndarray,
                  policy: LanePolicy | None = None) -> np.ndarray:
     """The lane the engine derives for each row (the corpus has only a few distinct inputs)."""
-    policy = policy or LanePolicy()
+    policy = policy or BENCH_POLICY
     lanes = np.empty(len(interval), np.int64)
     combo = np.stack([interval, prov, failures], axis=1)
     uniq, inverse = np.unique(combo, axis=0, return_inverse=True)
@@ -94,7 +101,7 @@ def new_engine(tag: str, n: int, policy: LanePolicy | None = None, rows: Any = N
     """A fresh engine filled with the corpus (or `rows` = (due, interval, prov, failures)),
     merged; its segment is unlinked at exit even on Ctrl-C or an exception."""
     name = seg_name(tag)
-    eng = Engine.create(name, capacity=capacity or n, policy=policy or LanePolicy())
+    eng = Engine.create(name, capacity=capacity or n, policy=policy or BENCH_POLICY)
     _segments[name] = os.getpid()
     try:
         if rows is None:

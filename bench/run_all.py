@@ -42,7 +42,9 @@ TARGETS: dict[str, tuple[str, float, str]] = {
     "constraints.floor.floor_only.ratio": ("<=", 1.2, "≤ 1.2× (floored)"),
     "constraints.floor.unfloored.ratio": (">=", 10, "≥ 10× (unfloored)"),
     "constraints.remainder.lateness_over_lane_order": ("<=", 1.2, "≤ 1.2× lane-order"),
-    "constraints.remainder.default_over_lane_order": ("<=", 1.2, "≤ 1.2× lane-order"),
+    "constraints.remainder.bands_over_lane_order": ("<=", 1.2, "≤ 1.2× lane-order"),
+    **{f"constraints.fitted.{shape}.default_over_lane_order": ("<=", 1.2, "≤ 1.2× lane-order")
+       for shape in ("default", "shop", "news", "docs")},
     "engine.bytes_per_row.n1600000": ("<=", 48, "≤ 48 bytes"),
     "engine.bytes_per_row.n16000000": ("<=", 48, "≤ 48 bytes"),
     "engine.merge_ms.n1600000": ("<=", 20, "≤ 20 ms"),

@@ -709,6 +709,8 @@ typedef struct {
     uint32_t iv_lo;         /* lateness >= late / iv_lo (iv_max, or the head's interval) ... */
     uint32_t iv_hi;         /* ... and <= late / iv_hi (iv_min, or the head's interval) */
     uint8_t state;          /* LATE_* */
+    double lo, hi;          /* late / iv_lo and late / iv_hi as doubles: a scan compares these,
+                             * and the exact products only when they are too close to tell */
 } LateHead;
 #define LATE_BOUND 0 /* not opened: lateness in [0, late / iv_hi] */
 #define LATE_HEAD 1  /* opened, a due head: lateness in [late / iv_lo, late / iv_hi] */
@@ -722,10 +724,27 @@ static inline int late_beats(unsigned __int128 a, uint32_t b, uint32_t la, unsig
     return x > y || (x == y && la < lc);
 }
 
+/* late_beats of x = a / b and y = c / d, decided by the doubles when they are more than 1e-12
+ * apart (each is within 3e-16 of its quotient), else exactly: the scans over the lanes compare
+ * a double each, not two 128-bit products. */
+static inline int late_beats_d(double x, unsigned __int128 a, uint32_t b, uint32_t la, double y,
+                               unsigned __int128 c, uint32_t d, uint32_t lc) {
+    if (x > y * (1 + 1e-12)) return 1;
+    if (x < y * (1 - 1e-12)) return 0;
+    return late_beats(a, b, la, c, d, lc);
+}
+
+/* A head's bounds as doubles, after its late, iv_lo and iv_hi are set. */
+static inline void late_approx(LateHead *h) {
+    h->lo = (double)h->late / h->iv_lo;
+    h->hi = (double)h->late / h->iv_hi;
+}
+
 /* Whether lane a's least lateness beats lane b's most (a's lo over b's hi). */
 static inline int late_surely_beats(const LateHead *h, int a, int b) {
     if (h[a].state == LATE_BOUND) return 0; /* lo 0 beats nothing */
-    return late_beats(h[a].late, h[a].iv_lo, (uint32_t)a, h[b].late, h[b].iv_hi, (uint32_t)b);
+    return late_beats_d(h[a].lo, h[a].late, h[a].iv_lo, (uint32_t)a, h[b].hi, h[b].late,
+                        h[b].iv_hi, (uint32_t)b);
 }
 
 /* Open lane l (if it is not) and bound its head; `exact` reads the head's interval. */
@@ -742,53 +761,103 @@ static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w, uint32_t iv_
         uint32_t iv = atomic_load_explicit(&P->s->intervals[c->peek.row], memory_order_relaxed);
         h->iv_lo = h->iv_hi = iv ? iv : 1;
         h->state = LATE_EXACT;
+        late_approx(h);
         return;
     }
     h->iv_lo = iv_max;
     h->iv_hi = iv_min ? iv_min : 1;
     h->state = LATE_HEAD;
+    late_approx(h);
     __builtin_prefetch(&P->s->intervals[c->peek.row], 0, 3); /* in case the bounds decide nothing */
 }
 
-/* A band lane's spread weight, (hi / lo) ** (3 / 16) in RL_ONE fixed point rounded
- * half up, as engine.policy.spread_weight_fp computes it (one libm pow of the same doubles). It
- * is kept per thread and lane, and pow paid again only when the lane's bounds moved (outward
- * only: rarely, once its intervals are in). */
-static __thread uint32_t tls_spread_lo[RL_MAX_LANES], tls_spread_hi[RL_MAX_LANES];
-static __thread uint32_t tls_spread[RL_MAX_LANES];
+/* The lanes a lateness pass weighs, as a binary max-heap by hi (their most lateness), ties to
+ * the lower lane: the top and its larger child are the two a grant is decided between. Only a
+ * narrowing lowers a lane's hi, and only the top's (its next head) may rise, so sifting down
+ * keeps the order. */
+typedef struct {
+    uint8_t at[RL_MAX_LANES];
+    uint32_t n;
+} LaneHeap;
 
-static uint32_t spread_weight(uint32_t l, uint32_t lo, uint32_t hi) {
-    if (tls_spread_lo[l] != lo || tls_spread_hi[l] != hi) {
-        tls_spread[l] = (uint32_t)floor(pow((double)hi / (double)lo, (double)RL_SPREAD_NUM / RL_SPREAD_DEN) * RL_ONE + 0.5);
-        tls_spread_lo[l] = lo;
-        tls_spread_hi[l] = hi;
+static inline int hi_beats(const LateHead *h, uint32_t a, uint32_t b) {
+    return late_beats_d(h[a].hi, h[a].late, h[a].iv_hi, a, h[b].hi, h[b].late, h[b].iv_hi, b);
+}
+
+static void heap_down(LaneHeap *q, const LateHead *h, uint32_t i) {
+    for (;;) {
+        uint32_t c = 2 * i + 1, top = i;
+        if (c < q->n && hi_beats(h, q->at[c], q->at[top])) top = c;
+        if (c + 1 < q->n && hi_beats(h, q->at[c + 1], q->at[top])) top = c + 1;
+        if (top == i) return;
+        uint8_t t = q->at[i];
+        q->at[i] = q->at[top];
+        q->at[top] = t;
+        i = top;
     }
-    return tls_spread[l];
+}
+
+static void heap_remove(LaneHeap *q, const LateHead *h, uint32_t i) {
+    q->at[i] = q->at[--q->n];
+    if (i >= q->n) return;
+    heap_down(q, h, i);
+    while (i > 0 && hi_beats(h, q->at[i], q->at[(i - 1) / 2])) { /* the last may beat a parent */
+        uint8_t t = q->at[i];
+        q->at[i] = q->at[(i - 1) / 2];
+        q->at[(i - 1) / 2] = t;
+        i = (i - 1) / 2;
+    }
+}
+
+/* A band lane's spread weight, (hi / lo) ** (3 / 16) in RL_ONE fixed point rounded half up, as
+ * engine.policy.spread_weight_fp computes it (one libm pow of the same doubles). */
+static uint32_t spread_weight(uint32_t lo, uint32_t hi) {
+    return (uint32_t)floor(pow((double)hi / (double)lo, (double)RL_SPREAD_NUM / RL_SPREAD_DEN) * RL_ONE + 0.5);
 }
 
 /* The weight of lanes first .. P->lanes - 1: the policy's, or with weights_live derived from
- * the interval bounds read at the start of the pass (engine.policy.interval_weights_fp): a
- * submitted or discovered lane that held a row weighs its spread, four times that when it holds
- * the shortest interval of those lanes; urgent, cold and the lanes that never held a row, 1. */
-static void lane_weights(const Pass *P, uint32_t first, const uint32_t *ivmin,
-                         const uint32_t *ivmax, uint32_t *wt) {
+ * the lanes' weight bounds (wv_min, wv_max: the rows written since the bands took effect;
+ * engine.policy.interval_weights_fp): a submitted or discovered lane that holds such rows
+ * weighs its spread, four times that when it holds the shortest interval of those lanes;
+ * urgent, cold and the other lanes, 1. A thread keeps what it derived until a bound moves
+ * (wv_epoch), or the policy, the lanes or the segment: pow is paid only then. */
+static __thread uint64_t tls_wt_seg, tls_wt_epoch, tls_wt_policy = UINT64_MAX;
+static __thread uint32_t tls_wt_lanes, tls_wt[RL_MAX_LANES];
+
+static void lane_weights(const Pass *P, uint32_t first, uint32_t *wt) {
     const rl_policy *p = P->p;
     if (!p->weights_live) {
         for (uint32_t l = first; l < P->lanes; l++) wt[l] = p->weight[l];
         return;
     }
+    /* as this thread derived them last, unless a bound, the policy, the lanes or the segment
+     * moved since (the epoch is read before the bounds, so a widening after it derives again) */
+    uint64_t epoch = atomic_load(&P->s->h->wv_epoch), version = atomic_load(&P->s->h->policy_version);
+    if (tls_wt_seg == P->s->serial && tls_wt_epoch == epoch && tls_wt_policy == version &&
+        tls_wt_lanes == P->lanes) {
+        memcpy(wt, tls_wt, P->lanes * sizeof *wt);
+        return;
+    }
+    uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES];
+    for (uint32_t l = 0; l < P->lanes; l++) { /* every lane (first or not), for the cache */
+        ivmin[l] = atomic_load_explicit(&P->s->lanes[l].wv_min, memory_order_relaxed);
+        ivmax[l] = atomic_load_explicit(&P->s->lanes[l].wv_max, memory_order_relaxed);
+    }
     uint32_t last = 2 * (p->band_count + 1), shortest = UINT32_MAX; /* band lanes: 1 .. last */
-    for (uint32_t l = first; l < P->lanes; l++)
+    for (uint32_t l = 0; l < P->lanes; l++)
         if (l >= 1 && l <= last && ivmax[l] && (ivmin[l] ? ivmin[l] : 1) < shortest)
             shortest = ivmin[l] ? ivmin[l] : 1;
-    for (uint32_t l = first; l < P->lanes; l++) {
+    for (uint32_t l = 0; l < P->lanes; l++) {
         wt[l] = RL_ONE;
         if (l < 1 || l > last || !ivmax[l]) continue;
         uint32_t lo = ivmin[l] ? ivmin[l] : 1;
-        uint64_t w = spread_weight(l, lo, ivmax[l]);
+        uint64_t w = spread_weight(lo, ivmax[l]);
         if (lo == shortest) w *= RL_FIRST_BAND_WEIGHT;
         wt[l] = w > RL_WEIGHT_MAX ? RL_WEIGHT_MAX : (uint32_t)w;
     }
+    memcpy(tls_wt, wt, P->lanes * sizeof *wt);
+    tls_wt_seg = P->s->serial, tls_wt_epoch = epoch, tls_wt_policy = version;
+    tls_wt_lanes = P->lanes;
 }
 
 static void remainder_lateness(Pass *P, int skip_urgent) {
@@ -801,7 +870,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         ivmin[l] = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
         ivmax[l] = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
     }
-    lane_weights(P, first, ivmin, ivmax, wt);
+    lane_weights(P, first, wt);
     for (uint32_t l = first; l < P->lanes; l++) {
         rl_lane *ln = &P->s->lanes[l];
         uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
@@ -820,42 +889,37 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         h[l].iv_lo = 1;
         h[l].iv_hi = ivmin[l] ? ivmin[l] : 1;
         h[l].state = LATE_BOUND;
+        late_approx(&h[l]);
     }
+    LaneHeap q = {.n = 0};
+    for (uint32_t k = 0; k < nlive; k++) q.at[q.n++] = (uint8_t)live[k];
+    for (uint32_t i = q.n / 2; i-- > 0;) heap_down(&q, h, i);
     while (P->n < P->budget) {
         int best, run;
         for (;;) {
-            /* best: the highest lo (an unopened lane's lo is 0: any opened head comes first);
-             * run: the highest hi of the others */
-            best = run = -1;
-            for (uint32_t k = 0; k < nlive; k++) {
-                uint32_t l = live[k];
-                if (h[l].state == LATE_NONE) continue;
-                int lb = h[l].state == LATE_BOUND, bb = best >= 0 && h[best].state == LATE_BOUND;
-                if (best < 0 || (bb && !lb) ||
-                    (!bb && !lb && late_beats(h[l].late, h[l].iv_lo, l, h[best].late, h[best].iv_lo, (uint32_t)best)) ||
-                    (bb && lb && late_beats(h[l].late, h[l].iv_hi, l, h[best].late, h[best].iv_hi, (uint32_t)best)))
-                    best = (int)l; /* among unopened lanes only, the highest hi: open it first */
-            }
-            if (best < 0) return;
-            for (uint32_t k = 0; k < nlive; k++) {
-                uint32_t l = live[k];
-                if ((int)l != best && h[l].state != LATE_NONE &&
-                    (run < 0 || late_beats(h[l].late, h[l].iv_hi, l, h[run].late, h[run].iv_hi, (uint32_t)run)))
-                    run = (int)l;
-            }
+            /* best: the lane of the highest hi (the heap's top); run: the highest hi of the
+             * others (a child of the top). best wins once its lo beats run's hi; until then the
+             * loosest of the two is narrowed, which lowers its hi (the heap moves it down) */
+            if (q.n == 0) return;
+            best = q.at[0];
+            run = q.n == 1 ? -1 : q.n == 2 || hi_beats(h, q.at[1], q.at[2]) ? q.at[1] : q.at[2];
             if (run < 0 || late_surely_beats(h, best, run)) break;
-            /* undecided: narrow the loosest of the two */
-            if (h[best].state == LATE_BOUND) late_peek(P, (uint32_t)best, &h[best], wt[best], ivmin[best], ivmax[best], 0);
-            else if (h[run].state == LATE_BOUND) late_peek(P, (uint32_t)run, &h[run], wt[run], ivmin[run], ivmax[run], 0);
-            else if (h[run].state == LATE_HEAD) late_peek(P, (uint32_t)run, &h[run], wt[run], 0, 0, 1);
-            else if (h[best].state == LATE_HEAD) late_peek(P, (uint32_t)best, &h[best], wt[best], 0, 0, 1);
-            else break; /* both exact: the comparison above was exact (not reached) */
+            uint32_t l = (uint32_t)best, i = 0; /* the lane narrowed, and where it is */
+            if (h[best].state == LATE_BOUND) ;
+            else if (h[run].state != LATE_EXACT) l = (uint32_t)run, i = q.at[1] == run ? 1 : 2;
+            if (h[l].state == LATE_BOUND) late_peek(P, l, &h[l], wt[l], ivmin[l], ivmax[l], 0);
+            else late_peek(P, l, &h[l], wt[l], 0, 0, 1); /* best exact always wins: a HEAD */
+            if (h[l].state == LATE_NONE) heap_remove(&q, h, i);
+            else heap_down(&q, h, i);
         }
         if (h[best].state == LATE_BOUND) { /* the only lane left (no runner-up) is unopened: its
                                             * cursor is still a past pass's, maybe another
                                             * segment's; open it before taking from it */
             late_peek(P, (uint32_t)best, &h[best], wt[best], ivmin[best], ivmax[best], 0);
-            if (h[best].state == LATE_NONE) continue;
+            if (h[best].state == LATE_NONE) {
+                heap_remove(&q, h, 0);
+                continue;
+            }
         }
         Cursor *c = &tls_cursors[best]; /* opened: it has a head */
         uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
@@ -878,9 +942,11 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             if (P->n >= P->budget) return;
             if (lane_peek(P, c) && rl_key_due(c->peek.key) < sure) continue;
             late_peek(P, (uint32_t)best, &h[best], wt[best], ivmin[best], ivmax[best], 0);
-            if (h[best].state == LATE_NONE) break;
-            if (run >= 0 && !late_surely_beats(h, best, run)) break; /* decide again */
+            if (h[best].state == LATE_NONE || (run >= 0 && !late_surely_beats(h, best, run)))
+                break; /* decide again */
         }
+        if (h[best].state == LATE_NONE) heap_remove(&q, h, 0);
+        else heap_down(&q, h, 0); /* its hi moved (the top's may rise: it stays the top) */
     }
 }
 

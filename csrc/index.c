@@ -364,7 +364,7 @@ static int Merge_Rebuild(Merge *M, uint32_t *lane_min) {
             uint32_t l = rl_key_lane(key), mi = rl_minute(rl_key_due(key));
             if (l < RL_MAX_LANES && mi < lane_min[l]) lane_min[l] = mi;
             if (l < RL_MAX_LANES) /* a repair: a dead writer's unpublished rows are indexed too */
-                rl_lane_iv_note(s, l, atomic_load_explicit(&s->intervals[r], memory_order_relaxed));
+                rl_lane_iv_note(s, l, atomic_load_explicit(&s->intervals[r], memory_order_relaxed), 0);
         }
     }
     int rc = Entry_RadixSort(entries, n, 1);

@@ -98,8 +98,8 @@ typedef struct {
     uint64_t due;
     uint64_t leased;
     uint64_t in_flight;       /* taken out of the index while leased (FLIGHT) */
-    uint32_t iv_min;          /* the lowest and highest interval (s) the lane ever held; 0: none */
-    uint32_t iv_max;
+    uint32_t iv_min;          /* the lowest and highest interval (s) of the rows written into the */
+    uint32_t iv_max;          /* lane since its bands took effect (its wv_min, wv_max); 0: none */
 } rl_lane_stats;
 
 typedef struct {

@@ -144,7 +144,12 @@ typedef struct {
     _Atomic uint32_t iv_max; /* the highest, only ever raised: a head's lateness is at least
                               * weight x (now - due) / iv_max, so a pass can grant without
                               * reading the head's interval while that already wins */
-    char pad0[RL_LINE - 16];
+    /* The same of the rows published into the lane since its bands took effect (rl_policy_set
+     * clears them when ttl_bands or lanes_enabled change): what weights_live weighs the lane by,
+     * so a move to other bands is not weighed by the rows of the old ones. 0 0: none yet. */
+    _Atomic uint32_t wv_min;
+    _Atomic uint32_t wv_max;
+    char pad0[RL_LINE - 24];
     _Alignas(RL_LINE) _Atomic uint64_t ring_min; /* [version:15][key:49], see below */
     char pad1[RL_LINE - 8];
     _Alignas(RL_LINE) _Atomic uint64_t granted;
@@ -259,6 +264,8 @@ typedef struct {
     _Atomic uint32_t rows_void;                        /* of which taken back (RL_WORD_VOID) */
     _Alignas(RL_LINE) _Atomic uint64_t compactor;      /* owner id holding the merge, 0 = none */
     _Alignas(RL_LINE) _Atomic uint64_t policy_version; /* active policy slot = version & 1 */
+    _Atomic uint64_t wv_epoch; /* bumped when a lane's wv bounds move: a pass derives the weights
+                                * again only then (csrc/claim.c lane_weights) */
     _Alignas(RL_LINE) _Atomic uint32_t repair_needed;  /* 1: a pass advises RL_ADVISE_REAP */
     _Alignas(RL_LINE) _Atomic uint32_t lanes_high; /* highest lane ever written: passes stop there */
     _Alignas(RL_LINE) _Atomic uint64_t lease_min;  /* see the lease_min word above */
@@ -385,20 +392,33 @@ static inline uint32_t rl_minute(uint64_t due_ms) { return (uint32_t)(due_ms / 6
 static inline uint32_t rl_key_lane(uint64_t key) { return (uint32_t)(key >> 42); }
 static inline uint64_t rl_key_due(uint64_t key) { return key & (RL_STRIDE - 1); }
 
-/* Widen lane `lane`'s interval bounds to take `iv` (iv_min, iv_max: only ever moved outward),
- * before a row of that interval is visible in the lane: rl_publish, and a repair's rebuild for
- * the rows a dead writer stored but never published. A lane whose iv_max is 0 therefore never
- * had a row, and a lateness pass leaves it unopened (csrc/claim.c). */
-static inline void rl_lane_iv_note(rl_seg *s, uint32_t lane, uint32_t iv) {
+/* Widen the bounds [*lo, *hi] to take iv (0 0: none yet); only ever outward. Whether they
+ * moved. */
+static inline int rl_bounds_widen(_Atomic uint32_t *lo, _Atomic uint32_t *hi, uint32_t iv) {
+    int moved = 0;
+    uint32_t cur = atomic_load_explicit(lo, memory_order_relaxed);
+    while ((cur == 0 || iv < cur) && !(moved = atomic_compare_exchange_weak(lo, &cur, iv)))
+        ;
+    cur = atomic_load_explicit(hi, memory_order_relaxed);
+    while (iv > cur) {
+        if (atomic_compare_exchange_weak(hi, &cur, iv)) {
+            moved = 1;
+            break;
+        }
+    }
+    return moved;
+}
+
+/* Widen lane `lane`'s interval bounds to take `iv` before a row of that interval is visible in
+ * the lane: iv_min/iv_max (only ever moved outward) by rl_publish and by a repair's rebuild for
+ * the rows a dead writer stored but never published, wv_min/wv_max (the weights' bounds) by
+ * rl_publish only (`published`). A lane whose iv_max is 0 therefore never had a row, and a
+ * lateness pass leaves it unopened (csrc/claim.c). */
+static inline void rl_lane_iv_note(rl_seg *s, uint32_t lane, uint32_t iv, int published) {
     if (iv == 0) iv = 1; /* counts as 1 s (an add refuses 0): iv_max is never 0 past a row */
-    _Atomic uint32_t *w = &s->lanes[lane].iv_min;
-    uint32_t cur = atomic_load_explicit(w, memory_order_relaxed);
-    while ((cur == 0 || iv < cur) && !atomic_compare_exchange_weak(w, &cur, iv))
-        ;
-    w = &s->lanes[lane].iv_max;
-    cur = atomic_load_explicit(w, memory_order_relaxed);
-    while (iv > cur && !atomic_compare_exchange_weak(w, &cur, iv))
-        ;
+    rl_bounds_widen(&s->lanes[lane].iv_min, &s->lanes[lane].iv_max, iv);
+    if (published && rl_bounds_widen(&s->lanes[lane].wv_min, &s->lanes[lane].wv_max, iv))
+        atomic_fetch_add(&s->h->wv_epoch, 1);
 }
 
 /* classes: 0 urgent, 1 submitted, 2 discovered, 3 cold (lanes past the layout count as cold) */
@@ -429,7 +449,7 @@ void rl_ring_min_note(rl_seg *s, uint64_t key);                    /* index.c */
 void rl_index_tomb(rl_seg *s, uint32_t owner, uint64_t gen, uint32_t n, const uint32_t *poss,
                    const uint64_t *keys);                            /* index.c */
 int rl_publish(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys, const uint32_t *rows,
-               uint32_t *advice);                                   /* writes.c */
+               int derived, uint32_t *advice);                      /* writes.c */
 int rl_flight_return(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows,
                      const uint64_t *words, uint32_t *advice);      /* writes.c */
 void rl_sweep_if_due(rl_seg *s, uint32_t owner, int64_t now_ms);   /* sweep.c */

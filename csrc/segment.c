@@ -403,8 +403,23 @@ static int policy_valid(const rl_policy *p) {
     return p->remainder <= RL_REMAINDER_LATENESS && p->lanes_enabled <= 1 && p->weights_live <= 1;
 }
 
+/* Whether two policies put rows in the same lanes (the weights' interval bounds carry over). */
+static int same_layout(const rl_policy *a, const rl_policy *b) {
+    return a->lanes_enabled == b->lanes_enabled && a->band_count == b->band_count &&
+           memcmp(a->bands, b->bands, a->band_count * sizeof a->bands[0]) == 0;
+}
+
 int rl_policy_set(rl_seg *s, const rl_policy *p) {
     if (!policy_valid(p)) return RL_E_VALUE;
+    rl_policy was;
+    rl_policy_read(s, &was);
+    if (!same_layout(&was, p)) /* the rows of the old layout weigh no lane of the new one; a
+                                * write racing this may still widen them under the old */
+        for (uint32_t l = 0; l < RL_MAX_LANES; l++) {
+            atomic_store(&s->lanes[l].wv_min, 0);
+            atomic_store(&s->lanes[l].wv_max, 0);
+            atomic_fetch_add(&s->h->wv_epoch, 1);
+        }
     for (;;) {
         uint64_t v = atomic_load(&s->h->policy_version);
         rl_policy_slot *slot = &s->h->policy[(v + 1) & 1];

@@ -35,8 +35,8 @@ int rl_stats(rl_seg *s, int64_t now_ms, rl_lane_stats *out) {
         out[l].spilled = atomic_load(&ln->spilled);
         out[l].stale_skipped = atomic_load(&ln->stale_skipped);
         out[l].lease_refused = atomic_load(&ln->lease_refused);
-        out[l].iv_min = atomic_load(&ln->iv_min);
-        out[l].iv_max = atomic_load(&ln->iv_max);
+        out[l].iv_min = atomic_load(&ln->wv_min);
+        out[l].iv_max = atomic_load(&ln->wv_max);
     }
     uint32_t used = atomic_load(&s->h->rows_used);
     for (uint32_t r = 0; r < used && r < s->h->row_capacity; r++) {

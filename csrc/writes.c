@@ -37,16 +37,19 @@ static int unpublished(rl_seg *s, int rc) {
 }
 
 /* Make stored keys visible to claim passes at once and lower their lanes' floors. Batches
- * larger than the ring are published by a full rebuild of the index instead. */
+ * larger than the ring are published by a full rebuild of the index instead. `derived`: the
+ * keys were derived under the policy in force (an add, a complete, a move), so they widen the
+ * lanes' weight bounds too; a put-back of keys decided earlier (rl_flight_return) does not. */
 int rl_publish(rl_seg *s, uint32_t owner, uint32_t n, const uint64_t *keys, const uint32_t *rows,
-               uint32_t *advice) {
+               int derived, uint32_t *advice) {
     uint32_t lane_min[RL_MAX_LANES];
     int rc;
     if (n == 0) return RL_OK;
     for (uint32_t i = 0; i < n; i++) /* iv_min, iv_max first: no row is visible outside them */
         if (keys[i] != RL_KEY_NONE)
             rl_lane_iv_note(s, rl_key_lane(keys[i]),
-                            atomic_load_explicit(&s->intervals[rows[i]], memory_order_relaxed));
+                            atomic_load_explicit(&s->intervals[rows[i]], memory_order_relaxed),
+                            derived);
     if (n <= s->h->ring_capacity) {
         rc = rl_ring_append(s, owner, n, keys, rows, advice);
     } else {
@@ -199,7 +202,7 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
         atomic_store(&s->rows[r].word, RL_WORD_MAKE(keys[i], f, (uint32_t)prov[i], 0));
         out_rows[i] = r;
     }
-    int rc = rl_publish(s, owner, n, keys, rows, advice);
+    int rc = rl_publish(s, owner, n, keys, rows, 1, advice);
     journal_drop(s, owner, j);
     free(keys);
     free(rows);
@@ -302,7 +305,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
             atomic_store(&s->rows[r].word, RL_WORD_MAKE(b.words[m], 0, prov, 0));
             m++;
         }
-        rc = rl_publish(s, owner, m, b.words, b.rows, advice);
+        rc = rl_publish(s, owner, m, b.words, b.rows, 1, advice);
         done = leases_end_batch(s, n, rows, ok, b.writing);
     }
     Scratch_Free(&b);
@@ -338,7 +341,7 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
     int64_t due = retry_at >= 0 ? retry_at : clamp_due(now_ms + backoff);
     uint64_t key = rl_encode(rl_lane_for(p, prov, interval, f, 0), (uint64_t)due);
     atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, 0));
-    rc = rl_publish(s, owner, 1, &key, &row, advice);
+    rc = rl_publish(s, owner, 1, &key, &row, 1, advice);
     lease_end_write(s, row, writing);
     return rc;
 }
@@ -418,7 +421,7 @@ int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now
     uint64_t key = rl_encode(rl_lane_for(p, prov, interval, f, rush), (uint64_t)now_ms);
     int j = journal_take(s, owner, RL_JOURNAL(row, 1));
     atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, rush ? 1u : 0u));
-    int rc = rl_publish(s, owner, 1, &key, &row, advice);
+    int rc = rl_publish(s, owner, 1, &key, &row, 1, advice);
     journal_drop(s, owner, j);
     return rc;
 }
@@ -445,7 +448,7 @@ int rl_reclassify(rl_seg *s, uint32_t owner, uint32_t row, uint32_t provenance, 
                         rl_key_due(RL_WORD_KEY(word)));
         nw = RL_WORD_MAKE(key, f, provenance, urgent);
     } while (!atomic_compare_exchange_weak(&s->rows[row].word, &word, nw));
-    int rc = rl_publish(s, owner, 1, &key, &row, advice);
+    int rc = rl_publish(s, owner, 1, &key, &row, 1, advice);
     journal_drop(s, owner, j);
     return rc;
 }
@@ -507,7 +510,7 @@ int rl_restamp(rl_seg *s, uint32_t owner, uint32_t limit, uint32_t *restamped, u
         m++;
     }
     uint32_t advice = 0;
-    int rc = rl_publish(s, owner, m, keys, rows, &advice);
+    int rc = rl_publish(s, owner, m, keys, rows, 1, &advice);
     journal_drop(s, owner, j);
     free(keys);
     free(rows);
@@ -539,7 +542,7 @@ int rl_flight_return(rl_seg *s, uint32_t owner, uint32_t n, const uint32_t *rows
             keys[m] = RL_WORD_KEY(expect);
             back[m++] = rows[done];
         }
-        int rc = rl_publish(s, owner, m, keys, back, advice);
+        int rc = rl_publish(s, owner, m, keys, back, 0, advice);
         if (rc != RL_OK) return rc;
     }
     return RL_OK;

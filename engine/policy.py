@@ -104,11 +104,12 @@ def spread_weight_fp(iv_min: int, iv_max: int) -> int:
 
 def interval_weights_fp(policy: LanePolicy, bounds: Sequence[tuple[int, int]]) -> list[int]:
     """The weight of each lane in ``ONE`` fixed point under ``weights=INTERVALS``, from
-    ``bounds[lane] = (iv_min, iv_max)``, the lowest and highest interval (s) the lane ever held
-    (``(0, 0)``: none). Each submitted or discovered lane that held a row weighs its spread
-    (``spread_weight_fp``), times ``FIRST_BAND_WEIGHT`` when it holds the shortest interval of
-    them all; urgent, cold and the lanes that never held a row weigh 1. The rule names no lane:
-    it follows from the bands and the intervals the rows bring."""
+    ``bounds[lane] = (iv_min, iv_max)``, the lowest and highest interval (s) of the rows written
+    into the lane since its bands took effect (``(0, 0)``: none; ``stats()`` reports them). Each
+    submitted or discovered lane with bounds weighs its spread (``spread_weight_fp``), times
+    ``FIRST_BAND_WEIGHT`` when it holds the shortest interval of them all; urgent, cold and the
+    lanes without bounds weigh 1. The rule names no lane: it follows from the bands and the
+    intervals the rows bring."""
     band = [lane for lane, (_, hi) in enumerate(bounds)
             if hi > 0 and policy.class_of(lane) in PROVENANCES]
     shortest = min((max(1, bounds[lane][0]) for lane in band), default=0)

@@ -3,6 +3,8 @@ the C pass grants exactly what the reference allocator ``engine.policy.reference
 
 from __future__ import annotations
 
+import dataclasses
+
 from collections import defaultdict
 
 import numpy as np
@@ -329,10 +331,18 @@ def test_a_fitted_policy_grants_what_the_reference_grants(fresh, rows, budgets, 
 
 
 @pytest.mark.one_queue(ONE_PASS)
+def _weighed(eng) -> dict[str, tuple[int, int]]:
+    """The lanes the derived weights weigh: those written into since the bands took effect."""
+    return {ln["name"]: (ln["iv_min"], ln["iv_max"]) for ln in eng.stats(now_ms=NOW)["lanes"]
+            if ln["iv_max"]}
+
+
 def test_a_running_engine_moves_to_the_default_with_set_policy_rewriting_no_row(fresh):
     """An engine running the lane-order floors (the policy a deployment made before the
-    lateness default) moves to ``ten_lanes()`` live: a worker's next claim on its own handle
-    follows the new order, and no row is rewritten (every row reads back the same)."""
+    lateness default) moves to ``LanePolicy()`` live: a worker's next claim on its own handle
+    follows the new order, and no row is rewritten (every row reads back the same). The rows
+    stay in their lane numbers until their next write; the derived weights weigh a lane by the
+    rows written into it since the bands took effect, so none at first."""
     with fresh(LANE_ORDER, capacity=1024) as eng:
         catalog = [eng.add(NOW - HOUR - k * MINUTE, 12 * 3600) for k in range(20)]  # ~0.1 late
         product = [eng.add(NOW - 47 * HOUR - k * MINUTE, 48 * 3600) for k in range(20)]  # ~1
@@ -349,8 +359,16 @@ def test_a_running_engine_moves_to_the_default_with_set_policy_rewriting_no_row(
             eng.set_policy(LanePolicy())
             assert [eng.describe(r, now_ms=NOW) for r in rows] == before
             assert worker.policy == LanePolicy()
+            assert _weighed(eng) == {}  # the old layout's rows weigh no lane of the new one
             c = worker.claim(budget=2, now_ms=NOW)
             assert c.rows.tolist() == product[::-1][:2]  # the latest relative to its interval
+            for row, tok in zip(c.rows.tolist(), c.tokens.tolist(), strict=True):
+                worker.complete(row, tok, now_ms=NOW)  # written again: into the new layout
+            new = LanePolicy()
+            assert _weighed(eng) == {new.lane_name(new.lane_for("submitted", 48 * 3600)):
+                                     (48 * 3600, 48 * 3600)}
+            eng.set_policy(dataclasses.replace(new, urgent_max_share=0.1))  # the same lanes
+            assert len(_weighed(eng)) == 1
         finally:
             worker.close()
         assert eng.verify() == []

@@ -344,7 +344,8 @@ def test_every_post_needs_the_csrf_token(store_dir: Path) -> None:
         assert request(base, "/metrics", "POST")[0] == 403
         assert request(base, "/metrics", "POST", headers={"Cookie": f"lanes_csrf={csrf}"})[0] == 403
         assert request(base, "/metrics", "POST", headers={
-            "Cookie": f"lanes_csrf={csrf}", "X-CSRF-Token": csrf[:-1] + "0"})[0] == 403
+            "Cookie": f"lanes_csrf={csrf}",  # one character off (a token ending in 0 passed)
+            "X-CSRF-Token": csrf[:-1] + ("1" if csrf.endswith("0") else "0")})[0] == 403
         # with the token the POST reaches the router (which has no POST /metrics)
         assert request(base, "/metrics", "POST", headers={
             "Cookie": f"lanes_csrf={csrf}", "X-CSRF-Token": csrf})[0] == 405
