@@ -698,9 +698,9 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * no live row is below its floor minute and none has an interval below iv_min. An opened one
  * with its head's due time: weight x (now - due) over iv_max and iv_min (both words beside the
  * floor, moved only outward by rl_publish before a row is visible); exact once its interval is
- * read. The lane whose lo is highest takes the grant when that beats every other lane's hi;
- * otherwise the widest of the two is narrowed (opened, or its interval read), which changes no
- * choice. The winner keeps the grants while its next head still beats that runner-up (without
+ * read. The lanes are a max-heap by hi: the top takes the grant when its lo beats the hi of
+ * its larger child (the runner-up); otherwise the looser of the two is narrowed (opened, or its
+ * interval read), which changes no choice and only lowers its hi. The winner keeps the grants while its next head still beats that runner-up (without
  * weighing it while it is due before a threshold: heads come in due order). A write racing the
  * pass may be missed by it, as by any pass; bounds read at its start hold for every row that
  * was there when it started. */
@@ -864,7 +864,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
     LateHead h[RL_MAX_LANES];
     uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES], wt[RL_MAX_LANES];
     uint32_t first = skip_urgent ? 1 : 0;
-    uint32_t live[RL_MAX_LANES], nlive = 0; /* the lanes that may have a head, in lane order */
+    LaneHeap q = {.n = 0}; /* the lanes that may have a head */
     for (uint32_t l = first; l < P->lanes; l++) {
         rl_lane *ln = &P->s->lanes[l];
         ivmin[l] = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
@@ -876,14 +876,14 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
         if (tls_cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
             late_peek(P, l, &h[l], wt[l], ivmin[l], ivmax[l], 0);
-            if (h[l].state != LATE_NONE) live[nlive++] = l;
+            if (h[l].state != LATE_NONE) q.at[q.n++] = (uint8_t)l;
             continue;
         }
         if (ivmax[l] == 0) { /* no row was ever published into it (its bounds come first) */
             h[l].state = LATE_NONE;
             continue;
         }
-        live[nlive++] = l;
+        q.at[q.n++] = (uint8_t)l;
         uint64_t since = (uint64_t)fm * 60000u; /* no floor (0) bounds nothing */
         h[l].late = (unsigned __int128)wt[l] * ((uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
         h[l].iv_lo = 1;
@@ -891,8 +891,6 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         h[l].state = LATE_BOUND;
         late_approx(&h[l]);
     }
-    LaneHeap q = {.n = 0};
-    for (uint32_t k = 0; k < nlive; k++) q.at[q.n++] = (uint8_t)live[k];
     for (uint32_t i = q.n / 2; i-- > 0;) heap_down(&q, h, i);
     while (P->n < P->budget) {
         int best, run;
