@@ -423,9 +423,9 @@ def policy_from_form(current: LanePolicy, form: dict[str, str]) -> LanePolicy:
 
 def policy_dict(p: LanePolicy, lanes: list[LaneStats] | None = None) -> dict[str, Any]:
     """The policy as the dashboard and ``/api/policy`` show it. ``weights``: the weight the next
-    pass gives each lane that ever held a row (from ``lanes``, the engine's lane stats) or that
-    weighs other than 1; every lane without ``lanes``. ``weights_live``: derived at every pass
-    from the lanes' intervals."""
+    pass gives each lane written into under these bands (from ``lanes``, the engine's lane
+    stats) or that weighs other than 1; every lane without ``lanes``. ``weights_live``: derived
+    at every pass from the lanes' intervals."""
     names = p.lane_names()
     bounds = [(0, 0)] * p.lane_count
     for ln in lanes or []:
