@@ -865,14 +865,16 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
     uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES], wt[RL_MAX_LANES];
     uint32_t first = skip_urgent ? 1 : 0;
     LaneHeap q = {.n = 0}; /* the lanes that may have a head */
-    for (uint32_t l = first; l < P->lanes; l++) {
+    /* the lanes a row was ever put in (lanes_used, set before the row is visible): the others
+     * are not read at all, so a 64-lane layout of which a few lanes are used pays for those */
+    uint64_t used = atomic_load(&P->s->h->lanes_used) & ~((1ull << first) - 1);
+    if (P->lanes < RL_MAX_LANES) used &= (1ull << P->lanes) - 1;
+    lane_weights(P, first, wt);
+    for (uint64_t m = used; m; m &= m - 1) {
+        uint32_t l = (uint32_t)__builtin_ctzll(m);
         rl_lane *ln = &P->s->lanes[l];
         ivmin[l] = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
         ivmax[l] = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
-    }
-    lane_weights(P, first, wt);
-    for (uint32_t l = first; l < P->lanes; l++) {
-        rl_lane *ln = &P->s->lanes[l];
         uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
         if (tls_cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
             late_peek(P, l, &h[l], wt[l], ivmin[l], ivmax[l], 0);

@@ -268,6 +268,7 @@ typedef struct {
                                 * again only then (csrc/claim.c lane_weights) */
     _Alignas(RL_LINE) _Atomic uint32_t repair_needed;  /* 1: a pass advises RL_ADVISE_REAP */
     _Alignas(RL_LINE) _Atomic uint32_t lanes_high; /* highest lane ever written: passes stop there */
+    _Atomic uint64_t lanes_used; /* bit l: lane l's iv_max is set (a row was ever put in it) */
     _Alignas(RL_LINE) _Atomic uint64_t lease_min;  /* see the lease_min word above */
     _Alignas(RL_LINE) _Atomic uint64_t sweeper;    /* owner running the sweep (while sweeping) */
     _Atomic int64_t owners_check_ns; /* CLOCK_MONOTONIC time of the next owner liveness check */
@@ -416,7 +417,9 @@ static inline int rl_bounds_widen(_Atomic uint32_t *lo, _Atomic uint32_t *hi, ui
  * lateness pass leaves it unopened (csrc/claim.c). */
 static inline void rl_lane_iv_note(rl_seg *s, uint32_t lane, uint32_t iv, int published) {
     if (iv == 0) iv = 1; /* counts as 1 s (an add refuses 0): iv_max is never 0 past a row */
-    rl_bounds_widen(&s->lanes[lane].iv_min, &s->lanes[lane].iv_max, iv);
+    if (rl_bounds_widen(&s->lanes[lane].iv_min, &s->lanes[lane].iv_max, iv) &&
+        !(atomic_load_explicit(&s->h->lanes_used, memory_order_relaxed) & (1ull << lane)))
+        atomic_fetch_or(&s->h->lanes_used, 1ull << lane);
     if (published && rl_bounds_widen(&s->lanes[lane].wv_min, &s->lanes[lane].wv_max, iv))
         atomic_fetch_add(&s->h->wv_epoch, 1);
 }
