@@ -408,12 +408,16 @@ def _number(text: str) -> Any:
 def policy_from_form(current: LanePolicy, form: dict[str, str]) -> LanePolicy:
     """``current`` with ``urgent_max_share``, ``min_share.<class>``, ``weights``,
     ``weight.<lane>`` and ``remainder`` from ``form`` (an empty share: none; an empty weight: 1;
-    ``weights=intervals``: derived from the lanes' intervals, the ``weight.<lane>`` ignored)."""
+    ``weights=intervals``: derived from the lanes' intervals, the ``weight.<lane>`` ignored;
+    ``weights`` not given: as ``current``'s are derived or given)."""
     shares = {c: _number(form[f"min_share.{c}"].strip()) for c in SHARE_CLASSES
               if form.get(f"min_share.{c}", "").strip()}
     weights: Any = {name: _number(form[f"weight.{name}"].strip())
                     for name in current.lane_names() if form.get(f"weight.{name}", "").strip()}
-    if form.get("weights", "given").strip() == INTERVALS:
+    mode = form.get("weights", "").strip() or (INTERVALS if current.live_weights else "given")
+    if mode not in (INTERVALS, "given"):
+        raise EngineValueError(f"weights must be {INTERVALS!r} or 'given', got {mode!r}")
+    if mode == INTERVALS:
         weights = INTERVALS
     return dataclasses.replace(
         current, urgent_max_share=_number(form.get("urgent_max_share", "").strip()),

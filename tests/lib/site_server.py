@@ -139,17 +139,23 @@ class _Handler(BaseHTTPRequestHandler):
         status = site._status(path)
         start = time.monotonic()
         delay = site._begin(host, path)
+        ended = False
         try:
             time.sleep(delay)
             payload = f"<html><body>{path} {status}</body></html>\n".encode()
             self.send_response(status)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(payload)))
+            # Counted out before the client can have the whole answer: one that sends its next
+            # request on the last byte was counted twice in flight while this thread caught up.
+            site._end(Request(path, host, status, start, time.monotonic()))
+            ended = True
             self.end_headers()
             if body:
                 self.wfile.write(payload)
         finally:
-            site._end(Request(path, host, status, start, time.monotonic()))
+            if not ended:
+                site._end(Request(path, host, status, start, time.monotonic()))
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet

@@ -488,3 +488,20 @@ def test_a_restarted_worker_shows_its_new_pid_and_its_restart(setup: Setup) -> N
         assert cells[0] == str(again["pid"]) and cells[-1] == str(again["restarts"])
     finally:
         w.close()
+
+
+def test_a_policy_form_keeps_derived_weights_unless_told_and_refuses_another_mode() -> None:
+    """``policy_from_form``: a form (or an API client) that does not name ``weights`` keeps the
+    policy's derived weights; ``given`` fixes the weights the form sends; any other mode is
+    refused with the engine's kind of error, and nothing is built."""
+    from engine import EngineValueError, LanePolicy
+    from engine.serve.api import policy_from_form
+
+    live = LanePolicy()
+    assert policy_from_form(live, {"urgent_max_share": "0.3"}).weights == "intervals"
+    fixed = policy_from_form(live, {"urgent_max_share": "0.2", "weights": "given",
+                                    "weight.submitted/b0": "2"})
+    assert fixed.weights == {"submitted/b0": 2.0}
+    assert policy_from_form(fixed, {"urgent_max_share": "0.2"}).weights == {}
+    with pytest.raises(EngineValueError, match="weights must be 'intervals' or 'given'"):
+        policy_from_form(live, {"urgent_max_share": "0.2", "weights": "by-hand"})
