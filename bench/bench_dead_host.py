@@ -25,6 +25,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "lib")]
 from netns import unavailable  # noqa: E402
 from partition_lib import Partitioned, owners_of  # noqa: E402
 
+from engine.pool.heartbeat import TTL_PERIODS  # noqa: E402
+
 
 def once(lease_s: float, heartbeat_s: float) -> float:
     """Seconds from host A's death to its last live lease gone."""
@@ -56,7 +58,7 @@ def main() -> None:
             print(f"round {i + 1}, {mode:12}: rows claimable {t:.2f} s after the SIGKILL",
                   flush=True)
     print(f"\nlease {args.lease:g} s, heartbeat {args.heartbeat:g} s (TTL "
-          f"{2 * args.heartbeat:g} s):")
+          f"{TTL_PERIODS * args.heartbeat:g} s):")
     for mode, ts in got.items():
         print(f"  {mode:12}: {statistics.median(ts):.2f} s [{min(ts):.2f} .. {max(ts):.2f}]")
 

@@ -593,7 +593,7 @@ def _pool_parser(sub: Any) -> None:
     p.add_argument("--lease", type=float, default=DEFAULTS.lease_s, help="lease seconds (renewed)")
     p.add_argument("--heartbeat", type=float, default=DEFAULTS.heartbeat_s, metavar="SECONDS",
                    help="with --redis: each worker's heartbeat period; a dead host's rows come"
-                        " back within 3 periods, not a lease (0, or a lease of at most 2"
+                        " back within 3.5 periods, not a lease (0, or a lease of at most 2.5"
                         " periods: by lease expiry only)")
     p.add_argument("--start-method", choices=START_METHODS, default=DEFAULTS.start_method)
     p.add_argument("--checkpoint", metavar="PATH", help="checkpoint file (written atomically)")

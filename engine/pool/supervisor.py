@@ -103,7 +103,7 @@ class PoolOptions:
     or a re-add (None: retried for ever, backing off)."""
     heartbeat_s: float = HEARTBEAT_S
     """On Redis, each worker's heartbeat period (0: none); a dead host's rows come back within
-    three periods, where the lease is longer than two (engine/pool/heartbeat.py)."""
+    3.5 periods, where the lease is longer than 2.5 (engine/pool/heartbeat.py)."""
 
     def __post_init__(self) -> None:
         for what, v, lo, hi in (("workers", self.workers, 1, 1000), ("batch", self.batch, 1, 4096)):

@@ -88,9 +88,12 @@ from .transport import NOT_RUN, Transport, redact
 MIN_REDIS = (7, 0)
 ADD_CHUNK = 10_000
 """Rows per FCALL of add_many: a big batch never blocks the server for long."""
-HEARTBEAT_TTL_MS = 2_000
-"""How long an owner's heartbeat holds (two beats of a pool's 1 s period): past it, the next
+HEARTBEAT_TTL_MS = 2_500
+"""How long an owner's heartbeat holds (2.5 beats of a pool's 1 s period): past it, the next
 beat of any other owner puts the owner's leases back (docs/redis.md "Heartbeats")."""
+HEARTBEAT_RETRY = 1 / 32
+"""A heartbeat retries at most this fraction of its TTL apart, so that after a stall it lands
+well before the calm its late beat starts is over (docs/redis.md "Heartbeats")."""
 
 
 def _check_name(name: object) -> str:
@@ -629,10 +632,13 @@ class RedisEngine:
         """This owner is alive for ``ttl_ms`` more (``0``: it leaves, its heartbeat goes); and
         every owner whose heartbeat lapsed loses its leases, its rows put back claimable, its
         tokens stale (docs/redis.md "Heartbeats"). One FCALL. Returns (owners reaped, rows put
-        back). Owners that never beat are never judged so: their leases lapse by expiry."""
+        back). Owners that never beat are never judged so: their leases lapse by expiry.
+        A beat that arrives in the second half of its TTL judges no one, and starts a TTL in
+        which no one is judged: the server, or the way to it, stalled."""
         ttl = check_int(ttl_ms, "ttl_ms", 0, 86_400_000)
         owners, rows = self.transport.fcall("lanes_heartbeat", now_arg(now_ms), self.owner, ttl,
-                                            extra_keys=(self._beats,))
+                                            extra_keys=(self._beats,),
+                                            max_delay=max(0.01, ttl * HEARTBEAT_RETRY / 1000))
         return int(owners), int(rows)
 
     # -- checkpoints (engine/checkpoint.py's format) ----------------------------------------------

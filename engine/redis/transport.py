@@ -185,13 +185,14 @@ class Transport:
     # -- the one retry rule ----------------------------------------------------------------------
 
     def retrying(self, attempt: Callable[[], T], failed: str = "lost",
-                 timeout: float | None = None) -> T:
+                 timeout: float | None = None, max_delay: float = MAX_DELAY_S) -> T:
         """``attempt()`` until it neither loses the connection nor is told "not run, try later"
-        (``NOT_RUN``), backing off, for ``timeout`` seconds (default: the transport's); then
-        ``EngineError``: "``failed`` Redis at URL". Wrong credentials are never retried."""
+        (``NOT_RUN``), backing off (at most ``max_delay`` seconds apart), for ``timeout``
+        seconds (default: the transport's); then ``EngineError``: "``failed`` Redis at URL".
+        Wrong credentials are never retried."""
         limit = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + limit
-        delay = FIRST_DELAY_S
+        delay = min(FIRST_DELAY_S, max_delay)
         while True:
             try:
                 return attempt()
@@ -206,7 +207,7 @@ class Transport:
                     raise EngineError(f"{failed} {self.where} (tried for {limit:g} s): {e}") \
                         from None
                 time.sleep(min(delay, left))  # the last attempt is made at the deadline
-                delay = min(delay * 2, MAX_DELAY_S)
+                delay = min(delay * 2, max_delay)
                 self._after_lost()
 
     def _after_lost(self) -> None:
@@ -242,15 +243,19 @@ class Transport:
 
         return self.call("a read", run)
 
-    def fcall(self, fn: str, *args: Any, extra_keys: tuple[str, ...] = ()) -> Any:
+    def fcall(self, fn: str, *args: Any, extra_keys: tuple[str, ...] = (),
+              max_delay: float = MAX_DELAY_S) -> Any:
         """One FCALL of the library with the queue's keys (then ``extra_keys``, each with the
-        queue's hash tag); never replayed once it may have run (see the module's note)."""
+        queue's hash tag); never replayed once it may have run (see the module's note).
+        ``max_delay``: the longest back-off between tries (a heartbeat's is short: it must
+        land soon after a stall ends)."""
         keys = (*self.keys, *extra_keys)
         command = ("FCALL", fn, len(keys), *keys, self.version, *args)
         moved = 0
         while True:
             try:
-                return self.retrying(lambda: self._fcall_once(fn, command))
+                return self.retrying(lambda: self._fcall_once(fn, command),
+                                     max_delay=max_delay)
             except redis_errors.ResponseError as e:
                 if moved < MOVED_RETRIES and self._moved(e):
                     moved += 1

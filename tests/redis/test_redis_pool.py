@@ -39,6 +39,7 @@ from engine.keys import PARKED_MS
 from engine.pool import Pool, PoolOptions
 from engine.pool.render import RenderSpec
 from engine.pool.routes import Route, Routes
+from engine.pool.supervisor import remove_local_files
 from engine.redis import queue_keys
 from engine.redis.urls import RedisUrls, pool_keys, restore
 
@@ -313,8 +314,9 @@ def test_two_hosts_share_one_queue_and_survive_one_killed_whole(
         a_pids = _pool_pids(a)
         assert len(a_pids) >= 3
         held = _held_by(server, queue, a_pids)  # row -> lease expiry, read just before
+        kill_from_ms = time.time_ns() // 1_000_000
+        kill_host(a.pid)  # every process stopped, then killed: none runs after it returns
         killed_ms = time.time_ns() // 1_000_000
-        kill_host(a.pid)
         a.communicate(timeout=30)
         wait_for(lambda: not running(a_pids), timeout=10)
         wait_for(until_all(log, 300), timeout=120)
@@ -333,9 +335,21 @@ def test_two_hosts_share_one_queue_and_survive_one_killed_whole(
                 kill_host(p.pid)
                 p.communicate()
 
+    try:
+        _check_two_hosts(server, queue, log, locals_, first + extra, a_pids, held, kill_from_ms,
+                         killed_ms)
+    finally:  # the dead host's files, had a check failed before its restart removed them
+        remove_local_files(locals_[0])
+
+
+def _check_two_hosts(server: RedisServer, queue: str, log: Path, locals_: tuple[str, str],
+                     urls: list[str], a_pids: set[int], held: dict[int, int],
+                     kill_from_ms: int, killed_ms: int) -> None:
+    """After both pools stopped: the lease-log oracle, the queue, the files host A left (host A
+    was killed from ``kill_from_ms`` to ``killed_ms``: no process of it ran after)."""
     renders = rendered(log)
     by_url = Counter(u for _, u in renders)
-    assert set(by_url) == set(first + extra)
+    assert set(by_url) == set(urls)
     b_pids = {pid for pid, _ in renders} - a_pids
     assert {pid for pid, _ in renders} & a_pids and b_pids  # both hosts rendered some
 
@@ -354,7 +368,7 @@ def test_two_hosts_share_one_queue_and_survive_one_killed_whole(
             twice += 1
             dead, again = entries
             assert dead["pid"] in a_pids and again["pid"] not in a_pids, entries
-            assert dead["start"] <= killed_ms < again["start"], entries
+            assert dead["start"] <= killed_ms and kill_from_ms < again["start"], entries
             assert dead["expiry"] is not None and again["start"] >= dead["expiry"], entries
             assert again["token"] > dead["token"], entries
     again_urls = {e[0]["url"] for e in starts.values() if len(e) == 2}
@@ -366,7 +380,7 @@ def test_two_hosts_share_one_queue_and_survive_one_killed_whole(
     done_by_a = {u for pid, u in renders if pid in a_pids}
     for row, expiry in held.items():
         later = [e for e in starts[row] if e["pid"] not in a_pids]
-        assert all(e["start"] >= max(expiry, killed_ms) for e in later), (row, later)
+        assert all(e["start"] >= max(expiry, kill_from_ms) for e in later), (row, later)
         assert later or {e["url"] for e in starts[row]} <= done_by_a, (row, starts[row])
 
     eng = Engine.connect(server.url, queue)

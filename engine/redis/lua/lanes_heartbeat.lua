@@ -12,10 +12,13 @@ gives the lapsed owners with one range read, on the queue's slot. An owner that 
 its host. An owner reaped by mistake (alive, but cut off for longer than its TTL) finds its
 tokens stale: its late completes are refused, and the rows were put back, never lost.
 
-Only an owner whose own heartbeat had not lapsed judges the others: when the server stalled or
-moved (a failover, a slot migration, a long command) every owner's beat lapsed together, and
-the first to reach it again must not reap the live ones. Its beat renews it; the next beats,
-a period later, judge. ]]
+A stall is told apart from a death by the beats themselves. A beat that reaches the server in
+the second half of its owner's TTL (more than TTL/2 after that owner's previous one: a pool
+beats every TTL/2.5) is late: the server, or the way to it, stalled (a failover, a slot
+migration, a long command), or the owner paused. A late beat judges no one, and no one is judged
+for a TTL after it (the meta field hb_calm): every live owner delayed by the same stall beats
+again well within that TTL. Without it, a stall a little shorter than a TTL let an owner that
+beat just before it judge one that was due to beat during it, and reap it alive. ]]
 --- @include "base"
 --- @include "tokens"
 --- @include "queue"
@@ -35,7 +38,13 @@ local function f_heartbeat(K, A)
   else
     rcall('ZADD', K[6], fmt(now + ttl), owner)
   end
-  if not was or was < now then return {0, 0} end -- first beat, or lapsed itself: no judge
+  if not was then return {0, 0} end -- a first beat: it knows nothing of the others yet
+  if now > was - math.floor(ttl / 2) then -- late (or lapsed itself): a stall; calm for a TTL
+    local calm = tonumber(rcall('HGET', K[4], 'hb_calm')) or 0
+    if now + ttl > calm then rcall('HSET', K[4], 'hb_calm', fmt(now + ttl)) end
+    return {0, 0}
+  end
+  if now < (tonumber(rcall('HGET', K[4], 'hb_calm')) or 0) then return {0, 0} end
   local lapsed = rcall('ZRANGE', K[6], '-inf', fmt(now), 'BYSCORE', 'LIMIT', 0, REAP_OWNERS)
   if #lapsed == 0 then return {0, 0} end
   local dead = {}
