@@ -87,6 +87,8 @@ typedef struct {
     uint32_t start;        /* index position the scan began at */
     uint32_t stale_run;    /* entries [start, stale_run) were all stale, tombstones or in flight:
                             * the next skip hint */
+    int sought;            /* the scan began at a seek, not at the skip hint (which a floor
+                            * lowered under it voids): its stale prefix's tombstones are marked */
     uint64_t first_live;   /* key of the first live entry seen (not in flight), or RL_KEY_NONE */
     uint64_t last_key;     /* key of the last entry of this lane read */
     int have_idx;          /* idx holds the next live index candidate */
@@ -135,6 +137,7 @@ typedef struct {
     Cursor *opened[RL_MAX_LANES];     /* the lanes opened, in the order they were */
     uint32_t nopened;                 /* how many */
     uint32_t nnotes;                  /* entries to tombstone, not yet handed to rl_index_tomb */
+    uint64_t reads;                   /* index entries read (a step over a jump reads one) */
     uint32_t note_pos[NOTE_BATCH];    /* their positions */
     uint64_t note_key[NOTE_BATCH];    /* and the keys they hold (the CAS's expected value) */
     int granted_any;                  /* a row was granted: lease_min must hear of it */
@@ -145,6 +148,9 @@ typedef struct {
 /* Per thread, so a pass allocates nothing: cursors, the owner-liveness memo, the policy cache. */
 static __thread Cursor tls_cursors[RL_MAX_LANES];
 static __thread uint64_t tls_stamp;
+static __thread uint64_t tls_reads; /* index entries this thread's passes read: rl_index_reads */
+
+uint64_t rl_index_reads(void) { return tls_reads; }
 static __thread uint8_t tls_memo[RL_MAX_OWNERS];
 /* The owners whose memo entry this pass set, so the next pass clears those bytes, not all 1024
  * (MEMO_TOUCHED + 1: too many, clear everything). */
@@ -350,7 +356,9 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
         (uint32_t)(hint_floor >> 32) == (uint32_t)P->gen &&
         (uint32_t)hint_floor <= RL_FLOOR_MINUTE(c->floor_word)) {
         lo = (uint32_t)hint;
+        c->sought = 0;
     } else {
+        c->sought = 1;
         uint64_t seek = rl_encode(lane, BENCH(RL_BENCH_UNFLOORED) ? 0 : (uint64_t)RL_FLOOR_MINUTE(c->floor_word) * 60000u);
         while (lo < hi) {
             uint32_t mid = lo + (hi - lo) / 2;
@@ -402,12 +410,15 @@ static void note_tomb(Pass *P, uint32_t pos, uint64_t key) {
 /* Cross the run of tombstones starting at `at` (following jumps), lengthen the jump stored in
  * its first entry when `mark`, and return the position after the run. The jump is written under
  * this owner's hazard, so it never lands in a buffer a merge is rewriting (csrc/index.c). A run
- * that begins the lane's stale prefix is not marked: the skip hint this pass records moves past
- * it, and the mark would cost two fences and a CAS on every pass. */
+ * that begins the lane's stale prefix is marked only by a pass that began at a seek: otherwise
+ * the skip hint this pass records moves past it, and the mark would cost two fences and a CAS
+ * on every pass. A seek means a floor was lowered under the hint (a release, a lapsed lease put
+ * back), and the next one crosses the same run: unmarked, it read the run whole each time. */
 #define JUMP_WALK_MAX 4096
 static uint32_t tomb_run(Pass *P, Cursor *c, uint32_t at, uint32_t first_row, int mark) {
     uint32_t next = at + ((first_row & RL_JUMP) ? (first_row & ~RL_JUMP) : 1);
     while (next < P->count && next - at < JUMP_WALK_MAX) {
+        P->reads++;
         uint64_t raw = atomic_load_explicit(&P->ik[next], memory_order_relaxed);
         if (!(raw & RL_TOMB) || rl_key_lane(raw & ~RL_TOMB) != c->lane) break;
         uint32_t j = atomic_load_explicit(&P->ir[next], memory_order_relaxed);
@@ -451,6 +462,7 @@ static void idx_advance(Pass *P, Cursor *c) {
             c->idx_done = 1;
             break;
         }
+        P->reads++;
         uint64_t raw = atomic_load_explicit(&P->ik[c->pos], memory_order_relaxed);
         uint64_t key = raw & ~RL_TOMB;
         uint32_t row = atomic_load_explicit(&P->ir[c->pos], memory_order_relaxed);
@@ -464,7 +476,8 @@ static void idx_advance(Pass *P, Cursor *c) {
         c->last_key = key;
         if (raw & RL_TOMB) { /* a tombstone run costs one step, and no window */
             uint32_t at = c->pos - 1;
-            uint32_t next = tomb_run(P, c, at, row, c->stale_run != at || BENCH(RL_BENCH_NO_SKIP));
+            uint32_t next = tomb_run(P, c, at, row,
+                                     c->stale_run != at || c->sought || BENCH(RL_BENCH_NO_SKIP));
             c->stale += next - at;
             c->tombs += next - at;
             if (c->stale_run == at) c->stale_run = next;
@@ -1018,6 +1031,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     P.advice = 0;
     P.nopened = 0;
     P.nnotes = 0;
+    P.reads = 0;
     P.granted_any = P.lease_noted = 0;
     memset(P.cls_granted, 0, sizeof P.cls_granted);
     P.stamp = ++tls_stamp;
@@ -1063,6 +1077,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     }
     if (P.nnotes || (P.granted_any && !P.lease_noted)) notes_flush(&P);
     floors_raise(&P);
+    tls_reads += P.reads;
     if (atomic_load_explicit(&s->h->repair_needed, memory_order_relaxed)) P.advice |= RL_ADVISE_REAP;
     if ((P.advice & RL_ADVISE_COMPACT) && rl_merge_running(s)) P.advice &= ~RL_ADVISE_COMPACT;
     if (advice) *advice = P.advice;

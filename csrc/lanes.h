@@ -185,6 +185,9 @@ int rl_credit_get(rl_seg *s, int64_t *credits);   /* RL_CLASSES values */
 /* `out` holds 4 * budget values: rows, lanes, due_ms, tokens, each `budget` apart. */
 int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t lease_ms,
              uint32_t window, int64_t *out, uint32_t *advice);
+/* Index entries the calling thread's claim passes have read so far (a diagnostic: how much of
+ * the index a pass walks; crossing a marked run of tombstones reads one). */
+uint64_t rl_index_reads(void);
 
 /* The hot calls of one process's engine (engine._hot, csrc/hot.c, calls them through function
  * pointers), with the handle and owner in a request block (one per Segment, emptied when it
