@@ -149,8 +149,6 @@ typedef struct {
 static __thread Cursor tls_cursors[RL_MAX_LANES];
 static __thread uint64_t tls_stamp;
 static __thread uint64_t tls_reads; /* index entries this thread's passes read: rl_index_reads */
-
-uint64_t rl_index_reads(void) { return tls_reads; }
 static __thread uint8_t tls_memo[RL_MAX_OWNERS];
 /* The owners whose memo entry this pass set, so the next pass clears those bytes, not all 1024
  * (MEMO_TOUCHED + 1: too many, clear everything). */
@@ -996,6 +994,8 @@ static void floors_raise(Pass *P) {
         rl_floor_raise(s, l, c->floor_word, rl_minute(rl_key_due(basis)));
     }
 }
+
+uint64_t rl_index_reads(void) { return tls_reads; }
 
 int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t lease_ms,
              uint32_t window, int64_t *out, uint32_t *advice) {

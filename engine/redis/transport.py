@@ -4,8 +4,9 @@
 Every command goes through one of three calls, and one retry rule (:meth:`Transport.retrying`)
 serves them all: a lost connection, and a reply that says the command was not run and may
 succeed later (``TRYAGAIN``, ``CLUSTERDOWN``, ``LOADING``, ``MASTERDOWN``, a master demoted to
-a replica; ``ASK`` for a read), is retried with back-off (50 ms doubling, at most 1 s apart)
-until ``timeout`` seconds have passed, then ``EngineError`` names the URL, never its password.
+a replica; ``ASK`` for a read), is retried with back-off (50 ms doubling, at most 1 s apart;
+a heartbeat's at most TTL/32 apart, ``max_delay``) until ``timeout`` seconds have passed,
+then ``EngineError`` names the URL, never its password.
 
 * :meth:`Transport.call` -- a read, or a command that is safe to repeat: retried whole.
 * :meth:`Transport.fcall` -- a function of the library: retried only while nothing was sent
