@@ -703,29 +703,30 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * lower lane. Within a lane the order stays EDF: only the choice between lane heads changes.
  *
  * What a lane-order pass does not pay: opening every lane (its seek, its rows, its floor work at
- * the end of the pass) and reading every head's interval (a cache miss each: the intervals are
- * an array of their own). So each lane's lateness is kept as bounds, [lo, hi], narrowed only
- * while they decide nothing. An unopened lane: lo 0, hi weight x (now - floor) / iv_min, since
- * no live row is below its floor minute and none has an interval below iv_min. An opened one
- * with its head's due time: weight x (now - due) over iv_max and iv_min (both words beside the
- * floor, moved only outward by rl_publish before a row is visible); exact once its interval is
- * read. The lanes are a max-heap by hi: the top takes the grant when its lo beats the hi of
- * its larger child (the runner-up); otherwise the looser of the two is narrowed (opened, or its
- * interval read), which changes no choice and only lowers its hi. The winner keeps the grants while its next head still beats that runner-up (without
- * weighing it while it is due before a threshold: heads come in due order). A write racing the
- * pass may be missed by it, as by any pass; bounds read at its start hold for every row that
- * was there when it started. */
+ * the end of the pass) and reading every head's interval (an array of its own). So a lane is
+ * opened only while it may win. Until then it is weighed by a bound: no live row is below its
+ * floor minute and none has an interval below iv_min (a word beside the floor, moved only
+ * downward by rl_publish before a row is visible), so its lateness is at most weight x
+ * (now - floor) / iv_min. Or exactly, by its head as this thread's last pass left it (HeadMemo),
+ * while that still holds. An opened lane's head is weighed exactly at once: its interval was
+ * prefetched with its rows (reading it later, only when a bound on it decided nothing, cost a
+ * second step on nearly every grant: docs/design.md §7). The lanes are a max-heap by their most
+ * lateness: the top takes the grant when its least beats the most of its larger child (the
+ * runner-up); otherwise whichever of the two is a bound is opened, which changes no choice and
+ * only lowers its most. The winner keeps the grants while its next head still beats that
+ * runner-up (without weighing it while it is due before a threshold: heads come in due order).
+ * A write racing the pass may be missed by it, as by any pass; bounds read at its start hold for
+ * every row that was there when it started. */
 typedef struct {
-    unsigned __int128 late; /* weight x (now - due) of the head; of the floor when unopened */
-    uint32_t iv_lo;         /* lateness >= late / iv_lo (iv_max, or the head's interval) ... */
-    uint32_t iv_hi;         /* ... and <= late / iv_hi (iv_min, or the head's interval) */
+    unsigned __int128 late; /* weight x (now - due) of the head; of the floor for a bound */
+    uint32_t iv;            /* the head's interval; iv_min for a bound */
     uint8_t state;          /* LATE_* */
-    double lo, hi;          /* late / iv_lo and late / iv_hi as doubles: a scan compares these,
-                             * and the exact products only when they are too close to tell */
+    double v;               /* late / iv as a double: the heap compares these, and the exact
+                             * products only when they are too close to tell */
 } LateHead;
-#define LATE_BOUND 0 /* not opened: lateness in [0, late / iv_hi] */
-#define LATE_HEAD 1  /* opened, a due head: lateness in [late / iv_lo, late / iv_hi] */
-#define LATE_EXACT 2 /* opened, a due head whose interval is read: iv_lo == iv_hi */
+#define LATE_BOUND 0 /* not opened: lateness in [0, late / iv] */
+#define LATE_EXACT 1 /* opened, a due head: lateness late / iv */
+#define LATE_MEMO 2  /* not opened, its head known from this thread's last pass: late / iv */
 #define LATE_NONE 3  /* opened, nothing left */
 
 /* Whether a / b beats c / d (exactly), ties to the lower lane: la < lc. */
@@ -735,71 +736,104 @@ static inline int late_beats(unsigned __int128 a, uint32_t b, uint32_t la, unsig
     return x > y || (x == y && la < lc);
 }
 
-/* late_beats of x = a / b and y = c / d, decided by the doubles when they are more than 1e-12
- * apart (each is within 3e-16 of its quotient), else exactly: the scans over the lanes compare
- * a double each, not two 128-bit products. */
-static inline int late_beats_d(double x, unsigned __int128 a, uint32_t b, uint32_t la, double y,
-                               unsigned __int128 c, uint32_t d, uint32_t lc) {
-    if (x > y * (1 + 1e-12)) return 1;
-    if (x < y * (1 - 1e-12)) return 0;
-    return late_beats(a, b, la, c, d, lc);
+/* late_beats of lanes a and b by their v (late / iv), decided by the doubles when they are more
+ * than 1e-12 apart (each is within 3e-16 of its quotient), else exactly: the heap compares a
+ * double each, not two 128-bit products. */
+static inline int late_beats_d(const LateHead *h, uint32_t a, uint32_t b) {
+    if (h[a].v > h[b].v * (1 + 1e-12)) return 1;
+    if (h[a].v < h[b].v * (1 - 1e-12)) return 0;
+    return late_beats(h[a].late, h[a].iv, a, h[b].late, h[b].iv, b);
 }
 
-/* A head's bounds as doubles, after its late, iv_lo and iv_hi are set. */
-static inline void late_approx(LateHead *h) {
-    h->lo = (double)h->late / h->iv_lo;
-    h->hi = (double)h->late / h->iv_hi;
+/* Set a head's late to w x dt and its v (after its iv is set): the product of two exact doubles
+ * (w < 2^26, dt < 2^42) rounds once, as a conversion of the 128-bit product would, without its
+ * libgcc call. */
+static inline void late_set(LateHead *h, uint32_t w, uint64_t dt) {
+    h->late = (unsigned __int128)w * dt;
+    h->v = (double)w * (double)dt / h->iv;
 }
 
-/* Whether lane a's least lateness beats lane b's most (a's lo over b's hi). */
-static inline int late_surely_beats(const LateHead *h, int a, int b) {
-    if (h[a].state == LATE_BOUND) return 0; /* lo 0 beats nothing */
-    return late_beats_d(h[a].lo, h[a].late, h[a].iv_lo, (uint32_t)a, h[b].hi, h[b].late,
-                        h[b].iv_hi, (uint32_t)b);
+/* A lane's head as this thread's last lateness pass that opened the lane left it: the first
+ * claimable row it would have granted next. A later pass of the same index generation weighs
+ * the lane exactly from it, without opening the lane (its seek, its rows, its floor work at the
+ * end), while that row still holds the key, out of flight and claimable, and nothing ahead of
+ * it was written into the lane: every write that makes a row visible appends it to the ring and
+ * lowers the lane's ring_min first (csrc/floor.c), so a ring_min above the head's key says no
+ * row came back or arrived ahead of it, and within a generation the index gains no entry.
+ * Claims only take rows away. The one row that comes back unwritten is one whose lease lapsed
+ * (or whose owner died) before the sweep puts it back: a pass uses memos only while lease_min
+ * says there is none. The lane is opened when it wins a grant, as before. */
+typedef struct {
+    uint64_t serial, gen; /* the handle and the index generation it was read in */
+    uint64_t key;         /* the head's key */
+    uint32_t row;         /* the head's row */
+} HeadMemo;
+static __thread HeadMemo tls_heads[RL_MAX_LANES];
+
+/* Whether lane l's memo holds; if so, its head's exact lateness in h (w: the lane's weight). */
+static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
+    const HeadMemo *m = &tls_heads[l];
+    if (m->serial != P->s->serial || m->gen != P->gen || m->row >= P->used) return 0;
+    uint64_t due = rl_key_due(m->key);
+    if (due > (uint64_t)P->now ||
+        RL_RMIN_KEY(atomic_load_explicit(&P->s->lanes[l].ring_min, memory_order_acquire)) <= m->key)
+        return 0;
+    const rl_row *r = &P->s->rows[m->row];
+    uint64_t word = atomic_load_explicit(&r->word, memory_order_acquire);
+    if ((word & RL_WORD_FLIGHT) || RL_WORD_KEY(word) != m->key ||
+        !lease_claimable(P, atomic_load_explicit(&r->lease, memory_order_acquire)))
+        return 0;
+    uint32_t iv = atomic_load_explicit(&P->s->intervals[m->row], memory_order_relaxed);
+    h->iv = iv ? iv : 1;
+    h->state = LATE_MEMO;
+    late_set(h, w, (uint64_t)P->now - due);
+    return 1;
 }
 
-/* Open lane l (if it is not) and bound its head; `exact` reads the head's interval. */
-static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w, uint32_t iv_min, uint32_t iv_max,
-                      int exact) {
+/* At the end of a lateness pass: remember the head each opened lane would grant next (or forget
+ * the lane's memo: none was peeked, or the index moved under the pass). */
+static void heads_note(const Pass *P, const Cursor *c, int gen_moved) {
+    HeadMemo *m = &tls_heads[c->lane];
+    if (gen_moved || !c->have_peek) {
+        m->serial = 0;
+        return;
+    }
+    *m = (HeadMemo){P->s->serial, P->gen, c->peek.key, c->peek.row};
+}
+
+/* Whether lane a's least lateness beats lane b's most. */
+static inline int late_surely_beats(const LateHead *h, uint32_t a, uint32_t b) {
+    return h[a].state != LATE_BOUND && late_beats_d(h, a, b); /* a bound's least is 0 */
+}
+
+/* Open lane l (if it is not) and weigh its head exactly (w: the lane's weight). */
+static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w) {
     Cursor *c = lane_open(P, l);
     if (!lane_peek(P, c)) {
         h->state = LATE_NONE;
         return;
     }
     uint64_t due = rl_key_due(c->peek.key);
-    h->late = (unsigned __int128)w * ((uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
-    if (exact || iv_max == 0) {
-        uint32_t iv = atomic_load_explicit(&P->s->intervals[c->peek.row], memory_order_relaxed);
-        h->iv_lo = h->iv_hi = iv ? iv : 1;
-        h->state = LATE_EXACT;
-        late_approx(h);
-        return;
-    }
-    h->iv_lo = iv_max;
-    h->iv_hi = iv_min ? iv_min : 1;
-    h->state = LATE_HEAD;
-    late_approx(h);
-    __builtin_prefetch(&P->s->intervals[c->peek.row], 0, 3); /* in case the bounds decide nothing */
+    uint32_t iv = atomic_load_explicit(&P->s->intervals[c->peek.row], memory_order_relaxed);
+    h->iv = iv ? iv : 1;
+    h->state = LATE_EXACT;
+    late_set(h, w, (uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
 }
 
-/* The lanes a lateness pass weighs, as a binary max-heap by hi (their most lateness), ties to
- * the lower lane: the top and its larger child are the two a grant is decided between. Only a
- * narrowing lowers a lane's hi, and only the top's (its next head) may rise, so sifting down
- * keeps the order. */
+/* The lanes a lateness pass weighs, as a binary max-heap by v (their most lateness), ties to
+ * the lower lane: the top and its larger child are the two a grant is decided between. Only an
+ * opening lowers a lane's v, and only the top's (its next head) may rise, so sifting down keeps
+ * the order. */
 typedef struct {
     uint8_t at[RL_MAX_LANES];
     uint32_t n;
 } LaneHeap;
 
-static inline int hi_beats(const LateHead *h, uint32_t a, uint32_t b) {
-    return late_beats_d(h[a].hi, h[a].late, h[a].iv_hi, a, h[b].hi, h[b].late, h[b].iv_hi, b);
-}
-
 static void heap_down(LaneHeap *q, const LateHead *h, uint32_t i) {
     for (;;) {
         uint32_t c = 2 * i + 1, top = i;
-        if (c < q->n && hi_beats(h, q->at[c], q->at[top])) top = c;
-        if (c + 1 < q->n && hi_beats(h, q->at[c + 1], q->at[top])) top = c + 1;
+        if (c < q->n && late_beats_d(h, q->at[c], q->at[top])) top = c;
+        if (c + 1 < q->n && late_beats_d(h, q->at[c + 1], q->at[top])) top = c + 1;
         if (top == i) return;
         uint8_t t = q->at[i];
         q->at[i] = q->at[top];
@@ -812,7 +846,7 @@ static void heap_remove(LaneHeap *q, const LateHead *h, uint32_t i) {
     q->at[i] = q->at[--q->n];
     if (i >= q->n) return;
     heap_down(q, h, i);
-    while (i > 0 && hi_beats(h, q->at[i], q->at[(i - 1) / 2])) { /* the last may beat a parent */
+    while (i > 0 && late_beats_d(h, q->at[i], q->at[(i - 1) / 2])) { /* the last may beat a parent */
         uint8_t t = q->at[i];
         q->at[i] = q->at[(i - 1) / 2];
         q->at[(i - 1) / 2] = t;
@@ -881,6 +915,10 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
     uint64_t used = atomic_load(&P->s->h->lanes_used) & ~((1ull << first) - 1);
     if (P->lanes < RL_MAX_LANES) used &= (1ull << P->lanes) - 1;
     lane_weights(P, first, wt);
+    /* heads remembered from this thread's last pass hold only while no lapsed lease waits for
+     * the sweep (HeadMemo) */
+    uint64_t lmin = atomic_load(&P->s->h->lease_min);
+    int memos = !(lmin & RL_LMIN_SWEEPING) && RL_LMIN_MS(lmin) > P->now;
     for (uint64_t m = used; m; m &= m - 1) {
         uint32_t l = (uint32_t)__builtin_ctzll(m);
         rl_lane *ln = &P->s->lanes[l];
@@ -888,7 +926,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         ivmax[l] = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
         uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
         if (tls_cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
-            late_peek(P, l, &h[l], wt[l], ivmin[l], ivmax[l], 0);
+            late_peek(P, l, &h[l], wt[l]);
             if (h[l].state != LATE_NONE) q.at[q.n++] = (uint8_t)l;
             continue;
         }
@@ -897,38 +935,49 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             continue;
         }
         q.at[q.n++] = (uint8_t)l;
+        if (memos && head_memo(P, l, wt[l], &h[l])) continue;
         uint64_t since = (uint64_t)fm * 60000u; /* no floor (0) bounds nothing */
-        h[l].late = (unsigned __int128)wt[l] * ((uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
-        h[l].iv_lo = 1;
-        h[l].iv_hi = ivmin[l] ? ivmin[l] : 1;
+        h[l].iv = ivmin[l] ? ivmin[l] : 1;
         h[l].state = LATE_BOUND;
-        late_approx(&h[l]);
+        late_set(&h[l], wt[l], (uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
     }
     for (uint32_t i = q.n / 2; i-- > 0;) heap_down(&q, h, i);
     while (P->n < P->budget) {
         int best, run;
         for (;;) {
-            /* best: the lane of the highest hi (the heap's top); run: the highest hi of the
-             * others (a child of the top). best wins once its lo beats run's hi; until then the
-             * loosest of the two is narrowed, which lowers its hi (the heap moves it down) */
+            /* best: the lane of the most lateness (the heap's top); run: the most of the
+             * others (a child of the top). best wins unless one of the two is a bound (two
+             * heads weighed exactly are in heap order); that one is opened, which lowers its
+             * most (the heap moves it down) */
             if (q.n == 0) return;
             best = q.at[0];
-            run = q.n == 1 ? -1 : q.n == 2 || hi_beats(h, q.at[1], q.at[2]) ? q.at[1] : q.at[2];
-            if (run < 0 || late_surely_beats(h, best, run)) break;
-            uint32_t l = (uint32_t)best, i = 0; /* the lane narrowed, and where it is */
-            if (h[best].state == LATE_BOUND) ;
-            else if (h[run].state != LATE_EXACT) l = (uint32_t)run, i = q.at[1] == run ? 1 : 2;
-            if (h[l].state == LATE_BOUND) late_peek(P, l, &h[l], wt[l], ivmin[l], ivmax[l], 0);
-            else late_peek(P, l, &h[l], wt[l], 0, 0, 1); /* best exact always wins: a HEAD */
+            run = q.n == 1 ? -1 : q.n == 2 || late_beats_d(h, q.at[1], q.at[2]) ? q.at[1] : q.at[2];
+            if (run < 0 || late_surely_beats(h, (uint32_t)best, (uint32_t)run)) break;
+            uint32_t l = (uint32_t)best, i = 0; /* the lane opened, and where it is */
+            if (h[best].state != LATE_BOUND) l = (uint32_t)run, i = q.at[1] == run ? 1 : 2;
+            late_peek(P, l, &h[l], wt[l]);
             if (h[l].state == LATE_NONE) heap_remove(&q, h, i);
             else heap_down(&q, h, i);
         }
         if (h[best].state == LATE_BOUND) { /* the only lane left (no runner-up) is unopened: its
                                             * cursor is still a past pass's, maybe another
                                             * segment's; open it before taking from it */
-            late_peek(P, (uint32_t)best, &h[best], wt[best], ivmin[best], ivmax[best], 0);
+            late_peek(P, (uint32_t)best, &h[best], wt[best]);
             if (h[best].state == LATE_NONE) {
                 heap_remove(&q, h, 0);
+                continue;
+            }
+        } else if (h[best].state == LATE_MEMO) { /* won on its memo: open it, and decide again
+                                                  * should its head not be the one remembered
+                                                  * (a write racing this pass) */
+            LateHead was = h[best];
+            late_peek(P, (uint32_t)best, &h[best], wt[best]);
+            if (h[best].state == LATE_NONE) {
+                heap_remove(&q, h, 0);
+                continue;
+            }
+            if (h[best].late != was.late || h[best].iv != was.iv) {
+                heap_down(&q, h, 0);
                 continue;
             }
         }
@@ -937,14 +986,14 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
         if (need > c->ahead) c->ahead = need;
         /* Heads of the lane come in due order, so the lane surely keeps winning while its head
-         * is due before `sure`: weight x (now - due) / iv_max > the runner-up's hi, i.e.
-         * now - due > q = floor(run.late x iv_max / (weight x run.iv_hi)). Past it, weigh it. */
+         * is due before `sure`: weight x (now - due) / iv_max > the runner-up's most, i.e.
+         * now - due > q = floor(run.late x iv_max / (weight x run.iv)). Past it, weigh it. */
         uint64_t sure = UINT64_MAX;
         if (run >= 0) {
             sure = 0;
             if (ivmax[best] && wt[best]) {
                 unsigned __int128 q = h[run].late * ivmax[best] /
-                                      ((unsigned __int128)wt[best] * h[run].iv_hi);
+                                      ((unsigned __int128)wt[best] * h[run].iv);
                 if (q + 1 < (unsigned __int128)P->now) sure = (uint64_t)P->now - (uint64_t)q - 1;
             }
         }
@@ -952,12 +1001,13 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
             if (P->n >= P->budget) return;
             if (lane_peek(P, c) && rl_key_due(c->peek.key) < sure) continue;
-            late_peek(P, (uint32_t)best, &h[best], wt[best], ivmin[best], ivmax[best], 0);
-            if (h[best].state == LATE_NONE || (run >= 0 && !late_surely_beats(h, best, run)))
+            late_peek(P, (uint32_t)best, &h[best], wt[best]);
+            if (h[best].state == LATE_NONE ||
+                (run >= 0 && !late_surely_beats(h, (uint32_t)best, (uint32_t)run)))
                 break; /* decide again */
         }
         if (h[best].state == LATE_NONE) heap_remove(&q, h, 0);
-        else heap_down(&q, h, 0); /* its hi moved (the top's may rise: it stays the top) */
+        else heap_down(&q, h, 0); /* its lateness moved (the top's may rise: it stays the top) */
     }
 }
 
@@ -973,6 +1023,7 @@ static void floors_raise(Pass *P) {
         if (c->stale) atomic_fetch_add_explicit(&ln->stale_skipped, c->stale, memory_order_relaxed);
         if (c->stale - c->tombs > P->window) P->advice |= RL_ADVISE_COMPACT;
         if (c->refused) atomic_fetch_add_explicit(&ln->lease_refused, c->refused, memory_order_relaxed);
+        if (P->late) heads_note(P, c, gen_moved);
         if (gen_moved) continue;
         if (c->ring_read) ring_hint_advance(P, c);
         { /* record where the stale prefix ends; within a generation only forward. First the
