@@ -710,7 +710,7 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * (now - floor) / iv_min. Or exactly, by its head as this thread's last pass left it (HeadMemo),
  * while that still holds. An opened lane's head is weighed exactly at once: its interval was
  * prefetched with its rows (reading it later, only when a bound on it decided nothing, cost a
- * second step on nearly every grant: docs/design.md §7). The lanes are a max-heap by their most
+ * second step on nearly every grant: docs/design.md §3). The lanes are a max-heap by their most
  * lateness: the top takes the grant when its least beats the most of its larger child (the
  * runner-up); otherwise whichever of the two is a bound is opened, which changes no choice and
  * only lowers its most. The winner keeps the grants while its next head still beats that
