@@ -707,14 +707,16 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * opened only while it may win. Until then it is weighed by a bound: no live row is below its
  * floor minute and none has an interval below iv_min (a word beside the floor, moved only
  * downward by rl_publish before a row is visible), so its lateness is at most weight x
- * (now - floor) / iv_min. Or exactly, by its head as this thread's last pass left it (HeadMemo),
- * while that still holds. An opened lane's head is weighed exactly at once: its interval was
+ * (now - floor) / iv_min. When that decides nothing, it is weighed exactly by its head as this
+ * thread's last pass left it (HeadMemo), while that still holds, and opened only when that does
+ * not hold or it wins. An opened lane's head is weighed exactly at once: its interval was
  * prefetched with its rows (reading it later, only when a bound on it decided nothing, cost a
  * second step on nearly every grant: docs/design.md §3). The lanes are a max-heap by their most
  * lateness: the top takes the grant when its least beats the most of its larger child (the
- * runner-up); otherwise whichever of the two is a bound is opened, which changes no choice and
- * only lowers its most. The winner keeps the grants while its next head still beats that
- * runner-up (without weighing it while it is due before a threshold: heads come in due order).
+ * runner-up); otherwise whichever of the two is a bound is weighed (by its memo, or opened), which
+ * changes no choice and only lowers its most. The winner keeps the grants while its next head
+ * still beats that runner-up (without weighing it while it is due before a threshold: heads
+ * come in due order).
  * A write racing the pass may be missed by it, as by any pass; bounds read at its start hold for
  * every row that was there when it started. */
 typedef struct {
@@ -916,7 +918,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
     if (P->lanes < RL_MAX_LANES) used &= (1ull << P->lanes) - 1;
     lane_weights(P, first, wt);
     /* heads remembered from this thread's last pass hold only while no lapsed lease waits for
-     * the sweep (HeadMemo) */
+     * the sweep (HeadMemo); a lane's is read only when its bound decides nothing */
     uint64_t lmin = atomic_load(&P->s->h->lease_min);
     int memos = !(lmin & RL_LMIN_SWEEPING) && RL_LMIN_MS(lmin) > P->now;
     for (uint64_t m = used; m; m &= m - 1) {
@@ -935,7 +937,6 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             continue;
         }
         q.at[q.n++] = (uint8_t)l;
-        if (memos && head_memo(P, l, wt[l], &h[l])) continue;
         uint64_t since = (uint64_t)fm * 60000u; /* no floor (0) bounds nothing */
         h[l].iv = ivmin[l] ? ivmin[l] : 1;
         h[l].state = LATE_BOUND;
@@ -947,15 +948,15 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         for (;;) {
             /* best: the lane of the most lateness (the heap's top); run: the most of the
              * others (a child of the top). best wins unless one of the two is a bound (two
-             * heads weighed exactly are in heap order); that one is opened, which lowers its
-             * most (the heap moves it down) */
+             * heads weighed exactly are in heap order); that one is weighed by its memo, else
+             * opened, which lowers its most (the heap moves it down) */
             if (q.n == 0) return;
             best = q.at[0];
             run = q.n == 1 ? -1 : q.n == 2 || late_beats_d(h, q.at[1], q.at[2]) ? q.at[1] : q.at[2];
             if (run < 0 || late_surely_beats(h, (uint32_t)best, (uint32_t)run)) break;
-            uint32_t l = (uint32_t)best, i = 0; /* the lane opened, and where it is */
+            uint32_t l = (uint32_t)best, i = 0; /* the lane weighed, and where it is */
             if (h[best].state != LATE_BOUND) l = (uint32_t)run, i = q.at[1] == run ? 1 : 2;
-            late_peek(P, l, &h[l], wt[l]);
+            if (!memos || !head_memo(P, l, wt[l], &h[l])) late_peek(P, l, &h[l], wt[l]);
             if (h[l].state == LATE_NONE) heap_remove(&q, h, i);
             else heap_down(&q, h, i);
         }
