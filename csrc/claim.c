@@ -756,15 +756,16 @@ static inline void late_set(LateHead *h, uint32_t w, uint64_t dt) {
 }
 
 /* A lane's head as this thread's last lateness pass that opened the lane left it: the first
- * claimable row it would have granted next. A later pass of the same index generation weighs
- * the lane exactly from it, without opening the lane (its seek, its rows, its floor work at the
- * end), while that row still holds the key, out of flight and claimable, and nothing ahead of
- * it was written into the lane: every write that makes a row visible appends it to the ring and
- * lowers the lane's ring_min first (csrc/floor.c), so a ring_min above the head's key says no
- * row came back or arrived ahead of it, and within a generation the index gains no entry.
- * Claims only take rows away. The one row that comes back unwritten is one whose lease lapsed
- * (or whose owner died) before the sweep puts it back: a pass uses memos only while lease_min
- * says there is none. The lane is opened when it wins a grant, as before. */
+ * claimable row it would have granted next. A later pass of the same index generation, when
+ * the lane's bound decides nothing, weighs the lane exactly from it instead of opening it (its
+ * seek, its rows, its floor work at the end), while that row still holds the key, out of
+ * flight and claimable, and nothing ahead of it was written into the lane: every write that
+ * makes a row visible appends it to the ring and lowers the lane's ring_min first
+ * (csrc/floor.c), so a ring_min above the head's key says no row came back or arrived ahead of
+ * it, and within a generation the index gains no entry. Claims only take rows away. The one row
+ * that comes back unwritten is one whose lease lapsed (or whose owner died) before the sweep
+ * puts it back: a pass uses memos only while lease_min says there is none. The lane is opened
+ * when it wins a grant, as before. */
 typedef struct {
     uint64_t serial, gen; /* the handle and the index generation it was read in */
     uint64_t key;         /* the head's key */

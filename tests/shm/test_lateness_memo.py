@@ -62,6 +62,7 @@ def test_a_row_written_ahead_of_a_remembered_head_is_granted_first(how):
         if how == "added":
             want = int(eng.add_many(np.array([NOW - 10 * iv * 1000]), iv)[0])
         else:  # the pass's first grant: the latest row of all, behind its lane's head now
+            assert first.lanes[0] != last.lanes[0]  # its lane did not win last: it has a memo
             want = int(first.rows[0])
             eng.release_many(first.rows[:1], first.tokens[:1], now_ms=NOW)
         got = eng.claim(budget=1, now_ms=NOW, lease_ms=HELD)
