@@ -961,24 +961,18 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             if (h[l].state == LATE_NONE) heap_remove(&q, h, i);
             else heap_down(&q, h, i);
         }
-        if (h[best].state == LATE_BOUND) { /* the only lane left (no runner-up) is unopened: its
-                                            * cursor is still a past pass's, maybe another
-                                            * segment's; open it before taking from it */
-            late_peek(P, (uint32_t)best, &h[best], wt[best]);
-            if (h[best].state == LATE_NONE) {
-                heap_remove(&q, h, 0);
-                continue;
-            }
-        } else if (h[best].state == LATE_MEMO) { /* won on its memo: open it, and decide again
-                                                  * should its head not be the one remembered
-                                                  * (a write racing this pass) */
+        if (h[best].state != LATE_EXACT) { /* not opened: won on its memo, or a bound left
+                                            * alone (no runner-up). Its cursor is a past pass's,
+                                            * maybe another segment's: open it before taking
+                                            * from it, and decide again should its head not be
+                                            * the one weighed (a write racing this pass) */
             LateHead was = h[best];
             late_peek(P, (uint32_t)best, &h[best], wt[best]);
             if (h[best].state == LATE_NONE) {
                 heap_remove(&q, h, 0);
                 continue;
             }
-            if (h[best].late != was.late || h[best].iv != was.iv) {
+            if (run >= 0 && (h[best].late != was.late || h[best].iv != was.iv)) {
                 heap_down(&q, h, 0);
                 continue;
             }

@@ -89,7 +89,7 @@ search() {
     fi
     # COLLAPSE: the state vectors compressed, a third of the memory for a tenth more time. -O1:
     # most searches take less time than building their verifier, which -O1 halves (the whole
-    # check: 88-89 s, 102 s at -O2; the longest search 6 % slower)
+    # check: 88-89 s, 102 s at -O2; a 21 s search 6 % slower)
     if ! (cd "$dir" && "$CC" -O1 -w -DSAFETY -DCOLLAPSE -DMEMLIM=4096 -o pan pan.c >cc.log 2>&1); then
         echo "check.sh: building the verifier ($*) failed:" >&2
         cat "$dir/cc.log" >&2
