@@ -232,11 +232,16 @@ def _prioritize(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from .serve.app import ServeOptions, run
+    from .serve.door import Limits
 
+    limits = Limits(header_s=args.header_timeout, idle_s=args.idle_timeout,
+                    body_s=args.body_timeout, per_peer=args.max_connections_per_client)
     options = ServeOptions(name=args.name, store=args.store, redis=args.redis,
                            local=args.local_name, host=args.host, port=args.port,
                            read_only=args.read_only, token_file=args.token_file,
-                           max_stale=args.max_stale, processes=args.processes)
+                           max_stale=args.max_stale, processes=args.processes,
+                           allowed_hosts=tuple(args.allowed_host), trust_proxy=tuple(
+                               args.trust_proxy), limits=limits)
     parts = [what for what, given in (("the dashboard at /", args.name), ("snapshots at"
              " /render?url=URL", args.store)) if given]
 
@@ -756,6 +761,22 @@ def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
                    help="show no action and refuse every POST (403)")
     p.add_argument("--processes", type=int, default=1, metavar="N",
                    help="N server processes on one port (SO_REUSEPORT)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a Host name the dashboard, its API, /login and /metrics answer to,"
+                        " besides loopback names and the bound address (repeatable); any"
+                        " other Host gets 421")
+    p.add_argument("--trust-proxy", action="append", default=[], metavar="CIDR",
+                   help="honour X-Forwarded-For and X-Forwarded-Proto from peers in this"
+                        " network (repeatable); ignored from anyone else")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="S",
+                   help="a request's headers must arrive within S seconds (else 408)")
+    p.add_argument("--idle-timeout", type=float, default=60.0, metavar="S",
+                   help="an idle keep-alive connection is closed after S seconds")
+    p.add_argument("--body-timeout", type=float, default=10.0, metavar="S",
+                   help="a POST body must arrive within S seconds (else 408)")
+    p.add_argument("--max-connections-per-client", type=int, default=256, metavar="N",
+                   help="open connections one address may hold (more get 429); a trusted"
+                        " proxy is exempt")
     _redis_arguments(p, local=True)
     p.set_defaults(fn=_serve, store=None, max_stale=None)
 
@@ -774,6 +795,24 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--max-stale", type=float, metavar="F",
                    help="refuse (503) a snapshot older than F x its interval, so middleware"
                         " falls through to the origin")
+
+
+def _token(args: argparse.Namespace) -> int:
+    from .serve.auth import TOKEN_BYTES, write_token
+
+    write_token(args.file, replace=args.replace)
+    print(f"wrote a random {TOKEN_BYTES}-byte token to {args.file} (mode 0600): give it to"
+          f" lanes serve --token-file {args.file}")
+    return 0
+
+
+def _token_parser(sub: Any) -> None:
+    p = sub.add_parser("token", help="write a random token for lanes serve --token-file",
+                       formatter_class=SHOW_DEFAULTS)
+    p.add_argument("file", help="where to write it (mode 0600; an existing file is kept)")
+    p.add_argument("--replace", action="store_true",
+                   help="replace an existing file (every session of a server reading it ends)")
+    p.set_defaults(fn=_token)
 
 
 def _serve_metrics_parser(sub: Any) -> None:
@@ -796,6 +835,7 @@ _PARSERS = (
     _prioritize_parser,
     _serve_parser,
     _serve_metrics_parser,
+    _token_parser,
 )
 """One function per command, each adding its own parser."""
 

@@ -198,6 +198,7 @@ class SnapshotStore:
                     raise StoreError(f"no snapshot store at {path}")
                 _create_database(database)
                 created = True
+                os.chmod(path, 0o700)  # a directory that existed keeps no looser mode
             _mkdir(os.path.join(path, FILES))
             _probe(os.path.join(path, FILES))
             store = cls(path, _connect(database))

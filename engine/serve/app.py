@@ -30,7 +30,7 @@ from aiohttp import web
 from ..checks import is_int
 from ..errors import EngineValueError
 from ..store import SnapshotStore
-from . import auth
+from . import auth, door
 from .snapshots import HitLog, SnapshotRoutes
 from .source import PoolSource
 
@@ -54,6 +54,9 @@ class ServeOptions:
     token_file: str | None = None
     max_stale: float | None = None
     processes: int = 1
+    allowed_hosts: tuple[str, ...] = ()
+    trust_proxy: tuple[str, ...] = ()
+    limits: door.Limits = door.Limits()
 
     def check(self) -> None:
         if self.name is None and self.store is None:
@@ -71,6 +74,13 @@ class ServeOptions:
         if not is_int(self.processes) or not 1 <= self.processes <= 64:
             raise EngineValueError(f"--processes must lie in [1, 64], got {self.processes!r}")
         auth.check_binding(self.host, self.token_file)
+        self.limits.check()
+        self.front_door()  # refuses a bad --allowed-host or --trust-proxy
+
+    def front_door(self) -> door.Door:
+        """A server process's front door (each process makes its own: it counts connections)."""
+        return door.Door(self.limits, door.networks(self.trust_proxy),
+                         door.host_names(self.host, self.allowed_hosts))
 
 
 @dataclass
@@ -124,10 +134,14 @@ def open_parts(options: ServeOptions) -> Parts:
                  ThreadPoolExecutor(1, thread_name_prefix="lanes-serve-slow"))
 
 
-def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts) -> web.Application:
-    """The application: middleware, the server's own routes, the snapshot routes (with a
-    store) and the dashboard's (with a pool)."""
-    app = web.Application(middlewares=[auth.middleware(guard)])
+def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts,
+              front: door.Door | None = None) -> web.Application:
+    """The application: middleware (the front door's, then the token's), the server's own
+    routes, the snapshot routes (with a store) and the dashboard's (with a pool)."""
+    front = options.front_door() if front is None else front
+    app = web.Application(middlewares=[door.front(front), auth.middleware(guard)],
+                          client_max_size=options.limits.body_bytes)
+    app.on_response_prepare.append(door.on_prepare)
     if guard.token is not None:
         auth.add_login_routes(app, guard)
     app.router.add_get("/healthz", _healthz, name="healthz")
@@ -194,7 +208,7 @@ def run(options: ServeOptions, *, seconds: float | None = None,
     """Serve until SIGINT/SIGTERM (or ``seconds``); ``announce`` gets the base URL once bound."""
     options.check()
     token = None if options.token_file is None else auth.read_token(options.token_file)
-    guard = auth.Auth(token, read_only=options.read_only)
+    guard = auth.Auth(token, read_only=options.read_only, token_file=options.token_file)
     sock = bind(options.host, options.port, reuse_port=options.processes > 1)
     try:
         base = _base_url(options.host, sock.getsockname()[1])
@@ -242,11 +256,13 @@ def _base_url(host: str, port: int) -> str:
 async def _serve(options: ServeOptions, guard: auth.Auth, sock: socket.socket, parts: Parts,
                  seconds: float | None) -> None:
     try:
-        runner = web.AppRunner(build_app(options, guard, parts), access_log=None,
-                               handle_signals=False)
+        front = options.front_door()
+        runner = web.AppRunner(build_app(options, guard, parts, front), access_log=None,
+                               handle_signals=False, keepalive_timeout=options.limits.idle_s,
+                               logger=door.QuietLog())
         await runner.setup()
         try:
-            await web.SockSite(runner, sock).start()
+            await door.GuardedSite(runner, sock, front).start()
             await _until_stopped(seconds)
         finally:
             await runner.cleanup()

@@ -27,7 +27,7 @@ from ..errors import EngineError
 from ..pool import progress
 from ..pool.staleness import cells as staleness_cells
 from ..pool.view import COLUMNS, lane_cells
-from . import api
+from . import api, auth
 from .source import PoolSource
 
 HERE = Path(__file__).parent
@@ -163,9 +163,7 @@ async def failures_action(request: web.Request) -> web.Response:
     except EngineError as e:
         note = f"refused: {e}"
     fig.forget("failures", "overview")
-    back = str(form.get("back", "/failures"))
-    if not back.startswith("/") or back.startswith("//") or "\\" in back:
-        back = "/failures"  # only ever back to a page of this server (browsers read \ as /)
+    back = auth.local_path(form.get("back"), "/failures")  # only ever a page of this server
     sep = "&" if "?" in back else "?"
     raise web.HTTPSeeOther(f"{back}{sep}done={urllib.parse.quote(note)}")
 

@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import functools
 import logging
 import time
+import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,7 +44,7 @@ from ..checks import wall_ms
 from ..errors import EngineError
 from ..pool.ingest import normalize_url
 from ..store import Snapshot, SnapshotStore
-from .auth import SECURITY_HEADERS, SNAPSHOT_ROUTE
+from .door import SECURITY_HEADERS, SNAPSHOT_ROUTE
 
 FLUSH_S: Final = 1.0
 MAX_PENDING: Final = 100_000
@@ -57,6 +57,14 @@ REVALIDATE_S: Final = 1.0
 CACHE_BYTES: Final = 64 << 20
 """The answers kept in memory, gzip and (once asked for) plain HTML counted, least recently
 used dropped first."""
+PLAIN_KEPT: Final = 1 << 20
+"""A page whose HTML is larger than this is sent to a client that takes no gzip decompressed
+piece by piece (``STREAM_PIECE`` at a time), never whole in memory: a 20 MB page gzips to a few
+KB, so without this a few such requests would hold many times the answer budget."""
+STREAM_PIECE: Final = 256 << 10
+NORMAL_BYTES: Final = 4 << 20
+"""The requested spellings of URLs whose store spelling is kept (bots repeat URLs; only good
+ones are kept, counted by their length, so a flood of distinct bad URLs costs nothing)."""
 
 _SANDBOX: Final = "sandbox"  # a snapshot opened in a browser runs in no origin: not the server's
 
@@ -122,7 +130,8 @@ class SnapshotRoutes:
         self.hits = hits
         self.max_stale = max_stale
         self._cache: OrderedDict[str, _Answer] = OrderedDict()
-        self._bytes = 0  # gzip bytes held by _cache
+        self._bytes = 0  # bytes held by _cache: every answer's gzip, and its HTML once made
+        self._normal = _Spellings(NORMAL_BYTES)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/render", self.by_query, name=f"{SNAPSHOT_ROUTE}-query")
@@ -132,29 +141,35 @@ class SnapshotRoutes:
         url = request.query.get("url")
         if not url:
             return _plain(400, "give the page as /render?url=URL", "missing")
-        return self.answer(request, url)
+        return await self.answer(request, url)
 
     async def by_path(self, request: web.Request) -> web.StreamResponse:
-        target = request.raw_path[1:]  # the URL as sent, query included, escapes kept
+        target = request.raw_path  # the URL as sent, query included, escapes kept
+        if not target.startswith("/"):  # absolute form (RFC 9112 3.2.2): drop scheme://host
+            target = "/" + target.partition("://")[2].partition("/")[2]
+        target = target[1:]
         scheme, _, rest = target.partition(":")
-        return self.answer(request, f"{scheme}://{rest.lstrip('/')}")  # "https:/x": a proxy
+        return await self.answer(request, f"{scheme}://{rest.lstrip('/')}")  # "https:/x": a proxy
         # merged the slashes
 
-    def answer(self, request: web.Request, url: str) -> web.StreamResponse:
-        key = _normal(url)
-        if isinstance(key, Exception):
-            return _plain(400, f"not an absolute http(s) URL: {key}", "missing")
+    async def answer(self, request: web.Request, url: str) -> web.StreamResponse:
+        key = self._normal.get(url)
+        if key is None:
+            try:
+                key = self._normal.put(url, normalize_url(url))
+            except EngineError as e:
+                return _plain(400, f"not an absolute http(s) URL: {_short(str(e))}", "missing")
         found = self._answer(key)
         if found is None:
-            return _plain(404, f"never rendered: {key}", "missing")
+            return _plain(404, f"never rendered: {_short(key)}", "missing")
         snap = found.snap
         now = wall_ms()
         ratio = snap.age_over_interval(now)
         served = self.max_stale is None or ratio <= self.max_stale
         self.hits.note(snap, now, ratio, served)
         if not served:
-            return _plain(503, f"the snapshot of {key} is {ratio:.2f} x its interval old, past"
-                          f" --max-stale {self.max_stale}", "stale",
+            return _plain(503, f"the snapshot of {_short(key)} is {ratio:.2f} x its interval"
+                          f" old, past --max-stale {self.max_stale}", "stale",
                           {"Retry-After": str(min(snap.interval_s, 3600))})
         headers = {**found.fixed, "Age": str(snap.age_s(now)),
                    "X-Lanes-Age-Over-Interval": f"{ratio:.3f}"}
@@ -164,7 +179,13 @@ class SnapshotRoutes:
         if _accepts_gzip(request.headers.get("Accept-Encoding", "")):
             headers["Content-Encoding"] = "gzip"
             return web.Response(status=snap.status, body=snap.gz, headers=headers)
-        return web.Response(status=snap.status, body=found.plain(), headers=headers)
+        if snap.html_bytes > PLAIN_KEPT:
+            return await _inflated(request, snap, headers)
+        html, made = found.plain()
+        if made:
+            self._bytes += len(html)
+            self._evict()
+        return web.Response(status=snap.status, body=html, headers=headers)
 
     def _answer(self, key: str) -> _Answer | None:
         """``key``'s answer from memory, checked against the store if it is older than
@@ -185,13 +206,18 @@ class SnapshotRoutes:
         if snap is None:
             return None
         found = cache[key] = _Answer.of(snap, now)
-        self._bytes += len(snap.gz)
-        while self._bytes > CACHE_BYTES and len(cache) > 1:
-            self._drop(next(iter(cache)))
+        self._bytes += found.size()
+        self._evict()
         return found
 
+    def _evict(self) -> None:
+        """Least recently used answers out until the rest fit ``CACHE_BYTES`` (the newest
+        stays even alone: it is being sent)."""
+        while self._bytes > CACHE_BYTES and len(self._cache) > 1:
+            self._drop(next(iter(self._cache)))
+
     def _drop(self, key: str) -> None:
-        self._bytes -= len(self._cache.pop(key).snap.gz)
+        self._bytes -= self._cache.pop(key).size()
 
 
 @dataclass
@@ -216,21 +242,69 @@ class _Answer:
             fixed["Location"] = snap.location
         return cls(snap, now, etag, fixed)
 
-    def plain(self) -> bytes:
-        """The HTML, decompressed once (not counted in ``CACHE_BYTES``: most clients take
-        gzip)."""
+    def plain(self) -> tuple[bytes, bool]:
+        """The HTML, decompressed once and kept; and whether this call made it (its bytes are
+        then added to what the cache holds)."""
         if self.html is None:
             self.html = self.snap.html()
-        return self.html
+            return self.html, True
+        return self.html, False
+
+    def size(self) -> int:
+        return len(self.snap.gz) + (0 if self.html is None else len(self.html))
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _normal(url: str) -> str | Exception:
-    """A requested URL in the store's spelling, or why it is none (kept: bots repeat)."""
+class _Spellings:
+    """Requested URL -> its store spelling, least recently used dropped past ``budget``
+    characters (keys and values counted)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._map: OrderedDict[str, str] = OrderedDict()
+        self._chars = 0
+
+    def get(self, url: str) -> str | None:
+        key = self._map.get(url)
+        if key is not None:
+            self._map.move_to_end(url)
+        return key
+
+    def put(self, url: str, key: str) -> str:
+        size = len(url) + len(key)
+        if size > self.budget // 64:
+            return key  # a very long URL is normalized each time rather than kept
+        self._map[url] = key
+        self._chars += size
+        while self._chars > self.budget:
+            old, value = self._map.popitem(last=False)
+            self._chars -= len(old) + len(value)
+        return key
+
+
+async def _inflated(request: web.Request, snap: Snapshot,
+                    headers: dict[str, str]) -> web.StreamResponse:
+    """``snap``'s HTML decompressed as it is sent: at most ``STREAM_PIECE`` of it in memory."""
+    response = web.StreamResponse(status=snap.status, headers=headers)
+    response.content_length = snap.html_bytes
+    await response.prepare(request)
+    if request.method == "HEAD":
+        return response
+    inflate = zlib.decompressobj(wbits=31)  # gzip framing
+    data = snap.gz
     try:
-        return normalize_url(url)
-    except EngineError as e:
-        return e.with_traceback(None)  # kept without the frames it was raised in
+        while data and not inflate.eof:
+            piece = inflate.decompress(data, STREAM_PIECE)
+            data = inflate.unconsumed_tail
+            await response.write(piece)
+        await response.write_eof()
+    except ConnectionResetError:
+        pass  # the client went away mid-answer: nothing is owed to it
+    return response
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """A reason quoted back to a client, cut: a refusal never echoes 8 KB of its input."""
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _plain(status: int, text: str, state: str,

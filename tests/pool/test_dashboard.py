@@ -51,7 +51,7 @@ PAGES = (("overview", "/"), ("failures", "/failures"), ("routes", "/routes"),
 WIDTHS = (1280, 390)
 
 
-TOKEN = "dashboard-test-token-0123456789"
+TOKEN = "dashboard-test-token-0123456789-abcdefghij"
 
 
 @dataclass

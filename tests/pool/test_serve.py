@@ -246,7 +246,7 @@ def test_an_unwritable_store_is_a_clear_error(tmp_path: Path,
     (("--store", "{store}", "--max-stale", "0"), "--max-stale F needs"),
     (("--store", "{store}", "--token-file", "{missing}"), "No such file"),
     (("--store", "{store}", "--token-file", "{open}"), "readable by others"),
-    (("--store", "{store}", "--token-file", "{short}"), "at least 16"),
+    (("--store", "{store}", "--token-file", "{short}"), "at least 32"),
 ])
 def test_bad_options_refuse_to_start(tmp_path: Path, store_dir: Path, args: tuple[str, ...],
                                      why: str, capsys: pytest.CaptureFixture[str]) -> None:
