@@ -208,8 +208,13 @@ def _cleanup(args: argparse.Namespace) -> int:
 def _prioritize(args: argparse.Namespace) -> int:
     from .pool.progress import format_due
 
-    if (args.url is None) == (args.row is None):
-        raise EngineValueError("give the page as --url U or as --row N")
+    given = [w for w in ("url", "urls", "scope", "row") if getattr(args, w) is not None]
+    if len(given) != 1:
+        raise EngineValueError("give the pages as one of --url U, --urls FILE, --scope S or"
+                               " --row N")
+    if given != ["row"] and (given != ["url"] or args.mode not in ("rush", "wait")
+                             or args.add or args.store):
+        return _prioritize_pages(args)
     eng = _engine(args)
     try:
         if args.url is not None:
@@ -230,6 +235,36 @@ def _prioritize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prioritize_pages(args: argparse.Namespace) -> int:
+    """``lanes prioritize`` by URL list or scope, or with a clear mode: what the server's
+    ``POST /api/prioritize`` does, from the command line."""
+    from .serve.recache import Ask, Pool, prioritize
+    from .store import SnapshotStore
+
+    if args.mode.startswith("clear-") and args.store is None:
+        raise EngineValueError(f"--mode {args.mode} clears snapshots: give the store (--store"
+                               " DIR)")
+    if args.scope is not None:
+        ask = Ask.scoped(args.scope, args.mode, args.add)
+    else:
+        try:
+            lines = [args.url] if args.url is not None else [
+                line.strip() for line in open(args.urls, encoding="utf-8") if line.strip()]
+        except (OSError, UnicodeDecodeError) as e:
+            raise EngineValueError(f"--urls {args.urls}: {e}") from None
+        ask = Ask.listed(lines, args.mode, args.add)
+    eng, table = _attached(args)
+    store = None if args.store is None else SnapshotStore.open(args.store, create=False)
+    try:
+        result = prioritize(Pool(eng, table, _routes(args, eng), store), ask)
+    finally:
+        for part in (store, table, eng):
+            if part is not None:
+                part.close()
+    print(json.dumps(result))
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .serve.app import ServeOptions, run
     from .serve.door import Limits
@@ -241,7 +276,9 @@ def _serve(args: argparse.Namespace) -> int:
                            read_only=args.read_only, token_file=args.token_file,
                            max_stale=args.max_stale, processes=args.processes,
                            allowed_hosts=tuple(args.allowed_host), trust_proxy=tuple(
-                               args.trust_proxy), limits=limits)
+                               args.trust_proxy), limits=limits,
+                           origin_timeout=args.origin_timeout,
+                           origin_per_host=args.origin_per_host)
     parts = [what for what, given in (("the dashboard at /", args.name), ("snapshots at"
              " /render?url=URL", args.store)) if given]
 
@@ -743,7 +780,17 @@ def _prioritize_parser(sub: Any) -> None:
     p.add_argument("name")
     p.add_argument("--url", help="the page's URL (needs a pool's URL table)")
     p.add_argument("--row", type=int, help="the page's row id")
-    p.add_argument("--mode", choices=("rush", "wait"), default="rush")
+    p.add_argument("--urls", metavar="FILE", help="the pages' URLs, one a line (at most 10,000)")
+    p.add_argument("--scope", metavar="S",
+                   help="every page under a URL prefix ending in * (https://host/path*), or"
+                        " route:NAME")
+    p.add_argument("--mode", choices=("rush", "wait", "clear-and-rush", "clear-and-wait"),
+                   default="rush",
+                   help="rush: urgent lane, due now (the snapshot served meanwhile); wait:"
+                        " due now in its own lane; clear-and-*: drop the snapshots first")
+    p.add_argument("--add", action="store_true",
+                   help="add listed URLs the pool does not know (on its hosts) as submitted")
+    p.add_argument("--store", metavar="DIR", help="the snapshot store (for the clear modes)")
     _redis_arguments(p, local=False)
     p.set_defaults(fn=_prioritize)
 
@@ -778,7 +825,7 @@ def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
                    help="open connections one address may hold (more get 429); a trusted"
                         " proxy is exempt")
     _redis_arguments(p, local=True)
-    p.set_defaults(fn=_serve, store=None, max_stale=None)
+    p.set_defaults(fn=_serve, store=None, max_stale=None, origin_timeout=10.0, origin_per_host=8)
 
 
 def _serve_parser(sub: Any) -> None:
@@ -793,8 +840,13 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--store", metavar="DIR",
                    help="the snapshot store: GET /render?url=URL and GET /URL")
     p.add_argument("--max-stale", type=float, metavar="F",
-                   help="refuse (503) a snapshot older than F x its interval, so middleware"
-                        " falls through to the origin")
+                   help="a snapshot older than F x its interval is not served: with NAME the"
+                        " origin's own answer is relayed, else 503")
+    p.add_argument("--origin-timeout", type=float, default=10.0, metavar="S",
+                   help="with NAME: a miss on the pool's hosts relays the origin's answer,"
+                        " fetched within S seconds (else 504)")
+    p.add_argument("--origin-per-host", type=int, default=8, metavar="N",
+                   help="origin fetches at once per host (more: 503 with Retry-After)")
 
 
 def _token(args: argparse.Namespace) -> int:

@@ -251,7 +251,7 @@ class SnapshotStore:
                 continue  # the file went with a concurrent writer's cleanup: write it again
             outcome: Outcome = "written" if wrote or replaced != digest else "unchanged"
             if replaced and replaced != digest:
-                self._remove_unless_current(url, replaced)
+                self._remove_unless_current([(url, replaced)])
             if outcome == "written":
                 self.written += 1
             else:
@@ -275,13 +275,36 @@ class SnapshotStore:
                                  os.stat(final).st_size, digest, render_ms, same))
         return old
 
-    def _remove_unless_current(self, url: str, digest: str) -> None:
-        """Remove the file of ``url``'s replaced HTML, under the write lock (module docstring)."""
+    def clear(self, urls: Sequence[str]) -> int:
+        """Drop the snapshots of ``urls`` (those it has; the rest are ignored): how many went.
+
+        Crash-safe as :meth:`put` is: the rows go in one transaction, then each file under the
+        write lock unless a concurrent render put the URL back on it; a kill in between leaves
+        orphan files (swept), never a row without its file."""
+        if isinstance(urls, str) or not all(isinstance(u, str) for u in urls):
+            raise EngineTypeError("clear takes a sequence of URL strings")
+        gone: list[tuple[str, str]] = []
+        for start in range(0, len(urls), 10_000):  # a transaction of bounded size
+            batch = list(urls[start:start + 10_000])
+            with self._transaction("clear snapshots") as db:
+                for url in batch:
+                    row = db.execute("DELETE FROM snapshots WHERE url = ? RETURNING hash",
+                                     (url,)).fetchone()
+                    if row is not None:
+                        gone.append((url, str(row[0])))
+        for start in range(0, len(gone), 10_000):
+            self._remove_unless_current(gone[start:start + 10_000])
+        return len(gone)
+
+    def _remove_unless_current(self, files: Sequence[tuple[str, str]]) -> None:
+        """Remove the files of these (url, replaced HTML's hash), under the write lock, each
+        unless its URL points at it again (module docstring)."""
         with self._transaction("remove a replaced snapshot") as db:
-            row = db.execute("SELECT hash FROM snapshots WHERE url = ?", (url,)).fetchone()
-            if row is None or row[0] != digest:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.path_of(url, digest))
+            for url, digest in files:
+                row = db.execute("SELECT hash FROM snapshots WHERE url = ?", (url,)).fetchone()
+                if row is None or row[0] != digest:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.path_of(url, digest))
 
     def _write_file(self, final: str, gz: bytes) -> None:
         """``gz`` under ``final``, whole or not at all: temp file, fsync, rename, fsync dir."""

@@ -30,7 +30,7 @@ from aiohttp import web
 from ..checks import is_int
 from ..errors import EngineValueError
 from ..store import SnapshotStore
-from . import auth, door
+from . import auth, door, origin, recache
 from .snapshots import HitLog, SnapshotRoutes
 from .source import PoolSource
 
@@ -57,6 +57,8 @@ class ServeOptions:
     allowed_hosts: tuple[str, ...] = ()
     trust_proxy: tuple[str, ...] = ()
     limits: door.Limits = door.Limits()
+    origin_timeout: float = 10.0
+    origin_per_host: int = 8
 
     def check(self) -> None:
         if self.name is None and self.store is None:
@@ -75,6 +77,9 @@ class ServeOptions:
             raise EngineValueError(f"--processes must lie in [1, 64], got {self.processes!r}")
         auth.check_binding(self.host, self.token_file)
         self.limits.check()
+        if not 0 < self.origin_timeout <= 600 or not 1 <= self.origin_per_host <= 1024:
+            raise EngineValueError("--origin-timeout must lie in (0, 600] s and"
+                                   " --origin-per-host in [1, 1024]")
         self.front_door()  # refuses a bad --allowed-host or --trust-proxy
 
     def front_door(self) -> door.Door:
@@ -146,9 +151,18 @@ def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts,
         auth.add_login_routes(app, guard)
     app.router.add_get("/healthz", _healthz, name="healthz")
     app.router.add_get("/metrics", _metrics_handler(parts), name="metrics")
+    snapshots = None
     if parts.store is not None and parts.hits is not None:
         app[STORE_KEY] = parts.store
-        SnapshotRoutes(parts.store, parts.hits, options.max_stale).add_to(app)
+        relay = None if parts.source is None else origin.relay_for(
+            parts.source, options.origin_timeout, options.origin_per_host)
+        snapshots = SnapshotRoutes(parts.store, parts.hits, options.max_stale, relay)
+        snapshots.add_to(app)
+        if relay is not None:
+            async def close_relay(app: web.Application) -> None:
+                await relay.close()
+
+            app.on_cleanup.append(close_relay)
         hits = parts.hits
 
         async def start_hits(app: web.Application) -> None:
@@ -164,6 +178,8 @@ def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts,
 
         app[SOURCE_KEY] = parts.source
         dashboard.add_routes(app, parts.source, read_only=options.read_only)
+        recache.add_routes(app, parts.source, guard, options.read_only,
+                           snapshots.forget if snapshots is not None else lambda urls: None)
     elif parts.store is not None:
         app.router.add_get("/", _store_index, name="index")
     return app

@@ -23,7 +23,10 @@ do before they get here is :mod:`engine.serve.door`'s.
 * **CSRF.** Every POST carries the token ``request["csrf"]`` holds, as the header
   ``X-CSRF-Token`` or the form field ``csrf``. It is a signed double-submit token: a random
   nonce and its HMAC, kept in a ``SameSite=Strict`` cookie and compared with what the POST
-  sends; a page of another site can neither read the cookie nor forge a signed nonce.
+  sends; a page of another site can neither read the cookie nor forge a signed nonce. A JSON
+  POST (``Content-Type: application/json``: a CMS calling the API) needs none: a browser sends
+  that type to another origin only after a CORS preflight, which this server never grants, and
+  the Host allow-list keeps a rebound name from making it same-origin.
 * **Read-only** (``--read-only``) refuses every POST but the login form with 403.
 * **Odd input** (non-ASCII or undecodable bytes in a cookie or a token) is a wrong credential,
   never an error: every comparison is of bytes.
@@ -66,7 +69,7 @@ PRERENDER_HEADER: Final = "X-Prerender-Token"
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _UNSAFE: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-_PUBLIC: Final = frozenset({"/login", "/healthz"})
+_PUBLIC: Final = frozenset({"/login", "/healthz", "/recache"})  # /recache: token in its body
 _SESSION_PATHS: Final = frozenset({"/login", "/logout"})  # not actions: open to read-only
 
 
@@ -359,7 +362,8 @@ def middleware(auth: Auth) -> Middleware:
         if request.method in _UNSAFE:
             if auth.read_only and request.path not in _SESSION_PATHS:
                 return refusal(403, "read-only server: actions are refused")
-            if fresh or not same(await _sent_csrf(request), request["csrf"]):
+            if request.content_type != "application/json" and (
+                    fresh or not same(await _sent_csrf(request), request["csrf"])):
                 return refusal(403, "missing or wrong CSRF token: reload the page and retry")
         response = await handler(request)
         if fresh and not response.prepared:

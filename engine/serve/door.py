@@ -52,6 +52,8 @@ SNAPSHOT_ROUTE: Final = "snapshot"
 """Routes whose name starts with this are snapshot routes: they answer any Host, take
 X-Prerender-Token, never set a cookie and set their own caching headers."""
 ANY_HOST_PATHS: Final = frozenset({"/healthz"})
+LARGE_BODIES: Final = {"/api/prioritize": 16 << 20, "/recache": 16 << 20}
+"""POSTs that may carry more than ``Limits.body_bytes``: up to 10,000 URLs."""
 LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "::1"})
 _UNSAFE: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -337,6 +339,8 @@ def front(door: Door) -> Middleware:
                 door.refused["wrong_host"] += 1
                 return refusal(421, "this server does not answer for that Host name (give it"
                                     " with lanes serve --allowed-host NAME)")
+            if request.path in LARGE_BODIES:
+                request = request.clone(client_max_size=LARGE_BODIES[request.path])
             if request.method in _UNSAFE and request.body_exists:
                 if request.content_type.startswith("multipart/"):
                     return refusal(415, "multipart bodies are not taken: send a form"

@@ -8,16 +8,16 @@ here is what the crawler gets, and must say honestly how old it is:
   HTML, ``Age`` (whole seconds since it was rendered), ``Last-Modified``, a weak ``ETag`` (the
   HTML's hash and the status: 304 on ``If-None-Match``), and the stored gzip as it is when the
   client accepts gzip (decompressed otherwise);
-* a URL never rendered is **404**;
-* a snapshot older than ``--max-stale F`` × its interval is **503** with ``Retry-After``: stock
-  prerender-node relays every status it gets (it calls ``next()``, i.e. falls through to the
-  origin, only when the service cannot be reached, or when an ``afterRender`` hook cancels the
-  render), so the status a crawler may see must be one that says "try later", never "gone";
-  and middleware set to fall through on 503 (an ``afterRender`` that cancels on it, or nginx's
-  ``proxy_intercept_errors`` with ``error_page 503``) serves the origin instead.
+* a URL with no snapshot (never rendered, or cleared), or whose snapshot is older than
+  ``--max-stale F`` × its interval, is answered with **the origin's own answer** when the
+  server knows the pool and the URL is on one of its hosts (:mod:`engine.serve.origin`): stock
+  prerender-node relays every status it gets, so a crawler must never be told "gone" for a
+  page the site has;
+* without a pool, or for a URL on no host of the pool, a URL never rendered is **404** and a
+  too-stale snapshot **503** with ``Retry-After`` (a status that says "try later").
 
-Every answer carries ``X-Lanes-Snapshot: served | stale | missing``, so a middleware can tell a
-rendered 404 (``served``) from a URL never rendered (``missing``).
+Every answer carries ``X-Lanes-Snapshot: served | stale | missing | origin``, so a middleware
+can tell a rendered 404 (``served``) from a URL never rendered (``missing``).
 
 Nothing here waits on the pool: a snapshot is read from the local store. The answers of hot
 URLs are kept in memory, their fixed headers built once, and checked against the store at most
@@ -34,6 +34,7 @@ import logging
 import time
 import zlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final
@@ -45,6 +46,7 @@ from ..errors import EngineError
 from ..pool.ingest import normalize_url
 from ..store import Snapshot, SnapshotStore
 from .door import SECURITY_HEADERS, SNAPSHOT_ROUTE
+from .origin import Relay
 
 FLUSH_S: Final = 1.0
 MAX_PENDING: Final = 100_000
@@ -125,10 +127,12 @@ class HitLog:
 class SnapshotRoutes:
     """The two snapshot routes over ``store``; ``max_stale`` None serves every age."""
 
-    def __init__(self, store: SnapshotStore, hits: HitLog, max_stale: float | None) -> None:
+    def __init__(self, store: SnapshotStore, hits: HitLog, max_stale: float | None,
+                 relay: Relay | None = None) -> None:
         self.store = store
         self.hits = hits
         self.max_stale = max_stale
+        self.relay = relay  # with a pool: its origin answers where no snapshot may
         self._cache: OrderedDict[str, _Answer] = OrderedDict()
         self._bytes = 0  # bytes held by _cache: every answer's gzip, and its HTML once made
         self._normal = _Spellings(NORMAL_BYTES)
@@ -161,6 +165,8 @@ class SnapshotRoutes:
                 return _plain(400, f"not an absolute http(s) URL: {_short(str(e))}", "missing")
         found = self._answer(key)
         if found is None:
+            if self.relay is not None and await self.relay.covers(key):
+                return await self.relay.relay(request, key, "missing")
             return _plain(404, f"never rendered: {_short(key)}", "missing")
         snap = found.snap
         now = wall_ms()
@@ -168,6 +174,8 @@ class SnapshotRoutes:
         served = self.max_stale is None or ratio <= self.max_stale
         self.hits.note(snap, now, ratio, served)
         if not served:
+            if self.relay is not None and await self.relay.covers(key):
+                return await self.relay.relay(request, key, "stale")
             return _plain(503, f"the snapshot of {_short(key)} is {ratio:.2f} x its interval"
                           f" old, past --max-stale {self.max_stale}", "stale",
                           {"Retry-After": str(min(snap.interval_s, 3600))})
@@ -209,6 +217,12 @@ class SnapshotRoutes:
         self._bytes += found.size()
         self._evict()
         return found
+
+    def forget(self, urls: Sequence[str]) -> None:
+        """Drop the answers of ``urls`` (store spellings; none named: every answer)."""
+        for key in urls or list(self._cache):
+            if key in self._cache:
+                self._drop(key)
 
     def _evict(self) -> None:
         """Least recently used answers out until the rest fit ``CACHE_BYTES`` (the newest
