@@ -60,7 +60,7 @@ from .checks import is_number, wall_ms
 from .errors import EngineClosed, EngineTypeError, EngineValueError, StoreError
 
 APPLICATION_ID: Final = 0x524C_5331  # "RLS1": a database that is not a store is refused
-SCHEMA_VERSION: Final = 1  # PRAGMA user_version; bump when a table changes
+SCHEMA_VERSION: Final = 2  # PRAGMA user_version; bump when a table changes (and migrate)
 DATABASE: Final = "store.sqlite"
 FILES: Final = "snapshots"
 BUSY_TIMEOUT_S: Final = 10.0
@@ -72,6 +72,16 @@ thousands of hits a second an hour would be millions of rows to read for each fi
 _OURS: Final = frozenset({DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", FILES})
 _TMP: Final = ".tmp-"
 _MAX_URL: Final = 65_536
+
+_SCHEMA_2: Final = """
+CREATE TABLE IF NOT EXISTS bot_hits (  -- requests per crawler family since the store was made
+    bot INTEGER PRIMARY KEY,
+    requests INTEGER NOT NULL,      -- on the snapshot routes, whatever the answer
+    origin INTEGER NOT NULL         -- of which the origin's answer was relayed
+);
+"""
+_MIGRATE_1_2: Final = "ALTER TABLE hits ADD COLUMN bot INTEGER NOT NULL DEFAULT -1;" + _SCHEMA_2
+"""A version-1 store (no crawler families) becomes version 2 when it is first opened."""
 
 _SCHEMA: Final = f"""
 PRAGMA application_id = {APPLICATION_ID};
@@ -96,10 +106,12 @@ CREATE TABLE hits (
     snapshot INTEGER NOT NULL,      -- snapshots.id
     lane INTEGER NOT NULL,
     age_over_interval REAL NOT NULL,
-    served INTEGER NOT NULL         -- 0: refused as staler than --max-stale
+    served INTEGER NOT NULL,        -- 0: refused as staler than --max-stale
+    bot INTEGER NOT NULL DEFAULT -1 -- the crawler family (engine.serve.crawlers), -1: unknown
 );
 CREATE INDEX hits_by_time ON hits (at_ms);
-"""
+""" + _SCHEMA_2
+
 
 _COLUMNS: Final = ("id, url, status, location, rendered_at_ms, interval_s, lane, bytes,"
                    " gz_bytes, hash, render_ms, renders, unchanged")
@@ -380,15 +392,24 @@ class SnapshotStore:
 
     # -- the hit log --------------------------------------------------------------------------
 
-    def log_hits(self, hits: Sequence[tuple[int, int, int, float, bool]]) -> None:
-        """Append ``(at_ms, snapshot id, lane, age ÷ interval, served)`` hits in one
-        transaction, and forget those older than ``HIT_WINDOW_MS`` or past ``HIT_CAP``."""
+    def log_hits(self, hits: Sequence[tuple[int, int, int, float, bool, int]],
+                 requests: dict[int, tuple[int, int]] | None = None) -> None:
+        """Append ``(at_ms, snapshot id, lane, age ÷ interval, served, crawler family)`` hits
+        and add ``requests`` (family -> (requests, of which relayed from the origin)) to the
+        per-crawler counts, in one transaction; forget hits older than ``HIT_WINDOW_MS`` or
+        past ``HIT_CAP``."""
+        if requests:
+            with self._transaction("count requests") as db:
+                db.executemany("INSERT INTO bot_hits VALUES (?, ?, ?) ON CONFLICT (bot) DO"
+                               " UPDATE SET requests = requests + excluded.requests,"
+                               " origin = origin + excluded.origin",
+                               [(b, n, o) for b, (n, o) in requests.items()])
         if not hits:
             return
         newest = max(h[0] for h in hits)
         with self._transaction("log hits") as db:
-            db.executemany("INSERT INTO hits VALUES (?, ?, ?, ?, ?)",
-                           [(a, s, ln, r, int(ok)) for a, s, ln, r, ok in hits])
+            db.executemany("INSERT INTO hits VALUES (?, ?, ?, ?, ?, ?)",
+                           [(a, s, ln, r, int(ok), b) for a, s, ln, r, ok, b in hits])
             db.execute("DELETE FROM hits WHERE at_ms < ?", (newest - HIT_WINDOW_MS,))
             db.execute("DELETE FROM hits WHERE rowid <= (SELECT max(rowid) FROM hits) - ?",
                        (HIT_CAP,))
@@ -400,6 +421,22 @@ class SnapshotStore:
                              " JOIN snapshots s ON s.id = h.snapshot WHERE h.at_ms >= ?",
                              (since_ms,)).fetchall()
         return [(u, ln, r, bool(ok)) for u, ln, r, ok in got]
+
+    def bot_requests(self) -> dict[int, tuple[int, int]]:
+        """Crawler family -> (requests, of which the origin's answer), since the store began."""
+        with self._sql("read the requests per crawler") as db:
+            rows = db.execute("SELECT bot, requests, origin FROM bot_hits").fetchall()
+        return {int(b): (int(n), int(o)) for b, n, o in rows}
+
+    def bot_ratios(self, since_ms: int) -> dict[int, tuple[int, float, int]]:
+        """Crawler family -> (snapshot hits, mean age ÷ interval of those served, refused as
+        too stale) since ``since_ms``."""
+        with self._sql("read hits per crawler") as db:
+            rows = db.execute("SELECT bot, count(*), avg(CASE WHEN served THEN"
+                              " age_over_interval END), sum(1 - served) FROM hits"
+                              " WHERE at_ms >= ? GROUP BY bot", (int(since_ms),)).fetchall()
+        return {int(b): (int(n), float(m) if m is not None else float("nan"), int(r))
+                for b, n, m, r in rows}
 
     def hit_ratios(self, since_ms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                    np.ndarray]:
@@ -596,6 +633,24 @@ def _create_database(database: str) -> None:
                 os.unlink(tmp + suffix)
 
 
+def _migrate(conn: sqlite3.Connection) -> int:
+    """A version-1 store made version 2, once, under the write lock (another opener may have
+    done it meanwhile); the version it is at."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+            for statement in _MIGRATE_1_2.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    version: int = conn.execute("PRAGMA user_version").fetchone()[0]
+    return version
+
+
 def _connect(database: str) -> sqlite3.Connection:
     uri = f"file:{urllib.parse.quote(database)}?mode=rw"
     try:
@@ -609,6 +664,8 @@ def _connect(database: str) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous = FULL")
         app, version = (conn.execute(f"PRAGMA {p}").fetchone()[0]
                         for p in ("application_id", "user_version"))
+        if (app, version) == (APPLICATION_ID, 1):
+            version = _migrate(conn)
         if (app, version) != (APPLICATION_ID, SCHEMA_VERSION):
             raise StoreError(f"{database} is not a version-{SCHEMA_VERSION} snapshot store"
                              f" (application_id {app:#x}, user_version {version})")

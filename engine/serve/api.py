@@ -208,6 +208,13 @@ class Figures:
             self._route_of = None if routes is None else RouteOf(routes)  # URLs matched once
         return staleness(store, wall_ms(), self._route_of, self.parts.engine.lane_name)
 
+    def crawlers(self) -> list[dict[str, Any]] | None:
+        """Freshness per crawler family (``lanes serve --store``), or None."""
+        from . import crawlers
+
+        store = self.parts.store
+        return None if store is None else crawlers.figures(store, wall_ms())
+
     def overview(self, next_due: dict[int, int | None], stale: dict[str, Any] | None
                  ) -> dict[str, Any]:
         """The live table, the pool's headline, the policy and the workers."""
@@ -514,6 +521,16 @@ async def api_url(request: web.Request) -> web.Response:
                                None if row is None else row_number(row)))
 
 
+async def crawlers_of(fig: Figures) -> list[dict[str, Any]] | None:
+    bots: list[dict[str, Any]] | None = await fig.cached("crawlers", STALENESS_EVERY_S,
+                                                         fig.crawlers)
+    return bots
+
+
+async def api_crawlers(request: web.Request) -> web.Response:
+    return _json({"crawlers": await crawlers_of(request.app[FIGURES])})
+
+
 async def api_policy(request: web.Request) -> web.Response:
     fig = request.app[FIGURES]
     return _json(await fig.run(fig.policy))
@@ -578,6 +595,7 @@ def add_api_routes(app: web.Application, read_only: bool) -> None:
     app.router.add_get("/api/routes", api_routes)
     app.router.add_get("/api/url", api_url)
     app.router.add_get("/api/policy", api_policy)
+    app.router.add_get("/api/crawlers", api_crawlers)
     app.router.add_post("/api/{action:retry|park}", refused if read_only else api_action)
     app.router.add_post("/api/policy", refused if read_only else api_set_policy)
 

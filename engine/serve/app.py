@@ -30,7 +30,7 @@ from aiohttp import web
 from ..checks import is_int
 from ..errors import EngineValueError
 from ..store import SnapshotStore
-from . import auth, door, origin, recache
+from . import auth, crawlers, door, origin, recache
 from .snapshots import HitLog, SnapshotRoutes
 from .source import PoolSource
 
@@ -208,6 +208,8 @@ def _metrics_handler(parts: Parts) -> Callable[[web.Request], Any]:
             made.append(registry(None if source is None else source.engine,
                                  None if source is None else source.local, parts.figures,
                                  None if source is None else source.routes()))
+            if parts.figures is not None:
+                made[0].register(crawlers.Collector(parts.figures))
         return generate(made[0])
 
     async def metrics(request: web.Request) -> web.Response:

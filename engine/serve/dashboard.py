@@ -100,7 +100,9 @@ def served_cell(group: dict[str, Any] | None) -> str:
 
 async def overview_page(request: web.Request) -> web.Response:
     ov = await api.overview_of(request.app[api.FIGURES])
-    return _page(request, "overview.html", ov=ov, columns=lane_columns(ov), rows=lane_table(ov))
+    bots = await api.crawlers_of(request.app[api.FIGURES])
+    return _page(request, "overview.html", ov=ov, columns=lane_columns(ov), rows=lane_table(ov),
+                 bots=bots)
 
 
 async def live_part(request: web.Request) -> web.Response:

@@ -45,6 +45,7 @@ from ..checks import wall_ms
 from ..errors import EngineError
 from ..pool.ingest import normalize_url
 from ..store import Snapshot, SnapshotStore
+from . import crawlers
 from .door import SECURITY_HEADERS, SNAPSHOT_ROUTE
 from .origin import Relay
 
@@ -76,19 +77,27 @@ class HitLog:
 
     def __init__(self, directory: str) -> None:
         self._store = SnapshotStore.open(directory, create=False)
-        self._pending: list[tuple[int, int, int, float, bool]] = []
+        self._pending: list[tuple[int, int, int, float, bool, int]] = []
+        self._requests: dict[int, list[int]] = {}  # crawler family -> [requests, origin]
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="lanes-serve-hits")
         self.noted = 0
         self.written = 0
         self.dropped = 0  # noted past MAX_PENDING, or lost with a batch the store refused
         self._task: asyncio.Task[None] | None = None
 
-    def note(self, snap: Snapshot, at_ms: int, ratio: float, served: bool) -> None:
+    def request(self, bot: int, origin: bool) -> None:
+        """A request on the snapshot routes by crawler family ``bot``, whatever its answer
+        (``origin``: the origin's answer was relayed)."""
+        counts = self._requests.setdefault(bot, [0, 0])
+        counts[0] += 1
+        counts[1] += origin
+
+    def note(self, snap: Snapshot, at_ms: int, ratio: float, served: bool, bot: int) -> None:
         self.noted += 1
         if len(self._pending) >= MAX_PENDING:
             self.dropped += 1
             return
-        self._pending.append((at_ms, snap.id, snap.lane, ratio, served))
+        self._pending.append((at_ms, snap.id, snap.lane, ratio, served, bot))
 
     def statistics(self) -> dict[str, int]:
         return {"noted": self.noted, "written": self.written, "dropped": self.dropped,
@@ -104,12 +113,16 @@ class HitLog:
 
     async def flush(self) -> None:
         batch, self._pending = self._pending, []
-        if batch:
-            await asyncio.get_running_loop().run_in_executor(self._thread, self._write, batch)
+        requests = {b: (n, o) for b, (n, o) in self._requests.items()}
+        self._requests = {}
+        if batch or requests:
+            await asyncio.get_running_loop().run_in_executor(self._thread, self._write, batch,
+                                                             requests)
 
-    def _write(self, batch: list[tuple[int, int, int, float, bool]]) -> None:
+    def _write(self, batch: list[tuple[int, int, int, float, bool, int]],
+               requests: dict[int, tuple[int, int]]) -> None:
         try:
-            self._store.log_hits(batch)
+            self._store.log_hits(batch, requests)
             self.written += len(batch)
         except EngineError as e:  # a busy or vanished store costs the log, not the server
             self.dropped += len(batch)
@@ -157,6 +170,13 @@ class SnapshotRoutes:
         # merged the slashes
 
     async def answer(self, request: web.Request, url: str) -> web.StreamResponse:
+        bot = crawlers.family(request.headers.get("User-Agent"))
+        response = await self._answer_for(request, url, bot)
+        self.hits.request(bot, response.headers.get("X-Lanes-Snapshot") == "origin")
+        return response
+
+    async def _answer_for(self, request: web.Request, url: str, bot: int
+                          ) -> web.StreamResponse:
         key = self._normal.get(url)
         if key is None:
             try:
@@ -172,7 +192,7 @@ class SnapshotRoutes:
         now = wall_ms()
         ratio = snap.age_over_interval(now)
         served = self.max_stale is None or ratio <= self.max_stale
-        self.hits.note(snap, now, ratio, served)
+        self.hits.note(snap, now, ratio, served, bot)
         if not served:
             if self.relay is not None and await self.relay.covers(key):
                 return await self.relay.relay(request, key, "stale")

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from front_door_testlib import Served, get
 from http_testlib import LocalSite
 from lanes_testlib import dispose, unique_name
@@ -175,3 +174,85 @@ def test_an_unreachable_origin_is_a_503_never_a_404(tmp_path: Path) -> None:
         with Served(name, "--store", str(store)) as srv:
             status, h, _ = get(srv.port, f"/http://127.0.0.1:{port}/p/1")
             assert status == 503 and h["retry-after"] and h["x-lanes-snapshot"] == "origin"
+
+
+AGENTS = {
+    "googlebot": "Mozilla/5.0 (Linux; Android 6.0.1; Nexus 5X Build/MMB29P) AppleWebKit/537.36"
+                 " (KHTML, like Gecko) Chrome/41.0.2272.96 Mobile Safari/537.36 (compatible;"
+                 " Googlebot/2.1; +http://www.google.com/bot.html)",
+    "bingbot": "Mozilla/5.0 (compatible; bingbot/2.0; +http://www.bing.com/bingbot.htm)",
+    "gptbot": "Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko; compatible; GPTBot/1.1;"
+              " +https://openai.com/gptbot)",
+    "claudebot": "Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko; compatible; ClaudeBot/1.0;"
+                 " +claudebot@anthropic.com)",
+    "perplexitybot": "Mozilla/5.0 AppleWebKit/537.36 (KHTML, like Gecko; compatible;"
+                     " PerplexityBot/1.0; +https://perplexity.ai/perplexitybot)",
+    "ai-other": "CCBot/2.0 (https://commoncrawl.org/faq/)",
+    "other-bot": "Mozilla/5.0 (compatible; AhrefsBot/7.0; +http://ahrefs.com/robot/)",
+    "human": "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko)"
+             " Chrome/150.0.0.0 Safari/537.36",
+}
+
+
+def test_crawler_families_come_from_the_maintained_list() -> None:
+    from engine.serve.crawlers import FAMILIES, family
+
+    for name, agent in AGENTS.items():
+        assert FAMILIES[family(agent)] == name, (name, agent)
+    assert FAMILIES[family(None)] == "other-bot" and FAMILIES[family("")] == "other-bot"
+    assert family("x" * 100_000) in range(len(FAMILIES))  # cut, classified, kept bounded
+
+
+def test_each_hit_records_its_crawler_and_metrics_report_freshness_per_crawler(
+        tmp_path: Path) -> None:
+    with Origin() as site, pool_over(site, tmp_path, {"/p/1": 900, "/p/2": 1800}) as (
+            name, store), Served(name, "--store", str(store)) as srv:
+        base = f"http://127.0.0.1:{site.port}"
+        for _ in range(3):
+            assert get(srv.port, f"/{base}/p/1", {"User-Agent": AGENTS["googlebot"]})[0] == 200
+        assert get(srv.port, f"/{base}/p/2", {"User-Agent": AGENTS["gptbot"]})[0] == 200
+        assert get(srv.port, f"/{base}/p/3", {"User-Agent": AGENTS["gptbot"]})[1][
+            "x-lanes-snapshot"] == "origin"
+        assert get(srv.port, f"/{base}/p/1", {"User-Agent": AGENTS["human"]})[0] == 200
+
+        def metric(line: str) -> float | None:
+            text = get(srv.port, "/metrics")[2].decode()
+            for row in text.splitlines():
+                if row.startswith(line + " "):
+                    return float(row.split()[-1])
+            return None
+
+        deadline = time.monotonic() + 20  # hits are written once a second, figures cached 10 s
+        while metric('lanes_bot_hits_total{bot="gptbot"}') != 2.0:
+            assert time.monotonic() < deadline, get(srv.port, "/metrics")[2].decode()[-2000:]
+            time.sleep(0.5)
+        assert metric('lanes_bot_hits_total{bot="googlebot"}') == 3.0
+        assert metric('lanes_bot_origin_hits_total{bot="gptbot"}') == 1.0
+        assert metric('lanes_bot_hits_total{bot="human"}') == 1.0
+        assert metric('lanes_bot_served_hits{bot="googlebot"}') == 3.0
+        age = metric('lanes_bot_served_age_over_interval{bot="gptbot"}')
+        assert age is not None and 0.5 <= age < 0.6  # /p/2 is half an hour of its hour old
+        status, _, page = get(srv.port, "/")
+        assert status == 200 and b"What each crawler got" in page and b"gptbot" in page
+
+
+def test_a_version_1_store_is_migrated_when_opened(tmp_path: Path) -> None:
+    import sqlite3
+
+    from engine.store import SCHEMA_VERSION
+
+    with SnapshotStore.open(tmp_path / "s") as s:
+        s.put("https://a.example/", "<p>a</p>", status=200, location=None, interval_s=60,
+              lane=1, render_ms=1.0)
+    db = sqlite3.connect(tmp_path / "s" / "store.sqlite")
+    db.executescript("DROP TABLE bot_hits; ALTER TABLE hits DROP COLUMN bot;"
+                     " PRAGMA user_version = 1;")
+    db.close()
+    with SnapshotStore.open(tmp_path / "s", create=False) as s:
+        snap = s.get("https://a.example/")
+        assert snap is not None
+        s.log_hits([(wall_ms(), snap.id, 1, 0.5, True, 2)], {2: (1, 0)})
+        assert s.bot_requests() == {2: (1, 0)}
+    db = sqlite3.connect(tmp_path / "s" / "store.sqlite")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    db.close()

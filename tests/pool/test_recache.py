@@ -104,8 +104,9 @@ def post(port: int, path: str, body: object, headers: dict[str, str] | None = No
         return status, {"text": answer.decode(errors="replace")}
 
 
-def snapshot_status(port: int, url: str) -> int:
-    return get(port, f"/{url}")[0]
+def answered_by(port: int, url: str) -> str:
+    """``served`` (a snapshot) or ``origin`` (none: the origin's answer, here unreachable)."""
+    return get(port, f"/{url}")[1]["x-lanes-snapshot"]
 
 
 def test_rush_a_url_keeps_its_snapshot_and_makes_it_urgent(pool: Pool) -> None:
@@ -119,7 +120,7 @@ def test_rush_a_url_keeps_its_snapshot_and_makes_it_urgent(pool: Pool) -> None:
         assert after[row][0] == 0 and after[row][1] <= wall_ms()  # urgent, due now
         assert [s for i, s in enumerate(after) if i != row] == [
             s for i, s in enumerate(before) if i != row]  # nothing else moved
-        assert snapshot_status(srv.port, URLS[row]) == 200  # served until the new one lands
+        assert answered_by(srv.port, URLS[row]) == "served"  # served until the new one lands
 
 
 def test_a_scope_by_prefix_or_route_rushes_every_page_in_it(pool: Pool) -> None:
@@ -146,19 +147,19 @@ def test_clear_modes_drop_the_snapshot_at_once(pool: Pool) -> None:
         gone, rushed = PRODUCTS[0], PRODUCTS[1]
         status, out = post(srv.port, "/api/prioritize", {"url": gone, "mode": "clear-and-wait"})
         assert status == 200 and out["cleared"] == 1 and out["matched"] == 1
-        assert snapshot_status(srv.port, gone) == 404  # at once: not after the cache's second
+        assert answered_by(srv.port, gone) == "origin"  # at once: not after the cache's second
         state = pool.state()
         assert state[URLS.index(gone)][0] != 0 and state[URLS.index(gone)][1] <= wall_ms()
         status, out = post(srv.port, "/api/prioritize", {"urls": [rushed],
                                                          "mode": "clear-and-rush"})
         assert status == 200 and out["cleared"] == 1
-        assert snapshot_status(srv.port, rushed) == 404
+        assert answered_by(srv.port, rushed) == "origin"
         assert pool.state()[URLS.index(rushed)][0] == 0
         status, out = post(srv.port, "/api/prioritize", {"scope": "route:catalog",
                                                          "mode": "clear-and-wait"})
         assert out["cleared"] == len(CATALOG)
-        assert all(snapshot_status(srv.port, u) == 404 for u in CATALOG)
-        assert snapshot_status(srv.port, PRODUCTS[5]) == 200
+        assert all(answered_by(srv.port, u) == "origin" for u in CATALOG)
+        assert answered_by(srv.port, PRODUCTS[5]) == "served"
     with SnapshotStore.open(pool.store, create=False) as s:
         assert s.statistics()["snapshots"] == len(URLS) - 2 - len(CATALOG)
         assert s.sweep()["orphans"] == 0  # the clears left no file behind
@@ -208,7 +209,7 @@ def test_bad_input_is_refused_with_the_reason_and_changes_nothing(pool: Pool) ->
                          {"Content-Type": "application/x-www-form-urlencoded"})
         assert status in (403, 415)  # a form is no API call (and has no CSRF token)
         assert pool.state() == before
-        assert all(snapshot_status(srv.port, u) == 200 for u in URLS[:3])
+        assert all(answered_by(srv.port, u) == "served" for u in URLS[:3])
 
 
 def test_a_tokened_or_read_only_server_refuses_without_the_right_to(pool: Pool,

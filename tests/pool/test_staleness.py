@@ -35,9 +35,9 @@ def fill(store: SnapshotStore) -> None:
     p1 = store.get("https://shop.example/p/1")
     c = store.get("https://shop.example/c/shoes")
     assert p1 is not None and c is not None
-    store.log_hits([(NOW - 1000, p1.id, 1, 0.25, True), (NOW - 900, p1.id, 1, 0.75, True),
-                    (NOW - 800, c.id, 9, 3.0, False),
-                    (NOW - 2 * HOUR_MS, p1.id, 1, 9.0, True)])  # before the window
+    store.log_hits([(NOW - 1000, p1.id, 1, 0.25, True, 0), (NOW - 900, p1.id, 1, 0.75, True, 0),
+                    (NOW - 800, c.id, 9, 3.0, False, 0),
+                    (NOW - 2 * HOUR_MS, p1.id, 1, 9.0, True, 0)])  # before the window
 
 
 @pytest.fixture

@@ -108,7 +108,7 @@ def test_every_file_is_0600_and_every_directory_0700_whatever_the_umask(tmp_path
     try:
         with SnapshotStore.open(tmp_path / "made" / "store") as s:
             s.put("https://s.test/a", "x", **META)
-            s.log_hits([(1, 1, 0, 0.5, True)])
+            s.log_hits([(1, 1, 0, 0.5, True, 0)])
             paths = list((tmp_path / "made").rglob("*"))
             names = {p.name for p in paths}
             assert {DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm"} <= names
@@ -236,10 +236,10 @@ def test_hits_are_logged_and_kept_for_the_window(store: SnapshotStore) -> None:
     snap = store.get("https://s.test/a")
     assert snap is not None
     t = 10 * HIT_WINDOW_MS
-    store.log_hits([(t, snap.id, 2, 0.25, True), (t + 1, snap.id, 2, 3.0, False)])
+    store.log_hits([(t, snap.id, 2, 0.25, True, 0), (t + 1, snap.id, 2, 3.0, False, 7)])
     assert sorted(store.hits(0)) == [("https://s.test/a", 2, 0.25, True),
                                      ("https://s.test/a", 2, 3.0, False)]
-    store.log_hits([(t + HIT_WINDOW_MS + 2, snap.id, 2, 0.5, True)])
+    store.log_hits([(t + HIT_WINDOW_MS + 2, snap.id, 2, 0.5, True, 0)])
     assert store.hits(0) == [("https://s.test/a", 2, 0.5, True)]
 
 
@@ -250,8 +250,8 @@ def test_the_hit_log_keeps_at_most_the_cap(store: SnapshotStore,
     snap = store.get("https://s.test/a")
     assert snap is not None
     t = 10 * HIT_WINDOW_MS
-    store.log_hits([(t + i, snap.id, 2, i / 10, True) for i in range(8)])
-    store.log_hits([(t + 8, snap.id, 2, 0.8, True)])
+    store.log_hits([(t + i, snap.id, 2, i / 10, True, 0) for i in range(8)])
+    store.log_hits([(t + 8, snap.id, 2, 0.8, True, 0)])
     assert sorted(r for _u, _ln, r, _ok in store.hits(0)) == [0.4, 0.5, 0.6, 0.7, 0.8]
 
 
