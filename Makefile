@@ -78,7 +78,7 @@ $(SAN_STAMP): $(SOURCES) $(PACKAGE) Makefile
 	cd $(SAN_VENV)/src && RL_SANITIZE=address,undefined ../bin/python -m pip install -q \
 		--no-build-isolation --target ../core --no-deps .
 	$(SAN_PY) -m pip install -q numpy psutil pytest hypothesis defusedxml rich prometheus_client redis \
-		matplotlib aiohttp jinja2 crawler-user-agents
+		matplotlib aiohttp jinja2 crawler-user-agents w3lib
 	touch $@
 
 # The suites that drive the C core, against the sanitized core (installed apart, put first on

@@ -278,7 +278,8 @@ def _serve(args: argparse.Namespace) -> int:
                            allowed_hosts=tuple(args.allowed_host), trust_proxy=tuple(
                                args.trust_proxy), limits=limits,
                            origin_timeout=args.origin_timeout,
-                           origin_per_host=args.origin_per_host)
+                           origin_per_host=args.origin_per_host, discover=args.discover,
+                           discover_rate=args.discover_rate, discover_max=args.discover_max)
     parts = [what for what, given in (("the dashboard at /", args.name), ("snapshots at"
              " /render?url=URL", args.store)) if given]
 
@@ -825,7 +826,8 @@ def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
                    help="open connections one address may hold (more get 429); a trusted"
                         " proxy is exempt")
     _redis_arguments(p, local=True)
-    p.set_defaults(fn=_serve, store=None, max_stale=None, origin_timeout=10.0, origin_per_host=8)
+    p.set_defaults(fn=_serve, store=None, max_stale=None, origin_timeout=10.0, origin_per_host=8,
+                   discover=False, discover_rate=60, discover_max=100_000)
 
 
 def _serve_parser(sub: Any) -> None:
@@ -847,6 +849,13 @@ def _serve_parser(sub: Any) -> None:
                         " fetched within S seconds (else 504)")
     p.add_argument("--origin-per-host", type=int, default=8, metavar="N",
                    help="origin fetches at once per host (more: 503 with Retry-After)")
+    p.add_argument("--discover", action="store_true",
+                   help="with NAME: a miss on the pool's hosts adds the page as discovered"
+                        " (normalised, tracking parameters dropped, its route's interval)")
+    p.add_argument("--discover-rate", type=int, default=60, metavar="N",
+                   help="new URLs discovered per host per minute, at most")
+    p.add_argument("--discover-max", type=int, default=100_000, metavar="N",
+                   help="add nothing while the pool holds N discovered rows")
 
 
 def _token(args: argparse.Namespace) -> int:

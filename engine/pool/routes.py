@@ -21,6 +21,9 @@ A routes file is TOML (see ``examples/routes-shop.toml``)::
     match = "https://shop.example/p/*"    # a glob, or: regex = "https://shop\\.example/p/.+"
     interval = "48h"                      # "90s", "15m", "6h", "2d" or whole seconds
     provenance = "submitted"              # optional: submitted | discovered
+    discover = false                      # optional: lanes serve --discover never adds these
+    query = ["page"]                      # optional: the query parameters that matter to a
+                                          # discovered URL ([]: none); default all but tracking
 
 Patterns are matched against the **whole normalised URL** (``engine.pool.ingest.normalize_url``:
 lowercase scheme and host, no default port, non-ASCII percent-encoded), so write them that way.
@@ -61,7 +64,7 @@ U8Array = npt.NDArray[np.uint8]
 MAX_ROUTES: Final = int(np.iinfo(np.int16).max)
 """Route indexes are int16 per row (a corpus column), -1 meaning none."""
 
-ROUTE_KEYS: Final = ("name", "match", "regex", "interval", "provenance")
+ROUTE_KEYS: Final = ("name", "match", "regex", "interval", "provenance", "discover", "query")
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 _INTERVAL_TEXT = re.compile(r"([0-9]{1,12})([smhd])")
 _TOML_LINE = re.compile(r"\(at line (\d+), column (\d+)\)$")
@@ -83,6 +86,8 @@ class Route:
     is_regex: bool
     interval_s: int
     provenance: int | None = None
+    discover: bool = True
+    query: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -99,6 +104,14 @@ class Route:
                                             or not 0 <= self.provenance < len(PROVENANCES)):
             raise EngineValueError(f"provenance must be a code 0..{len(PROVENANCES) - 1} "
                                    f"({', '.join(PROVENANCES)}) or None, got {self.provenance!r}")
+        if not isinstance(self.discover, bool):
+            raise EngineTypeError(f"discover must be true or false, got {self.discover!r}")
+        if isinstance(self.query, list):
+            object.__setattr__(self, "query", tuple(self.query))
+        if self.query is not None and (not isinstance(self.query, tuple) or not all(
+                isinstance(q, str) and q and len(q) <= 200 for q in self.query)):
+            raise EngineValueError(f"query must be a list of parameter names, got"
+                                   f" {self.query!r}")
         try:
             re.compile(self.regex)
         except re.error as exc:
@@ -189,12 +202,14 @@ class Routes:
         routes = []
         for i, item in enumerate(doc["routes"]):
             place = _route_place(where, i, item)
-            if not isinstance(item, dict) or set(item) != set(_JSON_KEYS):
+            if not isinstance(item, dict) or not set(_JSON_KEYS) <= set(item) <= set(
+                    _JSON_KEYS + _JSON_OPTIONAL):
                 raise CorpusError(f"{place}: expected the keys {', '.join(_JSON_KEYS)}")
             prov = item["provenance"]
             routes.append(_route(place, item["name"], item["pattern"], item["is_regex"],
                                  item["interval_s"], None if prov is None else
-                                 _provenance_code(place, prov)))
+                                 _provenance_code(place, prov), item.get("discover", True),
+                                 item.get("query")))
         return _checked_routes(where, routes)
 
     def to_json(self) -> str:
@@ -202,7 +217,8 @@ class Routes:
         return json.dumps({"routes": [
             {"name": r.name, "pattern": r.pattern, "is_regex": r.is_regex,
              "interval_s": r.interval_s,
-             "provenance": None if r.provenance is None else PROVENANCES[r.provenance]}
+             "provenance": None if r.provenance is None else PROVENANCES[r.provenance],
+             "discover": r.discover, "query": None if r.query is None else list(r.query)}
             for r in self.routes]}, ensure_ascii=False)
 
     def match(self, urls: Sequence[str]) -> I16Array:
@@ -238,6 +254,7 @@ class Routes:
 
 
 _JSON_KEYS: Final = ("name", "pattern", "is_regex", "interval_s", "provenance")
+_JSON_OPTIONAL: Final = ("discover", "query")  # routes stored by an older pool lack them
 
 
 class _Matcher:
@@ -296,13 +313,15 @@ def _route_from_toml(place: str, table: Mapping[str, Any]) -> Route:
     prov = table.get("provenance")
     return _route(place, table["name"], table["regex" if is_regex else "match"], is_regex,
                   _interval_s(place, table["interval"]),
-                  None if prov is None else _provenance_code(place, prov))
+                  None if prov is None else _provenance_code(place, prov),
+                  table.get("discover", True), table.get("query"))
 
 
 def _route(place: str, name: object, pattern: object, is_regex: object, interval_s: object,
-           provenance: int | None) -> Route:
+           provenance: int | None, discover: object = True, query: object = None) -> Route:
     try:
-        return Route(name, pattern, is_regex, interval_s, provenance)  # type: ignore[arg-type]
+        return Route(name, pattern, is_regex, interval_s, provenance,  # type: ignore[arg-type]
+                     discover, query)  # type: ignore[arg-type]
     except (EngineValueError, EngineTypeError) as exc:
         raise CorpusError(f"{place}: {exc}") from None
 

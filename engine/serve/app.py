@@ -30,7 +30,7 @@ from aiohttp import web
 from ..checks import is_int
 from ..errors import EngineValueError
 from ..store import SnapshotStore
-from . import auth, crawlers, door, origin, recache
+from . import auth, crawlers, discover, door, origin, recache
 from .snapshots import HitLog, SnapshotRoutes
 from .source import PoolSource
 
@@ -59,6 +59,9 @@ class ServeOptions:
     limits: door.Limits = door.Limits()
     origin_timeout: float = 10.0
     origin_per_host: int = 8
+    discover: bool = False
+    discover_rate: int = 60
+    discover_max: int = 100_000
 
     def check(self) -> None:
         if self.name is None and self.store is None:
@@ -77,6 +80,12 @@ class ServeOptions:
             raise EngineValueError(f"--processes must lie in [1, 64], got {self.processes!r}")
         auth.check_binding(self.host, self.token_file)
         self.limits.check()
+        if self.discover and (self.name is None or self.store is None):
+            raise EngineValueError("--discover adds missed pages to a pool: give its NAME and"
+                                   " --store DIR")
+        if not 1 <= self.discover_rate <= 1_000_000 or not 0 <= self.discover_max:
+            raise EngineValueError("--discover-rate must lie in [1, 1000000] a minute and"
+                                   " --discover-max be >= 0")
         if not 0 < self.origin_timeout <= 600 or not 1 <= self.origin_per_host <= 1024:
             raise EngineValueError("--origin-timeout must lie in (0, 600] s and"
                                    " --origin-per-host in [1, 1024]")
@@ -150,19 +159,19 @@ def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts,
     if guard.token is not None:
         auth.add_login_routes(app, guard)
     app.router.add_get("/healthz", _healthz, name="healthz")
-    app.router.add_get("/metrics", _metrics_handler(parts), name="metrics")
+    counts: dict[str, Any] = {"door": front.refused, "throttle": guard.throttle}
+    app.router.add_get("/metrics", _metrics_handler(parts, counts), name="metrics")
     snapshots = None
     if parts.store is not None and parts.hits is not None:
         app[STORE_KEY] = parts.store
         relay = None if parts.source is None else origin.relay_for(
             parts.source, options.origin_timeout, options.origin_per_host)
-        snapshots = SnapshotRoutes(parts.store, parts.hits, options.max_stale, relay)
+        found = None
+        if options.discover and parts.source is not None:
+            found = discover.Discovery(parts.source, options.discover_rate, options.discover_max)
+        snapshots = SnapshotRoutes(parts.store, parts.hits, options.max_stale, relay, found)
         snapshots.add_to(app)
-        if relay is not None:
-            async def close_relay(app: web.Application) -> None:
-                await relay.close()
-
-            app.on_cleanup.append(close_relay)
+        _serve_counts(app, counts, relay, found)
         hits = parts.hits
 
         async def start_hits(app: web.Application) -> None:
@@ -185,6 +194,27 @@ def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts,
     return app
 
 
+def _serve_counts(app: web.Application, counts: dict[str, Any], relay: origin.Relay | None,
+                  found: discover.Discovery | None) -> None:
+    """The relay's and discovery's counts joined to ``counts`` (``/metrics``); both started
+    and stopped with the app."""
+    counts.update(relay=None if relay is None else relay.counts,
+                  discovery=None if found is None else found.counts)
+
+    async def start(app: web.Application) -> None:
+        if found is not None:
+            found.start()
+
+    async def stop(app: web.Application) -> None:
+        if found is not None:
+            await found.close()
+        if relay is not None:
+            await relay.close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+
+
 async def _healthz(request: web.Request) -> web.Response:
     return web.Response(text="ok\n")
 
@@ -194,7 +224,38 @@ async def _store_index(request: web.Request) -> web.Response:
                              " /metrics\n")
 
 
-def _metrics_handler(parts: Parts) -> Callable[[web.Request], Any]:
+class ServeCounts:
+    """``/metrics``: what this server process refused (``lanes_serve_refused_total{reason}``),
+    answered from the origin (``lanes_serve_origin_answers_total{outcome}``) and discovered
+    (``lanes_serve_discovery_total{outcome}``). Per process: with ``--processes N`` a scrape
+    reads the one it reaches."""
+
+    def __init__(self, counts: dict[str, Any]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Any:
+        from prometheus_client import core
+
+        refused = core.CounterMetricFamily("lanes_serve_refused", "requests and connections"
+                                           " refused by this server process", labels=["reason"])
+        for reason, n in self.counts["door"].items():
+            refused.add_metric([reason], n)
+        refused.add_metric(["throttled_guess"], self.counts["throttle"].refused)
+        yield refused
+        for key, metric, help_ in (("relay", "lanes_serve_origin_answers", "misses answered"
+                                    " with the origin's response, by outcome"),
+                                   ("discovery", "lanes_serve_discovery", "missed URLs offered"
+                                    " for discovery, by outcome")):
+            found = self.counts.get(key)
+            if found is not None:
+                c = core.CounterMetricFamily(metric, help_, labels=["outcome"])
+                for outcome, n in sorted(found.items()):
+                    if not outcome.startswith("failed: "):
+                        c.add_metric([outcome], n)
+                yield c
+
+
+def _metrics_handler(parts: Parts, counts: dict[str, Any]) -> Callable[[web.Request], Any]:
     """``/metrics``: the pool's metrics and the store's staleness, computed off the event
     loop; one registry per server process, so the staleness figures are cached across
     scrapes (``STALENESS_EVERY_S``)."""
@@ -210,6 +271,7 @@ def _metrics_handler(parts: Parts) -> Callable[[web.Request], Any]:
                                  None if source is None else source.routes()))
             if parts.figures is not None:
                 made[0].register(crawlers.Collector(parts.figures))
+            made[0].register(ServeCounts(counts))
         return generate(made[0])
 
     async def metrics(request: web.Request) -> web.Response:

@@ -46,6 +46,7 @@ from ..errors import EngineError
 from ..pool.ingest import normalize_url
 from ..store import Snapshot, SnapshotStore
 from . import crawlers
+from .discover import Discovery
 from .door import SECURITY_HEADERS, SNAPSHOT_ROUTE
 from .origin import Relay
 
@@ -141,11 +142,12 @@ class SnapshotRoutes:
     """The two snapshot routes over ``store``; ``max_stale`` None serves every age."""
 
     def __init__(self, store: SnapshotStore, hits: HitLog, max_stale: float | None,
-                 relay: Relay | None = None) -> None:
+                 relay: Relay | None = None, discovery: Discovery | None = None) -> None:
         self.store = store
         self.hits = hits
         self.max_stale = max_stale
         self.relay = relay  # with a pool: its origin answers where no snapshot may
+        self.discovery = discovery  # with --discover: a miss on the pool's hosts is offered
         self._cache: OrderedDict[str, _Answer] = OrderedDict()
         self._bytes = 0  # bytes held by _cache: every answer's gzip, and its HTML once made
         self._normal = _Spellings(NORMAL_BYTES)
@@ -186,6 +188,8 @@ class SnapshotRoutes:
         found = self._answer(key)
         if found is None:
             if self.relay is not None and await self.relay.covers(key):
+                if self.discovery is not None:
+                    self.discovery.offer(key)
                 return await self.relay.relay(request, key, "missing")
             return _plain(404, f"never rendered: {_short(key)}", "missing")
         snap = found.snap

@@ -256,3 +256,52 @@ def test_a_version_1_store_is_migrated_when_opened(tmp_path: Path) -> None:
     db = sqlite3.connect(tmp_path / "s" / "store.sqlite")
     assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     db.close()
+
+
+def test_discovery_on_miss_adds_normalised_pages_within_its_rate(tmp_path: Path) -> None:
+    from engine.pool.board import Board, Clock
+    from engine.pool.urls import UrlTable
+
+    with Origin() as site, pool_over(site, tmp_path, {"/p/1": 10}) as (name, store):
+        Board.create(name, 1, Clock.wall(), 0, 0).close()  # a running pool's (adders lock it)
+        try:
+            with Served(name, "--store", str(store), "--discover", "--discover-rate", "3") as srv:
+                base = f"http://127.0.0.1:{site.port}"
+                asked = [f"/{base}/new/1?utm_source=mail&b=2&a=1&gclid=x#top",
+                         f"/{base}/new/1?a=1&b=2", f"/{base}/new/2", f"/{base}/new/3",
+                         f"/{base}/new/4", f"/{base}/new/5", "/https://elsewhere.example/x"]
+                for path in asked:
+                    assert get(srv.port, path)[0] in (404, 200)  # the origin's or missing
+                eng = Engine.attach(name)
+                try:
+                    deadline = time.monotonic() + 15
+                    while int(eng.stats()["rows"]) < 9:
+                        assert time.monotonic() < deadline, eng.stats()["rows"]
+                        time.sleep(0.2)
+                    time.sleep(1.5)
+                    table = UrlTable.attach(name)
+                    added = table.urls()[6:]
+                    table.close()
+                    assert added == [f"{base}/new/1?a=1&b=2", f"{base}/new/2", f"{base}/new/3"]
+                    assert all(eng.lane_name(int(eng.lane(r))).startswith("discovered")
+                               for r in range(6, 9))
+                finally:
+                    eng.close()
+                text = get(srv.port, "/metrics")[2].decode()
+                assert 'lanes_serve_discovery_total{outcome="added"} 3.0' in text
+                assert 'lanes_serve_discovery_total{outcome="refused_rate"} 2.0' in text
+                assert 'lanes_serve_origin_answers_total{outcome="4xx"}' in text
+        finally:
+            Board.unlink(name)
+
+
+def test_discovery_spelling_drops_tracking_and_keeps_what_the_route_says() -> None:
+    from engine.pool.routes import Route
+    from engine.serve.discover import discovery_url
+
+    url = "https://Shop.example/p/1?utm_campaign=x&z=1&page=2&fbclid=abc&a=%7e#frag"
+    assert discovery_url(url, None) == "https://shop.example/p/1?a=~&page=2&z=1"
+    keep_page = Route("p", "https://shop.example/p/*", False, 3600, query=("page",))
+    assert discovery_url(url, keep_page) == "https://shop.example/p/1?page=2"
+    assert discovery_url(url, Route("p", "*", False, 3600, query=())) == \
+        "https://shop.example/p/1"
