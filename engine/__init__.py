@@ -1,10 +1,9 @@
 """render-lanes: a multi-process claim engine for render queues, on shared memory or on Redis.
 
 The package reads as the data flows: ``keys`` (the sort key) -> ``policy`` (lanes and shares)
--> ``api`` (the contract every backend implements) -> the backends: ``engine`` over
-``segment`` (one shared-memory segment and the C core) and ``redis`` (a queue in Redis shared
-by many hosts). The render pool, the CLI and the simulator sit on top and reach an engine
-through ``api.QueueEngine``.
+-> ``api`` (the contract every backend implements) -> the backends: ``shm`` (one shared-memory
+segment and the C core) and ``redis`` (a queue in Redis shared by many hosts). The render pool,
+the CLI and the simulator sit on top and reach an engine through ``api.QueueEngine``.
 
 Both backends are exported here, each imported when it is first asked for: the shared-memory
 one needs the C core built, the Redis one needs redis-py (an extra), and a program using one
@@ -34,10 +33,10 @@ from .keys import STRIDE, due_ms_of, encode, lane_of
 from .policy import LanePolicy
 
 if TYPE_CHECKING:
-    from .engine import Claims, Engine
     from .redis import RedisEngine, ShardedEngine
+    from .shm import Claims, Engine
 
-_BACKENDS = {"Engine": "engine", "Claims": "engine", "RedisEngine": "redis",
+_BACKENDS = {"Engine": "shm", "Claims": "shm", "RedisEngine": "redis",
              "ShardedEngine": "redis"}
 
 

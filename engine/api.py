@@ -1,7 +1,7 @@
 """The contract: what a queue engine is, whichever backend holds the queue.
 
 Two backends implement it: ``engine.Engine`` (one shared-memory segment, the workers of one
-machine; engine/engine.py) and ``engine.redis.RedisEngine`` (a queue in Redis shared by many
+machine; engine/shm/) and ``engine.redis.RedisEngine`` (a queue in Redis shared by many
 hosts; engine/redis/). Everything above them (the render pool, the CLI, checkpoints) reaches an
 engine through :class:`QueueEngine`, and each backend module checks itself against it with a
 line ``_: type[QueueEngine] = TheBackend``, so a signature that drifts is a mypy error. The
@@ -214,7 +214,7 @@ class QueueEngine(Protocol):
 
 class RowUrls(Protocol):
     """Row id -> URL of a render pool's queue: files in /dev/shm beside a segment
-    (``engine.pool.urls.UrlTable``), or two hashes beside a Redis queue
+    (``engine.shm.urls.UrlTable``), or two hashes beside a Redis queue
     (``engine.redis.urls.RedisUrls``)."""
 
     name: str

@@ -13,10 +13,10 @@ from typing import Any
 
 from .api import QueueEngine
 from .checks import wall_ms
-from .engine import Engine
 from .errors import EngineError, EngineValueError, LayoutMismatch, NotAllowed, SegmentMissing
 from .policy import LanePolicy
-from .segment import Segment
+from .shm.engine import Engine
+from .shm.segment import Segment
 
 
 def _engine(args: argparse.Namespace) -> Any:

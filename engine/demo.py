@@ -23,11 +23,11 @@ import numpy as np
 
 from .api import Claim
 from .checks import wall_ms
-from .engine import Engine
 from .policy import LanePolicy
 from .pool import Pool, PoolOptions
 from .pool.render import RenderSpec
 from .pool.view import LiveView, print_summary
+from .shm.engine import Engine
 
 HOUR_MS = 3_600_000
 NOW = 1_800_000_000_000

@@ -1,5 +1,5 @@
 """The exception hierarchy every backend raises (the C core's status codes map onto it in
-``engine.segment``, the Redis library's error codes in ``engine.redis.transport``).
+``engine.shm.segment``, the Redis library's error codes in ``engine.redis.transport``).
 """
 
 from __future__ import annotations

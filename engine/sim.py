@@ -54,7 +54,6 @@ import numpy as np
 import numpy.typing as npt
 
 from .checks import is_int, is_number
-from .engine import Engine
 from .errors import EngineError, EngineTypeError, EngineValueError
 from .policy import (
     CLASSIC_FLOORS,
@@ -65,6 +64,7 @@ from .policy import (
     band_weights,
     normalize_bands,
 )
+from .shm.engine import Engine
 
 HOUR_MS = 3_600_000
 T0 = 1_800_000_000_000

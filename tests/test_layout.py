@@ -65,7 +65,7 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "import_module":
             arg = node.args[0] if node.args else None
             if isinstance(arg, ast.JoinedStr):  # engine/__init__'s lazy backends
-                for value in ("engine.engine", "engine.redis"):
+                for value in ("engine.shm", "engine.redis"):
                     resolve(value)
         for child in ast.iter_child_nodes(node):
             visit(child)
@@ -142,16 +142,16 @@ def test_the_contract_imports_no_backend_and_the_backends_meet_only_in_the_packa
     graph = _graph()
     assert _reaches(graph, "engine.api") == set()
     redis_side = _reaches(graph, "engine.redis.engine") | _reaches(graph, "engine.redis.urls")
-    assert not redis_side & {"engine.engine", "engine.segment", "engine._core", "engine._hot"}
+    assert not redis_side & {"engine.shm", "engine.shm.engine", "engine.shm.segment", "engine._core", "engine._hot"}
     assert "engine.checkpoint" in redis_side and "engine.checks" in redis_side
-    assert not _reaches(graph, "engine.checkpoint") & {"engine.engine", "engine.redis.engine",
-                                                       "engine.segment"}
+    assert not _reaches(graph, "engine.checkpoint") & {"engine.shm.engine", "engine.redis.engine",
+                                                       "engine.shm.segment"}
 
 
 BLOCKED_IMPORT = textwrap.dedent("""
     import sys
 
-    BLOCKED = ("engine._core", "engine._hot", "engine.engine", "engine.segment")
+    BLOCKED = ("engine._core", "engine._hot", "engine.shm", "engine.shm.engine", "engine.shm.segment")
 
     class Refuse:
         # Stands for a tree where the C core never built: importing it fails.

@@ -26,15 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import checkpoint
-from ..engine import Engine
+from .. import checkpoint, shmfile
 from ..errors import CapacityError, EngineError, SegmentMissing
 from ..keys import PARKED_MS
-from . import shmfile
+from ..shm.engine import Engine
+from ..shm.urls import UrlTable
 from .board import Board
 from .ingest import Corpus
 from .routes import Routes
-from .urls import UrlTable
 
 if TYPE_CHECKING:
     from ..redis.shard_urls import ShardedUrls

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import QueueEngine, RowUrls
-from ..engine import Engine
 from ..errors import EngineValueError
+from ..shm.engine import Engine
+from ..shm.urls import UrlTable
 from .board import Board
 from .failures import FailureLog
 from .hosts import HostGate
-from .urls import UrlTable
 
 
 @dataclass

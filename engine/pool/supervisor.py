@@ -41,7 +41,6 @@ import numpy as np
 from .. import checkpoint
 from ..api import QueueEngine, RowUrls
 from ..checks import is_int, is_number, wall_ms
-from ..engine import Engine
 from ..errors import (
     EngineError,
     EngineValueError,
@@ -51,7 +50,9 @@ from ..errors import (
 )
 from ..policy import LanePolicy
 from ..process import is_running, process_start_ms
-from ..segment import Segment
+from ..shm.engine import Engine
+from ..shm.segment import Segment
+from ..shm.urls import UrlTable
 from .board import Board, Clock
 from .failures import FailureLog
 from .grow import Added, add_corpus, store_routes, unlink_routes
@@ -60,7 +61,6 @@ from .hosts import HostGate
 from .ingest import Corpus
 from .render import RenderSpec
 from .routes import Routes
-from .urls import UrlTable
 from .worker import WorkerSpec, worker_main
 
 if TYPE_CHECKING:

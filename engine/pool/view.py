@@ -17,9 +17,9 @@ import numpy as np
 
 from ..api import Stats
 from ..checks import wall_ms
-from ..engine import Engine
 from ..errors import EngineError
 from ..process import is_running
+from ..shm.engine import Engine
 from . import progress
 from .board import DURATION_BUCKETS, FAILED, OK, Board
 from .supervisor import Pool

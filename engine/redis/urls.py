@@ -1,6 +1,6 @@
 """The URL of every row of a Redis queue, for render pools on several hosts.
 
-Why in Redis: a pool on one host keeps its URLs in /dev/shm (``engine.pool.urls``), which no
+Why in Redis: a pool on one host keeps its URLs in /dev/shm (``engine.shm.urls``), which no
 other host can read. Pools on several hosts share one queue, and any host's worker may claim
 any row, so the row -> URL map must live beside the queue: two more keys with the queue's hash
 tag (one Cluster slot with it), ``lanes:{name}:urls`` (HASH row -> URL) and

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from . import _hot, checkpoint
-from .api import (
+from .. import _hot, checkpoint
+from ..api import (
     DEFAULT_LEASE_MS,
     BoolArray,
     Claim,
@@ -31,7 +31,7 @@ from .api import (
     RowInfo,
     Stats,
 )
-from .checks import (
+from ..checks import (
     broadcast,
     check_bool,
     check_int,
@@ -46,10 +46,10 @@ from .checks import (
     rows_tokens,
     wall_ms,
 )
-from .errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
-from .keys import check_due_array, check_due_ms
-from .policy import MAX_INTERVAL_S, PROVENANCES, LanePolicy
-from .process import is_running
+from ..errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
+from ..keys import check_due_array, check_due_ms
+from ..policy import MAX_INTERVAL_S, PROVENANCES, LanePolicy
+from ..process import is_running
 from .segment import (
     OWNER_ALIVE,
     OWNER_DEAD,
@@ -62,8 +62,8 @@ from .segment import (
 )
 
 if TYPE_CHECKING:
-    from .redis import RedisEngine
-    from .redis.shards import ShardedEngine
+    from ..redis import RedisEngine
+    from ..redis.shards import ShardedEngine
 
 _U64 = (1 << 64) - 1
 _WORD_VOID = 1 << 60  # a row word's "taken back" bit (csrc/layout.h)
@@ -191,7 +191,7 @@ class Engine(_hot.EngineBase):
         docs/redis.md "Shards"), made so with ``create``; another count is refused. None: the
         queue as it is (a new one is one queue)."""
         # redis-py is an optional extra: the Redis backend is imported when it is asked for.
-        from .redis.shards import connect
+        from ..redis.shards import connect
 
         return connect(url, name, policy, create, shards=shards, **options)
 

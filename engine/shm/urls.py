@@ -25,9 +25,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .. import shmfile
 from ..api import RowUrls
 from ..errors import EngineValueError, LayoutMismatch, SegmentMissing
-from . import shmfile
 
 SUFFIX = "urls"
 _MAGIC = b"RLURLS01"

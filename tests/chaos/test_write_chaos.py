@@ -120,7 +120,7 @@ def test_a_killed_lanes_add_leaves_every_url_with_its_row(tmp_path: Path) -> Non
     table and the engine's row ids agree."""
     from pool_testlib import make_pool, write_csv
 
-    from engine.pool.urls import UrlTable
+    from engine.shm.urls import UrlTable
 
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     name = unique_name()

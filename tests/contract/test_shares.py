@@ -4,7 +4,6 @@ the C pass grants exactly what the reference allocator ``engine.policy.reference
 from __future__ import annotations
 
 import dataclasses
-
 from collections import defaultdict
 
 import numpy as np

@@ -23,7 +23,7 @@ from engine.pool.grow import add_corpus
 from engine.pool.ingest import Corpus
 from engine.pool.render import RenderSpec
 from engine.pool.routes import Route, Routes
-from engine.pool.urls import UrlTable
+from engine.shm.urls import UrlTable
 
 NOW = int(time.time() * 1000)
 URLS = [f"https://shop.example/{kind}/{i}" for kind in ("ok", "gone", "flaky") for i in range(4)]

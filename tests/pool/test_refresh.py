@@ -18,8 +18,8 @@ from engine.pool import Pool, PoolOptions
 from engine.pool.ingest import Corpus
 from engine.pool.refresh import CorpusRefresh, follow, parse_duration
 from engine.pool.render import RenderSpec
-from engine.pool.urls import UrlTable
 from engine.redis.urls import RedisUrls
+from engine.shm.urls import UrlTable
 
 URLS = [f"https://shop.test/p/{i}" for i in range(5)]
 

@@ -14,11 +14,11 @@ import pytest
 from lanes_testlib import TEN_LANES, unique_name
 from pool_testlib import make_pool
 
-from engine.engine import Engine, wall_ms
 from engine.pool.grow import store_routes, unlink_routes
 from engine.pool.routes import Routes
 from engine.pool.staleness import NO_ROUTE, staleness
 from engine.pool.view import LiveView
+from engine.shm.engine import Engine, wall_ms
 from engine.store import SnapshotStore
 
 HOUR_MS = 3_600_000
