@@ -13,7 +13,7 @@ must not need the other.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .api import Claim, ClaimBatch, QueueEngine, RowUrls
+from .api import Claim, ClaimBatch, QueueEngine, RowUrls, UrlsAdded, VerifyWalk
 from .errors import (
     AttachTimeout,
     CapacityError,
@@ -29,6 +29,7 @@ from .errors import (
     SegmentExists,
     SegmentMissing,
 )
+from .factory import open as open  # noqa: A004  (engine.open; not in __all__: see below)
 from .keys import STRIDE, due_ms_of, encode, lane_of
 from .policy import LanePolicy
 
@@ -49,10 +50,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 
+# engine.open (the factory) is left out: a star import must not hide the builtin open.
 __all__ = [
     "STRIDE", "AttachTimeout", "CapacityError", "Claim", "ClaimBatch", "Claims", "CorpusError",
     "Engine", "EngineClosed", "EngineError", "EngineTypeError", "EngineValueError",
     "LanePolicy", "LayoutMismatch", "LeaseLost", "NotAllowed", "OutcomeUnknown",
     "QueueEngine", "RedisEngine", "RowUrls", "SegmentExists", "SegmentMissing", "ShardedEngine",
+    "UrlsAdded", "VerifyWalk",
     "due_ms_of", "encode", "lane_of",
 ]

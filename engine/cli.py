@@ -11,12 +11,11 @@ import sys
 from types import FrameType
 from typing import Any
 
+from . import factory
 from .api import QueueEngine
 from .checks import wall_ms
 from .errors import EngineError, EngineValueError, LayoutMismatch, NotAllowed, SegmentMissing
 from .policy import LanePolicy
-from .shm.engine import Engine
-from .shm.segment import Segment
 
 
 def _engine(args: argparse.Namespace) -> Any:
@@ -28,9 +27,7 @@ def _engine(args: argparse.Namespace) -> Any:
 
 def _url_source(args: argparse.Namespace, eng: Any) -> Any:
     """The URLs of NAME's rows: the pool's URL table, or those stored with the Redis queue."""
-    from .pool.parts import attach_urls
-
-    return attach_urls(args.name, eng, args.redis)
+    return eng.row_urls()
 
 
 def _attached(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -53,9 +50,14 @@ def _routes(args: argparse.Namespace, eng: Any) -> Any:
     """The routes NAME's pool was started with (kept in /dev/shm, or with the Redis queue)."""
     from .pool.grow import stored_routes
 
-    if args.redis is None:
-        return stored_routes(args.name)
-    return stored_routes(args.name, _url_source(args, eng))
+    try:
+        urls = eng.row_urls()
+    except SegmentMissing:
+        return None  # an engine without a pool's URLs has no routes either
+    try:
+        return stored_routes(urls)
+    finally:
+        urls.close()
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -152,23 +154,20 @@ def _check(args: argparse.Namespace) -> int:
     eng = _engine(args)
     marks: list[str] = []
     try:
-        if not isinstance(eng, Engine):
-            if args.repair:
-                print("nothing to repair: each write to a Redis queue is one function call,"
-                      " applied whole or not at all")
-            problems = eng.verify()
-        else:
-            walk = eng._verify_walk()
-            if args.repair and walk.marks:
-                done = eng._reap(repair_anyway=True)
-                print(f"repaired {walk.unpublished + walk.abandoned} mark(s) of"
-                      f" {done['dead_owners']} dead writer(s): {walk.unpublished} unpublished"
-                      f" row(s) indexed, {done.get('rows_taken_back', 0)} reserved row(s) never"
-                      f" written taken back, {done.get('leases_reclaimed', 0)} lease(s) reclaimed"
-                      + (f"; {done['rows_waiting']} row(s) left to a writer still at work"
-                         if done.get("rows_waiting") else ""))
-                walk = eng._verify_walk()
-            problems, marks = walk.problems, walk.marks
+        if args.repair and eng.writes_whole:
+            print("nothing to repair: each write to a Redis queue is one function call,"
+                  " applied whole or not at all")
+        walk = eng.verify_walk()
+        if args.repair and walk.marks:
+            done = eng.repair()
+            print(f"repaired {walk.unpublished + walk.abandoned} mark(s) of"
+                  f" {done['dead_owners']} dead writer(s): {walk.unpublished} unpublished"
+                  f" row(s) indexed, {done.get('rows_taken_back', 0)} reserved row(s) never"
+                  f" written taken back, {done.get('leases_reclaimed', 0)} lease(s) reclaimed"
+                  + (f"; {done['rows_waiting']} row(s) left to a writer still at work"
+                     if done.get("rows_waiting") else ""))
+            walk = eng.verify_walk()
+        problems, marks = walk.problems, walk.marks
     finally:
         eng.close()
     for m in marks:
@@ -195,12 +194,8 @@ def _cleanup(args: argparse.Namespace) -> int:
         raise NotAllowed(f"a pool over {args.name!r} is running (supervisor pid {pid}); stop it,"
                          " or --force")
     removed = remove_pool_files(args.name)
-    try:
-        Segment.unlink(args.name)
+    if factory.unlink(args.name, missing_ok=bool(removed)):
         removed.insert(0, f"/dev/shm/{args.name}")
-    except SegmentMissing:
-        if not removed:
-            raise
     print("removed " + ", ".join(removed))
     return 0
 

@@ -37,6 +37,7 @@ from ..api import (
     Restamped,
     RowInfo,
     Stats,
+    VerifyWalk,
 )
 from ..checks import (
     check_bool,
@@ -84,6 +85,7 @@ from .codec import (
 from .library import library_source as library_source
 from .scan import RECHECK, SCAN_COUNT, QueueScan
 from .transport import NOT_RUN, Transport, redact
+from .urls import RedisUrls
 
 MIN_REDIS = (7, 0)
 ADD_CHUNK = 10_000
@@ -113,6 +115,7 @@ class RedisEngine:
 
     supports_compact: ClassVar[bool] = False
     spans_hosts: ClassVar[bool] = True
+    writes_whole: ClassVar[bool] = True
 
     def __init__(self, transport: Transport, name: str,
                  keys: tuple[str, str, str, str, str] | None = None) -> None:
@@ -590,6 +593,11 @@ class RedisEngine:
 
     check = verify
 
+    def verify_walk(self) -> VerifyWalk:
+        """``verify``: each write is one function call, applied whole or not at all, so no
+        writer leaves a mark."""
+        return VerifyWalk(self.verify(), [], 0, 0)
+
     # -- maintenance -----------------------------------------------------------------------------
 
     def restamp(self, limit: int = 5000) -> Restamped:
@@ -626,6 +634,16 @@ class RedisEngine:
         if dead:
             self.transport.fcall("lanes_reap", *dead)
         return len(dead)
+
+    def repair(self) -> dict[str, int]:
+        """``reap``: no write is left half done on Redis, only the leases of dead owners."""
+        return {"dead_owners": self.reap()}
+
+    # -- the pool's URLs ---------------------------------------------------------------------------
+
+    def row_urls(self) -> RedisUrls:
+        """The row -> URL map kept beside the queue (``urls.RedisUrls``)."""
+        return RedisUrls(self)
 
     def heartbeat(self, ttl_ms: int = HEARTBEAT_TTL_MS, now_ms: int | None = None
                   ) -> tuple[int, int]:

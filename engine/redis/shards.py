@@ -56,6 +56,7 @@ from ..api import (
     Restamped,
     RowInfo,
     Stats,
+    VerifyWalk,
 )
 from ..checks import (
     check_bool,
@@ -80,6 +81,7 @@ from .catalog import (
 )
 from .codec import LIBRARY_VERSION, MAX_ROWS, RedisClaims, now_arg, packed_rows, queue_keys
 from .engine import HEARTBEAT_TTL_MS, RedisEngine, _check_name
+from .shard_urls import ShardedUrls
 from .transport import Transport, redact
 
 STAY = 4
@@ -180,6 +182,7 @@ class ShardedEngine:
 
     supports_compact: ClassVar[bool] = False
     spans_hosts: ClassVar[bool] = True
+    writes_whole: ClassVar[bool] = True
 
     def __init__(self, name: str, catalog: Catalog, shards: list[RedisEngine],
                  record: Transport, created: bool) -> None:
@@ -624,6 +627,11 @@ class ShardedEngine:
 
     check = verify
 
+    def verify_walk(self) -> VerifyWalk:
+        """``verify``: each write is one function call, applied whole or not at all, so no
+        writer leaves a mark."""
+        return VerifyWalk(self.verify(), [], 0, 0)
+
     # -- maintenance -----------------------------------------------------------------------------
 
     def restamp(self, limit: int = 5000) -> Restamped:
@@ -652,6 +660,16 @@ class ShardedEngine:
             with self._shard(k) as eng:
                 found += eng.reap()
         return found
+
+    def repair(self) -> dict[str, int]:
+        """``reap``: no write is left half done on Redis, only the leases of dead owners."""
+        return {"dead_owners": self.reap()}
+
+    # -- the pool's URLs ---------------------------------------------------------------------------
+
+    def row_urls(self) -> ShardedUrls:
+        """The row -> URL map kept beside the queue (``shard_urls.ShardedUrls``)."""
+        return ShardedUrls(self)
 
     def heartbeat(self, ttl_ms: int = HEARTBEAT_TTL_MS, now_ms: int | None = None
                   ) -> tuple[int, int]:

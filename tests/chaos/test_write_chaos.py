@@ -90,7 +90,7 @@ def test_lanes_check_tells_dead_writers_marks_from_violations_and_repairs_them()
         with Engine.create(name, 1 << 20, ring_capacity=4096) as eng:
             if _kill_a_big_add(name, rng, window_s):
                 window_s *= 0.7
-            walk = eng._verify_walk()
+            walk = eng.verify_walk()
             assert walk.problems == []
             if not walk.marks:
                 continue

@@ -132,7 +132,7 @@ def _adder(name: str, k: int) -> None:
     from engine import Engine
 
     eng = Engine.attach(name)
-    table = UrlTable.attach(name)
+    table = eng.row_urls()
     for j in range(10):
         urls = [f"https://shop.example/add/{k}/{j}/{i}" for i in range(5)]
         add_corpus(eng, table, Corpus(urls, [60] * 5, [0] * 5, [NOW] * 5))
