@@ -296,9 +296,7 @@ def _pool(args: argparse.Namespace) -> int:
     if args.wait_replicas:
         if args.redis is None:
             raise EngineValueError("--wait-replicas is for pools on Redis (--redis URL)")
-        from .redis.transport import with_wait  # the URL carries it to every worker
-
-        args.redis = with_wait(args.redis, args.wait_replicas)
+        args.redis = factory.with_wait(args.redis, args.wait_replicas)  # to every worker
     if args.redis is not None:
         pool = _pool_on_redis(args, render, options, policy, routes)
     elif args.shards is not None:

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from . import factory
 from .api import Claim
 from .checks import wall_ms
 from .policy import LanePolicy
 from .pool import Pool, PoolOptions
 from .pool.render import RenderSpec
 from .pool.view import LiveView, print_summary
-from .shm.engine import Engine
 
 HOUR_MS = 3_600_000
 NOW = 1_800_000_000_000
@@ -76,7 +76,7 @@ def simulated_render(url: str, claim: Claim) -> None:
 
 
 def _headline(policy: LanePolicy, name: str) -> str:
-    with Engine.create(name, capacity=256, policy=policy) as eng:
+    with factory.open(name, create=True, capacity=256, policy=policy) as eng:
         products = eng.add_many(np.full(60, NOW - 72 * HOUR_MS), 48 * 3600, "submitted")
         home = eng.add(NOW - 2 * HOUR_MS, 3600, "submitted")
         position = next(k for k in range(1, len(products) + 2)

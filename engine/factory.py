@@ -99,3 +99,11 @@ def unlink_routes(name: str) -> bool:
     from .shm.urls import UrlTable
 
     return UrlTable.unlink_routes(name)
+
+
+def with_wait(url: str, replicas: int) -> str:
+    """Redis URL ``url`` asking every write to wait for ``replicas`` replicas (``--wait-replicas``):
+    the URL carries it to every process that connects with it."""
+    from .redis.transport import with_wait as redis_with_wait
+
+    return redis_with_wait(url, replicas)
