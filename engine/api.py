@@ -10,8 +10,9 @@ contract tests (``pytestmark = pytest.mark.contract``) run the same behaviour on
 A backend that lacks something says so with a ``supports_...`` attribute rather than by
 raising: ``compact()`` exists everywhere and does nothing where there is nothing to merge.
 
-This module imports no backend and nothing compiled: the defaults of a claim are here, and the
-C core's hot calls (csrc/hot.c) read them from this module when they load.
+This module imports no backend and nothing compiled: the defaults of a claim are here (from
+``engine.limits``, which engine.checks reads too), and the C core's hot calls (csrc/hot.c) read
+them from this module when they load.
 """
 
 from __future__ import annotations
@@ -25,25 +26,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, NotRequired, Protoc
 import numpy as np
 import numpy.typing as npt
 
+from .limits import DEFAULT_BUDGET as DEFAULT_BUDGET
+from .limits import DEFAULT_LEASE_MS as DEFAULT_LEASE_MS
+from .limits import DEFAULT_WINDOW as DEFAULT_WINDOW
+from .limits import MAX_BUDGET as MAX_BUDGET
+from .limits import MAX_WINDOW as MAX_WINDOW
+
 if TYPE_CHECKING:
-    # Annotations only: the policy module checks its arguments with engine.checks, which reads
-    # the bounds here, so a run-time import would close a circle.
     from .policy import LanePolicy
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-
-DEFAULT_BUDGET = 16
-"""Rows one claim pass leases unless told."""
-DEFAULT_LEASE_MS = 30_000
-"""How long a lease lasts unless told: a render that takes longer renews it."""
-DEFAULT_WINDOW = 140
-"""Due rows a claim pass looks at past each lane's head (the claim window)."""
-MAX_BUDGET = 1 << 16
-"""The largest budget of one claim pass."""
-MAX_WINDOW = 1 << 30
-"""The largest claim window."""
-
 
 class Claim(NamedTuple):
     """One leased row: what a worker needs to render it and to end its lease."""

@@ -266,20 +266,13 @@ def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
 
 def _pool(args: argparse.Namespace) -> int:
     from .pool import Pool, PoolOptions
-    from .pool.render import RenderSpec
     from .pool.routes import Routes
     from .pool.view import LiveView, print_summary
     from .pool.worker import LOG_FORMAT
 
     if args.checkpoint is None and args.checkpoint_every != PoolOptions().checkpoint_every_s:
         raise EngineValueError("--checkpoint-every needs --checkpoint PATH")
-    render: Any
-    if args.browser:
-        render = _browser_render(args)
-    else:
-        render = RenderSpec(callable=args.render, command=args.command_template,
-                            timeout_s=args.timeout, permanent_exits=tuple(args.permanent_exit),
-                            permanent_errors=tuple(args.permanent_error))
+    render = _browser_render(args) if args.browser else _command_render(args)
     options = PoolOptions(workers=args.workers, batch=args.batch, lease_s=args.lease,
                           start_method=args.start_method, checkpoint=args.checkpoint,
                           checkpoint_every_s=args.checkpoint_every, grace_s=args.grace,
@@ -346,6 +339,15 @@ def _pool(args: argparse.Namespace) -> int:
         pool.close()  # a no-op after run(); removes everything if we failed before it
     print_summary(summary)
     return 0 if not summary["problems"] else 1
+
+
+def _command_render(args: argparse.Namespace) -> Any:
+    """A render by a Python callable (``--render module:func``) or a command."""
+    from .pool.render import RenderSpec
+
+    return RenderSpec(callable=args.render, command=args.command_template, timeout_s=args.timeout,
+                      permanent_exits=tuple(args.permanent_exit),
+                      permanent_errors=tuple(args.permanent_error))
 
 
 def _browser_render(args: argparse.Namespace) -> Any:

@@ -98,6 +98,15 @@ HEARTBEAT_RETRY = 1 / 32
 well before the calm its late beat starts is over (docs/redis.md "Heartbeats")."""
 
 
+def add_one(eng: QueueEngine, due_ms: int, interval_s: int, provenance: str,
+            failures: int) -> int:
+    """``add``: one row checked, then added as ``add_many`` adds rows (either Redis engine)."""
+    return int(eng.add_many([check_due_ms(due_ms)],
+                            check_int(interval_s, "interval_s", 1, MAX_INTERVAL_S),
+                            choice_code(provenance, PROVENANCES, "provenance"),
+                            check_int(failures, "failures", 0, 255))[0])
+
+
 def _check_name(name: object) -> str:
     if not isinstance(name, str):
         raise EngineTypeError("name must be a str")
@@ -339,10 +348,7 @@ class RedisEngine:
     def add(self, due_ms: int, interval_s: int, provenance: str = "submitted",
             failures: int = 0) -> int:
         """Queue one row; returns its row id."""
-        return int(self.add_many([check_due_ms(due_ms)],
-                                 check_int(interval_s, "interval_s", 1, MAX_INTERVAL_S),
-                                 choice_code(provenance, PROVENANCES, "provenance"),
-                                 check_int(failures, "failures", 0, 255))[0])
+        return add_one(self, due_ms, interval_s, provenance, failures)
 
     def add_many(self, due_ms: Any, interval_s: Any, provenance: Any = "submitted",
                  failures: Any = None) -> IntArray:

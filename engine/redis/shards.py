@@ -62,14 +62,13 @@ from ..checks import (
     check_bool,
     check_int,
     check_token,
-    choice_code,
     claim_args,
     is_number,
     rows_tokens,
 )
 from ..errors import CapacityError, EngineError, EngineTypeError, EngineValueError, SegmentMissing
-from ..keys import check_due_array, check_due_ms
-from ..policy import MAX_INTERVAL_S, PROVENANCES, LanePolicy
+from ..keys import check_due_array
+from ..policy import LanePolicy
 from .catalog import (
     MAX_SHARDS,
     SHARD_LAYOUT,
@@ -80,7 +79,7 @@ from .catalog import (
     shard_keys,
 )
 from .codec import LIBRARY_VERSION, MAX_ROWS, RedisClaims, now_arg, packed_rows, queue_keys
-from .engine import HEARTBEAT_TTL_MS, RedisEngine, _check_name
+from .engine import HEARTBEAT_TTL_MS, RedisEngine, _check_name, add_one
 from .shard_urls import ShardedUrls
 from .transport import Transport, redact
 
@@ -403,10 +402,7 @@ class ShardedEngine:
     def add(self, due_ms: int, interval_s: int, provenance: str = "submitted",
             failures: int = 0) -> int:
         """Queue one row (on the shard with the lowest free row id); returns its row id."""
-        return int(self.add_many([check_due_ms(due_ms)],
-                                 check_int(interval_s, "interval_s", 1, MAX_INTERVAL_S),
-                                 choice_code(provenance, PROVENANCES, "provenance"),
-                                 check_int(failures, "failures", 0, 255))[0])
+        return add_one(self, due_ms, interval_s, provenance, failures)
 
     def add_many(self, due_ms: Any, interval_s: Any, provenance: Any = "submitted",
                  failures: Any = None) -> IntArray:
