@@ -217,7 +217,7 @@ class Pool:
         supervisor is still running is refused.
 
         With ``redis`` (a URL) the checkpoint, whichever backend wrote it, becomes the new Redis
-        queue ``name`` with its URLs (``engine.open``'s ``restore``), and the pool runs over it
+        queue ``name`` with its URLs (``engine.factory.restore``), and the pool runs over it
         with its files in /dev/shm named ``local``; a queue that exists already is refused
         (``SegmentExists``: join it instead, or resume into another name).
         """
