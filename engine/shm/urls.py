@@ -144,8 +144,8 @@ class UrlTable:
         """Publish the URLs of rows ``first_row ..`` as a further file; returns its path. The
         caller adds the rows to the engine after this returns, and removes the file if that
         fails (``remove_part``)."""
-        if first_row <= 0:
-            raise EngineValueError(f"a further URL file starts past row 0, got {first_row}")
+        if first_row < 0:
+            raise EngineValueError(f"a further URL file starts at a row >= 0, got {first_row}")
         shmfile.create(name, f"{SUFFIX}.{first_row}", _Part.encode(urls))
         return shmfile.path_of(name, f"{SUFFIX}.{first_row}")
 
