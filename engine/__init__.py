@@ -24,6 +24,7 @@ from .errors import (
     EngineValueError,
     LayoutMismatch,
     LeaseLost,
+    MissingExtra,
     NotAllowed,
     OutcomeUnknown,
     SegmentExists,
@@ -54,7 +55,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "STRIDE", "AttachTimeout", "CapacityError", "Claim", "ClaimBatch", "Claims", "CorpusError",
     "Engine", "EngineClosed", "EngineError", "EngineTypeError", "EngineValueError",
-    "LanePolicy", "LayoutMismatch", "LeaseLost", "NotAllowed", "OutcomeUnknown",
+    "LanePolicy", "LayoutMismatch", "LeaseLost", "MissingExtra", "NotAllowed", "OutcomeUnknown",
     "QueueEngine", "RedisEngine", "RowUrls", "SegmentExists", "SegmentMissing", "ShardedEngine",
     "UrlsAdded", "VerifyWalk",
     "due_ms_of", "encode", "lane_of",

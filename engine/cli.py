@@ -14,7 +14,14 @@ from typing import Any
 from . import factory
 from .api import QueueEngine
 from .checks import wall_ms
-from .errors import EngineError, EngineValueError, LayoutMismatch, NotAllowed, SegmentMissing
+from .errors import (
+    EngineError,
+    EngineValueError,
+    LayoutMismatch,
+    MissingExtra,
+    NotAllowed,
+    SegmentMissing,
+)
 from .policy import LanePolicy
 
 
@@ -756,7 +763,7 @@ def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
 
 
 def _serve_parser(sub: Any) -> None:
-    from .serve.app import DEFAULT_PORT
+    from .serve import DEFAULT_PORT
 
     p = sub.add_parser("serve", help="one server: the dashboard at / (with NAME), /metrics,"
                                      " and the snapshots of --store DIR",
@@ -814,6 +821,12 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except ModuleNotFoundError as exc:
+        extra = _extra_of(args.command, exc.name or "")
+        if extra is None:
+            raise
+        print(f"lanes {args.command}: {MissingExtra(exc.name or '', extra)}", file=sys.stderr)
+        return 2
     except EngineError as exc:
         print(f"lanes {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -821,6 +834,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lanes {args.command}: interrupted", file=sys.stderr)
         return 130
     return status
+
+
+EXTRAS = {"aiohttp": "browser", "defusedxml": "pool", "rich": "pool", "jinja2": "serve",
+          "prometheus_client": "metrics", "redis": "redis", "matplotlib": "plot"}
+"""The optional package a command may miss -> the extra that installs it (pyproject.toml)."""
+
+
+def _extra_of(command: str, module: str) -> str | None:
+    """The extra to install for ``module`` (None: not an optional package of ours)."""
+    extra = EXTRAS.get(module.partition(".")[0])
+    return "serve" if extra is not None and command == "serve" else extra
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
