@@ -8,6 +8,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -555,30 +557,22 @@ def _redis_arguments(p: argparse.ArgumentParser, local: bool) -> None:
                             " (default NAME; two pools on one host need two)")
 
 
-def _demo_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="a forked pool over a synthetic corpus, with a live view",
-                       formatter_class=SHOW_DEFAULTS)
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=45.0, help="how long the pool runs")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
-    p.set_defaults(fn=_demo)
 
 
-def _sim_parser(sub: Any) -> None:
-    p = sub.add_parser("sim", help="the lane simulator: policies x capacities -> age / TTL",
-                       formatter_class=SHOW_DEFAULTS)
+def _sim_arguments(p: argparse.ArgumentParser) -> None:
     from .sim import add_arguments as _sim_arguments
 
     _sim_arguments(p)
-    p.set_defaults(fn=_sim)
 
 
-def _pool_parser(sub: Any) -> None:
+def _pool_arguments(p: argparse.ArgumentParser) -> None:
     from .pool.supervisor import GROWTH_ROOM, START_METHODS, PoolOptions
 
     DEFAULTS = PoolOptions()  # the pool's own defaults, not a copy of them
-    p = sub.add_parser("pool", help="run a forked render pool over a corpus or a checkpoint",
-                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name", help="the engine's segment name (created; removed at the end), or"
                                 " with --redis the queue's (created or grown from --corpus,"
                                 " joined without; never removed)")
@@ -642,7 +636,6 @@ def _pool_parser(sub: Any) -> None:
                    help="with --redis: the queue is spread over N shards (hash tags; on a"
                         " cluster, on different primaries), made so when this pool creates"
                         " it; default: as the queue is, a new one not sharded")
-    p.set_defaults(fn=_pool)
 
 
 def _browser_arguments(p: Any) -> None:
@@ -672,29 +665,21 @@ def _browser_arguments(p: Any) -> None:
                         " blocks none)")
 
 
-def _add_parser(sub: Any) -> None:
-    p = sub.add_parser("add", help="add URLs to a running pool (known URLs left alone)",
-                       formatter_class=SHOW_DEFAULTS)
+def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     _corpus_arguments(p, routes=False)
     _redis_arguments(p, local=False)
-    p.set_defaults(fn=_add)
 
 
-def _failures_parser(sub: Any) -> None:
-    p = sub.add_parser("failures", help="failing URLs: count, last error, next retry",
-                       formatter_class=SHOW_DEFAULTS)
+def _failures_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--lane", help="only this lane (name or number), e.g. cold")
     p.add_argument("--limit", type=int, default=50, help="at most this many, most recent first")
     p.add_argument("--json", action="store_true")
     _redis_arguments(p, local=True)
-    p.set_defaults(fn=_failures)
 
 
-def _stats_parser(sub: Any) -> None:
-    p = sub.add_parser("stats", help="per-lane statistics of an engine",
-                       formatter_class=SHOW_DEFAULTS)
+def _stats_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
@@ -703,46 +688,33 @@ def _stats_parser(sub: Any) -> None:
     p.add_argument("--store", metavar="DIR",
                    help="the pool's snapshot store: served staleness per lane and per route")
     _redis_arguments(p, local=True)
-    p.set_defaults(fn=_stats)
 
 
-def _check_parser(sub: Any) -> None:
-    p = sub.add_parser("check", help="verify every invariant of an engine",
-                       formatter_class=SHOW_DEFAULTS)
+def _check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--repair", action="store_true",
                    help="first finish or take back the writes that killed processes left half"
                         " done, and say what was repaired")
     _redis_arguments(p, local=False)
-    p.set_defaults(fn=_check)
 
 
-def _cleanup_parser(sub: Any) -> None:
-    p = sub.add_parser("cleanup", help="remove a segment left by a crashed owner",
-                       formatter_class=SHOW_DEFAULTS)
+def _cleanup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--force", action="store_true", help="even if its pool still runs")
-    p.set_defaults(fn=_cleanup)
 
 
-def _restamp_parser(sub: Any) -> None:
-    p = sub.add_parser("restamp", help="move rows written with lanes off into their lanes",
-                       formatter_class=SHOW_DEFAULTS)
+def _restamp_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--limit", type=int, default=5000)
     _redis_arguments(p, local=False)
-    p.set_defaults(fn=_restamp)
 
 
-def _prioritize_parser(sub: Any) -> None:
-    p = sub.add_parser("prioritize", help="rush a page to the urgent lane, or make it due now",
-                       formatter_class=SHOW_DEFAULTS)
+def _prioritize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--url", help="the page's URL (needs a pool's URL table)")
     p.add_argument("--row", type=int, help="the page's row id")
     p.add_argument("--mode", choices=("rush", "wait"), default="rush")
     _redis_arguments(p, local=False)
-    p.set_defaults(fn=_prioritize)
 
 
 def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
@@ -762,12 +734,9 @@ def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
     p.set_defaults(fn=_serve, store=None, max_stale=None)
 
 
-def _serve_parser(sub: Any) -> None:
+def _serve_command_arguments(p: argparse.ArgumentParser) -> None:
     from .serve import DEFAULT_PORT
 
-    p = sub.add_parser("serve", help="one server: the dashboard at / (with NAME), /metrics,"
-                                     " and the snapshots of --store DIR",
-                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name", nargs="?", help="the pool's engine (segment, or with --redis the"
                                            " queue): its dashboard and metrics")
     _serve_arguments(p, DEFAULT_PORT)
@@ -778,36 +747,60 @@ def _serve_parser(sub: Any) -> None:
                         " falls through to the origin")
 
 
-def _serve_metrics_parser(sub: Any) -> None:
-    p = sub.add_parser("serve-metrics", help="lanes serve NAME on port 9464 (its /metrics)",
-                       formatter_class=SHOW_DEFAULTS)
+def _serve_metrics_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     _serve_arguments(p, 9464)
 
 
-_PARSERS = (
-    _demo_parser,
-    _sim_parser,
-    _pool_parser,
-    _add_parser,
-    _failures_parser,
-    _stats_parser,
-    _check_parser,
-    _cleanup_parser,
-    _restamp_parser,
-    _prioritize_parser,
-    _serve_parser,
-    _serve_metrics_parser,
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of ``lanes``."""
+
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    arguments: Callable[[argparse.ArgumentParser], None]
+
+
+COMMANDS = (
+    Command("demo", "a forked pool over a synthetic corpus, with a live view",
+            _demo, _demo_arguments),
+    Command("sim", "the lane simulator: policies x capacities -> age / TTL",
+            _sim, _sim_arguments),
+    Command("pool", "run a forked render pool over a corpus or a checkpoint",
+            _pool, _pool_arguments),
+    Command("add", "add URLs to a running pool (known URLs left alone)",
+            _add, _add_arguments),
+    Command("failures", "failing URLs: count, last error, next retry",
+            _failures, _failures_arguments),
+    Command("stats", "per-lane statistics of an engine",
+            _stats, _stats_arguments),
+    Command("check", "verify every invariant of an engine",
+            _check, _check_arguments),
+    Command("cleanup", "remove a segment left by a crashed owner",
+            _cleanup, _cleanup_arguments),
+    Command("restamp", "move rows written with lanes off into their lanes",
+            _restamp, _restamp_arguments),
+    Command("prioritize", "rush a page to the urgent lane, or make it due now",
+            _prioritize, _prioritize_arguments),
+    Command("serve", "one server: the dashboard at / (with NAME), /metrics, and the snapshots"
+            " of --store DIR", _serve, _serve_command_arguments),
+    Command("serve-metrics", "lanes serve NAME on port 9464 (its /metrics)",
+            _serve, _serve_metrics_arguments),
 )
-"""One function per command, each adding its own parser."""
+"""Every subcommand: its name, its line in ``lanes --help``, what runs it and what adds its
+arguments. Each imports what it needs when it runs (a base install, without the extras, runs
+every ``--help``)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lanes", description=__doc__,
                                      formatter_class=SHOW_DEFAULTS)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in _PARSERS:
-        add(sub)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help, formatter_class=SHOW_DEFAULTS)
+        p.set_defaults(fn=command.run)
+        command.arguments(p)
     args: Any = parser.parse_args(argv)
     # SIGTERM before a command installs its own handling (a pool that is still starting) unwinds
     # like Ctrl-C, so whatever was created is removed on the way out.
