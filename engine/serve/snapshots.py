@@ -42,8 +42,8 @@ from aiohttp import web
 
 from ..checks import wall_ms
 from ..errors import EngineError
-from ..pool.ingest import normalize_url
 from ..store import Snapshot, SnapshotStore
+from ..urlnorm import normalize_url
 from .auth import SECURITY_HEADERS, SNAPSHOT_ROUTE
 
 FLUSH_S: Final = 1.0
