@@ -51,7 +51,7 @@ from common import (
 from seek_variants import NO_SKIP, NO_TOMB, TWO_SIDED, UNFLOORED, Handle
 
 from engine import LanePolicy
-from engine.segment import ffi, lib
+from engine.shm.segment import ffi, lib
 from engine.sim import build_corpus, corpus_config
 
 FULL = {"rows": 1_600_000, "reschedules": 40_000, "bucket": 2_000, "runs": 3,

@@ -18,7 +18,7 @@ import numpy as np
 from common import BUDGET, NOW, Slot, drop, figure, finish, new_engine, parse_args, run_clients
 
 from engine import Engine
-from engine.segment import ffi, lib
+from engine.shm.segment import ffi, lib
 
 FULL = {"sizes": (10_000, 100_000, 1_600_000, 16_000_000), "budgets": (1, 16, 64),
         "rounds": 5, "per_round": 2000, "tp_rows": 1_600_000, "tp_runs": 3, "tp_seconds": 0.6,

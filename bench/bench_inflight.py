@@ -47,7 +47,7 @@ from common import (
 )
 
 from engine import Engine
-from engine.segment import ffi, lib
+from engine.shm.segment import ffi, lib
 
 HOUR_MS = 3_600_000
 HOLD_BUDGET = 64   # the claims that put rows in flight: a pool's batch size

@@ -40,7 +40,6 @@ from redis_server import LocalCluster, RedisServer  # noqa: E402
 from engine import Engine  # noqa: E402
 from engine.pool import Pool, PoolOptions  # noqa: E402
 from engine.pool.render import RenderSpec  # noqa: E402
-from engine.redis.shard_urls import row_urls  # noqa: E402
 
 SHARDS = 3
 
@@ -110,7 +109,7 @@ def _pool_rate(url: str, shards: int, rows: int, seconds: float, workers: int,
     finally:
         pool.shutdown()
         with Engine.connect(url, name) as eng:
-            row_urls(eng).drop()
+            eng.row_urls().drop()
             eng.drop()
     return (r1 - r0) / (t1 - t0)
 

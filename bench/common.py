@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 
 from engine import STRIDE, Engine, LanePolicy  # noqa: E402
 from engine.policy import CLASSIC_FLOORS, COARSE_BANDS, band_weights  # noqa: E402
-from engine.segment import Segment  # noqa: E402
+from engine.shm.segment import Segment  # noqa: E402
 
 NOW = 1_800_000_000_000
 DAY_MS = 86_400_000

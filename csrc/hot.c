@@ -5,7 +5,7 @@
  * (argument checks, arena bookkeeping, building the result) cost about 1 us per claim, more than
  * the claim pass itself. Here the common case (plain ints in range, the latest batch completed)
  * runs in C; every other case calls back into the Python layer, which validates and raises the
- * same errors as before. The core is not compiled twice: engine/engine.py hands this module the
+ * same errors as before. The core is not compiled twice: engine/shm/engine.py hands this module the
  * addresses of rl_claim_req, rl_complete_req and rl_complete_claim_req from the cffi module.
  *
  * Order in every call: whatever may run Python (argument checks, a new arena, the hooks) first,
@@ -13,7 +13,7 @@
  * between. So no other thread can close the engine between the copy and the core's return,
  * and a handle is never used after rl_close freed it.
  *
- * Hooks it calls on the Python subclass (engine/engine.py): _claim_args (validation of unusual
+ * Hooks it calls on the Python subclass (engine/shm/engine.py): _claim_args (validation of unusual
  * claim arguments), _now, _bind (the request block for this process, or EngineClosed), _after
  * (advice), _refused (raise for a negative status), _rows_tokens (convert any rows/tokens) and
  * _complete_many_any (complete_many of anything but the latest batch).

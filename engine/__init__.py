@@ -1,10 +1,9 @@
 """render-lanes: a multi-process claim engine for render queues, on shared memory or on Redis.
 
 The package reads as the data flows: ``keys`` (the sort key) -> ``policy`` (lanes and shares)
--> ``api`` (the contract every backend implements) -> the backends: ``engine`` over
-``segment`` (one shared-memory segment and the C core) and ``redis`` (a queue in Redis shared
-by many hosts). The render pool, the CLI and the simulator sit on top and reach an engine
-through ``api.QueueEngine``.
+-> ``api`` (the contract every backend implements) -> the backends: ``shm`` (one shared-memory
+segment and the C core) and ``redis`` (a queue in Redis shared by many hosts). The render pool,
+the CLI and the simulator sit on top and reach an engine through ``api.QueueEngine``.
 
 Both backends are exported here, each imported when it is first asked for: the shared-memory
 one needs the C core built, the Redis one needs redis-py (an extra), and a program using one
@@ -14,7 +13,7 @@ must not need the other.
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .api import Claim, ClaimBatch, QueueEngine, RowUrls
+from .api import Claim, ClaimBatch, QueueEngine, RowUrls, UrlsAdded, VerifyWalk
 from .errors import (
     AttachTimeout,
     CapacityError,
@@ -25,19 +24,21 @@ from .errors import (
     EngineValueError,
     LayoutMismatch,
     LeaseLost,
+    MissingExtra,
     NotAllowed,
     OutcomeUnknown,
     SegmentExists,
     SegmentMissing,
 )
+from .factory import open as open  # noqa: A004  (engine.open; not in __all__: see below)
 from .keys import STRIDE, due_ms_of, encode, lane_of
 from .policy import LanePolicy
 
 if TYPE_CHECKING:
-    from .engine import Claims, Engine
     from .redis import RedisEngine, ShardedEngine
+    from .shm import Claims, Engine
 
-_BACKENDS = {"Engine": "engine", "Claims": "engine", "RedisEngine": "redis",
+_BACKENDS = {"Engine": "shm", "Claims": "shm", "RedisEngine": "redis",
              "ShardedEngine": "redis"}
 
 
@@ -50,10 +51,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'engine' has no attribute {name!r}")
 
 
+# engine.open (the factory) is left out: a star import must not hide the builtin open.
 __all__ = [
     "STRIDE", "AttachTimeout", "CapacityError", "Claim", "ClaimBatch", "Claims", "CorpusError",
     "Engine", "EngineClosed", "EngineError", "EngineTypeError", "EngineValueError",
-    "LanePolicy", "LayoutMismatch", "LeaseLost", "NotAllowed", "OutcomeUnknown",
+    "LanePolicy", "LayoutMismatch", "LeaseLost", "MissingExtra", "NotAllowed", "OutcomeUnknown",
     "QueueEngine", "RedisEngine", "RowUrls", "SegmentExists", "SegmentMissing", "ShardedEngine",
+    "UrlsAdded", "VerifyWalk",
     "due_ms_of", "encode", "lane_of",
 ]

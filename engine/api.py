@@ -1,7 +1,7 @@
 """The contract: what a queue engine is, whichever backend holds the queue.
 
 Two backends implement it: ``engine.Engine`` (one shared-memory segment, the workers of one
-machine; engine/engine.py) and ``engine.redis.RedisEngine`` (a queue in Redis shared by many
+machine; engine/shm/) and ``engine.redis.RedisEngine`` (a queue in Redis shared by many
 hosts; engine/redis/). Everything above them (the render pool, the CLI, checkpoints) reaches an
 engine through :class:`QueueEngine`, and each backend module checks itself against it with a
 line ``_: type[QueueEngine] = TheBackend``, so a signature that drifts is a mypy error. The
@@ -10,39 +10,33 @@ contract tests (``pytestmark = pytest.mark.contract``) run the same behaviour on
 A backend that lacks something says so with a ``supports_...`` attribute rather than by
 raising: ``compact()`` exists everywhere and does nothing where there is nothing to merge.
 
-This module imports no backend and nothing compiled: the defaults of a claim are here, and the
-C core's hot calls (csrc/hot.c) read them from this module when they load.
+This module imports no backend and nothing compiled: the defaults of a claim are here (from
+``engine.limits``, which engine.checks reads too), and the C core's hot calls (csrc/hot.c) read
+them from this module when they load.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, NotRequired, Protocol, Self, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
+from .limits import DEFAULT_BUDGET as DEFAULT_BUDGET
+from .limits import DEFAULT_LEASE_MS as DEFAULT_LEASE_MS
+from .limits import DEFAULT_WINDOW as DEFAULT_WINDOW
+from .limits import MAX_BUDGET as MAX_BUDGET
+from .limits import MAX_WINDOW as MAX_WINDOW
+
 if TYPE_CHECKING:
-    # Annotations only: the policy module checks its arguments with engine.checks, which reads
-    # the bounds here, so a run-time import would close a circle.
     from .policy import LanePolicy
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
-
-DEFAULT_BUDGET = 16
-"""Rows one claim pass leases unless told."""
-DEFAULT_LEASE_MS = 30_000
-"""How long a lease lasts unless told: a render that takes longer renews it."""
-DEFAULT_WINDOW = 140
-"""Due rows a claim pass looks at past each lane's head (the claim window)."""
-MAX_BUDGET = 1 << 16
-"""The largest budget of one claim pass."""
-MAX_WINDOW = 1 << 30
-"""The largest claim window."""
-
 
 class Claim(NamedTuple):
     """One leased row: what a worker needs to render it and to end its lease."""
@@ -134,6 +128,35 @@ class Restamped(TypedDict):
     done: bool
 
 
+@dataclass
+class VerifyWalk:
+    """:meth:`QueueEngine.verify_walk`: broken invariants, and the marks writers killed midway
+    left (``unpublished``: rows stored and not yet published; ``abandoned``: reserved, never
+    written), which :meth:`QueueEngine.repair` finishes or takes back."""
+
+    problems: list[str]
+    marks: list[str]
+    unpublished: int
+    abandoned: int
+
+
+@dataclass(frozen=True)
+class UrlsAdded:
+    """What :meth:`RowUrls.add` did, per URL given: its row and whether it was new."""
+
+    rows: npt.NDArray[np.int64]
+    new: npt.NDArray[np.bool_]
+    unparked: int
+
+    @property
+    def added(self) -> int:
+        return int(self.new.sum())
+
+    @property
+    def known(self) -> int:
+        return len(self.new) - self.added
+
+
 class QueueEngine(Protocol):
     """A claim queue: rows with a due time and an interval, leased in claim passes that share
     capacity between lanes as the :class:`~engine.policy.LanePolicy` says.
@@ -151,6 +174,9 @@ class QueueEngine(Protocol):
     spans_hosts: ClassVar[bool]
     """Whether processes on several hosts share the queue (Redis). Then :meth:`reap` judges
     only this host's processes: the leases of another host's lapse by themselves."""
+    writes_whole: ClassVar[bool]
+    """Whether every write is applied whole or not at all (one function call on Redis): then a
+    writer killed midway leaves no mark, and :meth:`verify_walk` finds none to repair."""
 
     @property
     def name(self) -> str: ...
@@ -200,11 +226,26 @@ class QueueEngine(Protocol):
     def stats(self, now_ms: int | None = None) -> Stats: ...
     def verify(self) -> list[str]: ...
     def check(self) -> list[str]: ...
+    def verify_walk(self) -> VerifyWalk:
+        """One walk of the invariants that changes nothing (``verify`` repairs the marks of
+        dead writers first); ``lanes check`` reports the marks apart from the problems."""
+        ...
 
     # maintenance
     def compact(self, full: bool = False) -> None: ...
     def restamp(self, limit: int = 5000) -> Restamped: ...
     def reap(self) -> int: ...
+    def repair(self) -> dict[str, int]:
+        """``reap``, and finish or take back what dead writers left even when no dead owner is
+        left (a mark an earlier repair left waiting); returns what it did, ``dead_owners`` at
+        least (``lanes check --repair`` prints it)."""
+        ...
+
+    # the pool's URLs
+    def row_urls(self) -> RowUrls:
+        """The URLs a render pool keeps with this queue (row id -> URL), read and added to
+        through this engine, which the caller keeps open while it uses them."""
+        ...
 
     # checkpoints (engine/checkpoint.py)
     def export_rows(self) -> tuple[IntArray, dict[str, IntArray]]: ...
@@ -214,8 +255,9 @@ class QueueEngine(Protocol):
 
 class RowUrls(Protocol):
     """Row id -> URL of a render pool's queue: files in /dev/shm beside a segment
-    (``engine.pool.urls.UrlTable``), or two hashes beside a Redis queue
-    (``engine.redis.urls.RedisUrls``)."""
+    (``engine.shm.urls.UrlTable``), or two hashes beside a Redis queue
+    (``engine.redis.urls.RedisUrls``, ``engine.redis.shard_urls.ShardedUrls`` over shards).
+    :meth:`QueueEngine.row_urls` gives the one of an engine."""
 
     name: str
 
@@ -226,3 +268,16 @@ class RowUrls(Protocol):
     def find(self, url: str) -> int: ...
     def refresh(self) -> None: ...
     def close(self) -> None: ...
+    def drop(self) -> None:
+        """Delete the URLs (and the routes) kept with the queue; the queue is the caller's."""
+        ...
+    def store_routes(self, text: str) -> None:
+        """Keep the routes (``Routes.to_json``) a pool was started with."""
+        ...
+    def routes(self) -> str | None: ...
+    def add(self, urls: Sequence[str], due_ms: Any, interval_s: Any, provenance: Any = "submitted",
+            failures: Any = None, now_ms: int | None = None) -> UrlsAdded:
+        """Queue a row for each URL not known yet (``urls[i]`` with ``due_ms[i]``...), its URL
+        published before its row can be claimed; known URLs are left alone, except parked rows,
+        made due now. Needs the table of an engine (``QueueEngine.row_urls``)."""
+        ...

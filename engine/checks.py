@@ -15,9 +15,9 @@ from typing import Any, TypeGuard
 import numpy as np
 import numpy.typing as npt
 
-from .api import MAX_BUDGET, MAX_WINDOW
 from .errors import EngineTypeError, EngineValueError
 from .keys import STRIDE, as_int64_array, check_due_ms, ndim_of
+from .limits import MAX_BUDGET, MAX_WINDOW
 
 IntArray = npt.NDArray[np.int64]
 

@@ -8,15 +8,23 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from . import factory
 from .api import QueueEngine
 from .checks import wall_ms
-from .engine import Engine
-from .errors import EngineError, EngineValueError, LayoutMismatch, NotAllowed, SegmentMissing
+from .errors import (
+    EngineError,
+    EngineValueError,
+    LayoutMismatch,
+    MissingExtra,
+    NotAllowed,
+    SegmentMissing,
+)
 from .policy import LanePolicy
-from .segment import Segment
 
 
 def _engine(args: argparse.Namespace) -> Any:
@@ -28,9 +36,7 @@ def _engine(args: argparse.Namespace) -> Any:
 
 def _url_source(args: argparse.Namespace, eng: Any) -> Any:
     """The URLs of NAME's rows: the pool's URL table, or those stored with the Redis queue."""
-    from .pool.parts import attach_urls
-
-    return attach_urls(args.name, eng, args.redis)
+    return eng.row_urls()
 
 
 def _attached(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -53,9 +59,14 @@ def _routes(args: argparse.Namespace, eng: Any) -> Any:
     """The routes NAME's pool was started with (kept in /dev/shm, or with the Redis queue)."""
     from .pool.grow import stored_routes
 
-    if args.redis is None:
-        return stored_routes(args.name)
-    return stored_routes(args.name, _url_source(args, eng))
+    try:
+        urls = eng.row_urls()
+    except SegmentMissing:
+        return None  # an engine without a pool's URLs has no routes either
+    try:
+        return stored_routes(urls)
+    finally:
+        urls.close()
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -152,23 +163,20 @@ def _check(args: argparse.Namespace) -> int:
     eng = _engine(args)
     marks: list[str] = []
     try:
-        if not isinstance(eng, Engine):
-            if args.repair:
-                print("nothing to repair: each write to a Redis queue is one function call,"
-                      " applied whole or not at all")
-            problems = eng.verify()
-        else:
-            walk = eng._verify_walk()
-            if args.repair and walk.marks:
-                done = eng._reap(repair_anyway=True)
-                print(f"repaired {walk.unpublished + walk.abandoned} mark(s) of"
-                      f" {done['dead_owners']} dead writer(s): {walk.unpublished} unpublished"
-                      f" row(s) indexed, {done.get('rows_taken_back', 0)} reserved row(s) never"
-                      f" written taken back, {done.get('leases_reclaimed', 0)} lease(s) reclaimed"
-                      + (f"; {done['rows_waiting']} row(s) left to a writer still at work"
-                         if done.get("rows_waiting") else ""))
-                walk = eng._verify_walk()
-            problems, marks = walk.problems, walk.marks
+        if args.repair and eng.writes_whole:
+            print("nothing to repair: each write to a Redis queue is one function call,"
+                  " applied whole or not at all")
+        walk = eng.verify_walk()
+        if args.repair and walk.marks:
+            done = eng.repair()
+            print(f"repaired {walk.unpublished + walk.abandoned} mark(s) of"
+                  f" {done['dead_owners']} dead writer(s): {walk.unpublished} unpublished"
+                  f" row(s) indexed, {done.get('rows_taken_back', 0)} reserved row(s) never"
+                  f" written taken back, {done.get('leases_reclaimed', 0)} lease(s) reclaimed"
+                  + (f"; {done['rows_waiting']} row(s) left to a writer still at work"
+                     if done.get("rows_waiting") else ""))
+            walk = eng.verify_walk()
+        problems, marks = walk.problems, walk.marks
     finally:
         eng.close()
     for m in marks:
@@ -195,12 +203,8 @@ def _cleanup(args: argparse.Namespace) -> int:
         raise NotAllowed(f"a pool over {args.name!r} is running (supervisor pid {pid}); stop it,"
                          " or --force")
     removed = remove_pool_files(args.name)
-    try:
-        Segment.unlink(args.name)
+    if factory.unlink(args.name, missing_ok=bool(removed)):
         removed.insert(0, f"/dev/shm/{args.name}")
-    except SegmentMissing:
-        if not removed:
-            raise
     print("removed " + ", ".join(removed))
     return 0
 
@@ -314,20 +318,13 @@ def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
 
 def _pool(args: argparse.Namespace) -> int:
     from .pool import Pool, PoolOptions
-    from .pool.render import RenderSpec
     from .pool.routes import Routes
     from .pool.view import LiveView, print_summary
     from .pool.worker import LOG_FORMAT
 
     if args.checkpoint is None and args.checkpoint_every != PoolOptions().checkpoint_every_s:
         raise EngineValueError("--checkpoint-every needs --checkpoint PATH")
-    render: Any
-    if args.browser:
-        render = _browser_render(args)
-    else:
-        render = RenderSpec(callable=args.render, command=args.command_template,
-                            timeout_s=args.timeout, permanent_exits=tuple(args.permanent_exit),
-                            permanent_errors=tuple(args.permanent_error))
+    render = _browser_render(args) if args.browser else _command_render(args)
     options = PoolOptions(workers=args.workers, batch=args.batch, lease_s=args.lease,
                           start_method=args.start_method, checkpoint=args.checkpoint,
                           checkpoint_every_s=args.checkpoint_every, grace_s=args.grace,
@@ -344,9 +341,7 @@ def _pool(args: argparse.Namespace) -> int:
     if args.wait_replicas:
         if args.redis is None:
             raise EngineValueError("--wait-replicas is for pools on Redis (--redis URL)")
-        from .redis.transport import with_wait  # the URL carries it to every worker
-
-        args.redis = with_wait(args.redis, args.wait_replicas)
+        args.redis = factory.with_wait(args.redis, args.wait_replicas)  # to every worker
     if args.redis is not None:
         pool = _pool_on_redis(args, render, options, policy, routes)
     elif args.shards is not None:
@@ -396,6 +391,15 @@ def _pool(args: argparse.Namespace) -> int:
         pool.close()  # a no-op after run(); removes everything if we failed before it
     print_summary(summary)
     return 0 if not summary["problems"] else 1
+
+
+def _command_render(args: argparse.Namespace) -> Any:
+    """A render by a Python callable (``--render module:func``) or a command."""
+    from .pool.render import RenderSpec
+
+    return RenderSpec(callable=args.render, command=args.command_template, timeout_s=args.timeout,
+                      permanent_exits=tuple(args.permanent_exit),
+                      permanent_errors=tuple(args.permanent_error))
 
 
 def _browser_render(args: argparse.Namespace) -> Any:
@@ -596,30 +600,22 @@ def _redis_arguments(p: argparse.ArgumentParser, local: bool) -> None:
                             " (default NAME; two pools on one host need two)")
 
 
-def _demo_parser(sub: Any) -> None:
-    p = sub.add_parser("demo", help="a forked pool over a synthetic corpus, with a live view",
-                       formatter_class=SHOW_DEFAULTS)
+def _demo_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=float, default=45.0, help="how long the pool runs")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
-    p.set_defaults(fn=_demo)
 
 
-def _sim_parser(sub: Any) -> None:
-    p = sub.add_parser("sim", help="the lane simulator: policies x capacities -> age / TTL",
-                       formatter_class=SHOW_DEFAULTS)
+def _sim_arguments(p: argparse.ArgumentParser) -> None:
     from .sim import add_arguments as _sim_arguments
 
     _sim_arguments(p)
-    p.set_defaults(fn=_sim)
 
 
-def _pool_parser(sub: Any) -> None:
+def _pool_arguments(p: argparse.ArgumentParser) -> None:
     from .pool.supervisor import GROWTH_ROOM, START_METHODS, PoolOptions
 
     DEFAULTS = PoolOptions()  # the pool's own defaults, not a copy of them
-    p = sub.add_parser("pool", help="run a forked render pool over a corpus or a checkpoint",
-                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name", help="the engine's segment name (created; removed at the end), or"
                                 " with --redis the queue's (created or grown from --corpus,"
                                 " joined without; never removed)")
@@ -683,7 +679,6 @@ def _pool_parser(sub: Any) -> None:
                    help="with --redis: the queue is spread over N shards (hash tags; on a"
                         " cluster, on different primaries), made so when this pool creates"
                         " it; default: as the queue is, a new one not sharded")
-    p.set_defaults(fn=_pool)
 
 
 def _browser_arguments(p: Any) -> None:
@@ -713,29 +708,21 @@ def _browser_arguments(p: Any) -> None:
                         " blocks none)")
 
 
-def _add_parser(sub: Any) -> None:
-    p = sub.add_parser("add", help="add URLs to a running pool (known URLs left alone)",
-                       formatter_class=SHOW_DEFAULTS)
+def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     _corpus_arguments(p, routes=False)
     _redis_arguments(p, local=False)
-    p.set_defaults(fn=_add)
 
 
-def _failures_parser(sub: Any) -> None:
-    p = sub.add_parser("failures", help="failing URLs: count, last error, next retry",
-                       formatter_class=SHOW_DEFAULTS)
+def _failures_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--lane", help="only this lane (name or number), e.g. cold")
     p.add_argument("--limit", type=int, default=50, help="at most this many, most recent first")
     p.add_argument("--json", action="store_true")
     _redis_arguments(p, local=True)
-    p.set_defaults(fn=_failures)
 
 
-def _stats_parser(sub: Any) -> None:
-    p = sub.add_parser("stats", help="per-lane statistics of an engine",
-                       formatter_class=SHOW_DEFAULTS)
+def _stats_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true")
@@ -744,40 +731,28 @@ def _stats_parser(sub: Any) -> None:
     p.add_argument("--store", metavar="DIR",
                    help="the pool's snapshot store: served staleness per lane and per route")
     _redis_arguments(p, local=True)
-    p.set_defaults(fn=_stats)
 
 
-def _check_parser(sub: Any) -> None:
-    p = sub.add_parser("check", help="verify every invariant of an engine",
-                       formatter_class=SHOW_DEFAULTS)
+def _check_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--repair", action="store_true",
                    help="first finish or take back the writes that killed processes left half"
                         " done, and say what was repaired")
     _redis_arguments(p, local=False)
-    p.set_defaults(fn=_check)
 
 
-def _cleanup_parser(sub: Any) -> None:
-    p = sub.add_parser("cleanup", help="remove a segment left by a crashed owner",
-                       formatter_class=SHOW_DEFAULTS)
+def _cleanup_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--force", action="store_true", help="even if its pool still runs")
-    p.set_defaults(fn=_cleanup)
 
 
-def _restamp_parser(sub: Any) -> None:
-    p = sub.add_parser("restamp", help="move rows written with lanes off into their lanes",
-                       formatter_class=SHOW_DEFAULTS)
+def _restamp_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--limit", type=int, default=5000)
     _redis_arguments(p, local=False)
-    p.set_defaults(fn=_restamp)
 
 
-def _prioritize_parser(sub: Any) -> None:
-    p = sub.add_parser("prioritize", help="rush a page to the urgent lane, or make it due now",
-                       formatter_class=SHOW_DEFAULTS)
+def _prioritize_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     p.add_argument("--url", help="the page's URL (needs a pool's URL table)")
     p.add_argument("--row", type=int, help="the page's row id")
@@ -793,7 +768,6 @@ def _prioritize_parser(sub: Any) -> None:
                    help="add listed URLs the pool does not know (on its hosts) as submitted")
     p.add_argument("--store", metavar="DIR", help="the snapshot store (for the clear modes)")
     _redis_arguments(p, local=False)
-    p.set_defaults(fn=_prioritize)
 
 
 def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
@@ -830,12 +804,9 @@ def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
                    discover=False, discover_rate=60, discover_max=100_000)
 
 
-def _serve_parser(sub: Any) -> None:
-    from .serve.app import DEFAULT_PORT
+def _serve_command_arguments(p: argparse.ArgumentParser) -> None:
+    from .serve import DEFAULT_PORT
 
-    p = sub.add_parser("serve", help="one server: the dashboard at / (with NAME), /metrics,"
-                                     " and the snapshots of --store DIR",
-                       formatter_class=SHOW_DEFAULTS)
     p.add_argument("name", nargs="?", help="the pool's engine (segment, or with --redis the"
                                            " queue): its dashboard and metrics")
     _serve_arguments(p, DEFAULT_PORT)
@@ -867,46 +838,68 @@ def _token(args: argparse.Namespace) -> int:
     return 0
 
 
-def _token_parser(sub: Any) -> None:
-    p = sub.add_parser("token", help="write a random token for lanes serve --token-file",
-                       formatter_class=SHOW_DEFAULTS)
+def _token_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="where to write it (mode 0600; an existing file is kept)")
     p.add_argument("--replace", action="store_true",
                    help="replace an existing file (every session of a server reading it ends)")
-    p.set_defaults(fn=_token)
 
 
-def _serve_metrics_parser(sub: Any) -> None:
-    p = sub.add_parser("serve-metrics", help="lanes serve NAME on port 9464 (its /metrics)",
-                       formatter_class=SHOW_DEFAULTS)
+def _serve_metrics_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     _serve_arguments(p, 9464)
 
 
-_PARSERS = (
-    _demo_parser,
-    _sim_parser,
-    _pool_parser,
-    _add_parser,
-    _failures_parser,
-    _stats_parser,
-    _check_parser,
-    _cleanup_parser,
-    _restamp_parser,
-    _prioritize_parser,
-    _serve_parser,
-    _serve_metrics_parser,
-    _token_parser,
+@dataclass(frozen=True)
+class Command:
+    """One subcommand of ``lanes``."""
+
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    arguments: Callable[[argparse.ArgumentParser], None]
+
+
+COMMANDS = (
+    Command("demo", "a forked pool over a synthetic corpus, with a live view",
+            _demo, _demo_arguments),
+    Command("sim", "the lane simulator: policies x capacities -> age / TTL",
+            _sim, _sim_arguments),
+    Command("pool", "run a forked render pool over a corpus or a checkpoint",
+            _pool, _pool_arguments),
+    Command("add", "add URLs to a running pool (known URLs left alone)",
+            _add, _add_arguments),
+    Command("failures", "failing URLs: count, last error, next retry",
+            _failures, _failures_arguments),
+    Command("stats", "per-lane statistics of an engine",
+            _stats, _stats_arguments),
+    Command("check", "verify every invariant of an engine",
+            _check, _check_arguments),
+    Command("cleanup", "remove a segment left by a crashed owner",
+            _cleanup, _cleanup_arguments),
+    Command("restamp", "move rows written with lanes off into their lanes",
+            _restamp, _restamp_arguments),
+    Command("prioritize", "rush a page to the urgent lane, or make it due now",
+            _prioritize, _prioritize_arguments),
+    Command("serve", "one server: the dashboard at / (with NAME), /metrics, and the snapshots"
+            " of --store DIR", _serve, _serve_command_arguments),
+    Command("serve-metrics", "lanes serve NAME on port 9464 (its /metrics)",
+            _serve, _serve_metrics_arguments),
+    Command("token", "write a random token for lanes serve --token-file",
+            _token, _token_arguments),
 )
-"""One function per command, each adding its own parser."""
+"""Every subcommand: its name, its line in ``lanes --help``, what runs it and what adds its
+arguments. Each imports what it needs when it runs (a base install, without the extras, runs
+every ``--help``)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lanes", description=__doc__,
                                      formatter_class=SHOW_DEFAULTS)
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in _PARSERS:
-        add(sub)
+    for command in COMMANDS:
+        p = sub.add_parser(command.name, help=command.help, formatter_class=SHOW_DEFAULTS)
+        p.set_defaults(fn=command.run)
+        command.arguments(p)
     args: Any = parser.parse_args(argv)
     # SIGTERM before a command installs its own handling (a pool that is still starting) unwinds
     # like Ctrl-C, so whatever was created is removed on the way out.
@@ -920,6 +913,12 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 128 + signal.SIGPIPE
+    except ModuleNotFoundError as exc:
+        extra = _extra_of(args.command, exc.name or "")
+        if extra is None:
+            raise
+        print(f"lanes {args.command}: {MissingExtra(exc.name or '', extra)}", file=sys.stderr)
+        return 2
     except EngineError as exc:
         print(f"lanes {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -927,6 +926,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lanes {args.command}: interrupted", file=sys.stderr)
         return 130
     return status
+
+
+EXTRAS = {"aiohttp": "browser", "defusedxml": "pool", "rich": "pool", "jinja2": "serve",
+          "prometheus_client": "metrics", "redis": "redis", "matplotlib": "plot"}
+"""The optional package a command may miss -> the extra that installs it (pyproject.toml)."""
+
+
+def _extra_of(command: str, module: str) -> str | None:
+    """The extra to install for ``module`` (None: not an optional package of ours)."""
+    extra = EXTRAS.get(module.partition(".")[0])
+    return "serve" if extra is not None and command == "serve" else extra
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from . import factory
 from .api import Claim
 from .checks import wall_ms
-from .engine import Engine
 from .policy import LanePolicy
 from .pool import Pool, PoolOptions
 from .pool.render import RenderSpec
@@ -76,7 +76,7 @@ def simulated_render(url: str, claim: Claim) -> None:
 
 
 def _headline(policy: LanePolicy, name: str) -> str:
-    with Engine.create(name, capacity=256, policy=policy) as eng:
+    with factory.open(name, create=True, capacity=256, policy=policy) as eng:
         products = eng.add_many(np.full(60, NOW - 72 * HOUR_MS), 48 * 3600, "submitted")
         home = eng.add(NOW - 2 * HOUR_MS, 3600, "submitted")
         position = next(k for k in range(1, len(products) + 2)

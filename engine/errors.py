@@ -1,5 +1,5 @@
 """The exception hierarchy every backend raises (the C core's status codes map onto it in
-``engine.segment``, the Redis library's error codes in ``engine.redis.transport``).
+``engine.shm.segment``, the Redis library's error codes in ``engine.redis.transport``).
 """
 
 from __future__ import annotations
@@ -64,3 +64,13 @@ class StoreError(EngineError):
 
 class NotAllowed(EngineError):
     """The operation is refused in the current state (restamp while lanes are enabled, ...)."""
+
+
+class MissingExtra(EngineError):
+    """A command needs a package that one of the optional extras installs, and this install
+    lacks it: the message names the extra."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(f"needs {module}, which the {extra!r} extra installs:"
+                         f" pip install 'render-lanes[{extra}]'")
+        self.module, self.extra = module, extra

@@ -53,8 +53,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import factory
+from .api import QueueEngine
 from .checks import is_int, is_number
-from .engine import Engine
 from .errors import EngineError, EngineTypeError, EngineValueError
 from .policy import (
     CLASSIC_FLOORS,
@@ -485,7 +486,7 @@ def build_corpus(config: SimConfig) -> _Corpus:
 class _Claimer:
     """One simulated worker: its own attached handle (its own lease owner) and claim budget."""
 
-    def __init__(self, eng: Engine, budget: int) -> None:
+    def __init__(self, eng: QueueEngine, budget: int) -> None:
         self.eng = eng
         self.budget = budget
 
@@ -525,8 +526,8 @@ def run_one(config: SimConfig, spec: PolicySpec, capacity: float) -> SimResult:
     corpus = build_corpus(config)
     n = len(corpus.cls)
     name = f"lanes-sim-{os.getpid()}-{uuid.uuid4().hex[:10]}"
-    with Engine.create(name, capacity=n, policy=spec.policy) as eng:
-        handles = [Engine.attach(name) for _ in config.claimers]
+    with factory.open(name, create=True, capacity=n, policy=spec.policy) as eng:
+        handles = [factory.open(name) for _ in config.claimers]
         try:
             eng.add_many(corpus.due_ms, corpus.interval_s, corpus.provenance)
             eng.compact()
@@ -537,7 +538,7 @@ def run_one(config: SimConfig, spec: PolicySpec, capacity: float) -> SimResult:
                 h.close()
 
 
-def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus, eng: Engine,
+def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus, eng: QueueEngine,
           claimers: list[_Claimer], started: float) -> SimResult:
     rng = np.random.default_rng(config.seed + 1)
     tick = config.tick_s * 1000

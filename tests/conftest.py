@@ -32,11 +32,13 @@ settings.load_profile("lanes")
 # queue grants is marked ``@pytest.mark.one_queue("why")`` and never runs as ``[redis-sharded]``.
 # Elsewhere ``backend`` is "shm".
 
-BACKENDS = ("shm", "redis",
-            *(("redis-sharded",) if os.environ.get("RL_CONTRACT_SHARDED") else ()))
-"""``RL_CONTRACT_SHARDED=1`` adds ``redis-sharded``, a queue over ``SHARDS`` shards
-(docs/redis.md "Shards"): left out of ``make test`` for its time (about a minute here)."""
+BACKENDS = ("shm", "redis", "redis-sharded")
+"""``redis-sharded`` is a queue over ``SHARDS`` shards (docs/redis.md "Shards")."""
 SHARDS = 3
+FUZZ_MODULES = {"test_fuzz_inputs"}
+"""Argument fuzzing over shards repeats what it does on one Redis queue (the sharded engine
+checks its arguments with the same ``engine.checks`` before it sends anything) at four times
+the cost, so it runs as ``[redis-sharded]`` only with ``RL_CONTRACT_SHARDED=1``."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -60,7 +62,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     whole = metafunc.definition.get_closest_marker("one_queue")
     if whole is not None and not (whole.args and isinstance(whole.args[0], str)):
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: one_queue needs its reason")
-    backends = [b for b in BACKENDS if whole is None or b != "redis-sharded"]
+    fuzz = metafunc.module.__name__.rpartition(".")[2] in FUZZ_MODULES
+    backends = [b for b in BACKENDS if b != "redis-sharded" or (
+        whole is None and (not fuzz or os.environ.get("RL_CONTRACT_SHARDED")))]
     metafunc.parametrize("backend", ["shm"] if only else backends, indirect=True)
 
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .. import shmfile
 from ..errors import EngineValueError, LayoutMismatch
-from . import shmfile
 
 SUFFIX = "pool"
 LANES = 64

@@ -42,7 +42,7 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
@@ -54,7 +54,6 @@ from .render import Failure, classify
 
 if TYPE_CHECKING:
     from ..api import Claim
-    from .worker import Worker
 
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 # Chromium's crash handler double-forks into a session of its own, out of the worker's group; it
@@ -242,7 +241,33 @@ class _Job:
     ticket: Any  # the host gate's ticket, or None
 
 
-def run_tabs(worker: Worker, spec: BrowserSpec) -> None:
+class ClaimSpec(Protocol):
+    """The worker's claim settings the tabs read."""
+
+    @property
+    def batch(self) -> int: ...
+    @property
+    def idle_s(self) -> float: ...
+
+
+class TabWorker(Protocol):
+    """What the tabs ask of their worker (``engine.pool.worker.Worker``, which calls
+    :func:`run_tabs`): claims, the host gate, and the accounting of each render. ``begin``'s
+    value is the worker's own, handed back to ``account``."""
+
+    @property
+    def spec(self) -> ClaimSpec: ...
+    def leaving(self) -> bool: ...
+    def claim(self, budget: int) -> tuple[list[Claim], list[str]]: ...
+    def enter_gate(self, url: str) -> Any: ...
+    def leave_gate(self, ticket: Any) -> None: ...
+    def begin(self, c: Claim) -> Any: ...
+    def account(self, c: Claim, url: str, started: Any, exc: BaseException | None) -> bool: ...
+    def give_back(self, rows: list[int], at_stop: bool = False) -> None: ...
+    def complete(self, done: list[int]) -> None: ...
+
+
+def run_tabs(worker: TabWorker, spec: BrowserSpec) -> None:
     """A worker's loop with the browser render (until the worker is leaving)."""
     asyncio.run(_Tabs(worker, spec).run())
 
@@ -250,7 +275,7 @@ def run_tabs(worker: Worker, spec: BrowserSpec) -> None:
 class _Tabs:
     """Up to ``tabs`` renders in flight in one browser; claims as tabs free up."""
 
-    def __init__(self, worker: Worker, spec: BrowserSpec) -> None:
+    def __init__(self, worker: TabWorker, spec: BrowserSpec) -> None:
         self.worker, self.spec, self.rules = worker, spec, spec.rules()
         self.jobs: dict[asyncio.Task[Snapshot], _Job] = {}
         self.browser: Chromium | None = None

@@ -15,11 +15,12 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiohttp
+from ..errors import EngineError, MissingExtra
 
-from ..errors import EngineError
+if TYPE_CHECKING:
+    import aiohttp
 
 EventHandler = Callable[[str, dict[str, Any]], None]
 
@@ -45,7 +46,7 @@ class Cdp:
 
     @classmethod
     async def connect(cls, ws_url: str) -> Cdp:
-        http = aiohttp.ClientSession()
+        http = _aiohttp().ClientSession()
         try:
             # A rendered page's HTML comes back as one message: no size cap.
             ws = await http.ws_connect(ws_url, max_msg_size=0, autoping=False)
@@ -79,7 +80,7 @@ class Cdp:
     async def _read(self) -> None:
         try:
             async for m in self._ws:
-                if m.type != aiohttp.WSMsgType.TEXT:
+                if m.type != _aiohttp().WSMsgType.TEXT:
                     break
                 data = json.loads(m.data)
                 if "id" in data:
@@ -110,3 +111,13 @@ class Cdp:
         with contextlib.suppress(BaseException):
             await self._reader
         await self._http.close()
+
+
+def _aiohttp() -> Any:
+    """aiohttp, imported when a browser is first connected: the ``browser`` extra, which a
+    base install (and every other command) does without."""
+    try:
+        import aiohttp
+    except ModuleNotFoundError as e:
+        raise MissingExtra("aiohttp", "browser") from e
+    return aiohttp

@@ -49,6 +49,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import shmfile
 from ..checks import is_int
 from ..errors import (
     EngineClosed,
@@ -59,7 +60,6 @@ from ..errors import (
     SegmentMissing,
 )
 from ..keys import PARKED_MS
-from . import shmfile
 from .progress import format_due
 from .render import KINDS, Failure
 

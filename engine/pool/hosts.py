@@ -84,9 +84,9 @@ from dataclasses import dataclass
 from typing import Any, Final, final
 from urllib.parse import urlsplit
 
+from .. import shmfile
 from ..checks import is_int
 from ..errors import EngineClosed, EngineError, EngineValueError, LayoutMismatch
-from . import shmfile
 
 SUFFIX: Final = "hosts"
 BUCKETS: Final = 4096

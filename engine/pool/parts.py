@@ -14,13 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import factory
 from ..api import QueueEngine, RowUrls
-from ..engine import Engine
-from ..errors import EngineValueError
 from .board import Board
 from .failures import FailureLog
 from .hosts import HostGate
-from .urls import UrlTable
 
 
 @dataclass
@@ -54,8 +52,8 @@ class PoolParts:
             # host shares; on shared memory, the pool's clock.
             eng = attach_engine(name, redis)
             opened.callback(eng.close)
-            now = board.clock.now_ms if redis is None else _server_time
-            urls = attach_urls(name, eng, redis)
+            now = _server_time if eng.spans_hosts else board.clock.now_ms
+            urls = eng.row_urls()
             opened.callback(urls.close)
             log = FailureLog.attach(local) if failures else None
             if log is not None:
@@ -93,24 +91,12 @@ class PoolParts:
 
 
 def _server_time() -> None:
-    """The time a worker on Redis passes: None, the server's clock (hosts' clocks differ)."""
+    """The time a worker passes when the queue spans hosts: None, the server's clock (hosts'
+    clocks differ)."""
     return None
 
 
 def attach_engine(name: str, redis: str | None = None) -> QueueEngine:
     """Engine ``name``: the shared-memory segment, or with ``redis`` the queue at that URL."""
-    return Engine.attach(name) if redis is None else Engine.connect(redis, name)
+    return factory.open(name, redis)
 
-
-def attach_urls(name: str, eng: QueueEngine, redis: str | None = None) -> RowUrls:
-    """The URLs of engine ``name``'s rows: the pool's URL table, or those kept with the Redis
-    queue (read through ``eng``)."""
-    if redis is None:
-        return UrlTable.attach(name)
-    from ..redis import RedisEngine, ShardedEngine
-    from ..redis.shard_urls import row_urls
-
-    if not isinstance(eng, RedisEngine | ShardedEngine):
-        raise EngineValueError(f"the URLs of a Redis queue are read through its engine, "
-                               f"not {type(eng).__name__}")
-    return row_urls(eng)  # one queue, or over shards, as the queue is

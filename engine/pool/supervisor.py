@@ -34,14 +34,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import FrameType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import checkpoint
+from .. import checkpoint, factory
 from ..api import QueueEngine, RowUrls
 from ..checks import is_int, is_number, wall_ms
-from ..engine import Engine
 from ..errors import (
     EngineError,
     EngineValueError,
@@ -51,21 +50,17 @@ from ..errors import (
 )
 from ..policy import LanePolicy
 from ..process import is_running, process_start_ms
-from ..segment import Segment
 from .board import Board, Clock
 from .failures import FailureLog
-from .grow import Added, add_corpus, store_routes, unlink_routes
+from .grow import Added, add_corpus, add_urls, store_routes
 from .heartbeat import HEARTBEAT_S
 from .hosts import HostGate
 from .ingest import Corpus
 from .render import RenderSpec
 from .routes import Routes
-from .urls import UrlTable
 from .worker import WorkerSpec, worker_main
 
 if TYPE_CHECKING:
-    from ..redis import RedisEngine
-    from ..redis.shards import ShardedEngine
     from .browser import BrowserSpec
     from .refresh import CorpusRefresh
 
@@ -222,7 +217,7 @@ class Pool:
         supervisor is still running is refused.
 
         With ``redis`` (a URL) the checkpoint, whichever backend wrote it, becomes the new Redis
-        queue ``name`` with its URLs (``engine.redis.urls.restore``), and the pool runs over it
+        queue ``name`` with its URLs (``engine.factory.restore``), and the pool runs over it
         with its files in /dev/shm named ``local``; a queue that exists already is refused
         (``SegmentExists``: join it instead, or resume into another name).
         """
@@ -246,11 +241,8 @@ class Pool:
                 if corpus is not None:
                     pool.added = add_corpus(pool.engine, pool.urls, corpus)
             except BaseException:
-                from ..redis.shard_urls import row_urls
-
-                made = cast("RedisEngine", pool.engine)  # ours, made just now: deleted again
-                row_urls(made).drop()
-                made.drop()
+                pool.urls.drop()  # ours, made just now: deleted again
+                pool.engine.unlink()
                 pool.close()
                 raise
             return pool
@@ -260,7 +252,7 @@ class Pool:
         if capacity is None and corpus is not None:
             capacity = max(ck.capacity, 2 * (len(ck) + len(corpus)), GROWTH_ROOM)
         clear_stale(name)
-        eng = Engine.from_checkpoint(ck, name, capacity=capacity, policy=policy)
+        eng, _ = factory.restore(ck, name, capacity=capacity, policy=policy)
         try:
             pool = cls._around(eng, urls, render, options, routes)
             restored = ck.extra.get("failures")
@@ -293,34 +285,31 @@ class Pool:
         found before Redis is touched), then the queue (made and filled when ``corpus`` is
         given, made from checkpoint ``resume`` when given). Nothing is left on this host if it
         fails; a queue that existed before is never dropped."""
-        from ..redis.shard_urls import restore, row_urls
-        from .grow import add_to_redis
-
         if options.time_scale != 1.0:
             raise EngineValueError("a pool on Redis runs on the server's clock: time_scale"
                                    " must be 1")
         local = local or name
         _clear_stale_local(local)
         board, failures = _local_files(local, options)
-        eng: RedisEngine | ShardedEngine | None = None
+        eng: QueueEngine | None = None
         try:
             if resume is not None:
-                eng, table = restore(resume, redis, name, policy, capacity, shards)
+                eng, _ = factory.restore(resume, name, redis, capacity=capacity, policy=policy,
+                                         shards=shards)
             else:
                 try:
                     # Not create=True first: that would also replace another version of the
                     # function library under the pools of other hosts (RedisEngine.connect).
-                    eng = Engine.connect(redis, name, policy, shards=shards)
+                    eng = factory.open(name, redis, policy=policy, shards=shards)
                 except SegmentMissing as e:
                     if corpus is None:
                         raise SegmentMissing(f"{e}: start the first pool with --corpus FILE,"
                                              " which creates it") from None
-                    eng = Engine.connect(redis, name, policy, create=True, capacity=capacity,
-                                         shards=shards)
-                table = row_urls(eng)
-            added = add_to_redis(table, *corpus) if corpus is not None else None
-            if routes is not None:
-                table.store_routes(routes.to_json())
+                    eng = factory.open(name, redis, create=True, capacity=capacity,
+                                       policy=policy, shards=shards)
+            table = eng.row_urls()
+            added = add_urls(table, *corpus) if corpus is not None else None
+            store_routes(table, routes)
             pool = cls(eng, table, board, failures, render, options, local=local, redis=redis)
             pool.added = added
             return pool
@@ -333,15 +322,15 @@ class Pool:
             raise
 
     @classmethod
-    def _around(cls, eng: Engine, urls: list[str], render: AnyRender, options: PoolOptions,
+    def _around(cls, eng: QueueEngine, urls: list[str], render: AnyRender, options: PoolOptions,
                 routes: Routes | None) -> Pool:
         """The pool's files around a filled engine (all of them removed if one fails)."""
         name = eng.name
-        table: UrlTable | None = None
+        table: RowUrls | None = None
         try:
-            table = UrlTable.create(name, urls)
+            table = factory.publish_urls(eng, urls)
             board, failures = _local_files(name, options)
-            store_routes(name, routes)
+            store_routes(table, routes)
         except BaseException:
             if table is not None:
                 table.close()
@@ -437,7 +426,7 @@ class Pool:
         try:
             self.engine.reap()
         except EngineError as e:
-            if self.redis is None:
+            if not self.engine.spans_hosts:
                 raise
             log.warning("cannot reclaim the leases of dead workers now (they come back when"
                         " they expire): %s", e)
@@ -528,7 +517,7 @@ class Pool:
         self.urls.close()
         self.board.close()
         self.failures.close()
-        if isinstance(self.engine, Engine):
+        if not self.engine.spans_hosts:  # the queue is this pool's alone
             _remove(self.engine.name, self.engine)
         else:
             self.engine.close()
@@ -549,15 +538,12 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
-def _remove(name: str, eng: Engine | None = None) -> None:
+def _remove(name: str, eng: QueueEngine | None = None) -> None:
     """Unlink an engine's segment and its pool files; missing ones are fine."""
     if eng is not None:
         eng.close()
     remove_pool_files(name)
-    try:
-        Segment.unlink(name)
-    except SegmentMissing:
-        pass
+    factory.unlink(name)
 
 
 def _local_files(local: str, options: PoolOptions) -> tuple[Board, FailureLog]:
@@ -598,7 +584,7 @@ def _clear_stale_local(local: str) -> None:
 
 def remove_pool_files(name: str) -> list[str]:
     """Remove the files a pool keeps beside engine ``name``'s segment; returns those removed."""
-    files = (("urls", UrlTable.unlink), *LOCAL_FILES, ("routes", unlink_routes))
+    files = (("urls", factory.unlink_urls), *LOCAL_FILES, ("routes", factory.unlink_routes))
     return [f"/dev/shm/{name}.{what}" for what, unlink in files if unlink(name)]
 
 
@@ -606,10 +592,10 @@ def _polite(options: PoolOptions) -> bool:
     return options.per_host is not None or options.delay_ms > 0
 
 
-def _create_engine(name: str, capacity: int, policy: LanePolicy | None) -> Engine:
-    """``Engine.create``, with a hint of what to do when the name is taken."""
+def _create_engine(name: str, capacity: int, policy: LanePolicy | None) -> QueueEngine:
+    """A new shared-memory engine, with a hint of what to do when the name is taken."""
     try:
-        return Engine.create(name, capacity, policy)
+        return factory.open(name, create=True, capacity=capacity, policy=policy)
     except SegmentExists:
         pid = supervisor_running(name)
         if pid is not None:
@@ -643,7 +629,7 @@ def clear_stale(name: str) -> bool:
         if os.path.exists(f"/dev/shm/{name}"):
             raise SegmentExists(f"engine {name!r} exists and is not a pool's (lanes cleanup"
                                 f" {name} removes it)")
-        return UrlTable.unlink(name)  # an orphan from a supervisor killed while starting
+        return factory.unlink_urls(name)  # an orphan from a supervisor killed while starting
     pid = supervisor_running(name)
     if pid is not None:
         raise SegmentExists(f"a pool over {name!r} is running (supervisor pid {pid})")

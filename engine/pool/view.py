@@ -15,9 +15,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..api import Stats
+from ..api import QueueEngine, Stats
 from ..checks import wall_ms
-from ..engine import Engine
 from ..errors import EngineError
 from ..process import is_running
 from . import progress
@@ -123,7 +122,7 @@ def lane_sums(totals: dict[str, Any]) -> Any:
     return totals["lane_hist"].sum(axis=(1, 2))
 
 
-def pool_report(eng: Engine, board: Board) -> dict[str, Any]:
+def pool_report(eng: QueueEngine, board: Board) -> dict[str, Any]:
     """Everything ``lanes stats`` shows of a pool, as numbers: the engine's statistics at the
     pool's time, the pool's counters and ``lanes`` replaced by ``lane_figures`` (rates over the
     whole run, in real seconds)."""

@@ -37,6 +37,7 @@ from ..api import (
     Restamped,
     RowInfo,
     Stats,
+    VerifyWalk,
 )
 from ..checks import (
     check_bool,
@@ -84,6 +85,7 @@ from .codec import (
 from .library import library_source as library_source
 from .scan import RECHECK, SCAN_COUNT, QueueScan
 from .transport import NOT_RUN, Transport, redact
+from .urls import RedisUrls
 
 MIN_REDIS = (7, 0)
 ADD_CHUNK = 10_000
@@ -94,6 +96,15 @@ beat of any other owner puts the owner's leases back (docs/redis.md "Heartbeats"
 HEARTBEAT_RETRY = 1 / 32
 """A heartbeat retries at most this fraction of its TTL apart, so that after a stall it lands
 well before the calm its late beat starts is over (docs/redis.md "Heartbeats")."""
+
+
+def add_one(eng: QueueEngine, due_ms: int, interval_s: int, provenance: str,
+            failures: int) -> int:
+    """``add``: one row checked, then added as ``add_many`` adds rows (either Redis engine)."""
+    return int(eng.add_many([check_due_ms(due_ms)],
+                            check_int(interval_s, "interval_s", 1, MAX_INTERVAL_S),
+                            choice_code(provenance, PROVENANCES, "provenance"),
+                            check_int(failures, "failures", 0, 255))[0])
 
 
 def _check_name(name: object) -> str:
@@ -113,6 +124,7 @@ class RedisEngine:
 
     supports_compact: ClassVar[bool] = False
     spans_hosts: ClassVar[bool] = True
+    writes_whole: ClassVar[bool] = True
 
     def __init__(self, transport: Transport, name: str,
                  keys: tuple[str, str, str, str, str] | None = None) -> None:
@@ -336,10 +348,7 @@ class RedisEngine:
     def add(self, due_ms: int, interval_s: int, provenance: str = "submitted",
             failures: int = 0) -> int:
         """Queue one row; returns its row id."""
-        return int(self.add_many([check_due_ms(due_ms)],
-                                 check_int(interval_s, "interval_s", 1, MAX_INTERVAL_S),
-                                 choice_code(provenance, PROVENANCES, "provenance"),
-                                 check_int(failures, "failures", 0, 255))[0])
+        return add_one(self, due_ms, interval_s, provenance, failures)
 
     def add_many(self, due_ms: Any, interval_s: Any, provenance: Any = "submitted",
                  failures: Any = None) -> IntArray:
@@ -590,6 +599,11 @@ class RedisEngine:
 
     check = verify
 
+    def verify_walk(self) -> VerifyWalk:
+        """``verify``: each write is one function call, applied whole or not at all, so no
+        writer leaves a mark."""
+        return VerifyWalk(self.verify(), [], 0, 0)
+
     # -- maintenance -----------------------------------------------------------------------------
 
     def restamp(self, limit: int = 5000) -> Restamped:
@@ -626,6 +640,16 @@ class RedisEngine:
         if dead:
             self.transport.fcall("lanes_reap", *dead)
         return len(dead)
+
+    def repair(self) -> dict[str, int]:
+        """``reap``: no write is left half done on Redis, only the leases of dead owners."""
+        return {"dead_owners": self.reap()}
+
+    # -- the pool's URLs ---------------------------------------------------------------------------
+
+    def row_urls(self) -> RedisUrls:
+        """The row -> URL map kept beside the queue (``urls.RedisUrls``)."""
+        return RedisUrls(self)
 
     def heartbeat(self, ttl_ms: int = HEARTBEAT_TTL_MS, now_ms: int | None = None
                   ) -> tuple[int, int]:

@@ -8,35 +8,31 @@ of its UTF-8 bytes, modulo the shard count): every host adding the same corpus s
 to the same shard, where the known ones are left alone. The routes a pool started with are
 kept with shard 0.
 
-:func:`row_urls` gives the URL map of either kind of Redis queue, :func:`restore` makes
-either kind from a pool's checkpoint.
+``ShardedEngine.row_urls`` gives the map of a queue over shards, ``engine.redis.restore``
+makes one from a pool's checkpoint. This module imports no engine: the engines import it.
 """
 
 from __future__ import annotations
 
-import functools
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..api import RowUrls
-from ..checkpoint import Checkpoint
-from ..checks import check_int
+from ..api import RowUrls, UrlsAdded
 from ..errors import EngineValueError
-from ..policy import LanePolicy
-from .catalog import MAX_SHARDS
 from .codec import now_arg
-from .engine import RedisEngine
-from .shards import ShardedEngine
-from .urls import RedisUrls, UrlsAdded, checked_rows
-from .urls import restore as restore_one
+from .urls import Queue, RedisUrls, checked_rows
 
 
-def row_urls(eng: RedisEngine | ShardedEngine) -> RedisUrls | ShardedUrls:
-    """The row -> URL map kept beside a Redis queue (one queue, or over shards)."""
-    return ShardedUrls(eng) if isinstance(eng, ShardedEngine) else RedisUrls(eng)
+class Shards(Protocol):
+    """What the URL map reads of a queue over shards (a ``ShardedEngine``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def shards(self) -> Sequence[Queue]: ...
 
 
 def shard_of(urls: list[bytes], n: int) -> np.ndarray[Any, np.dtype[np.int64]]:
@@ -47,7 +43,7 @@ def shard_of(urls: list[bytes], n: int) -> np.ndarray[Any, np.dtype[np.int64]]:
 class ShardedUrls:
     """Row id <-> URL of the sharded queue ``eng`` (which this object uses, never closes)."""
 
-    def __init__(self, eng: ShardedEngine) -> None:
+    def __init__(self, eng: Shards) -> None:
         self.engine = eng
         self.name = eng.name
         self.parts = [RedisUrls(shard) for shard in eng.shards]
@@ -131,15 +127,3 @@ class ShardedUrls:
 
 
 _: type[RowUrls] = ShardedUrls
-
-
-def restore(ck: Checkpoint, url: str, name: str, policy: LanePolicy | None = None,
-            capacity: int | None = None, shards: int | None = None,
-            ) -> tuple[RedisEngine | ShardedEngine, RedisUrls | ShardedUrls]:
-    """``engine.redis.urls.restore`` into a new queue over ``shards`` shards (None or 1: one
-    queue): a pool's checkpoint, whichever backend wrote it, with its URLs."""
-    if shards is None or check_int(shards, "shards", 1, MAX_SHARDS) == 1:
-        return restore_one(ck, url, name, policy, capacity)
-    return restore_one(ck, url, name, policy, capacity,
-                        connect=functools.partial(ShardedEngine.connect, shards=shards),
-                        table_of=ShardedUrls)

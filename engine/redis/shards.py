@@ -56,19 +56,19 @@ from ..api import (
     Restamped,
     RowInfo,
     Stats,
+    VerifyWalk,
 )
 from ..checks import (
     check_bool,
     check_int,
     check_token,
-    choice_code,
     claim_args,
     is_number,
     rows_tokens,
 )
 from ..errors import CapacityError, EngineError, EngineTypeError, EngineValueError, SegmentMissing
-from ..keys import check_due_array, check_due_ms
-from ..policy import MAX_INTERVAL_S, PROVENANCES, LanePolicy
+from ..keys import check_due_array
+from ..policy import LanePolicy
 from .catalog import (
     MAX_SHARDS,
     SHARD_LAYOUT,
@@ -79,7 +79,8 @@ from .catalog import (
     shard_keys,
 )
 from .codec import LIBRARY_VERSION, MAX_ROWS, RedisClaims, now_arg, packed_rows, queue_keys
-from .engine import HEARTBEAT_TTL_MS, RedisEngine, _check_name
+from .engine import HEARTBEAT_TTL_MS, RedisEngine, _check_name, add_one
+from .shard_urls import ShardedUrls
 from .transport import Transport, redact
 
 STAY = 4
@@ -180,6 +181,7 @@ class ShardedEngine:
 
     supports_compact: ClassVar[bool] = False
     spans_hosts: ClassVar[bool] = True
+    writes_whole: ClassVar[bool] = True
 
     def __init__(self, name: str, catalog: Catalog, shards: list[RedisEngine],
                  record: Transport, created: bool) -> None:
@@ -400,10 +402,7 @@ class ShardedEngine:
     def add(self, due_ms: int, interval_s: int, provenance: str = "submitted",
             failures: int = 0) -> int:
         """Queue one row (on the shard with the lowest free row id); returns its row id."""
-        return int(self.add_many([check_due_ms(due_ms)],
-                                 check_int(interval_s, "interval_s", 1, MAX_INTERVAL_S),
-                                 choice_code(provenance, PROVENANCES, "provenance"),
-                                 check_int(failures, "failures", 0, 255))[0])
+        return add_one(self, due_ms, interval_s, provenance, failures)
 
     def add_many(self, due_ms: Any, interval_s: Any, provenance: Any = "submitted",
                  failures: Any = None) -> IntArray:
@@ -624,6 +623,11 @@ class ShardedEngine:
 
     check = verify
 
+    def verify_walk(self) -> VerifyWalk:
+        """``verify``: each write is one function call, applied whole or not at all, so no
+        writer leaves a mark."""
+        return VerifyWalk(self.verify(), [], 0, 0)
+
     # -- maintenance -----------------------------------------------------------------------------
 
     def restamp(self, limit: int = 5000) -> Restamped:
@@ -652,6 +656,16 @@ class ShardedEngine:
             with self._shard(k) as eng:
                 found += eng.reap()
         return found
+
+    def repair(self) -> dict[str, int]:
+        """``reap``: no write is left half done on Redis, only the leases of dead owners."""
+        return {"dead_owners": self.reap()}
+
+    # -- the pool's URLs ---------------------------------------------------------------------------
+
+    def row_urls(self) -> ShardedUrls:
+        """The row -> URL map kept beside the queue (``shard_urls.ShardedUrls``)."""
+        return ShardedUrls(self)
 
     def heartbeat(self, ttl_ms: int = HEARTBEAT_TTL_MS, now_ms: int | None = None
                   ) -> tuple[int, int]:

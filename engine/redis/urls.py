@@ -1,6 +1,6 @@
 """The URL of every row of a Redis queue, for render pools on several hosts.
 
-Why in Redis: a pool on one host keeps its URLs in /dev/shm (``engine.pool.urls``), which no
+Why in Redis: a pool on one host keeps its URLs in /dev/shm (``engine.shm.urls``), which no
 other host can read. Pools on several hosts share one queue, and any host's worker may claim
 any row, so the row -> URL map must live beside the queue: two more keys with the queue's hash
 tag (one Cluster slot with it), ``lanes:{name}:urls`` (HASH row -> URL) and
@@ -17,27 +17,23 @@ others add sees every URL that existed when it began (``urls``).
 ``many(rows)`` (one HMGET per claimed batch), ``urls()`` in row order (for checkpoints),
 ``find(url)``, ``refresh()``, ``close()``, ``len()``.
 
-``restore`` makes a new queue from a pool's checkpoint, rows and URLs together (``lanes pool
---resume --redis``), whichever backend wrote it: a queue moves from one host's shared memory to
-Redis, and back with ``lanes pool --resume`` on shared memory.
+``RedisEngine.row_urls`` gives the map of a queue; ``engine.redis.restore`` makes a new queue
+from a pool's checkpoint, rows and URLs together. This module imports no engine: the engine
+imports it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from ..api import RowUrls
-from ..checkpoint import Checkpoint
-from ..errors import EngineError, EngineValueError, SegmentExists, SegmentMissing
-from ..policy import LanePolicy
-from .codec import MAX_ROWS, now_arg, packed_rows, queue_keys
-from .engine import RedisEngine
-from .transport import redact
+from ..api import RowUrls, UrlsAdded
+from ..errors import EngineError, EngineValueError
+from .codec import now_arg, packed_rows, queue_keys
+from .transport import Transport
 
 URL_CHUNK = 1000
 """URLs per FCALL of ``add``: a big corpus never blocks the server for long (each chunk is
@@ -55,23 +51,6 @@ def pool_keys_beside(keys: tuple[str, ...]) -> tuple[str, str, str]:
     """The pool's keys beside a queue whose keys are ``keys`` (a shard's have their own tag)."""
     prefix = keys[0].removesuffix("ready")
     return f"{prefix}urls", f"{prefix}url_rows", f"{prefix}routes"
-
-
-@dataclass(frozen=True)
-class UrlsAdded:
-    """What ``RedisUrls.add`` did, per URL given: its row and whether it was new."""
-
-    rows: npt.NDArray[np.int64]
-    new: npt.NDArray[np.bool_]
-    unparked: int
-
-    @property
-    def added(self) -> int:
-        return int(self.new.sum())
-
-    @property
-    def known(self) -> int:
-        return len(self.new) - self.added
 
 
 def _checked_url(i: int, url: object) -> bytes:
@@ -94,10 +73,21 @@ def checked_rows(urls: Sequence[str], due_ms: Any, interval_s: Any, provenance: 
     return encoded, blob
 
 
+class Queue(Protocol):
+    """What the URL map reads of its queue (a ``RedisEngine``, which imports this module)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def keys(self) -> tuple[str, str, str, str, str]: ...
+    @property
+    def transport(self) -> Transport: ...
+
+
 class RedisUrls:
     """Row id <-> URL of the Redis queue ``eng`` (which this object uses, never closes)."""
 
-    def __init__(self, eng: RedisEngine) -> None:
+    def __init__(self, eng: Queue) -> None:
         self.engine = eng
         self.name = eng.name
         self._urls, self._url_rows, self._routes = pool_keys_beside(eng.keys)
@@ -193,65 +183,6 @@ class RedisUrls:
     def statistics(self) -> dict[str, Any]:
         return {"queue": self.name, "urls": len(self), "url_key": self._urls,
                 "routes": self.routes() is not None}
-
-
-def restore(ck: Checkpoint, url: str, name: str, policy: LanePolicy | None = None,
-            capacity: int | None = None, *, connect: Callable[..., Any] = RedisEngine.connect,
-            table_of: Callable[[Any], Any] = RedisUrls) -> tuple[Any, Any]:
-    """A new queue ``name`` at ``url`` holding a pool checkpoint's rows and their URLs, row ids
-    renumbered from 0 in saved order (as ``Engine.from_checkpoint`` does on shared memory); the
-    saved policy unless given, no bound on rows unless ``capacity``.
-
-    Refused with ``SegmentExists`` when the queue, or URL keys of an earlier one, exist: a Redis
-    queue outlives its pools, so the way on is to join it, or to resume into another name. Rows
-    and URLs go in together (``RedisUrls.add``: a row is never claimable without its URL);
-    if the restore fails the new queue is deleted again. ``connect`` and ``table_of`` open the
-    queue and its URL map (``engine.redis.shard_urls.restore`` passes those of a queue over
-    shards)."""
-    if ck.urls is None:
-        raise EngineValueError(f"the checkpoint of {ck.name!r} holds no URLs: not a pool"
-                               " checkpoint")
-    if capacity is not None and not (isinstance(capacity, int) and len(ck) <= capacity
-                                     <= MAX_ROWS):
-        raise EngineValueError(f"capacity {capacity!r} must be an int in [{len(ck)}, {MAX_ROWS}]"
-                               f" (the checkpoint holds {len(ck)} rows)")
-    taken = SegmentExists(
-        f"queue {name!r} already exists at {redact(url)}: a queue on Redis outlives its pools,"
-        f" so join it as it is (`lanes pool {name} --redis URL` without --resume), resume into"
-        " a new queue name, or delete this queue first if the checkpoint is to replace it")
-    try:
-        connect(url, name).close()
-    except SegmentMissing:
-        pass
-    else:
-        raise taken
-    eng = connect(url, name, ck.policy if policy is None else policy, create=True,
-                  capacity=capacity)
-    table = table_of(eng)
-    if not eng.created:  # another host made it meanwhile
-        eng.close()
-        raise taken
-    left = len(table)
-    if left:
-        eng.drop()
-        eng.close()
-        raise SegmentExists(f"queue {name!r} at {redact(url)} is gone but the URL keys of an"
-                            f" earlier queue of that name remain ({left} URLs): delete them,"
-                            " or resume into a new queue name")
-    try:
-        got = table.add(ck.urls, ck.due_ms, ck.interval_s, ck.provenance, ck.failures)
-        if got.added != len(ck) or eng.stats()["rows"] != len(ck):
-            raise EngineError(f"queue {name!r}: rows were added by someone else during the"
-                              " restore")
-        for i in np.flatnonzero(ck.urgent):
-            # A rush puts the row in the urgent lane due at `now_ms`: at its saved due time.
-            eng.prioritize(int(got.rows[i]), "rush", now_ms=int(ck.due_ms[i]))
-    except BaseException:
-        table.drop()
-        eng.drop()
-        eng.close()
-        raise
-    return eng, table
 
 
 _: type[RowUrls] = RedisUrls

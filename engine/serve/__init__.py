@@ -37,3 +37,7 @@ What it may rely on:
 * Responses get ``X-Content-Type-Options``, ``X-Frame-Options`` and ``Referrer-Policy``; a
   dashboard sets its own ``Content-Security-Policy``.
 """
+
+DEFAULT_PORT = 8090
+"""``lanes serve``'s port unless told (here, where the command line's help reads it without
+importing aiohttp)."""

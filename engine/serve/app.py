@@ -30,12 +30,13 @@ from aiohttp import web
 from ..checks import is_int
 from ..errors import EngineValueError
 from ..store import SnapshotStore
+from . import DEFAULT_PORT as DEFAULT_PORT  # the command line's help reads it there
 from . import auth, crawlers, discover, door, origin, recache
 from .snapshots import HitLog, SnapshotRoutes
 from .source import PoolSource
 
 T = TypeVar("T")
-DEFAULT_PORT: Final = 8090
+
 SOURCE_KEY: Final = web.AppKey("source", PoolSource)
 STORE_KEY: Final = web.AppKey("store", SnapshotStore)
 

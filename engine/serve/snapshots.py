@@ -43,8 +43,8 @@ from aiohttp import web
 
 from ..checks import wall_ms
 from ..errors import EngineError
-from ..pool.ingest import normalize_url
 from ..store import Snapshot, SnapshotStore
+from ..urlnorm import normalize_url
 from . import crawlers
 from .discover import Discovery
 from .door import SECURITY_HEADERS, SNAPSHOT_ROUTE

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from ..errors import LayoutMismatch, SegmentMissing
 from ..pool.board import Board
 from ..pool.failures import FailureLog
-from ..pool.parts import attach_engine, attach_urls
+from ..pool.parts import attach_engine
 from ..pool.routes import Routes
 from ..store import SnapshotStore
 
@@ -53,11 +53,11 @@ class PoolSource:
         return await loop.run_in_executor(self._thread, functools.partial(fn, *args, **kwargs))
 
     def urls(self) -> Any:
-        """The URL table (``UrlTable``, or ``RedisUrls`` on Redis), refreshed: rows added by
+        """The engine's URL table (``QueueEngine.row_urls``), refreshed: rows added by
         ``lanes add`` since the last call are seen."""
         with self._lock:
             if self._urls is None:
-                self._urls = attach_urls(self.name, self.engine, self.redis)
+                self._urls = self.engine.row_urls()
             self._urls.refresh()
             return self._urls
 
@@ -88,9 +88,11 @@ class PoolSource:
         """The routes the pool was started with, or None."""
         from ..pool.grow import stored_routes
 
-        if self.redis is None:
-            return stored_routes(self.name)
-        return stored_routes(self.name, self.urls())
+        try:
+            urls = self.urls()
+        except SegmentMissing:
+            return None  # an engine without a pool's URLs has no routes either
+        return stored_routes(urls)
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)

@@ -92,7 +92,8 @@ def test_a_killed_restore_leaves_whole_chunks(tmp_path: Path) -> None:
         checkpoint.save(shm, path, urls)
     name = unique_name()
     with RedisServer() as server:
-        code = ("import sys; from engine import checkpoint; from engine.redis.urls import restore\n"
+        code = ("import sys; from engine import checkpoint\n"
+                "from engine.redis.restore import restore\n"
                 "restore(checkpoint.read(sys.argv[1]), sys.argv[2], sys.argv[3])\n")
         probe: list[RedisEngine] = []
 

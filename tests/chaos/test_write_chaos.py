@@ -90,7 +90,7 @@ def test_lanes_check_tells_dead_writers_marks_from_violations_and_repairs_them()
         with Engine.create(name, 1 << 20, ring_capacity=4096) as eng:
             if _kill_a_big_add(name, rng, window_s):
                 window_s *= 0.7
-            walk = eng._verify_walk()
+            walk = eng.verify_walk()
             assert walk.problems == []
             if not walk.marks:
                 continue
@@ -120,7 +120,7 @@ def test_a_killed_lanes_add_leaves_every_url_with_its_row(tmp_path: Path) -> Non
     table and the engine's row ids agree."""
     from pool_testlib import make_pool, write_csv
 
-    from engine.pool.urls import UrlTable
+    from engine.shm.urls import UrlTable
 
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))
     name = unique_name()

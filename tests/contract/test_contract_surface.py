@@ -93,3 +93,21 @@ def test_save_keeps_extra_and_load_takes_capacity_and_policy_by_keyword(
         assert back.verify() == []
     finally:
         dispose(back, name)
+
+
+def test_engine_open_gives_a_queue_by_name_on_either_backend(
+        backend: str, eng: Any, request: pytest.FixtureRequest) -> None:
+    """``engine.open(name, url=None)``: the factory, the one place that names a backend."""
+    import engine
+
+    url = None if backend == "shm" else request.getfixturevalue("redis_server").url
+    other = engine.open(eng.name, url)
+    try:
+        assert type(other) is type(eng)
+        row = eng.add(NOW, 60)
+        assert other.due_ms(row) == NOW
+    finally:
+        other.close()
+    with pytest.raises(EngineValueError):
+        engine.open(unique_name(), shards=2)  # shards are a Redis queue's
+    assert "open" not in engine.__all__  # a star import keeps the builtin

@@ -43,7 +43,7 @@ from lanes_testlib import DAY, HOUR, LIB, MINUTE, NOW, ROOT, is_redis, shm_path,
 from engine import STRIDE, Engine, LanePolicy, due_ms_of, encode, lane_of
 from engine.errors import EngineClosed, EngineError, SegmentMissing
 from engine.keys import KEY_LANES
-from engine.segment import check, ffi, lib
+from engine.shm.segment import check, ffi, lib
 
 FIXED = NOW
 """The virtual time every snapshot is taken at."""

@@ -4,7 +4,6 @@ the C pass grants exactly what the reference allocator ``engine.policy.reference
 from __future__ import annotations
 
 import dataclasses
-
 from collections import defaultdict
 
 import numpy as np
@@ -337,6 +336,8 @@ def _weighed(eng) -> dict[str, tuple[int, int]]:
             if ln["iv_max"]}
 
 
+@pytest.mark.one_queue("the order of one claim pass over the whole queue (over shards a pass"
+                       " sees one shard)")
 def test_a_running_engine_moves_to_the_default_with_set_policy_rewriting_no_row(fresh):
     """An engine running the lane-order floors (the policy a deployment made before the
     lateness default) moves to ``LanePolicy()`` live: a worker's next claim on its own handle

@@ -813,7 +813,7 @@ def row_ids_used(eng: Engine) -> int:
 
 def row_words(eng: Engine, n: int) -> npt.NDArray[np.uint64]:
     """The row words of rows [0, n), raw."""
-    from engine.segment import ffi, lib
+    from engine.shm.segment import ffi, lib
 
     words = np.zeros(max(n, 1), np.uint64)
     leases = np.zeros(max(n, 1), np.uint64)

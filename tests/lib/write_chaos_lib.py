@@ -279,7 +279,7 @@ def fresh_verify(name: str, reap: bool = True) -> list[str]:
     fresh process got before dead writers were repaired: how the problem was first seen)."""
     code = ("import json, sys; from engine import Engine\n"
             "e = Engine.attach(sys.argv[1])\n"
-            "walk = getattr(e, '_verify_walk', None)\n"
+            "walk = getattr(e, 'verify_walk', None)\n"
             "w = walk() if (walk and sys.argv[2] == '0') else None\n"
             "raw = w.problems + w.marks if w else e.verify()\n"
             "print(json.dumps(raw)); e.close()\n")

@@ -12,8 +12,6 @@ from pool_testlib import cli, files_of, make_pool, rendered, running, wait_for, 
 from engine import LanePolicy
 from engine import checkpoint as ck
 
-
-
 HOURLY = LanePolicy().lane_name(LanePolicy().lane_for("submitted", 3600))
 """The lane of the 1 h pages the pools here render, under the default policy."""
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from lanes_testlib import unique_name
 
+from engine import shmfile
 from engine.errors import (
     EngineClosed,
     EngineValueError,
@@ -27,7 +28,6 @@ from engine.errors import (
     SegmentExists,
     SegmentMissing,
 )
-from engine.pool import shmfile
 from engine.pool.failures import EXPORT_FIELDS, FailureEntry, FailureLog
 from engine.pool.render import Failure
 

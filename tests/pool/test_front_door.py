@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from lanes_testlib import unique_name
 from pool_testlib import cli
 
-from engine.engine import Engine, wall_ms
+from engine import Engine
+from engine.checks import wall_ms
 from engine.serve.auth import MIN_TOKEN, Auth
 from engine.serve.door import SECURITY_HEADERS, Throttle
 from engine.store import SnapshotStore

@@ -27,17 +27,19 @@ from engine import CorpusError, EngineValueError
 from engine.errors import EngineError, EngineTypeError
 from engine.policy import MAX_INTERVAL_S
 from engine.pool.ingest import (
-    _NORMAL_URL,
     CHANGEFREQ_INTERVALS,
     MAX_SITEMAP_BYTES,
-    MAX_URL_CHARS,
     SITEMAP_NS,
     Corpus,
-    _normal_url,
-    _normalize_fully,
-    normalize_url,
     read_corpora,
     read_corpus,
+)
+from engine.urlnorm import (
+    _NORMAL_URL,
+    MAX_URL_CHARS,
+    _normalize_fully,
+    normal_url,
+    normalize_url,
 )
 
 DAY = 86_400
@@ -340,7 +342,7 @@ _PLAIN_LOOKING = r"[hH][tT][tT][pP][sS]?://[A-Za-z0-9.-]+(?:[/?#][!-~]*)?"
                                                                        fullmatch=True))
 def test_the_url_fast_path_gives_what_the_full_normalisation_gives(url: str) -> None:
     if len(url) <= MAX_URL_CHARS:
-        assert _normal_url(url) == _normalize_fully(url)
+        assert normal_url(url) == _normalize_fully(url)
 
 
 # -- sitemaps ----------------------------------------------------------------------------------

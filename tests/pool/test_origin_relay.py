@@ -19,7 +19,7 @@ from front_door_testlib import Served, get
 from http_testlib import LocalSite
 from lanes_testlib import dispose, unique_name
 
-from engine.engine import Engine, wall_ms
+from engine.checks import wall_ms
 from engine.store import SnapshotStore
 
 HOUR_S = 3600
@@ -67,17 +67,19 @@ class Origin(LocalSite):
 @contextlib.contextmanager
 def pool_over(site: Origin, tmp_path: Path, rendered: dict[str, int]) -> Iterator[tuple[str,
                                                                                       Path]]:
-    """A pool at rest over ``site``'s pages; the store holds snapshots of ``rendered`` (path
-    -> age in seconds)."""
-    from engine.pool.urls import UrlTable
+    """A pool at rest over ``site``'s pages (rows, URL table); the store holds snapshots of
+    ``rendered`` (path -> age in seconds)."""
+    import engine
+    from engine import factory
 
     base = f"http://127.0.0.1:{site.port}"
     urls = [base + p for p in ("/p/1", "/p/2", "/p/3", "/moved", "/slow", "/big")]
     name = unique_name()
-    eng = Engine.create(name, 64)
+    eng = engine.open(name, create=True, capacity=64)
+    factory.publish_urls(eng, []).close()  # as a shared-memory pool does, then grown
+    table = eng.row_urls()
     try:
-        eng.add_many(np.full(len(urls), wall_ms()), np.full(len(urls), HOUR_S), "submitted")
-        UrlTable.create(name, urls).close()
+        table.add(urls, np.full(len(urls), wall_ms()), np.full(len(urls), HOUR_S), "submitted")
         store = tmp_path / "store"
         with SnapshotStore.open(store) as s:
             for path, age in rendered.items():
@@ -86,7 +88,7 @@ def pool_over(site: Origin, tmp_path: Path, rendered: dict[str, int]) -> Iterato
                       rendered_at_ms=wall_ms() - age * 1000)
         yield name, store
     finally:
-        UrlTable.unlink(name)
+        table.drop()
         dispose(eng, name)
 
 
@@ -119,23 +121,17 @@ def test_a_miss_on_the_pools_hosts_gets_the_origins_answer(tmp_path: Path) -> No
 
 
 def test_a_cleared_snapshot_is_answered_from_the_origin_at_once(tmp_path: Path) -> None:
-    from engine.pool.board import Board, Clock
-
-    with Origin() as site, pool_over(site, tmp_path, {"/p/1": 10}) as (name, store):
-        Board.create(name, 1, Clock.wall(), 0, 0).close()
-        try:
-            with Served(name, "--store", str(store)) as srv:
-                url = f"http://127.0.0.1:{site.port}/p/1"
-                assert get(srv.port, f"/{url}")[1]["x-lanes-snapshot"] == "served"
-                status, _, out = get(srv.port, "/api/prioritize", {
-                    "Content-Type": "application/json"}, method="POST",
-                    body=json.dumps({"url": url, "mode": "clear-and-wait"}).encode())
-                assert status == 200 and json.loads(out)["cleared"] == 1
-                status, h, body = get(srv.port, f"/{url}")
-                assert status == 200 and body == b"<p>origin one</p>"
-                assert h["x-lanes-snapshot"] == "origin" and h["cache-control"] == "max-age=60"
-        finally:
-            Board.unlink(name)
+    with Origin() as site, pool_over(site, tmp_path, {"/p/1": 10}) as (name, store), \
+            Served(name, "--store", str(store)) as srv:
+        url = f"http://127.0.0.1:{site.port}/p/1"
+        assert get(srv.port, f"/{url}")[1]["x-lanes-snapshot"] == "served"
+        status, _, out = get(srv.port, "/api/prioritize", {
+            "Content-Type": "application/json"}, method="POST",
+            body=json.dumps({"url": url, "mode": "clear-and-wait"}).encode())
+        assert status == 200 and json.loads(out)["cleared"] == 1
+        status, h, body = get(srv.port, f"/{url}")
+        assert status == 200 and body == b"<p>origin one</p>"
+        assert h["x-lanes-snapshot"] == "origin" and h["cache-control"] == "max-age=60"
 
 
 def test_origin_fetches_are_bounded(tmp_path: Path) -> None:
@@ -259,40 +255,33 @@ def test_a_version_1_store_is_migrated_when_opened(tmp_path: Path) -> None:
 
 
 def test_discovery_on_miss_adds_normalised_pages_within_its_rate(tmp_path: Path) -> None:
-    from engine.pool.board import Board, Clock
-    from engine.pool.urls import UrlTable
+    import engine
 
     with Origin() as site, pool_over(site, tmp_path, {"/p/1": 10}) as (name, store):
-        Board.create(name, 1, Clock.wall(), 0, 0).close()  # a running pool's (adders lock it)
-        try:
-            with Served(name, "--store", str(store), "--discover", "--discover-rate", "3") as srv:
-                base = f"http://127.0.0.1:{site.port}"
-                asked = [f"/{base}/new/1?utm_source=mail&b=2&a=1&gclid=x#top",
-                         f"/{base}/new/1?a=1&b=2", f"/{base}/new/2", f"/{base}/new/3",
-                         f"/{base}/new/4", f"/{base}/new/5", "/https://elsewhere.example/x"]
-                for path in asked:
-                    assert get(srv.port, path)[0] in (404, 200)  # the origin's or missing
-                eng = Engine.attach(name)
-                try:
-                    deadline = time.monotonic() + 15
-                    while int(eng.stats()["rows"]) < 9:
-                        assert time.monotonic() < deadline, eng.stats()["rows"]
-                        time.sleep(0.2)
-                    time.sleep(1.5)
-                    table = UrlTable.attach(name)
-                    added = table.urls()[6:]
-                    table.close()
-                    assert added == [f"{base}/new/1?a=1&b=2", f"{base}/new/2", f"{base}/new/3"]
-                    assert all(eng.lane_name(int(eng.lane(r))).startswith("discovered")
-                               for r in range(6, 9))
-                finally:
-                    eng.close()
-                text = get(srv.port, "/metrics")[2].decode()
-                assert 'lanes_serve_discovery_total{outcome="added"} 3.0' in text
-                assert 'lanes_serve_discovery_total{outcome="refused_rate"} 2.0' in text
-                assert 'lanes_serve_origin_answers_total{outcome="4xx"}' in text
-        finally:
-            Board.unlink(name)
+        with Served(name, "--store", str(store), "--discover", "--discover-rate", "3") as srv:
+            base = f"http://127.0.0.1:{site.port}"
+            asked = [f"/{base}/new/1?utm_source=mail&b=2&a=1&gclid=x#top",
+                     f"/{base}/new/1?a=1&b=2", f"/{base}/new/2", f"/{base}/new/3",
+                     f"/{base}/new/4", f"/{base}/new/5", "/https://elsewhere.example/x"]
+            for path in asked:
+                assert get(srv.port, path)[0] in (404, 200)  # the origin's or missing
+            eng = engine.open(name)
+            try:
+                deadline = time.monotonic() + 15
+                while int(eng.stats()["rows"]) < 9:
+                    assert time.monotonic() < deadline, eng.stats()["rows"]
+                    time.sleep(0.2)
+                time.sleep(1.5)
+                added = eng.row_urls().urls()[6:]
+                assert added == [f"{base}/new/1?a=1&b=2", f"{base}/new/2", f"{base}/new/3"]
+                assert all(eng.lane_name(int(eng.lane(r))).startswith("discovered")
+                           for r in range(6, 9))
+            finally:
+                eng.close()
+            text = get(srv.port, "/metrics")[2].decode()
+            assert 'lanes_serve_discovery_total{outcome="added"} 3.0' in text
+            assert 'lanes_serve_discovery_total{outcome="refused_rate"} 2.0' in text
+            assert 'lanes_serve_origin_answers_total{outcome="4xx"}' in text
 
 
 def test_discovery_spelling_drops_tracking_and_keeps_what_the_route_says() -> None:

@@ -21,7 +21,7 @@ from engine import Engine, EngineError, EngineValueError
 from engine import checkpoint as ck
 from engine.pool import Pool, PoolOptions, clear_stale
 from engine.pool.render import RenderSpec
-from engine.pool.urls import UrlTable
+from engine.shm.urls import UrlTable
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])

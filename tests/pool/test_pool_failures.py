@@ -23,7 +23,7 @@ from engine.pool.grow import add_corpus
 from engine.pool.ingest import Corpus
 from engine.pool.render import RenderSpec
 from engine.pool.routes import Route, Routes
-from engine.pool.urls import UrlTable
+from engine.shm.urls import UrlTable
 
 NOW = int(time.time() * 1000)
 URLS = [f"https://shop.example/{kind}/{i}" for kind in ("ok", "gone", "flaky") for i in range(4)]
@@ -132,7 +132,7 @@ def _adder(name: str, k: int) -> None:
     from engine import Engine
 
     eng = Engine.attach(name)
-    table = UrlTable.attach(name)
+    table = eng.row_urls()
     for j in range(10):
         urls = [f"https://shop.example/add/{k}/{j}/{i}" for i in range(5)]
         add_corpus(eng, table, Corpus(urls, [60] * 5, [0] * 5, [NOW] * 5))

@@ -12,7 +12,7 @@ from lanes_testlib import shm_path, unique_name
 from engine import EngineError, EngineValueError
 from engine import checkpoint as ck
 from engine.pool.board import Board
-from engine.pool.urls import UrlTable
+from engine.shm.urls import UrlTable
 
 
 def test_url_table_round_trip_find_and_refusals() -> None:

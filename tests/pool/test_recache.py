@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from lanes_testlib import dispose, unique_name
 from pool_testlib import cli
 
-from engine.engine import Engine, wall_ms
+from engine.checks import wall_ms
 from engine.pool.routes import Route, Routes
 from engine.store import SnapshotStore
 
@@ -53,38 +53,24 @@ class Pool:
 
 @pytest.fixture(params=["shm", "redis"])
 def pool(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Pool]:
-    """A pool at rest: URLS as rows (all due in an hour), the routes, a store holding a
-    snapshot of every page."""
-    from engine.pool.board import Board, Clock
-    from engine.pool.grow import store_routes, unlink_routes
-    from engine.pool.urls import UrlTable
+    """A pool at rest: URLS as rows (all due in an hour) with their URL table and routes, as
+    a pool keeps them, and a store holding a snapshot of every page."""
+    import engine
+    from engine import factory
 
     name = unique_name()
     due = np.full(len(URLS), wall_ms() + HOUR_S * 1000, np.int64)
     interval, prov, _ = ROUTES.apply(URLS, np.full(len(URLS), HOUR_S), np.zeros(len(URLS)))
-    redis = None
+    redis = None if request.param == "shm" else request.getfixturevalue("redis_server").url
     with contextlib.ExitStack() as stack:
-        if request.param == "redis":
-            from engine.redis.urls import RedisUrls
-
-            redis = request.getfixturevalue("redis_server").url
-            eng = Engine.connect(redis, name, create=True, capacity=256)
-            urls = RedisUrls(eng)
-            stack.callback(dispose, eng, name)
-            stack.callback(urls.drop)
-            urls.add(URLS, due, interval, prov)
-            urls.store_routes(ROUTES.to_json())
-        else:
-            eng = Engine.create(name, 256)
-            stack.callback(dispose, eng, name)
-            eng.add_many(due, interval, prov)
-            UrlTable.create(name, URLS).close()
-            stack.callback(UrlTable.unlink, name)
-            store_routes(name, ROUTES)
-            stack.callback(unlink_routes, name)
-            # the board a running pool keeps: adders lock it (a pool at rest has workers none)
-            Board.create(name, 1, Clock.wall(), os.getpid(), 0).close()
-            stack.callback(Board.unlink, name)
+        eng = engine.open(name, redis, create=True, capacity=256)
+        stack.callback(dispose, eng, name)
+        if redis is None:  # a shared-memory pool publishes its (here empty) table first
+            factory.publish_urls(eng, []).close()
+        urls = eng.row_urls()
+        stack.callback(urls.drop)
+        urls.add(URLS, due, interval, prov)
+        urls.store_routes(ROUTES.to_json())
         store = tmp_path / "store"
         with SnapshotStore.open(store) as s:
             for u in URLS:

@@ -18,7 +18,6 @@ from engine.pool import Pool, PoolOptions
 from engine.pool.ingest import Corpus
 from engine.pool.refresh import CorpusRefresh, follow, parse_duration
 from engine.pool.render import RenderSpec
-from engine.pool.urls import UrlTable
 from engine.redis.urls import RedisUrls
 
 URLS = [f"https://shop.test/p/{i}" for i in range(5)]
@@ -113,7 +112,11 @@ def _attach(pool: Pool) -> Any:
     """Handles of one's own on the pool's engine and URLs, as the CLI gives a refresh."""
     name = pool.engine.name
     if pool.redis is None:
-        return lambda: (Engine.attach(name), UrlTable.attach(name))
+        def attach() -> tuple[Any, Any]:
+            eng = Engine.attach(name)
+            return eng, eng.row_urls()
+
+        return attach
 
     def connect() -> tuple[Any, Any]:
         eng = Engine.connect(pool.redis, name)

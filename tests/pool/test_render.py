@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from engine import EngineValueError
-from engine.engine import Claim
 from engine.pool.render import (
     REASON_MAX,
     CommandRender,
@@ -22,6 +21,7 @@ from engine.pool.render import (
     RenderSpec,
     classify,
 )
+from engine.shm.engine import Claim
 
 CLAIM = Claim(row=7, token=1, lane=0, due_ms=0)
 

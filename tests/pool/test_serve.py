@@ -20,7 +20,7 @@ import pytest
 from lanes_testlib import unique_name
 from pool_testlib import cli, wait_for
 
-from engine.engine import Engine, wall_ms
+from engine.shm.engine import Engine, wall_ms
 from engine.store import SnapshotStore
 
 HOUR_S = 3600

@@ -20,8 +20,8 @@ from redis_server import fresh_queue
 from sitemap_server import SitemapServer, sitemapindex, urlset
 
 from engine import Engine
-from engine.pool.urls import UrlTable
 from engine.redis.urls import RedisUrls
+from engine.shm.urls import UrlTable
 
 PAGES = [f"/p/{i}" for i in range(6)]
 

@@ -14,11 +14,12 @@ import pytest
 from lanes_testlib import TEN_LANES, unique_name
 from pool_testlib import make_pool
 
-from engine.engine import Engine, wall_ms
-from engine.pool.grow import store_routes, unlink_routes
+from engine.pool.grow import store_routes
 from engine.pool.routes import Routes
 from engine.pool.staleness import NO_ROUTE, staleness
 from engine.pool.view import LiveView
+from engine.shm.engine import Engine, wall_ms
+from engine.shm.urls import UrlTable
 from engine.store import SnapshotStore
 
 HOUR_MS = 3_600_000
@@ -116,11 +117,12 @@ def run_stats(capsys: pytest.CaptureFixture[str], *args: str) -> str:
 def engine_name(routes: Routes) -> Iterator[str]:
     name = unique_name()
     eng = Engine.create(name, 64, TEN_LANES)  # lanes 1 and 9 named as the suites name them
-    store_routes(name, routes)
+    table = UrlTable.create(name, [], eng)  # a pool's routes are kept with its URLs
+    store_routes(table, routes)
     try:
         yield name
     finally:
-        unlink_routes(name)
+        table.drop()
         eng.unlink()
 
 

@@ -21,9 +21,9 @@ from lanes_testlib import NOW
 from redis_server import LocalCluster, RedisServer, find_server, free_port
 
 from engine import Engine, LeaseLost, OutcomeUnknown, RedisEngine
-from engine.engine import wall_ms
 from engine.errors import EngineError
 from engine.redis import LIBRARY_VERSION, queue_keys
+from engine.shm.engine import wall_ms
 
 assert find_server() is not None, "redis-server is not installed (make test installs it)"
 

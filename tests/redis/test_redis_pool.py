@@ -41,7 +41,8 @@ from engine.pool.render import RenderSpec
 from engine.pool.routes import Route, Routes
 from engine.pool.supervisor import remove_local_files
 from engine.redis import queue_keys
-from engine.redis.urls import RedisUrls, pool_keys, restore
+from engine.redis.restore import restore
+from engine.redis.urls import RedisUrls, pool_keys
 
 assert find_server() is not None, "redis-server is not installed (make test installs it)"
 
@@ -106,7 +107,7 @@ def test_urls_are_added_with_their_rows_once_and_a_parked_one_is_made_due(
 def _start_as_a_host(url: str, queue: str, urls: list[str], start: Any, out: Any) -> None:
     """What ``lanes pool QUEUE --redis URL --corpus FILE`` does before it forks (Pool._on_redis):
     join, or create when missing, then add the corpus; the forked child reports what it did."""
-    from engine.pool.grow import add_to_redis
+    from engine.pool.grow import add_urls
 
     try:
         start.wait(10)
@@ -115,7 +116,7 @@ def _start_as_a_host(url: str, queue: str, urls: list[str], start: Any, out: Any
         except SegmentMissing:
             eng = Engine.connect(url, queue, create=True)
         now = int(time.time() * 1000)
-        got = add_to_redis(RedisUrls(eng), urls, np.full(len(urls), now), 3600, "submitted")
+        got = add_urls(RedisUrls(eng), urls, np.full(len(urls), now), 3600, "submitted")
         out.send(("ok", got.added, got.known))
         eng.close()
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the test

@@ -47,7 +47,8 @@ from engine.pool import Pool, PoolOptions
 from engine.pool.render import RenderSpec
 from engine.redis import RedisEngine, queue_keys
 from engine.redis.catalog import MAX_SHARDS, ShardsMismatch, catalog_key, shard_keys
-from engine.redis.shard_urls import ShardedUrls, restore, row_urls
+from engine.redis.restore import restore
+from engine.redis.shard_urls import ShardedUrls
 from engine.redis.shards import STAY, ShardedEngine
 
 N = 3
@@ -73,7 +74,7 @@ def sharded(server: RedisServer) -> Iterator[Any]:
 
     yield make
     for eng in made:
-        row_urls(eng).drop()
+        eng.row_urls().drop()
         eng.drop()
         eng.close()
 
@@ -403,7 +404,7 @@ def test_a_pool_over_shards_renders_every_row_once_and_commands_work_across_them
         pool.shutdown()
     with Engine.connect(server.url, queue) as eng:
         assert eng.stats()["rows"] == 31 and eng.verify() == []
-        row_urls(eng).drop()
+        eng.row_urls().drop()
         eng.drop()
 
 
@@ -431,7 +432,7 @@ def test_a_sharded_pool_resumes_over_another_count_with_its_failures_under_their
         again.close()
     for name in (queue, moved):
         with Engine.connect(server.url, name) as eng:
-            row_urls(eng).drop()
+            eng.row_urls().drop()
             eng.drop()
 
 
@@ -442,7 +443,7 @@ def test_on_a_cluster_the_shards_fall_on_different_primaries_and_serve_claims() 
             assert isinstance(eng, ShardedEngine)
             ports = {cluster.node_of(shard_keys(name, tag)[0]) for tag in eng.catalog.tags}
             assert ports == {n.port for n in cluster.nodes}
-            urls = row_urls(eng)
+            urls = eng.row_urls()
             urls.add([f"https://a.example/{i}" for i in range(90)], np.full(90, NOW), 3600)
             granted: list[int] = []
             while len(granted) < 90:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from engine import STRIDE, LanePolicy, encode
 from engine.policy import PROVENANCES
-from engine.segment import lib, policy_to_c
+from engine.shm.segment import lib, policy_to_c
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -85,18 +85,18 @@ def test_c_files_call_only_the_files_before_them() -> None:
 
 
 def test_the_error_table_maps_every_status_of_the_header() -> None:
-    """engine/segment.py's one table covers every RL_E_* code csrc/lanes.h defines."""
-    from engine.segment import _TABLE
+    """engine/shm/segment.py's one table covers every RL_E_* code csrc/lanes.h defines."""
+    from engine.shm.segment import _TABLE
 
     header = (ROOT / "csrc" / "lanes.h").read_text()
     statuses = re.findall(r"^#define (RL_E_\w+) -\d+", header, re.M)
     assert len(statuses) >= 11
     missing = [name for name in statuses if getattr(lib, name) not in _TABLE]
-    assert not missing, f"engine/segment.py's table lacks {missing}"
+    assert not missing, f"engine/shm/segment.py's table lacks {missing}"
 
 
 def test_remainder_codes_and_weight_bounds_match_the_header():
-    """engine/segment.py writes a remainder as its index in REMAINDERS and claim_pass.lua reads the
+    """engine/shm/segment.py writes a remainder as its index in REMAINDERS and claim_pass.lua reads the
     same index; the C pass names them RL_REMAINDER_*. Weights are RL_ONE fixed point."""
     from engine.policy import ONE, REMAINDERS, WEIGHT_MAX, WEIGHT_MIN, weight_fp
 

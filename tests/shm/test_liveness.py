@@ -16,7 +16,7 @@ import pytest
 from lanes_testlib import HOUR, NOW, get_result, past_owner_check, shm_path
 
 from engine import Engine
-from engine.segment import OWNER_ALIVE, ffi, lib
+from engine.shm.segment import OWNER_ALIVE, ffi, lib
 
 CTX = mp.get_context("fork")
 

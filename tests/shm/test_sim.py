@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from engine import EngineError, LanePolicy
-from engine.policy import COARSE_BANDS, band_weights
 from engine.cli import main as lanes
 from engine.errors import EngineValueError
+from engine.policy import COARSE_BANDS, band_weights
 from engine.sim import (
     CORPORA,
     POLICIES,

@@ -8,7 +8,8 @@ finds them all at once.
 A pool's corpus can grow while it runs (``lanes add``): new rows get their URLs in a further
 file, ``/dev/shm/<engine>.urls.<first row>``, written whole before the rows are added to the
 engine, so a worker that claims a new row finds its URL by looking for the next file. Every
-file is immutable once published.
+file is immutable once published. Two adders (``lanes add``, the supervisor's corpus refresh)
+are serialised by a lock on the first file, so the new rows' ids follow the table's last row.
 
 Layout of each file: a 32-byte header (magic, version, row count, blob length), the start
 offset of each URL (int64, n + 1 entries), then the URLs as UTF-8 joined by ``\\n`` with a
@@ -18,18 +19,29 @@ offset of each URL (int64, n + 1 entries), then the URLs as UTF-8 joined by ``\\
 from __future__ import annotations
 
 import bisect
+import contextlib
+import fcntl
 import mmap
 import os
 import struct
 from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
-from ..api import RowUrls
-from ..errors import EngineValueError, LayoutMismatch, SegmentMissing
-from . import shmfile
+from .. import shmfile
+from ..api import BoolArray, IntArray, QueueEngine, RowUrls, UrlsAdded
+from ..errors import (
+    CapacityError,
+    EngineError,
+    EngineValueError,
+    LayoutMismatch,
+    SegmentMissing,
+)
+from ..keys import PARKED_MS
 
 SUFFIX = "urls"
+ROUTES_SUFFIX = "routes"
 _MAGIC = b"RLURLS01"
 _HEADER = struct.Struct("<8sQQQ")  # magic, version, rows, blob bytes
 
@@ -93,12 +105,22 @@ class _Part:
             self._buf.close()
 
 
+class Rows(QueueEngine, Protocol):
+    """What adding URLs reads of the engine beside the table (an ``Engine``, which imports this
+    module): the row ids it gave, and which of them a repair took back."""
+
+    def rows_used(self) -> int: ...
+    def taken_back(self, rows: IntArray) -> BoolArray: ...
+
+
 class UrlTable:
     """Row id -> URL, shared read-only by every process of a pool: the first file, and the files
-    ``append`` published since (looked for again when a row past the known ones is asked for)."""
+    ``append`` published since (looked for again when a row past the known ones is asked for).
+    ``add`` needs the engine whose rows these are (``Engine.row_urls`` gives it)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, engine: Rows | None = None) -> None:
         self.name = name
+        self.engine = engine
         self._parts: list[_Part] = []
         self._first: list[int] = []
         self._rows = 0
@@ -109,21 +131,21 @@ class UrlTable:
     encode = staticmethod(_Part.encode)
 
     @classmethod
-    def create(cls, name: str, urls: Sequence[str]) -> UrlTable:
+    def create(cls, name: str, urls: Sequence[str], engine: Rows | None = None) -> UrlTable:
         shmfile.create(name, SUFFIX, _Part.encode(urls))
-        return cls(name)
+        return cls(name, engine)
 
     @classmethod
-    def attach(cls, name: str) -> UrlTable:
-        return cls(name)
+    def attach(cls, name: str, engine: Rows | None = None) -> UrlTable:
+        return cls(name, engine)
 
     @staticmethod
     def append(name: str, first_row: int, urls: Sequence[str]) -> str:
         """Publish the URLs of rows ``first_row ..`` as a further file; returns its path. The
         caller adds the rows to the engine after this returns, and removes the file if that
         fails (``remove_part``)."""
-        if first_row <= 0:
-            raise EngineValueError(f"a further URL file starts past row 0, got {first_row}")
+        if first_row < 0:
+            raise EngineValueError(f"a further URL file starts at a row >= 0, got {first_row}")
         shmfile.create(name, f"{SUFFIX}.{first_row}", _Part.encode(urls))
         return shmfile.path_of(name, f"{SUFFIX}.{first_row}")
 
@@ -131,11 +153,100 @@ class UrlTable:
     def remove_part(name: str, first_row: int) -> bool:
         return shmfile.unlink(name, f"{SUFFIX}.{first_row}")
 
+    def store_routes(self, text: str) -> None:
+        """Keep the routes (``Routes.to_json``) a pool was started with, beside the table."""
+        shmfile.create(self.name, ROUTES_SUFFIX, text.encode())
+
+    def routes(self) -> str | None:
+        """The stored routes JSON, or None."""
+        try:
+            buf = shmfile.attach(self.name, ROUTES_SUFFIX, min_size=2)
+        except SegmentMissing:
+            return None
+        try:
+            return bytes(buf).decode()
+        finally:
+            buf.close()
+
+    @staticmethod
+    def unlink_routes(name: str) -> bool:
+        return shmfile.unlink(name, ROUTES_SUFFIX)
+
+    def drop(self) -> None:
+        """Remove the table's files and the routes (the engine's segment is the caller's)."""
+        self.close()
+        self.unlink(self.name)
+        self.unlink_routes(self.name)
+
     @staticmethod
     def unlink(name: str) -> bool:
         """Remove the table's files (the first and every further one); False if none was there."""
         removed = [shmfile.unlink(name, f"{SUFFIX}.{first}") for first in _further(name)]
         return shmfile.unlink(name, SUFFIX) or any(removed)
+
+    def add(self, urls: Sequence[str], due_ms: Any, interval_s: Any, provenance: Any = "submitted",
+            failures: Any = None, now_ms: int | None = None) -> UrlsAdded:
+        """Queue a row for each URL the table lacks, its URLs published as a further file
+        before the rows are added; a known URL is left alone unless its row is parked (after
+        ``--max-failures``), which is made due now: adding it again is how an operator says
+        "try it again". ``CapacityError`` when the new rows do not fit."""
+        eng = self.engine
+        if eng is None:
+            raise EngineValueError(f"URL table {self.name!r} was opened without its engine:"
+                                   " open it with the engine's row_urls() to add")
+        with self._adding():
+            self.refresh()
+            rows_used = eng.rows_used()  # row ids, those a repair took back included
+            table = self.urls()
+            if len(table) > rows_used and self.remove_part(self.name, rows_used):
+                # An adder killed after publishing its URLs and before reserving their rows
+                # (its lock is ours now): its URL file goes, as a failed add's does.
+                table = table[:rows_used]
+            if rows_used != len(table):
+                raise EngineError(f"engine {self.name!r} has {rows_used} rows but {len(table)}"
+                                  " URLs: rows were added outside the pool; refusing to add more")
+            # A URL whose row a repair took back (its adder was killed between reserving the
+            # rows and writing them) is added again, as a new row.
+            void = eng.taken_back(np.arange(rows_used, dtype=np.int64))
+            known = {u: r for r, u in enumerate(table) if not void[r]}
+            rows = np.array([known.get(u, -1) for u in urls], np.int64)
+            new = rows < 0
+            unparked = _unpark(eng, rows[~new].tolist(), now_ms)
+            if not new.any():
+                return UrlsAdded(rows, new, unparked)
+            pick = np.flatnonzero(new)
+            free = int(eng.stats()["capacity"]) - rows_used
+            if len(pick) > free:
+                raise CapacityError(f"{len(pick)} new URLs, room for {free} (capacity"
+                                    f" {rows_used + free}): stop the pool and --resume it with a"
+                                    " larger --capacity")
+            self.append(self.name, rows_used, [urls[int(i)] for i in pick])
+            try:
+                got = eng.add_many(_rows_of(due_ms, pick), _rows_of(interval_s, pick),
+                                   _rows_of(provenance, pick), _rows_of(failures, pick))
+            except BaseException:
+                self.remove_part(self.name, rows_used)
+                raise
+            if not np.array_equal(got, np.arange(rows_used, rows_used + len(pick))):
+                raise EngineError(f"engine {self.name!r} gave rows {got[:3].tolist()}... for the"
+                                  f" URLs of rows {rows_used}..: rows were added outside the pool")
+            rows[pick] = got
+            return UrlsAdded(rows, new, unparked)
+
+    @contextlib.contextmanager
+    def _adding(self) -> Iterator[None]:
+        """One adder at a time per table (a lock on its first file, dropped if the adder
+        dies)."""
+        path = shmfile.path_of(self.name, SUFFIX)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise SegmentMissing(f"no pool runs over {self.name!r} (no {path})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def refresh(self) -> None:
         """Map the files published since the last look, in row order, up to the first gap."""
@@ -203,6 +314,25 @@ class UrlTable:
         for part in self._parts:
             part.close()
         self._parts, self._first, self._rows = [], [], 0
+
+
+def _rows_of(col: Any, pick: IntArray) -> Any:
+    """The picked entries of one column of an add (a scalar, or None, stands for every row)."""
+    return col if col is None or np.ndim(col) == 0 else np.asarray(col)[pick]
+
+
+def _unpark(eng: QueueEngine, rows: list[int], now_ms: int | None) -> int:
+    """Make the parked ones among ``rows`` due now; returns how many."""
+    if not rows:
+        return 0
+    queued, cols = eng.export_rows()
+    parked = set(queued[cols["due_ms"] == PARKED_MS].tolist())
+    n = 0
+    for row in rows:
+        if row in parked:
+            eng.prioritize(row, "wait", now_ms)
+            n += 1
+    return n
 
 
 def _further(name: str) -> list[int]:

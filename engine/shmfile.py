@@ -16,7 +16,7 @@ from __future__ import annotations
 import mmap
 import os
 
-from ..errors import EngineValueError, LayoutMismatch, SegmentExists, SegmentMissing
+from .errors import EngineValueError, LayoutMismatch, SegmentExists, SegmentMissing
 
 SHM_DIR = "/dev/shm"
 

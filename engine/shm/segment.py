@@ -19,8 +19,8 @@ import os
 import threading
 from typing import Any, NoReturn
 
-from . import _core
-from .errors import (
+from .. import _core
+from ..errors import (
     AttachTimeout,
     CapacityError,
     EngineClosed,
@@ -32,8 +32,8 @@ from .errors import (
     SegmentExists,
     SegmentMissing,
 )
-from .policy import INTERVALS, REMAINDERS, SHARE_CLASSES, LanePolicy, share_fp
-from .process import process_start_ms
+from ..policy import INTERVALS, REMAINDERS, SHARE_CLASSES, LanePolicy, share_fp
+from ..process import process_start_ms
 
 ffi = _core.ffi
 lib = _core.lib

@@ -13,14 +13,13 @@ import math
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from . import _hot, checkpoint
-from .api import (
+from .. import _hot, checkpoint
+from ..api import (
     DEFAULT_LEASE_MS,
     BoolArray,
     Claim,
@@ -30,8 +29,9 @@ from .api import (
     Restamped,
     RowInfo,
     Stats,
+    VerifyWalk,
 )
-from .checks import (
+from ..checks import (
     broadcast,
     check_bool,
     check_int,
@@ -46,10 +46,10 @@ from .checks import (
     rows_tokens,
     wall_ms,
 )
-from .errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
-from .keys import check_due_array, check_due_ms
-from .policy import MAX_INTERVAL_S, PROVENANCES, LanePolicy
-from .process import is_running
+from ..errors import EngineError, EngineTypeError, EngineValueError, SegmentExists
+from ..keys import check_due_array, check_due_ms
+from ..policy import MAX_INTERVAL_S, PROVENANCES, LanePolicy
+from ..process import is_running
 from .segment import (
     OWNER_ALIVE,
     OWNER_DEAD,
@@ -60,10 +60,11 @@ from .segment import (
     lib,
     owner_state,
 )
+from .urls import UrlTable
 
 if TYPE_CHECKING:
-    from .redis import RedisEngine
-    from .redis.shards import ShardedEngine
+    from ..redis import RedisEngine
+    from ..redis.shards import ShardedEngine
 
 _U64 = (1 << 64) - 1
 _WORD_VOID = 1 << 60  # a row word's "taken back" bit (csrc/layout.h)
@@ -86,18 +87,6 @@ _MARKS = {
     lib.RL_V_DEAD_WRITE: "row stored by a dead writer and not yet published (a repair indexes it)",
     lib.RL_V_ABANDONED: "row reserved by a dead writer and never written (a repair takes it back)",
 }
-
-
-@dataclass
-class VerifyWalk:
-    """One walk of ``rl_verify``: broken invariants, and the marks writers killed midway left
-    (``unpublished``: rows stored and not yet published; ``abandoned``: reserved, never
-    written), which a repair finishes or takes back."""
-
-    problems: list[str]
-    marks: list[str]
-    unpublished: int
-    abandoned: int
 
 
 class Claims(_hot.ClaimsBase):
@@ -134,6 +123,7 @@ class Engine(_hot.EngineBase):
 
     supports_compact: ClassVar[bool] = True
     spans_hosts: ClassVar[bool] = False
+    writes_whole: ClassVar[bool] = False
 
     def __init__(self, seg: Segment, creator_pid: int | None) -> None:
         self._seg = seg
@@ -191,7 +181,7 @@ class Engine(_hot.EngineBase):
         docs/redis.md "Shards"), made so with ``create``; another count is refused. None: the
         queue as it is (a new one is one queue)."""
         # redis-py is an optional extra: the Redis backend is imported when it is asked for.
-        from .redis.shards import connect
+        from ..redis.shards import connect
 
         return connect(url, name, policy, create, shards=shards, **options)
 
@@ -243,7 +233,7 @@ class Engine(_hot.EngineBase):
     def export_rows(self) -> tuple[IntArray, dict[str, IntArray]]:
         """(row ids, columns) of every queued row, read in one pass over the row table: the
         columns of ``checkpoint.snapshot``."""
-        n = self._rows_used()
+        n = self.rows_used()
         cols = {c: np.empty(n, np.int64) for c in checkpoint.EXPORTED}
         if n:
             check(lib.rl_rows_export(self._h, 0, n, *(ffi.from_buffer("int64_t[]", cols[c])
@@ -284,10 +274,11 @@ class Engine(_hot.EngineBase):
     def _h(self) -> Any:
         return self._seg.handle
 
-    def _rows_used(self) -> int:
+    def rows_used(self) -> int:
+        """Row ids given so far, those a repair took back included."""
         return int(self._seg.info().rows_used)
 
-    def _taken_back(self, rows: IntArray) -> BoolArray:
+    def taken_back(self, rows: IntArray) -> BoolArray:
         """Which of ``rows`` (existing ids) a repair took back: reserved by an add whose process
         died before writing them (csrc/writes.c), so they will never be queued."""
         out = np.zeros(len(rows), np.bool_)
@@ -301,7 +292,7 @@ class Engine(_hot.EngineBase):
 
     def _row(self, row: object) -> int:
         r = check_int(row, "row", 0, (1 << 31))
-        if r >= self._rows_used():
+        if r >= self.rows_used():
             raise EngineValueError(f"row {r} does not exist")
         return r
 
@@ -611,13 +602,13 @@ class Engine(_hot.EngineBase):
         What writers killed midway left is not a broken invariant: when the walk finds such
         marks it reaps first (``reap``: the dead writers' writes finished or taken back), then
         walks again. ``lanes check`` reports the marks themselves."""
-        walk = self._verify_walk()
+        walk = self.verify_walk()
         if walk.marks:
-            self._reap(repair_anyway=True)
-            walk = self._verify_walk()
+            self.repair()
+            walk = self.verify_walk()
         return walk.problems + walk.marks
 
-    def _verify_walk(self) -> VerifyWalk:
+    def verify_walk(self) -> VerifyWalk:
         """One walk, changing nothing but the marking of owners found dead. Past 64 lines of
         a kind the rest are counted in a last line "... and N more"."""
         cap = 64
@@ -678,9 +669,13 @@ class Engine(_hot.EngineBase):
         """
         return self._reap()["dead_owners"]
 
+    def repair(self) -> dict[str, int]:
+        """``reap``, repairing even when no dead owner is left (a mark an earlier repair left
+        waiting); returns what it did (``lanes check --repair`` prints it)."""
+        return self._reap(repair_anyway=True)
+
     def _reap(self, repair_anyway: bool = False) -> dict[str, int]:
-        """``reap``, with what it did (``lanes check --repair`` prints it); ``repair_anyway``:
-        repair even when no dead owner is left (a mark an earlier repair left waiting)."""
+        """``reap``, with what it did; ``repair_anyway``: as ``repair``."""
         dead = 0
         for owner, pid, start, word in self._seg.owners():
             state = owner_state(word)
@@ -692,6 +687,11 @@ class Engine(_hot.EngineBase):
                 dead += 1
         done = self._repair(wait=True) if dead or repair_anyway else {}
         return {"dead_owners": dead, **done}
+
+    def row_urls(self) -> UrlTable:
+        """The URL table a pool keeps beside the segment (``/dev/shm/<name>.urls``...), its
+        ``add`` adding rows to this engine."""
+        return UrlTable.attach(self.name, self)
 
     def __repr__(self) -> str:
         state = "closed" if self._seg._handle is None else "open"
