@@ -83,13 +83,14 @@ setTimeout(() => {{
 
 # Each fact is one a site could branch on (user-agent sniffing, a responsive layout, a
 # "real browser" check). The page waits for nothing: it is ready at once. Not the outer window
-# size: full Chromium gives 0x0 or its window's size, depending on when the script runs.
+# size nor document.hasFocus(): on full Chromium the one, on either binary the other, changes
+# from run to run.
 _PROBE = """<!doctype html><html><body><pre id="probe"></pre><script>
 document.getElementById('probe').textContent = JSON.stringify({{
   userAgent: navigator.userAgent, platform: navigator.platform, languages: navigator.languages,
   webdriver: navigator.webdriver, cores: navigator.hardwareConcurrency,
   plugins: navigator.plugins.length, mimeTypes: navigator.mimeTypes.length,
-  windowChrome: typeof window.chrome, hasFocus: document.hasFocus(),
+  windowChrome: typeof window.chrome,
   visibility: document.visibilityState, innerWidth: innerWidth, innerHeight: innerHeight,
   screen: [screen.width, screen.height],
   devicePixelRatio: devicePixelRatio, timeZone: Intl.DateTimeFormat().resolvedOptions().timeZone,

@@ -144,8 +144,8 @@ def test_what_a_page_can_tell_of_its_browser_differs_only_as_documented(
     shell, full = probes[HEADLESS_SHELL], probes[DEFAULT_CHROMIUM]
     differ = sorted(k for k in shell if shell[k] != full[k])
     # docs/design.md, "The headless shell": each of these, and nothing else.
-    assert differ == ["hasFocus", "innerHeight", "innerWidth", "languages", "mimeTypes",
-                      "notification", "plugins", "userAgent", "windowChrome"]
+    assert differ == ["innerHeight", "innerWidth", "languages", "mimeTypes", "notification",
+                      "plugins", "userAgent", "windowChrome"]
     # The shell reports its full version; full Chromium the reduced user agent (x.0.0.0).
     shell_ua, full_ua = FULL_VERSION.search(shell["userAgent"]), FULL_VERSION.search(
         full["userAgent"])
@@ -159,7 +159,6 @@ def test_what_a_page_can_tell_of_its_browser_differs_only_as_documented(
     assert (shell["plugins"], shell["mimeTypes"]) == (0, 0)
     assert full["plugins"] > 0 and full["mimeTypes"] > 0
     assert (shell["windowChrome"], full["windowChrome"]) == ("undefined", "object")
-    assert (shell["hasFocus"], full["hasFocus"]) == (False, True)
     assert (shell["notification"], full["notification"]) == ("denied", "default")  # no prompt
     # What stays: no mobile emulation, the same machine, webdriver set in both.
     assert shell["coarsePointer"] is False and shell["webdriver"] is True
