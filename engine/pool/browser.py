@@ -59,10 +59,10 @@ if TYPE_CHECKING:
 HEADLESS_SHELL = "/usr/lib/chromium/chromium-headless-shell"
 """Debian's ``chromium-headless-shell``: the old headless mode as a binary of its own (what
 Puppeteer runs for ``headless: "shell"``), the same Blink and V8 as ``chromium`` without the
-browser's UI layers; about twice the renders per core on JavaScript pages (docs/pool.md). The
-binary itself, not ``/usr/bin/chromium-headless-shell``: that is a ``sh`` script which forks
-it instead of exec'ing it, so the parent-death signal (``_LAUNCHER``) would go to the script
-and a pool killed whole would leave the browser running."""
+browser's UI layers: the same snapshots for about a quarter of the CPU a render (docs/design.md,
+"The headless shell"). The binary itself, not ``/usr/bin/chromium-headless-shell``: that is a
+``sh`` script which forks it instead of exec'ing it, so the parent-death signal (``_LAUNCHER``)
+would go to the script and a pool killed whole would leave the browser running."""
 _SHELL_SCRIPT = "/usr/bin/chromium-headless-shell"
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 """Full Chromium (its launcher script execs the binary): used when the shell is not installed."""
@@ -186,8 +186,9 @@ def describe_chromium(path: str) -> str:
                 f" pool killed whole may leave it running (give --chromium {HEADLESS_SHELL})")
     if os.path.basename(path).startswith("chromium-headless-shell"):
         return f"browser: Chromium's headless shell ({path})"
-    hint = (" (chromium-headless-shell is not installed: about twice the renders per core with"
-            " it)" if path == DEFAULT_CHROMIUM and not _runnable(HEADLESS_SHELL) else "")
+    hint = (" (chromium-headless-shell is not installed: it renders the same pages for about a"
+            " quarter of the CPU)" if path == DEFAULT_CHROMIUM and not _runnable(HEADLESS_SHELL)
+            else "")
     return f"browser: {path}{hint}"
 
 
