@@ -404,7 +404,7 @@ def _command_render(args: argparse.Namespace) -> Any:
 
 def _browser_render(args: argparse.Namespace) -> Any:
     """``--browser``: Chromium checked and the store opened here, before anything is made."""
-    from .pool.browser import BrowserSpec
+    from .pool.browser import BrowserSpec, describe_chromium
     from .store import SnapshotStore
 
     if args.store is None:
@@ -416,6 +416,8 @@ def _browser_render(args: argparse.Namespace) -> Any:
                        block_types=_listed(args.block_type, BrowserSpec.block_types),
                        block_hosts=_listed(args.block_host, BrowserSpec.block_hosts))
     SnapshotStore.open(args.store).close()  # an unwritable store is refused here
+    assert spec.chromium is not None  # resolved by the spec
+    print(describe_chromium(spec.chromium), file=sys.stderr, flush=True)
     return spec
 
 
@@ -686,7 +688,9 @@ def _browser_arguments(p: Any) -> None:
 
     b = p.add_argument_group("browser render (--browser)")
     b.add_argument("--store", metavar="DIR", help="the snapshot store (created if missing)")
-    b.add_argument("--chromium", metavar="PATH", default=BrowserSpec.chromium)
+    b.add_argument("--chromium", metavar="PATH", default=BrowserSpec.chromium,
+                   help="the browser binary (default: Chromium's headless shell when installed,"
+                        " else /usr/bin/chromium)")
     b.add_argument("--tabs", type=int, default=BrowserSpec.tabs,
                    help="pages rendered at once by each worker (one browser per worker)")
     b.add_argument("--page-timeout", type=float, default=BrowserSpec.page_timeout_s,

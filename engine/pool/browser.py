@@ -55,7 +55,16 @@ from .render import Failure, classify
 if TYPE_CHECKING:
     from ..api import Claim
 
+HEADLESS_SHELL = "/usr/lib/chromium/chromium-headless-shell"
+"""Debian's ``chromium-headless-shell``: the old headless mode as a binary of its own (what
+Puppeteer runs for ``headless: "shell"``), the same Blink and V8 as ``chromium`` without the
+browser's UI layers: the same snapshots for about a quarter of the CPU a render (docs/design.md,
+"The headless shell"). The binary itself, not ``/usr/bin/chromium-headless-shell``: that is a
+``sh`` script which forks it instead of exec'ing it, so the parent-death signal (``_LAUNCHER``)
+would go to the script and a pool killed whole would leave the browser running."""
+_SHELL_SCRIPT = "/usr/bin/chromium-headless-shell"
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
+"""Full Chromium (its launcher script execs the binary): used when the shell is not installed."""
 # Chromium's crash handler double-forks into a session of its own, out of the worker's group; it
 # exits within a second of its browser's death (it watches its client), which the tests check.
 # (--disable-crashpad-for-testing would keep it from starting, but Chromium 150 then aborts
@@ -103,7 +112,8 @@ class BrowserSpec:
 
     store: str
     """The snapshot store's directory."""
-    chromium: str = DEFAULT_CHROMIUM
+    chromium: str | None = None
+    """The browser binary; ``None``: the headless shell when installed, else full Chromium."""
     tabs: int = 4
     page_timeout_s: float = 20.0
     recycle_after: int = 500
@@ -137,6 +147,8 @@ class BrowserSpec:
             raise EngineValueError("the browser render needs a snapshot store (--store DIR)")
         object.__setattr__(self, "block_types", tuple(self.block_types))
         object.__setattr__(self, "block_hosts", tuple(h.lower() for h in self.block_hosts))
+        if self.chromium is None:
+            object.__setattr__(self, "chromium", find_chromium())
         check_chromium(self.chromium)
 
     def classify(self, exc: BaseException) -> Failure:
@@ -147,11 +159,36 @@ class BrowserSpec:
         return PageRules(self.settle_ms, self.keep_scripts, self.block_types, self.block_hosts)
 
 
-def check_chromium(path: str) -> None:
+def _runnable(path: object) -> bool:
+    return isinstance(path, str) and os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def find_chromium() -> str:
+    """The browser to render with when none is given: the headless shell when it is installed,
+    else full Chromium (checked by ``check_chromium`` like any other path)."""
+    return HEADLESS_SHELL if _runnable(HEADLESS_SHELL) else DEFAULT_CHROMIUM
+
+
+def check_chromium(path: object) -> None:
     """``ChromiumMissing`` unless ``path`` is an executable file."""
-    if not isinstance(path, str) or not os.path.isfile(path) or not os.access(path, os.X_OK):
+    if not _runnable(path):
         raise ChromiumMissing(f"Chromium not found at {path!r} (not an executable file): install"
-                              f" it (apt-get install chromium) or give --chromium PATH")
+                              f" it (apt-get install chromium-headless-shell) or give"
+                              f" --chromium PATH")
+
+
+def describe_chromium(path: str) -> str:
+    """One line for the pool's start: which browser renders, and the lever when it is not the
+    shell."""
+    if os.path.realpath(path) == _SHELL_SCRIPT:
+        return (f"browser: Chromium's headless shell through {path}, a script that forks it: a"
+                f" pool killed whole may leave it running (give --chromium {HEADLESS_SHELL})")
+    if os.path.basename(path).startswith("chromium-headless-shell"):
+        return f"browser: Chromium's headless shell ({path})"
+    hint = (" (chromium-headless-shell is not installed: it renders the same pages for about a"
+            " quarter of the CPU)" if path == DEFAULT_CHROMIUM and not _runnable(HEADLESS_SHELL)
+            else "")
+    return f"browser: {path}{hint}"
 
 
 # -- the browser process -----------------------------------------------------------------------
@@ -170,6 +207,7 @@ class Chromium:
         self._rss_mb = 0.0
 
     async def start(self) -> Chromium:
+        assert self.spec.chromium is not None  # resolved when the spec was made
         argv = [*_LAUNCHER, self.spec.chromium, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
                 f"--js-flags=--max-old-space-size={self.spec.js_heap_mb}", "about:blank"]
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -12,6 +12,8 @@
 ``/crash``       allocates until its tab's renderer dies
 ``/slow/N``      content inserted after ``delay_ms`` (the benchmark's 300 ms pages)
 ``/gone``        a plain 404
+``/probe``       what a page's JavaScript can tell of its browser, written into the DOM as JSON
+                 (``<pre id="probe">``): where Chromium's headless shell and full Chromium differ
 
 ``SiteServer.hits(path)`` counts the requests for a path; leaving the ``with`` block stops the
 server, answers what was left hanging and joins every thread.
@@ -79,6 +81,26 @@ setTimeout(() => {{
 }}, {delay});
 </script></head><body><h1>slow {n}</h1></body></html>"""
 
+# Each fact is one a site could branch on (user-agent sniffing, a responsive layout, a
+# "real browser" check). The page waits for nothing: it is ready at once. Not the outer window
+# size nor document.hasFocus(): on full Chromium the one, on either binary the other, changes
+# from run to run.
+_PROBE = """<!doctype html><html><body><pre id="probe"></pre><script>
+document.getElementById('probe').textContent = JSON.stringify({{
+  userAgent: navigator.userAgent, platform: navigator.platform, languages: navigator.languages,
+  webdriver: navigator.webdriver, cores: navigator.hardwareConcurrency,
+  plugins: navigator.plugins.length, mimeTypes: navigator.mimeTypes.length,
+  windowChrome: typeof window.chrome,
+  visibility: document.visibilityState, innerWidth: innerWidth, innerHeight: innerHeight,
+  screen: [screen.width, screen.height],
+  devicePixelRatio: devicePixelRatio, timeZone: Intl.DateTimeFormat().resolvedOptions().timeZone,
+  coarsePointer: matchMedia('(pointer: coarse)').matches,
+  hover: matchMedia('(hover: hover)').matches,
+  dark: matchMedia('(prefers-color-scheme: dark)').matches,
+  notification: typeof Notification === 'undefined' ? null : Notification.permission,
+}});
+</script></body></html>"""
+
 
 class SiteServer(LocalSite):
     """The site above on a free loopback port."""
@@ -112,7 +134,7 @@ class SiteServer(LocalSite):
         if head == "api" and tail.isdigit():
             return 200, f'{{"n": {tail}, "word": "fetched"}}', {"Content-Type": "application/json"}
         fixed = {"meta404": _META_404, "hang": _HANG, "busy": _BUSY.format(),
-                 "crash": _CRASH.format()}
+                 "crash": _CRASH.format(), "probe": _PROBE.format()}
         if head in fixed and not tail:
             return 200, fixed[head], {}
         if head == "redirect":

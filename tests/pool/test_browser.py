@@ -20,6 +20,7 @@ from lanes_testlib import shm_path
 from render_site import JSON_LD, SiteServer
 
 from engine.pool import clear_stale
+from engine.pool.browser import HEADLESS_SHELL
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,8 @@ def test_snapshots_hold_the_js_content_and_the_json_ld_and_no_other_script(
     assert gone.status == 404 and "no such product" in gone.html().decode()  # kept, with 404
     assert re.search(r"meta404 \(row \d+\) failed: PageStatus: HTTP 404 \(snapshot kept\);"
                      r" permanent", run.stderr())
+    # The default browser (make tools installs it), named at start.
+    assert f"browser: Chromium's headless shell ({HEADLESS_SHELL})" in run.stderr()
     assert not os.path.exists(shm_path(name))
 
 
