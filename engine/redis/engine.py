@@ -38,6 +38,7 @@ from ..api import (
     RowInfo,
     Stats,
     VerifyWalk,
+    prioritize_each,
 )
 from ..checks import (
     check_bool,
@@ -429,6 +430,10 @@ class RedisEngine:
         urgency kept; a lease on it goes on (its key waits in the holder entry)."""
         self.transport.fcall("lanes_reclassify", self._row(row),
                              choice_code(provenance, PROVENANCES, "provenance"))
+
+    def prioritize_many(self, rows: Any, mode: str = "rush", now_ms: int | None = None) -> int:
+        """``prioritize`` each row (a removed one skipped): how many were; one FCALL a row."""
+        return prioritize_each(self, rows, mode, now_ms)
 
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
         """``"rush"``: urgent lane, due now. ``"wait"``: own lane, due now."""

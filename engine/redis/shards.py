@@ -57,6 +57,7 @@ from ..api import (
     RowInfo,
     Stats,
     VerifyWalk,
+    prioritize_each,
 )
 from ..checks import (
     check_bool,
@@ -476,6 +477,10 @@ class ShardedEngine:
         with self._holding(row) as (eng, local, r):
             return eng.renew(local, self._local_token(r, token), lease_ms, now_ms) * self._n \
                 + r % self._n
+
+    def prioritize_many(self, rows: Any, mode: str = "rush", now_ms: int | None = None) -> int:
+        """``prioritize`` each row (a removed one skipped): how many were."""
+        return prioritize_each(self, rows, mode, now_ms)
 
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
         with self._holding(row) as (eng, local, _):

@@ -175,13 +175,7 @@ def prioritize(pool: Pool, ask: Ask, now_ms: int | None = None) -> dict[str, Any
     if ask.mode.startswith("clear-") and pool.store is not None:
         cleared = pool.store.clear(list(ask.urls) or matched_urls)
     engine_mode = "rush" if ask.mode.endswith("rush") else "wait"
-    done = 0
-    for row in rows:
-        try:
-            pool.engine.prioritize(int(row), engine_mode, now_ms)
-            done += 1
-        except EngineValueError:
-            continue  # removed since the table was read
+    done = pool.engine.prioritize_many(np.asarray(rows, np.int64), engine_mode, now_ms)
     return {"matched": done - added, "added": added, "unknown": unknown[:SHOWN_UNKNOWN],
             "unknown_count": len(unknown), "cleared": cleared, "mode": ask.mode}
 

@@ -263,6 +263,26 @@ def test_prioritize_wait_keeps_the_lane_and_makes_it_due_now(eng):
     assert eng.verify() == []
 
 
+def test_prioritize_many_is_prioritize_on_each_row_and_skips_removed_ones(eng):
+    rows = [eng.add(NOW + DAY + i, 172800, provenance="discovered") for i in range(6)]
+    eng.remove(rows[2])
+    assert eng.prioritize_many(np.array(rows), "rush", now_ms=NOW) == 5
+    for r in rows[:2] + rows[3:]:
+        d = eng.describe(r)
+        assert d["lane"] == 0 and d["due_ms"] == NOW and d["urgent"] is True
+    assert eng.prioritize_many(np.array(rows[:2]), "wait", now_ms=NOW + 1) == 2
+    assert [eng.describe(r)["due_ms"] for r in rows[:2]] == [NOW + 1, NOW + 1]
+    assert eng.prioritize_many(np.array([], np.int64), "rush", now_ms=NOW) == 0
+    before = [eng.describe(r) for r in rows[3:]]
+    for bad in (np.array([rows[3], 10**6]), np.array([-1])):
+        with pytest.raises(EngineError):
+            eng.prioritize_many(bad, "rush", now_ms=NOW)
+    with pytest.raises(EngineError):
+        eng.prioritize_many(np.array(rows[3:]), "later", now_ms=NOW)
+    assert [eng.describe(r) for r in rows[3:]] == before  # a refused call changed nothing
+    assert eng.verify() == []
+
+
 def test_prioritize_with_unknown_mode_is_rejected(eng):
     row = eng.add(NOW + DAY, 3600)
     before = eng.describe(row)
