@@ -9,7 +9,9 @@ sleep; a few pages always fail and drift to the cold lane). A live per-lane view
 at the end a summary shows what each class of page got: with lanes, homepages stay near one TTL
 old while the 48 h backlog absorbs the deficit.
 
-It opens with the headline case on the real engine in virtual time (lanes off against on).
+It opens with the headline case on the real engine in virtual time (lanes off against on),
+and ends with the loop in real renders (:mod:`engine.demo_loop`): a page rendered in Chromium,
+served to a crawler, missed and discovered, recached.
 """
 
 from __future__ import annotations
@@ -111,7 +113,10 @@ def run(seconds: float | None = None, workers: int = 2, plain: bool = False) -> 
     finally:
         view.close()
     print_summary(summary)
+    from .demo_loop import run_loop
+
+    looped = run_loop(tag + "-loop")
     left = [f for f in os.listdir("/dev/shm") if f.startswith(tag)]
     print(f"\nleft behind: {', '.join(left) if left else 'nothing'} (segment, URL table and board"
           " removed; every worker joined)")
-    return 0 if not summary["problems"] and not left else 1
+    return 0 if not summary["problems"] and not left and looped == 0 else 1

@@ -210,8 +210,11 @@ class Chromium:
         assert self.spec.chromium is not None  # resolved when the spec was made
         argv = [*_LAUNCHER, self.spec.chromium, *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
                 f"--js-flags=--max-old-space-size={self.spec.js_heap_mb}", "about:blank"]
+        # A preload meant for this interpreter (the sanitized core's ASan runtime) is not the
+        # browser's: it would load into every Chromium process.
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+                                     stderr=subprocess.DEVNULL, env=env)
         port_file = os.path.join(self.profile, "DevToolsActivePort")
         deadline = time.monotonic() + START_S
         while True:

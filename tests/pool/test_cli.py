@@ -195,6 +195,10 @@ def test_lanes_demo_runs_and_prints_its_summary() -> None:
     assert "granted by claim #1 of 61" in out and "behind the whole product backlog" in out
     assert "invariants: hold" in out and "left behind: nothing" in out
     assert HOURLY in out
+    # the loop, in real renders: served, missed and discovered, recached
+    assert "Googlebot asks for /p/0: 200, served" in out and "Widget 0" in out
+    assert "never a 404; discovered..." in out and "rendered and served as a snapshot" in out
+    assert "Googlebot gets the new price" in out and "the loop stopped" not in out
 
 
 def test_lanes_cleanup_refuses_a_running_pool_unless_forced(log: Path) -> None:

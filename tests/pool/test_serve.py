@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from front_door_testlib import cookies
 from lanes_testlib import unique_name
 from pool_testlib import cli, wait_for
 
@@ -272,16 +273,6 @@ def token_file(tmp_path: Path) -> Path:
     return f
 
 
-def cookies_of(h: dict[str, str]) -> dict[str, str]:
-    # http.client joins repeated Set-Cookie headers with ", "
-    jar = {}
-    for part in h.get("set-cookie", "").split(", "):
-        name, _, rest = part.partition("=")
-        if rest:
-            jar[name.strip()] = rest.split(";", 1)[0]
-    return jar
-
-
 def cookie_header(jar: dict[str, str]) -> str:
     return "; ".join(f"{k}={v}" for k, v in jar.items())
 
@@ -309,7 +300,7 @@ def test_login_sets_a_session_cookie_that_opens_the_server(store_dir: Path,
     with serving("--store", str(store_dir), "--token-file", str(token_file)) as base:
         status, h, page = request(base, "/login?next=%2Fmetrics")
         assert status == 200 and b'name="csrf"' in page
-        jar = cookies_of(h)
+        jar = cookies(h)
         csrf = jar["lanes_csrf"]
         assert f'value="{csrf}"'.encode() in page
         form = "application/x-www-form-urlencoded"
@@ -329,7 +320,7 @@ def test_login_sets_a_session_cookie_that_opens_the_server(store_dir: Path,
         assert status == 401 and b"Wrong token" in page
         status, h, _ = login(TOKEN)
         assert status == 303 and h["location"] == "/metrics"
-        session = cookies_of(h)["lanes_session"]
+        session = cookies(h)["lanes_session"]
         flags = h["set-cookie"].lower()
         assert "httponly" in flags and "samesite=strict" in flags
         assert request(base, "/metrics", headers={"Cookie": f"lanes_session={session}"})[0] == 200
@@ -340,7 +331,7 @@ def test_login_sets_a_session_cookie_that_opens_the_server(store_dir: Path,
 def test_every_post_needs_the_csrf_token(store_dir: Path) -> None:
     with serving("--store", str(store_dir)) as base:
         _, h, _ = request(base, "/")
-        csrf = cookies_of(h)["lanes_csrf"]
+        csrf = cookies(h)["lanes_csrf"]
         assert request(base, "/metrics", "POST")[0] == 403
         assert request(base, "/metrics", "POST", headers={"Cookie": f"lanes_csrf={csrf}"})[0] == 403
         assert request(base, "/metrics", "POST", headers={
@@ -354,7 +345,7 @@ def test_every_post_needs_the_csrf_token(store_dir: Path) -> None:
 def test_read_only_refuses_every_post(store_dir: Path) -> None:
     with serving("--store", str(store_dir), "--read-only") as base:
         _, h, _ = request(base, "/")
-        csrf = cookies_of(h)["lanes_csrf"]
+        csrf = cookies(h)["lanes_csrf"]
         status, _, body = request(base, "/metrics", "POST", headers={
             "Cookie": f"lanes_csrf={csrf}", "X-CSRF-Token": csrf})
         assert status == 403 and b"read-only" in body
