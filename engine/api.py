@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, NotRequired, Protoc
 import numpy as np
 import numpy.typing as npt
 
-from .errors import EngineValueError
 from .limits import DEFAULT_BUDGET as DEFAULT_BUDGET
 from .limits import DEFAULT_LEASE_MS as DEFAULT_LEASE_MS
 from .limits import DEFAULT_WINDOW as DEFAULT_WINDOW
@@ -285,26 +284,3 @@ class RowUrls(Protocol):
         made due now. Needs the table of an engine (``QueueEngine.row_urls``)."""
         ...
 
-
-def prioritize_each(eng: QueueEngine, rows: Any, mode: str = "rush",
-                    now_ms: int | None = None) -> int:
-    """``prioritize`` on each of ``rows`` (ints), a removed row skipped: how many were. What a
-    backend's ``prioritize_many`` does when it has no batch of its own (Redis: one FCALL a
-    row)."""
-    from .checks import check_mode
-    from .keys import as_int64_array
-
-    arr = as_int64_array(rows, "rows")
-    check_mode(mode)
-    if arr.size:  # every row checked first: a refused call changes nothing
-        n = int(eng.stats(now_ms)["rows"])
-        if int(arr.min()) < 0 or int(arr.max()) >= n:
-            raise EngineValueError(f"rows must lie in [0, {n})")
-    done = 0
-    for row in arr.tolist():
-        try:
-            eng.prioritize(row, mode, now_ms)
-        except EngineValueError:
-            continue  # removed since the caller read it
-        done += 1
-    return done

@@ -57,18 +57,18 @@ from ..api import (
     RowInfo,
     Stats,
     VerifyWalk,
-    prioritize_each,
 )
 from ..checks import (
     check_bool,
     check_int,
+    check_mode,
     check_token,
     claim_args,
     is_number,
     rows_tokens,
 )
 from ..errors import CapacityError, EngineError, EngineTypeError, EngineValueError, SegmentMissing
-from ..keys import check_due_array
+from ..keys import as_int64_array, check_due_array
 from ..policy import LanePolicy
 from .catalog import (
     MAX_SHARDS,
@@ -479,8 +479,16 @@ class ShardedEngine:
                 + r % self._n
 
     def prioritize_many(self, rows: Any, mode: str = "rush", now_ms: int | None = None) -> int:
-        """``prioritize`` each row (a removed one skipped): how many were."""
-        return prioritize_each(self, rows, mode, now_ms)
+        """``prioritize`` each row (a removed one skipped): how many were; one
+        ``prioritize_many`` per shard the rows span."""
+        check_mode(mode)
+        now_arg(now_ms)
+        r = as_int64_array(rows, "rows")
+        done = 0
+        for k, _pos, local, _tokens in self._groups(r, np.zeros(len(r), np.int64)):
+            with self._shard(k) as eng:
+                done += eng.prioritize_many(np.asarray(local, np.int64), mode, now_ms)
+        return done
 
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:
         with self._holding(row) as (eng, local, _):
