@@ -32,10 +32,13 @@ lint: $(STAMP)
 # Debian packages the tests run: spin model-checks the floor protocol (tests/test_model.py),
 # redis-server (>= 7) serves the Redis backend's tests (they start their own on a unix socket),
 # redis-sentinel their failover tests, chromium the browser renders and the dashboard's tests,
-# curl and wget are the renders of the pool's end-to-end tests, openssl makes the TLS test's CA. Whatever is missing is installed
+# curl and wget are the renders of the pool's end-to-end tests, openssl makes the TLS test's CA,
+# iproute2 (`ip`) the network namespaces of the partition tests (tests/lib/netns.py; they run as
+# root, as CI does). Whatever is missing is installed
 # (root, apt reachable); when that fails the tests that need it fail and say so.
 tools:
 	@pkgs=""; for t in spin redis-server redis-sentinel chromium curl wget openssl; do command -v $$t >/dev/null || pkgs="$$pkgs $$t"; done; \
+	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
 	[ -z "$$pkgs" ] && exit 0; \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkgs >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null 2>&1 && \
