@@ -18,6 +18,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README_LIMIT = 12 * 1024
+DESIGN_LIMIT = 40 * 1024
+DOCS_LIMIT = 150 * 1000
 
 FILE_NAME = re.compile(r"(?<![\w/.<-])((?:[\w-]+/)*[\w-]+\.(?:md|py|pyi|c|h|lua|pml|sh|toml))\b")
 """A name of a file of the kinds the repo is made of (data files in examples are left out: a
@@ -163,6 +165,26 @@ def test_the_readme_stays_short() -> None:
     assert size <= README_LIMIT, f"README.md is {size} bytes; move detail into docs/"
 
 
+def test_the_docs_read_in_one_sitting() -> None:
+    """design.md says what is, each mechanism with why and its test, in at most 40 KB; all of
+    docs/ stays under 150 KB (measurements belong in figures.md, history in git)."""
+    design = len((ROOT / "docs" / "design.md").read_bytes())
+    assert design <= DESIGN_LIMIT, f"docs/design.md is {design} bytes"
+    docs = sum(len((ROOT / p).read_bytes()) for p in tracked()
+               if p.startswith("docs/") and p.endswith(".md"))
+    assert docs <= DOCS_LIMIT, f"docs/*.md are {docs} bytes"
+
+
+HISTORY = re.compile(r"used to|before this change|`[0-9a-f]{7,12}`")
+
+
+def test_docs_describe_what_is_not_its_history() -> None:
+    """No commit hashes and no "used to" in the docs: history stays in git."""
+    found = {p: HISTORY.findall((ROOT / p).read_text()) for p in tracked()
+             if (p.startswith("docs/") and p.endswith(".md")) or p == "README.md"}
+    assert {p: f for p, f in found.items() if f} == {}
+
+
 DOTTED = re.compile(r"(?<![\w/.-])engine(?:\.[A-Za-z_]\w*)+")
 """A dotted name in the package: ``engine.pool.metrics``, ``engine.policy.reference_pass``."""
 FILE_SUFFIXES = {"py", "pyi", "md", "c", "h", "lua", "toml", "sh", "json", "so", "txt", "pml"}
@@ -264,12 +286,13 @@ def unsaved_figures(text: str, saved: dict[str, list[float]]) -> list[str]:
     return bad
 
 
-def test_every_readme_figure_is_in_a_saved_run() -> None:
-    """A figure the README quotes is one a benchmark saved (bench/results/latest.json from
-    ``make bench``, sim.json from bench/bench_sim.py), as printed there: a figure written by hand
-    or left from an overwritten run fails here."""
-    problems = unsaved_figures((ROOT / "README.md").read_text(), saved_values())
-    assert problems == [], "README figures found in no saved run under bench/results/"
+@pytest.mark.parametrize("doc", ["README.md", "docs/figures.md"])
+def test_every_quoted_figure_is_in_a_saved_run(doc: str) -> None:
+    """A figure the README or docs/figures.md quotes is one a benchmark saved
+    (bench/results/latest.json from ``make bench``, sim.json from bench/bench_sim.py), as
+    printed there: a figure written by hand or left from an overwritten run fails here."""
+    problems = unsaved_figures((ROOT / doc).read_text(), saved_values())
+    assert problems == [], f"{doc}: figures found in no saved run under bench/results/"
 
 
 def test_the_figure_check_catches_a_figure_no_run_saved() -> None:
