@@ -212,7 +212,7 @@ def test_a_server_lost_under_a_connected_engine_is_a_clear_error_after_the_bound
             t0 = time.monotonic()
             with pytest.raises(EngineError, match="lost Redis at unix://") as err:
                 call()
-            assert 0.9 <= time.monotonic() - t0 < 5
+            assert 0.9 <= time.monotonic() - t0 < 20  # retried for its timeout, then gave up
             assert "s3cret" not in str(err.value) and "password=***" in str(err.value)
             assert not isinstance(err.value, OutcomeUnknown)  # nothing was sent
         eng.close()
