@@ -1,6 +1,6 @@
-"""Corpus ingest (docs/design.md §13): CSV, JSONL and sitemaps become checked columns, or a
-CorpusError that names the file and the line; hostile XML is refused, never expanded; nothing
-partial comes back."""
+"""Corpus ingest (docs/pool.md, "Corpus ingest"): CSV, JSONL and sitemaps become checked
+columns, or a CorpusError that names the file and the line; hostile XML is refused, never
+expanded; nothing partial comes back."""
 
 from __future__ import annotations
 
