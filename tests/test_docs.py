@@ -242,10 +242,11 @@ UNITS = {  # how a figure's unit is written in prose -> (the unit saved, scale)
 }
 NUMBER = r"\d[\d,]*(?:\.\d+)?"
 _UNIT = "|".join(re.escape(u) for u in sorted(UNITS, key=len, reverse=True))
-FIGURE = re.compile(rf"(?<![\w.≤≥<>=~≈-])(?P<a>{NUMBER})(?:\s?[–-]\s?(?P<b>{NUMBER}))?\s?"
+FIGURE = re.compile(rf"(?<![\w.≤≥<>=~≈^*-])(?P<a>{NUMBER})(?:\s?[–-]\s?(?P<b>{NUMBER}))?\s?"
                     rf"(?P<unit>{_UNIT})(?!\w)")
 """A measured figure in prose: ``1.24 µs``, ``4.52 M rows/s``, ``1.10–1.40×``. A number after
-≤, ≥, <, > or ≈ is a target or a bound, not a measurement (``≤ 1.7 µs``)."""
+≤, ≥, <, > or ≈ is a target or a bound, not a measurement (``≤ 1.7 µs``), and one after ^ or
+* an exponent (``2^29 bytes``)."""
 RANGE = re.compile(rf"\[(?P<a>{NUMBER})\s?[–-]\s?(?P<b>{NUMBER})\]")
 """The range after a figure: ``1.24 µs [1.20–1.46]``, in the figure's unit."""
 
@@ -286,11 +287,15 @@ def unsaved_figures(text: str, saved: dict[str, list[float]]) -> list[str]:
     return bad
 
 
-@pytest.mark.parametrize("doc", ["README.md", "docs/figures.md"])
+DOCS = ["README.md", *(p for p in tracked() if p.startswith("docs/") and p.endswith(".md"))]
+
+
+@pytest.mark.parametrize("doc", DOCS)
 def test_every_quoted_figure_is_in_a_saved_run(doc: str) -> None:
-    """A figure the README or docs/figures.md quotes is one a benchmark saved
-    (bench/results/latest.json from ``make bench``, sim.json from bench/bench_sim.py), as
-    printed there: a figure written by hand or left from an overwritten run fails here."""
+    """A figure the README or a doc quotes (a number of ×, µs, rows/s, bytes or MiB) is one a
+    benchmark saved (bench/results/latest.json from ``make bench``, sim.json from
+    bench/bench_sim.py), as printed there: a figure written by hand or left from an overwritten
+    run fails here."""
     problems = unsaved_figures((ROOT / doc).read_text(), saved_values())
     assert problems == [], f"{doc}: figures found in no saved run under bench/results/"
 
