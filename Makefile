@@ -34,12 +34,14 @@ lint: $(STAMP)
 # redis-sentinel their failover tests, chromium-headless-shell the browser renders (lanes pool
 # --browser's default), chromium the dashboard's tests and the shell's fidelity test, curl and
 # wget are the renders of the pool's end-to-end tests, openssl makes the TLS test's CA, nginx is
-# for the tests that put it in front of lanes serve (in /usr/sbin, not always on PATH). Whatever
-# is missing is installed (root, apt reachable); when that fails the tests that need it fail and
-# say so.
+# for the tests that put it in front of lanes serve (in /usr/sbin, not always on PATH), iproute2
+# (`ip`) the network namespaces of the partition tests (tests/lib/netns.py; they run as root, as
+# CI does). Whatever is missing is installed (root, apt reachable); when that fails the tests
+# that need it fail and say so.
 tools:
 	@pkgs=""; for t in spin redis-server redis-sentinel chromium chromium-headless-shell curl wget \
 		openssl nginx; do PATH="$$PATH:/usr/sbin" command -v $$t >/dev/null || pkgs="$$pkgs $$t"; done; \
+	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
 	[ -z "$$pkgs" ] && exit 0; \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkgs >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null 2>&1 && \

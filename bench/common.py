@@ -293,7 +293,21 @@ def machine() -> dict[str, Any]:
         "numpy": np.__version__,
         "load_avg": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "commit": commit(),
     }
+
+
+def commit() -> str:
+    """The commit the figures were measured on, ``-dirty`` when tracked files differ from it,
+    so a saved run names the code it measured."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=5, check=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=ROOT, capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head.strip() + ("-dirty" if dirty.strip() else "")
 
 
 # --------------------------------------------------------------------------------- scripts ----

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import describe, fmt, machine
+from common import commit, describe, fmt, machine
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = ["bench_engine", "bench_inflight", "bench_constraints", "bench_python_peers",
-           "bench_servers", "bench_redis"]
+           "bench_servers", "bench_redis", "bench_sim"]
 
 # figure id -> (comparison, value, how the README states the target)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -143,6 +143,7 @@ def main() -> None:
         "command": "make bench" + (" (smoke)" if args.smoke else ""),
         "smoke": args.smoke,
         "date": time.strftime("%Y-%m-%d %H:%M %Z", time.localtime(started)),
+        "commit": commit(),
         "seconds": round(time.time() - started),
         "machine": machine(),
         "load_avg_before": load_before,
@@ -154,8 +155,8 @@ def main() -> None:
     (args.results / "latest.md").write_text(markdown(figs))
     m = result["machine"]
     print()
-    print(f"render-lanes benchmark, {result['date']}, {m['cpu']}, {m['cores']} cores, "
-          f"{m['memory_gib']} GiB, {m['os']}, Python {m['python']}; load before "
+    print(f"render-lanes benchmark, {result['date']}, commit {result['commit']}, {m['cpu']}, "
+          f"{m['cores']} cores, {m['memory_gib']} GiB, {m['os']}, Python {m['python']}; load before "
           f"{load_before}, after {m['load_avg']}; {result['seconds']} s")
     print(table(figs))
     missed = [f for f in figs if f.get("met") is False]

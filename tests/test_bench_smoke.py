@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["bench_engine", "bench_inflight", "bench_constraints", "bench_python_peers",
-           "bench_servers", "bench_redis"]
+           "bench_servers", "bench_redis", "bench_sim"]
 
 # Figure ids each script must report, measured (or, for server peers, skipped with a reason).
 EXPECTED = {
@@ -62,6 +62,9 @@ EXPECTED = {
     + [f"redis.{t}.{k}" for t in ("unix", "tcp")
        for k in ("ping_p50_us", "claim_p50_us", "claim_server_us", "claim_vs_ping")]
     + ["redis.bytes_per_row.n20000"],
+    "bench_sim": [f"sim.{p}.c{c}.home" for p in ("today", "default", "floors")
+                  for c in (100, 75, 50)]
+    + [f"sim.bound.c{c}" for c in (100, 75, 50)],
 }
 SERVER_PEERS = [f"servers.{s}.p{p}" for s in ("redis_lua", "redis_zpopmin", "postgres")
                 for p in (1, 2)] + [f"servers.ratio_{s}.p{p}" for s in

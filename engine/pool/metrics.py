@@ -2,7 +2,7 @@
 store, its served staleness (``engine.pool.staleness``).
 
 Nothing is counted twice: on every scrape a collector reads the engine's own per-lane counters
-(``Engine.stats``) and the pool board's per-worker counters (``engine.board``) and turns them
+(``Engine.stats``) and the pool board's per-worker counters (``engine.pool.board``) and turns them
 into metric families, so a scrape from ``lanes serve`` in another process sees exactly
 what the pool's processes counted. The lane is a label (its name, e.g. ``submitted/b0``).
 prometheus_client (the ``metrics`` extra) does the exposition format and the HTTP server.

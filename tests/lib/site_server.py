@@ -37,6 +37,7 @@ class Request:
     status: int
     start_s: float
     end_s: float
+    delay_s: float = 0.0  # the delay drawn for it (slept before answering)
 
 
 class SiteServer(LocalSite):
@@ -148,14 +149,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(payload)))
             # Counted out before the client can have the whole answer: one that sends its next
             # request on the last byte was counted twice in flight while this thread caught up.
-            site._end(Request(path, host, status, start, time.monotonic()))
+            site._end(Request(path, host, status, start, time.monotonic(), delay))
             ended = True
             self.end_headers()
             if body:
                 self.wfile.write(payload)
         finally:
             if not ended:
-                site._end(Request(path, host, status, start, time.monotonic()))
+                site._end(Request(path, host, status, start, time.monotonic(), delay))
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet

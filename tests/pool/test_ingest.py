@@ -1,6 +1,6 @@
-"""Corpus ingest (docs/design.md §13): CSV, JSONL and sitemaps become checked columns, or a
-CorpusError that names the file and the line; hostile XML is refused, never expanded; nothing
-partial comes back."""
+"""Corpus ingest (docs/pool.md, "Corpus ingest"): CSV, JSONL and sitemaps become checked
+columns, or a CorpusError that names the file and the line; hostile XML is refused, never
+expanded; nothing partial comes back."""
 
 from __future__ import annotations
 
@@ -482,7 +482,7 @@ BILLION_LAUGHS = """<?xml version="1.0"?>
 def test_billion_laughs_is_refused_as_unsafe(tmp_path: Path) -> None:
     t0 = time.monotonic()
     refused(write(tmp_path / "lol.xml", BILLION_LAUGHS), 2, "refused as unsafe", "DTDForbidden")
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 10  # refused before expanding (expanded, it would not end)
 
 
 @pytest.mark.parametrize("doctype", [

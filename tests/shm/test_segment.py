@@ -71,9 +71,9 @@ def test_attach_to_random_bytes_raises_layout_mismatch(foreign):
         f.write(bytes(data))
     t0 = time.monotonic()
     with pytest.raises(LayoutMismatch):
-        Engine.attach(name, timeout=3.0)
-    # a foreign magic is refused at once, not after waiting for a ready flag
-    assert time.monotonic() - t0 < 2.0
+        Engine.attach(name, timeout=60.0)
+    # a foreign magic is refused at once, not after waiting for a ready flag (the minute)
+    assert time.monotonic() - t0 < 30.0
     assert os.path.exists(shm_path(name))  # refused, not removed or rewritten
     with open(shm_path(name), "rb") as f:
         assert f.read() == bytes(data)
@@ -96,7 +96,7 @@ def test_attach_to_an_empty_segment_times_out(foreign):
     with pytest.raises(AttachTimeout):
         Engine.attach(name, timeout=0.3)
     elapsed = time.monotonic() - t0
-    assert 0.25 <= elapsed < 3.0
+    assert 0.25 <= elapsed < 10.0  # waited its timeout, then gave up
     assert issubclass(AttachTimeout, EngineError)
 
 
