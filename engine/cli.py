@@ -283,7 +283,8 @@ def _serve(args: argparse.Namespace) -> int:
                                args.trust_proxy), limits=limits,
                            origin_timeout=args.origin_timeout,
                            origin_per_host=args.origin_per_host, discover=args.discover,
-                           discover_rate=args.discover_rate, discover_max=args.discover_max)
+                           discover_rate=args.discover_rate, discover_max=args.discover_max,
+                           render_on_miss=args.render_on_miss)
     parts = [what for what, given in (("the dashboard at /", args.name), ("snapshots at"
              " /render?url=URL", args.store)) if given]
 
@@ -805,7 +806,7 @@ def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
                         " proxy is exempt")
     _redis_arguments(p, local=True)
     p.set_defaults(fn=_serve, store=None, max_stale=None, origin_timeout=10.0, origin_per_host=8,
-                   discover=False, discover_rate=60, discover_max=100_000)
+                   discover=False, discover_rate=60, discover_max=100_000, render_on_miss=0.0)
 
 
 def _serve_command_arguments(p: argparse.ArgumentParser) -> None:
@@ -831,6 +832,9 @@ def _serve_command_arguments(p: argparse.ArgumentParser) -> None:
                    help="new URLs discovered per host per minute, at most")
     p.add_argument("--discover-max", type=int, default=100_000, metavar="N",
                    help="add nothing while the pool holds N discovered rows")
+    p.add_argument("--render-on-miss", type=float, default=0.0, metavar="S",
+                   help="with --discover: rush a missed page and wait up to S seconds for its"
+                        " snapshot before relaying the origin's answer (0: never wait)")
 
 
 def _token(args: argparse.Namespace) -> int:

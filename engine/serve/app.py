@@ -63,6 +63,7 @@ class ServeOptions:
     discover: bool = False
     discover_rate: int = 60
     discover_max: int = 100_000
+    render_on_miss: float = 0.0
 
     def check(self) -> None:
         if self.name is None and self.store is None:
@@ -84,6 +85,9 @@ class ServeOptions:
         if self.discover and (self.name is None or self.store is None):
             raise EngineValueError("--discover adds missed pages to a pool: give its NAME and"
                                    " --store DIR")
+        if self.render_on_miss and (not self.discover or not 0 < self.render_on_miss <= 60):
+            raise EngineValueError("--render-on-miss S rushes a missed page, which --discover"
+                                   " adds: give --discover, and S in (0, 60] seconds")
         if not 1 <= self.discover_rate <= 1_000_000 or not 0 <= self.discover_max:
             raise EngineValueError("--discover-rate must lie in [1, 1000000] a minute and"
                                    " --discover-max be >= 0")
@@ -170,7 +174,8 @@ def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts,
         found = None
         if options.discover and parts.source is not None:
             found = discover.Discovery(parts.source, options.discover_rate, options.discover_max)
-        snapshots = SnapshotRoutes(parts.store, parts.hits, options.max_stale, relay, found)
+        snapshots = SnapshotRoutes(parts.store, parts.hits, options.max_stale, relay, found,
+                                   options.render_on_miss)
         snapshots.add_to(app)
         _serve_counts(app, counts, relay, found)
         hits = parts.hits

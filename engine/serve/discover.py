@@ -77,19 +77,23 @@ class Discovery:
     _pending: dict[str, None] = field(default_factory=dict)
     _seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
     _minute: dict[str, tuple[int, int]] = field(default_factory=dict)  # host -> (minute, n)
+    _rush: set[str] = field(default_factory=set)  # spellings to make urgent once added
     _task: asyncio.Task[None] | None = None
 
-    def offer(self, url: str) -> None:
-        """A miss for ``url`` (normalised, on one of the pool's hosts): queue it if allowed.
-        Counted by its discovery spelling (tracking dropped), so ``?utm_source=a`` and
-        ``?utm_source=b`` are one page and use the rate once."""
+    def offer(self, url: str, rush: bool = False) -> str | None:
+        """A miss for ``url`` (normalised, on one of the pool's hosts): queue it if allowed,
+        and with ``rush`` make it urgent once added (``--render-on-miss``); its discovery
+        spelling, or None when it is refused. Counted by that spelling (tracking dropped), so
+        ``?utm_source=a`` and ``?utm_source=b`` are one page and use the rate once."""
         try:
             url = discovery_url(url, None)
         except EngineError:
             self.counts["refused_invalid"] += 1
-            return
+            return None
+        if rush:
+            self._rush.add(url)
         if url in self._seen or url in self._pending:
-            return
+            return url
         self._seen[url] = None
         while len(self._seen) > SEEN:
             self._seen.popitem(last=False)
@@ -102,12 +106,15 @@ class Discovery:
                 self._minute.clear()
         if n >= self.rate:
             self.counts["refused_rate"] += 1
-            return
+            self._rush.discard(url)
+            return None
         if len(self._pending) >= PENDING:
             self.counts["refused_pending"] += 1
-            return
+            self._rush.discard(url)
+            return None
         self._minute[host] = (minute, n + 1)
         self._pending[url] = None
+        return url
 
     def statistics(self) -> dict[str, int]:
         return {**self.counts, "pending": len(self._pending)}
@@ -127,15 +134,17 @@ class Discovery:
 
     async def flush(self) -> None:
         batch, self._pending = list(self._pending), {}
-        if batch:
+        rush, self._rush = sorted(self._rush), set()
+        if batch or rush:
             try:
-                self.counts.update(await self.source.call(self._add, batch))
+                self.counts.update(await self.source.call(self._add, batch, rush))
             except EngineError as e:
                 self.counts["failed"] += len(batch)
                 self.counts[f"failed: {str(e)[:80]}"] = 1  # the last reason, for statistics
 
-    def _add(self, offered: Sequence[str]) -> Counter[str]:
-        """On the pool's thread: the offered URLs that pass the routes and the cap, added."""
+    def _add(self, offered: Sequence[str], rush: Sequence[str] = ()) -> Counter[str]:
+        """On the pool's thread: the offered URLs that pass the routes and the cap, added; then
+        the pages of ``rush`` the pool holds made urgent."""
         from ..pool.grow import add_corpus
 
         out: Counter[str] = Counter()
@@ -174,4 +183,13 @@ class Discovery:
             added = add_corpus(eng, self.source.urls(), corpus)
             out["added"] += added.added
             out["known"] += added.known
+        if rush:
+            table = self.source.urls()
+            rows = []
+            for url in rush:
+                try:
+                    rows.append(table.find(url))
+                except EngineError:
+                    continue  # refused above (a route, the cap): nothing to rush
+            out["rushed"] += eng.prioritize_many(np.array(rows, np.int64), "rush")
         return out

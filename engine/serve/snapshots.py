@@ -66,6 +66,7 @@ PLAIN_KEPT: Final = 1 << 20
 piece by piece (``STREAM_PIECE`` at a time), never whole in memory: a 20 MB page gzips to a few
 KB, so without this a few such requests would hold many times the answer budget."""
 STREAM_PIECE: Final = 256 << 10
+RENDER_POLL_S: Final = 0.1
 NORMAL_BYTES: Final = 4 << 20
 """The requested spellings of URLs whose store spelling is kept (bots repeat URLs; only good
 ones are kept, counted by their length, so a flood of distinct bad URLs costs nothing)."""
@@ -142,12 +143,14 @@ class SnapshotRoutes:
     """The two snapshot routes over ``store``; ``max_stale`` None serves every age."""
 
     def __init__(self, store: SnapshotStore, hits: HitLog, max_stale: float | None,
-                 relay: Relay | None = None, discovery: Discovery | None = None) -> None:
+                 relay: Relay | None = None, discovery: Discovery | None = None,
+                 render_on_miss: float = 0.0) -> None:
         self.store = store
         self.hits = hits
         self.max_stale = max_stale
         self.relay = relay  # with a pool: its origin answers where no snapshot may
         self.discovery = discovery  # with --discover: a miss on the pool's hosts is offered
+        self.render_on_miss = render_on_miss  # seconds a miss waits for its rushed render
         self._cache: OrderedDict[str, _Answer] = OrderedDict()
         self._bytes = 0  # bytes held by _cache: every answer's gzip, and its HTML once made
         self._normal = _Spellings(NORMAL_BYTES)
@@ -189,9 +192,11 @@ class SnapshotRoutes:
         if found is None:
             if self.relay is not None and await self.relay.covers(key):
                 if self.discovery is not None:
-                    self.discovery.offer(key)
-                return await self.relay.relay(request, key, "missing")
-            return _plain(404, f"never rendered: {_short(key)}", "missing")
+                    found = await self._discover(key)
+                if found is None:
+                    return await self.relay.relay(request, key, "missing")
+            else:
+                return _plain(404, f"never rendered: {_short(key)}", "missing")
         snap = found.snap
         now = wall_ms()
         ratio = snap.age_over_interval(now)
@@ -218,6 +223,22 @@ class SnapshotRoutes:
             self._bytes += len(html)
             self._evict()
         return web.Response(status=snap.status, body=html, headers=headers)
+
+    async def _discover(self, key: str) -> _Answer | None:
+        """Offer a miss for discovery; with ``--render-on-miss S``, rush it and wait up to S
+        seconds for its snapshot (stored under its discovery spelling)."""
+        assert self.discovery is not None
+        spelled = self.discovery.offer(key, rush=self.render_on_miss > 0)
+        if spelled is None or self.render_on_miss <= 0:
+            return None
+        await self.discovery.flush()
+        deadline = time.monotonic() + self.render_on_miss
+        while time.monotonic() < deadline:
+            await asyncio.sleep(RENDER_POLL_S)
+            found = self._answer(spelled)
+            if found is not None:
+                return found
+        return None
 
     def _answer(self, key: str) -> _Answer | None:
         """``key``'s answer from memory, checked against the store if it is older than

@@ -294,3 +294,39 @@ def test_discovery_spelling_drops_tracking_and_keeps_what_the_route_says() -> No
     assert discovery_url(url, keep_page) == "https://shop.example/p/1?page=2"
     assert discovery_url(url, Route("p", "*", False, 3600, query=())) == \
         "https://shop.example/p/1"
+
+
+def test_render_on_miss_rushes_the_page_and_waits_for_its_snapshot(tmp_path: Path) -> None:
+    import engine
+
+    with Origin() as site, pool_over(site, tmp_path, {}) as (name, store), \
+            Served(name, "--store", str(store), "--discover", "--render-on-miss", "6") as srv:
+        base = f"http://127.0.0.1:{site.port}"
+        url = f"{base}/new/9"
+        answers: list[tuple[int, dict[str, str], bytes]] = []
+        asker = threading.Thread(target=lambda: answers.append(
+            get(srv.port, f"/{url}?utm_source=x")))
+        started = time.monotonic()
+        asker.start()
+        eng = engine.open(name)
+        try:  # the pool's part, played here: the page is added, urgent; then rendered
+            table = eng.row_urls()
+            deadline = time.monotonic() + 10
+            while int(eng.stats()["rows"]) < 7:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            row = table.find(url)
+            assert eng.lane(row) == 0 and eng.lane_name(0) == "urgent"
+        finally:
+            eng.close()
+        with SnapshotStore.open(store, create=False) as s:
+            s.put(url, "<p>rendered on miss</p>", status=200, location=None, interval_s=HOUR_S,
+                  lane=0, render_ms=1.0)
+        asker.join(timeout=20)
+        status, h, body = answers[0]
+        assert status == 200 and h["x-lanes-snapshot"] == "served"
+        assert body == b"<p>rendered on miss</p>" and time.monotonic() - started < 6.5
+        # nothing renders it: after the wait, the origin's answer
+        started = time.monotonic()
+        status, h, _ = get(srv.port, f"/{base}/new/10")
+        assert h["x-lanes-snapshot"] == "origin" and 5.9 < time.monotonic() - started < 20
