@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("engine.pool")
 LOG_FORMAT = "%(asctime)s %(processName)s %(levelname)s %(message)s"
+GONE = frozenset({404, 410})
+"""The statuses with which a discovered page leaves the queue."""
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,8 @@ class Worker:
             log.warning("%s (row %d) failed: %s; its lease was lost meanwhile", url, c.row,
                         failure.reason)
             return False  # the renewer already found this lease lost (and counted it)
+        if failure.http_status in GONE and self._gone(c.row, url, failure.http_status):
+            return False
         try:
             count = self.parts.failures.record(c.row, url, failure, wall_ms()) \
                 if self.parts.failures is not None else 1
@@ -338,6 +342,21 @@ class Worker:
                     f" {format_due(due, self.clock.now_ms())}")
         log.warning("%s (row %d) failed: %s; %s", url, c.row, failure.reason, then)
         return False
+
+    def _gone(self, row: int, url: str, status: int) -> bool:
+        """A discovered page the site says is gone (404, 410) leaves the queue, so requests for
+        junk URLs cannot fill it (``lanes serve --discover``); a page a sitemap lists stays
+        (it fails as permanent, parked after ``--max-failures``). True if it was removed."""
+        try:
+            if self.eng.describe(row)["provenance"] != "discovered":
+                return False
+            self.eng.remove(row)
+        except EngineError as e:
+            log.warning("%s (row %d) answered %d; could not remove it: %s", url, row, status, e)
+            return False
+        log.warning("%s (row %d, discovered) answered %d: removed from the queue", url, row,
+                    status)
+        return True
 
     def complete(self, done: list[int]) -> None:
         """Complete the rendered rows still held (one call), and clear their failures."""

@@ -153,3 +153,17 @@ def partition(url: str, claim: Any) -> None:
     finally:
         os.close(fd)
     time.sleep(float(os.environ.get("RL_TEST_RENDER_S", "0.1")))
+
+
+class HttpGone(Exception):
+    """A client library's error for a page the site answered 404 (``status_code``, as
+    ``requests`` and ``httpx`` carry it)."""
+
+    status_code = 404
+
+
+def answers_404(url: str, claim: Any) -> None:
+    """``.../gone/...`` answers 404; the rest render."""
+    if "/gone/" in url:
+        raise HttpGone(f"{url}: 404 Not Found")
+    _log(url)

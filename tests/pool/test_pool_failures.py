@@ -190,3 +190,27 @@ def test_pool_options_refuse_bad_politeness_and_max_failures() -> None:
         with pytest.raises(EngineValueError):
             PoolOptions(**bad)  # type: ignore[arg-type]
     assert np.iinfo(np.int64).max > PARKED_MS
+
+
+def test_a_discovered_page_that_answers_404_leaves_the_queue(
+        log: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    name = unique_name()
+    urls = [f"https://shop.example/{kind}/{i}" for kind in ("ok", "gone") for i in range(4)]
+    n = len(urls)
+    provenance = np.array([0, 1] * (n // 2), np.int64)  # even rows submitted, odd discovered
+    env = {k: v for k, v in os.environ.items() if k == "RL_TEST_RENDER_LOG"}
+    pool = Pool.create(name, urls, np.full(n, NOW - 1000), np.full(n, 3600), provenance,
+                       RenderSpec(callable="pool_renders:answers_404"),
+                       PoolOptions(workers=1, grace_s=5.0, env=env))
+    with pool:
+        _until(pool, lambda: len(rendered(log)) >= 4 and _failed(pool) >= 2
+               and not pool.engine.describe(7)["queued"])
+        for row, url in enumerate(urls):
+            info = pool.engine.describe(row)
+            if "/gone/" in url and row % 2:  # discovered: gone from the queue
+                assert not info["queued"] and info["lane"] is None, (url, info)
+            elif "/gone/" in url:  # submitted (a sitemap lists it): failed, permanent, kept
+                assert info["queued"] and info["lane"] == pool.engine.policy.cold_lane
+        assert {e.url for e in pool.failures.entries()} == {urls[4], urls[6]}
+    err = capfd.readouterr().err
+    assert f"{urls[5]} (row 5, discovered) answered 404: removed from the queue" in err
