@@ -5,8 +5,9 @@ layout), at 100, 75 and 50 % of demand and over several seeds: the worst class's
 over the bound (``engine.sim.bound``), the shortest-interval class, starved classes and the
 renders against ``today``, for ``default``, ``floors``, ``lateness``, ``fitted`` and ``exact``
 (every due row ranked by its relative lateness, no lanes: the anchor), and each one's worst
-class over ``exact``'s in the same seed. Medians over the seeds with the range in brackets. Not part of ``make bench`` (it takes tens of minutes at full scale);
-the short form is tests/shm/test_default_policy.py.
+class over ``exact``'s in the same seed. Medians over the seeds with the range in brackets.
+Not part of ``make bench`` (it takes tens of minutes at full scale); the short form is
+tests/shm/test_default_policy.py.
 
     nice python bench/bench_policy.py [--scale 1] [--seeds 1,2,3] [--jobs 2]
 """

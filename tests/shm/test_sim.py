@@ -18,9 +18,9 @@ import pytest
 
 import engine.sim as sim_module
 from engine import EngineError, LanePolicy
-from engine.policy import COARSE_BANDS, band_weights
 from engine.cli import main as lanes
 from engine.errors import EngineValueError
+from engine.policy import COARSE_BANDS, band_weights
 from engine.sim import (
     CORPORA,
     POLICIES,
