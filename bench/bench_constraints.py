@@ -25,6 +25,15 @@
     claim(16) under it against lane order over the same bands and floors, interleaved the same
     way, on rows whose intervals spread over about 20 lanes of each provenance and on rows of
     the shape of each corpus of the simulator; the default beside its own lane order there.
+(f) The production shape (issue 38): 1.6M rows, intervals 30 min / 1 h / 8 h / 30 h / 48 h, 46 %
+    discovered, every row overdue, 128 rows held in flight by another worker (another owner,
+    claims of 64, 1 h lease); bands 1 h / 6 h / 24 h, floors discovered 0.10 and cold 0.02.
+    claim(16), each followed by complete_many (untimed), under lane order, the lateness
+    remainder with its derived weights (``LanePolicy``'s default weighing) and edf, an engine
+    each, block by block in turn each round; every claim timed on its own, the figure is the
+    median of a round's claims, and the ratio is per round to lane order's block of that round.
+
+``--only a,f`` runs the named parts.
 """
 
 from __future__ import annotations
@@ -50,16 +59,17 @@ from common import (
 )
 from seek_variants import NO_SKIP, NO_TOMB, TWO_SIDED, UNFLOORED, Handle
 
-from engine import LanePolicy
+from engine import Engine, LanePolicy
+from engine.policy import CLASSIC_FLOORS, COARSE_BANDS
 from engine.shm.segment import ffi, lib
 from engine.sim import build_corpus, corpus_config
 
 FULL = {"rows": 1_600_000, "reschedules": 40_000, "bucket": 2_000, "runs": 3,
         "b_rounds": 5, "b_passes": 2000, "c_rounds": 5, "c_passes": 2000,
-        "d_rounds": 31, "d_passes": 500}
+        "d_rounds": 31, "d_passes": 500, "f_rounds": 10, "f_claims": 250, "f_held": 128}
 SMOKE = {"rows": 20_000, "reschedules": 2_000, "bucket": 400, "runs": 1,
          "b_rounds": 2, "b_passes": 50, "c_rounds": 2, "c_passes": 50,
-         "d_rounds": 2, "d_passes": 50}
+         "d_rounds": 2, "d_passes": 50, "f_rounds": 2, "f_claims": 50, "f_held": 128}
 
 SEEKS = [  # (id, label, flags)
     ("product", "floor + skip hint + tombstones (the product)", 0),
@@ -309,11 +319,101 @@ def fitted(c: dict[str, Any]) -> list[dict[str, Any]]:
     return figs
 
 
+PRODUCTION_INTERVALS = (1800, 3600, 8 * 3600, 30 * 3600, 48 * 3600)
+PRODUCTION = LanePolicy(ttl_bands=COARSE_BANDS, min_share=CLASSIC_FLOORS)
+PRODUCTION_POLICIES = [  # (id, label, policy): the same bands and floors, three remainders
+    ("lane_order", "lane order", replace(PRODUCTION, remainder="lane-order")),
+    ("lateness", "lateness (LanePolicy()'s weighing)", PRODUCTION),
+    ("edf", "edf", replace(PRODUCTION, remainder="edf")),
+]
+
+
+def _production_rows(n: int) -> tuple[Any, Any, Any, Any]:
+    """``n`` rows of the production shape: every one overdue by 3 to 30 days, intervals drawn
+    from PRODUCTION_INTERVALS, 46 % discovered, 2 % failed into the cold lane."""
+    rng = np.random.default_rng(38)
+    interval = rng.choice(np.array(PRODUCTION_INTERVALS, np.int64), n)
+    prov = (rng.random(n) < 0.46).astype(np.int64)  # 1: discovered
+    due = NOW - rng.integers(3 * DAY_MS, 30 * DAY_MS, n)
+    return due, interval, prov, np.where(rng.random(n) < 0.02, 5, 0)
+
+
+def _claim_times(eng: Any, claims: int) -> list[int]:
+    """ns of each of ``claims`` bare claim(16) calls; each batch completed after, untimed."""
+    h, o = eng._seg.handle, eng._seg.owner
+    out = ffi.new("int64_t[]", 4 * BUDGET)
+    ok = ffi.new("uint8_t[]", BUDGET)
+    advice = ffi.new("uint32_t *")
+    clock = time.perf_counter_ns
+    times = []
+    for _ in range(claims):
+        t0 = clock()
+        got = lib.rl_claim(h, o, BUDGET, NOW, 600_000, 140, out, advice)
+        times.append(clock() - t0)
+        lib.rl_complete_many(h, o, got, out, out + 3 * BUDGET, ffi.NULL, NOW, ok, advice)
+        if advice[0]:
+            eng.compact()
+    return times
+
+
+def production(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """(f) claim(16) in the production shape under three remainders, side by side: an engine
+    each (a remainder leaves the lanes' heads where its own order left them, so blocks of
+    another remainder on the same rows would time that one's state), taking turns block by
+    block within each round."""
+    rows = _production_rows(c["rows"])
+    engines: dict[str, Engine] = {}
+    others: list[Engine] = []
+    vals: dict[str, list[float]] = {pid: [] for pid, _, _ in PRODUCTION_POLICIES}
+    try:
+        for pid, _, policy in PRODUCTION_POLICIES:
+            eng = engines[pid] = new_engine(f"production-{pid}", len(rows[0]), policy, rows=rows)
+            other = Engine.attach(eng.name)  # another worker: its own owner, holding batches
+            others.append(other)
+            held = 0
+            while held < c["f_held"]:
+                got = len(other.claim(budget=min(64, c["f_held"] - held), now_ms=NOW,
+                                      lease_ms=3_600_000))
+                if got == 0:
+                    raise RuntimeError(f"the holding claims stalled at {held} rows")
+                held += got
+            _claim_times(eng, 100)  # past the first passes (weights derived, floors raised)
+        for k in range(c["f_rounds"]):
+            order = PRODUCTION_POLICIES if k % 2 == 0 else PRODUCTION_POLICIES[::-1]
+            for pid, _, _ in order:
+                vals[pid].append(statistics.median(_claim_times(engines[pid], c["f_claims"]))
+                                 / 1000)
+    finally:
+        for other in others:
+            other.close()
+        for eng in engines.values():
+            drop(eng)
+    note = (f"{c['rows']:,} rows, {c['f_held']} held in flight by another owner; medians of"
+            f" {c['f_claims']} claims a round, {c['f_rounds']} rounds")
+    figs = [figure(f"constraints.production.{pid}_us", f"(f) production shape, {label}: µs per"
+                   " claim(16) (bare, median)", "µs", vals[pid], note=note)
+            for pid, label, _ in PRODUCTION_POLICIES]
+    for pid, label, _ in PRODUCTION_POLICIES[1:]:
+        figs.append(figure(f"constraints.production.{pid}_over_lane_order",
+                           f"(f) production shape, {label} / lane order, same round", "x",
+                           [t / o for t, o in zip(vals[pid], vals["lane_order"], strict=True)]))
+    return figs
+
+
+PARTS = {"a": floors, "b": interleaving, "c": sidedness, "d": remainders, "e": fitted,
+         "f": production}
+
+
 def main() -> None:
-    args = parse_args(__doc__)
+    args = parse_args(__doc__, lambda ap: ap.add_argument(
+        "--only", default=",".join(PARTS), help="parts to run, e.g. d,f (default: all)"))
     started = time.perf_counter()
     c = SMOKE if args.smoke else FULL
-    figs = floors(c) + interleaving(c) + sidedness(c) + remainders(c) + fitted(c)
+    parts = args.only.split(",")
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise SystemExit(f"--only names unknown parts {unknown} (known: {', '.join(PARTS)})")
+    figs = [f for p in PARTS if p in parts for f in PARTS[p](c)]
     finish("bench_constraints", args, figs, started)
 
 

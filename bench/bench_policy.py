@@ -3,9 +3,11 @@
 For each corpus of ``engine.sim.CORPORA`` (and the ``news`` corpus again over a second band
 layout), at 100, 75 and 50 % of demand and over several seeds: the worst class's mean age / TTL
 over the bound (``engine.sim.bound``), the shortest-interval class, starved classes and the
-renders against ``today``, for ``default``, ``floors`` and ``lateness``. Medians over the seeds
-with the range in brackets. Not part of ``make bench`` (it takes tens of minutes at full scale);
-the short form is tests/shm/test_default_policy.py.
+renders against ``today``, for ``default``, ``floors``, ``lateness``, ``fitted`` and ``exact``
+(every due row ranked by its relative lateness, no lanes: the anchor), and each one's worst
+class over ``exact``'s in the same seed. Medians over the seeds with the range in brackets.
+Not part of ``make bench`` (it takes tens of minutes at full scale); the short form is
+tests/shm/test_default_policy.py.
 
     nice python bench/bench_policy.py [--scale 1] [--seeds 1,2,3] [--jobs 2]
 """
@@ -34,7 +36,7 @@ from engine.sim import (  # noqa: E402
     worst_class,
 )
 
-POLICIES = ("today", "default", "floors", "lateness", "fitted")
+POLICIES = ("today", "default", "floors", "lateness", "fitted", "exact")
 CAPACITIES = (1.0, 0.75, 0.5)
 OTHER_LAYOUT = ("news", tuple(h * 3600 for h in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)))
 """A second band layout: boundaries a factor 2 apart from 1 h to 512 h."""
@@ -45,14 +47,17 @@ def _spread(values: list[float], fmt: str) -> str:
     return f"{med:{fmt}} [{min(values):{fmt}}–{max(values):{fmt}}]"
 
 
-def _row(config: SimConfig, runs: list[SimResult], today: list[SimResult]) -> list[str]:
+def _row(config: SimConfig, runs: list[SimResult], today: list[SimResult],
+         exact: list[SimResult]) -> list[str]:
     cap = runs[0].capacity
     short = min(config.classes, key=lambda c: c.interval_h[0]).name
     ratios = [worst_class(r) / bound(config, cap) for r in runs]
+    anchor = [worst_class(r) / worst_class(e) for r, e in zip(runs, exact, strict=True)]
     shorts = [r.classes[short].mean_age_over_ttl or math.inf for r in runs]
     renders = [100 * (r.renders / t.renders - 1) for r, t in zip(runs, today, strict=True)]
     starved = sorted({n for r in runs for n, c in r.classes.items() if c.starved})
-    return [f"{cap:.0%}", runs[0].policy, _spread(ratios, ".3f"), _spread(shorts, ".2f"),
+    return [f"{cap:.0%}", runs[0].policy, _spread(ratios, ".3f"), _spread(anchor, ".3f"),
+            _spread(shorts, ".2f"),
             ", ".join(starved) or "none", _spread(renders, "+.2f") + " %"]
 
 
@@ -66,7 +71,7 @@ def measure(name: str, bands: tuple[int, ...] | None, scale: float, seeds: list[
         for r in run_many(config, specs, CAPACITIES, jobs):
             by.setdefault((r.policy, r.capacity), []).append(r)
     layout = "default" if bands is None else "/".join(f"{b // 3600}h" for b in bands)
-    return [[name, layout, *_row(config, by[p, cap], by["today", cap])]
+    return [[name, layout, *_row(config, by[p, cap], by["today", cap], by["exact", cap])]
             for cap in CAPACITIES for p in POLICIES if p != "today"]
 
 
@@ -83,9 +88,9 @@ def main() -> None:
         (c, None) for c in args.corpora.split(",")]
     if not args.no_other_layout:
         work.append(OTHER_LAYOUT)
-    print("| corpus | bands | capacity | policy | worst ÷ bound | shortest class | starved |"
-          " renders vs today |")
-    print("|---|---|---|---|---:|---:|---|---:|")
+    print("| corpus | bands | capacity | policy | worst ÷ bound | worst ÷ exact's |"
+          " shortest class | starved | renders vs today |")
+    print("|---|---|---|---|---:|---:|---:|---|---:|")
     for name, bands in work:
         started = time.perf_counter()
         for row in measure(name, bands, args.scale, seeds, args.jobs):

@@ -310,7 +310,10 @@ def main() -> None:
         ap.add_argument("--before", type=Path, metavar="DIR",
                         help="also run `lanes serve` (1 process) from this copy of the package"
                              " (a tree holding engine/ with its built core): a before/after in"
-                             " the same run")))
+                             " the same run"),
+        ap.add_argument("--systems", nargs="+", metavar="NAME",
+                        help="run only these (lanes_p1, lanes_p1_before, aiohttp_floor,"
+                             " nginx_w1, lanes_p2, nginx_w2)")))
     started = time.perf_counter()
     cfg = dict(SMOKE if args.smoke else FULL)
     cfg["runs"] = args.runs or cfg["runs"]
@@ -323,7 +326,19 @@ def main() -> None:
                              Nginx(store, pages, 1, tmp), LanesServe(store, pages, 2),
                              Nginx(store, pages, 2, tmp)]
     if args.before is not None:
-        servers.insert(1, LanesServe(store, pages, 1, args.before.resolve()))
+        # The other tree writes its own store (its schema may be another version), the same
+        # pages, so the same files by the same names.
+        before_store = tmp / "store-before"
+        # (engine is imported from that tree first: the bench's own modules then find it)
+        subprocess.run([sys.executable, "-c", "import sys, pathlib, engine.store;"
+                        f" sys.path.insert(0, {str(Path(__file__).parent)!r});"
+                        " from bench_serve import fill_store;"
+                        f" fill_store(pathlib.Path({str(before_store)!r}), {cfg['pages']})"],
+                       check=True, cwd=args.before.resolve(),
+                       env={**os.environ, "PYTHONPATH": str(args.before.resolve())})
+        servers.insert(1, LanesServe(before_store, pages, 1, args.before.resolve()))
+    if args.systems:
+        servers = [s for s in servers if s.name in args.systems]
     for s in servers:
         on_exit(s.stop)
     results: dict[str, dict[str, list[float]]] = {s.name: {"rps": [], "p99": []}

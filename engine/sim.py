@@ -29,7 +29,10 @@ Rows that always fail are left out of the ages (they never render; no policy can
 
 ``rerank`` is a claimer policy, not an engine feature: it claims a window with lanes disabled,
 keeps the ``budget`` rows latest relative to their interval and releases the rest through the
-engine, which is what an earlier, rejected design did.
+engine, which is what an earlier, rejected design did. ``exact`` is the design the seed's pull
+request closed in favour of lanes, run in memory without the engine (``_ExactQueue``): every due
+row scored by its relative lateness, the highest claimed first, under the default's urgent cap
+and floors: the anchor the banded default is measured against.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ from .policy import (
     LanePolicy,
     band_weights,
     normalize_bands,
+    reference_pass,
 )
 
 HOUR_MS = 3_600_000
@@ -81,7 +85,7 @@ STEADY_INTERVALS = 3.0
 default; a run with shorter windows is reported as not steady."""
 
 POLICIES: tuple[str, ...] = ("default", "today", "rerank", "strict", "fixed", "floors",
-                             "lateness", "fitted")
+                             "lateness", "fitted", "exact")
 CAPACITIES: tuple[float, ...] = (1.0, 0.75, 0.5)
 RESCHEDULES: tuple[str, ...] = ("cadence", "completion")
 
@@ -362,6 +366,8 @@ class PolicySpec:
     name: str
     policy: LanePolicy
     rerank: bool = False
+    exact: bool = False
+    """Claimed from ``_ExactQueue`` (``policy``: its four classes' shares), not the engine."""
 
 
 def provenance_demand(config: SimConfig) -> dict[str, float]:
@@ -401,6 +407,11 @@ def policy_spec(name: str, config: SimConfig) -> PolicySpec:
         names = set(config.preset().lane_names())
         return PolicySpec(name, config.preset(remainder="lateness", weights={
             k: v for k, v in LATENESS_WEIGHTS.items() if k in names}))
+    if name == "exact":
+        default = config.policy()
+        return PolicySpec(name, LanePolicy(
+            ttl_bands=(), weights={}, cold_after=default.cold_after,
+            urgent_max_share=default.urgent_max_share, min_share=default.min_share), exact=True)
     if name == "fitted":
         corpus = build_corpus(config)
         bands = FINE_BANDS if config.ttl_bands is None else config.ttl_bands
@@ -483,10 +494,81 @@ def build_corpus(config: SimConfig) -> _Corpus:
     return _Corpus(cls, interval, prov, due, broken)
 
 
+@dataclass
+class _Batch:
+    rows: I64
+    tokens: I64
+    due_ms: I64
+
+
+class _ExactQueue:
+    """The ``exact`` policy: the calls the simulation makes of the engine, in memory. A claim
+    scores every due row not in flight by its relative lateness, (now - due) / interval, and
+    grants the highest first, with no lanes and no bands, under the urgent cap and floors of
+    ``policy`` (its four lanes are the four classes: urgent, submitted, discovered, cold). The
+    shares are the engine's own: ``reference_pass`` over the four classes, each class's due rows
+    given as one lane ranked by lateness rather than due time (only the ``budget`` highest of
+    each can be granted, so only those are ranked), so its lateness remainder, weighing the
+    classes' heads, takes the rows in the order of their lateness across every class. Writes
+    do what the engine's do to a row's schedule: a completion sets the due time given (the
+    failures and the rush cleared), a failure backs off 30 s doubling, never longer than the
+    interval, and a rush makes the row urgent and due now."""
+
+    def __init__(self, corpus: _Corpus, policy: LanePolicy) -> None:
+        self.policy = policy
+        self.due = corpus.due_ms.copy()
+        self.interval_s = corpus.interval_s
+        self.provenance = corpus.provenance
+        self.failures = np.zeros(len(self.due), np.int64)
+        self.urgent = np.zeros(len(self.due), np.bool_)
+        self.in_flight = np.zeros(len(self.due), np.bool_)
+        self.credits: dict[str, int] = {}
+
+    def claim(self, budget: int, now_ms: int, lease_ms: int) -> _Batch:
+        due = np.flatnonzero((self.due <= now_ms) & ~self.in_flight)
+        cls = np.where(self.urgent[due], 0, np.where(
+            self.failures[due] >= self.policy.cold_after, 3, 1 + self.provenance[due]))
+        score = (now_ms - self.due[due]) / np.maximum(self.interval_s[due], 1)
+        ranked = []
+        for k in range(4):
+            mine = np.flatnonzero(cls == k)
+            if len(mine) > budget:
+                mine = mine[np.argpartition(-score[mine], budget - 1)[:budget]]
+            ranked.append(due[mine[np.lexsort((due[mine], -score[mine]))]])
+        grants, self.credits = reference_pass(
+            self.policy, budget, [self.due[r].tolist() for r in ranked], self.credits,
+            now=now_ms, intervals=[self.interval_s[r].tolist() for r in ranked])
+        rows = np.concatenate([r[:g] for r, g in zip(ranked, grants, strict=True)])
+        self.in_flight[rows] = True
+        return _Batch(rows, np.zeros(len(rows), np.int64), self.due[rows].copy())
+
+    def complete_many(self, rows: I64, tokens: I64, next_due: I64 | None, now_ms: int) -> None:
+        self.due[rows] = (now_ms + self.interval_s[rows] * 1000) if next_due is None else next_due
+        self.failures[rows] = 0
+        self.urgent[rows] = False
+        self.in_flight[rows] = False
+
+    def release_many(self, rows: I64, tokens: I64) -> None:
+        self.in_flight[rows] = False
+
+    def fail(self, row: int, token: int, now_ms: int) -> None:
+        f = self.failures[row] = min(255, int(self.failures[row]) + 1)
+        self.due[row] = now_ms + min(30_000 << min(f - 1, 20), int(self.interval_s[row]) * 1000)
+        self.urgent[row] = False
+        self.in_flight[row] = False
+
+    def prioritize(self, row: int, how: str, now_ms: int) -> None:
+        self.due[row] = now_ms
+        self.urgent[row] = True
+
+    def verify(self) -> list[str]:
+        return []
+
+
 class _Claimer:
     """One simulated worker: its own attached handle (its own lease owner) and claim budget."""
 
-    def __init__(self, eng: QueueEngine, budget: int) -> None:
+    def __init__(self, eng: QueueEngine | _ExactQueue, budget: int) -> None:
         self.eng = eng
         self.budget = budget
 
@@ -525,6 +607,10 @@ def run_one(config: SimConfig, spec: PolicySpec, capacity: float) -> SimResult:
     started = time.perf_counter()
     corpus = build_corpus(config)
     n = len(corpus.cls)
+    if spec.exact:
+        queue = _ExactQueue(corpus, spec.policy)
+        return _loop(config, spec, capacity, corpus, queue,
+                     [_Claimer(queue, b) for b in config.claimers], started)
     name = f"lanes-sim-{os.getpid()}-{uuid.uuid4().hex[:10]}"
     with factory.open(name, create=True, capacity=n, policy=spec.policy) as eng:
         handles = [factory.open(name) for _ in config.claimers]
@@ -538,8 +624,8 @@ def run_one(config: SimConfig, spec: PolicySpec, capacity: float) -> SimResult:
                 h.close()
 
 
-def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus, eng: QueueEngine,
-          claimers: list[_Claimer], started: float) -> SimResult:
+def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
+          eng: QueueEngine | _ExactQueue, claimers: list[_Claimer], started: float) -> SimResult:
     rng = np.random.default_rng(config.seed + 1)
     tick = config.tick_s * 1000
     render_ms = config.render_s * 1000

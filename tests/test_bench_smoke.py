@@ -50,7 +50,9 @@ EXPECTED = {
                           for k in ("first_us", "last_us", "ratio", "grants")]
     + ["constraints.lanes.interleaved_us", "constraints.lanes.separate_us",
        "constraints.lanes.separate_over_interleaved", "constraints.sided.one_sided_us",
-       "constraints.sided.two_sided_us", "constraints.sided.two_over_one"],
+       "constraints.sided.two_sided_us", "constraints.sided.two_over_one"]
+    + [f"constraints.production.{r}_us" for r in ("lane_order", "lateness", "edf")]
+    + [f"constraints.production.{r}_over_lane_order" for r in ("lateness", "edf")],
     "bench_python_peers": [f"pypeers.{s}.p{p}" for s in ("engine", "numpy", "heapq")
                            for p in (1, 2)]
     + [f"pypeers.ratio_{s}.p{p}" for s in ("numpy", "heapq") for p in (1, 2)],

@@ -260,7 +260,10 @@ def saved_values() -> dict[str, list[float]]:
     for name in tracked():
         if not (name.startswith("bench/results/") and name.endswith(".json")):
             continue
-        for f in json.loads((ROOT / name).read_text()).get("figures", []):
+        doc = json.loads((ROOT / name).read_text())
+        if not isinstance(doc, dict):
+            continue  # a script's raw output (a list of samples), not a run of figures
+        for f in doc.get("figures", []):
             if "median" in f:
                 vals = [f["median"], f["min"], f["max"], *f.get("values", [])]
                 out.setdefault(f["unit"], []).extend(float(v) for v in vals)

@@ -25,7 +25,7 @@ from lanes_testlib import (
 )
 
 from engine import LanePolicy
-from engine.policy import reference_pass
+from engine.policy import CLASSIC_FLOORS, COARSE_BANDS, reference_pass
 
 ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
 SHORT_PASS = ("a cap or floor of one pass (over shards a short pass moves on to the next"
@@ -308,6 +308,26 @@ def _claims_agree_with_the_reference(eng, policy, rows, budgets, step):
         for row in c.rows.tolist():
             del queued[row]
     assert eng.verify() == []
+
+
+@pytest.mark.one_queue(ONE_PASS)
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.sampled_from(["submitted", "discovered"]),
+                            st.sampled_from([1800, 3600, 8 * 3600, 30 * 3600, 48 * 3600]),
+                            st.integers(0, 30 * DAY), st.sampled_from([0, 0, 0, 0, 3])),
+                  min_size=1, max_size=120),
+    budgets=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    step=st.sampled_from([0, MINUTE, HOUR]),
+)
+def test_the_production_shape_grants_what_the_reference_grants(fresh, rows, budgets, step):
+    """The production shape (bench_constraints (f)): intervals of 30 min, 1 h, 8 h, 30 h and
+    48 h under the bands 1 h / 6 h / 24 h, so the submitted and the discovered lane of the first
+    band hold rows of two intervals and take turns (the C pass's duel, without its heap), with
+    the floors 0.10 / 0.02 and the weights derived from the rows."""
+    policy = LanePolicy(ttl_bands=COARSE_BANDS, min_share=CLASSIC_FLOORS)
+    with fresh(policy, capacity=256) as eng:
+        _claims_agree_with_the_reference(eng, policy, rows, budgets, step)
 
 
 @pytest.mark.one_queue(ONE_PASS)

@@ -13,8 +13,10 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+import engine.sim as sim_module
 from engine import EngineError, LanePolicy
 from engine.cli import main as lanes
 from engine.errors import EngineValueError
@@ -183,6 +185,38 @@ def test_the_default_is_near_the_bound_holds_homepages_and_starves_nobody(grid, 
 def test_the_default_keeps_every_class_on_time_at_full_capacity(grid):
     default = grid["default", 1.0]
     assert worst_class(default) <= 1.05 * bound(REDUCED, 1.0)
+
+
+@pytest.mark.parametrize("cap", [1.0, 0.75, 0.5])
+def test_the_default_stays_close_to_exact(grid, cap):
+    """``exact`` ranks every due row by its relative lateness in memory, with no lanes: the
+    anchor the banded default must stay close to (its worst class within 10 % of exact's)."""
+    exact = grid["exact", cap]
+    assert [n for n, c in exact.classes.items() if c.starved] == []
+    assert worst_class(grid["default", cap]) <= 1.10 * worst_class(exact)
+
+
+def test_exact_grants_the_latest_rows_under_the_urgent_cap_and_floors():
+    """``_ExactQueue`` ranks across classes by (now - due) / interval, and shares as the engine
+    does: urgent at most its capped credit, the discovered floor served first."""
+    config = SimConfig(classes=(RouteClass("a", 4, 1.0), RouteClass("b", 4, 48.0),
+                                RouteClass("c", 4, 2.0, "discovered")), backlog_h=0)
+    corpus = sim_module.build_corpus(config)
+    now = sim_module.T0
+    corpus.due_ms[:] = now - 3_600_000 * np.array([2, 3, 4, 1, 24, 48, 96, 1, 1, 1, 1, 9])
+    queue = sim_module._ExactQueue(corpus, policy_spec("exact", config).policy)
+    lateness = (now - corpus.due_ms) / corpus.interval_s / 1000
+    first = queue.claim(5, now, 60_000)
+    # the discovered floor's credit (0.1 x 5) is no whole grant yet: all five by lateness
+    assert sorted(first.rows.tolist()) == sorted(np.argsort(-lateness)[:5].tolist())
+    for row in range(12):
+        if not queue.in_flight[row]:
+            queue.prioritize(row, "rush", now)
+    second = queue.claim(10, now, 60_000)
+    urgent = [r for r in second.rows.tolist() if queue.urgent[r]]
+    assert len(urgent) == 2  # urgent_max_share 0.2 of 10
+    queue.complete_many(second.rows, second.tokens, None, now)
+    assert not queue.in_flight[second.rows].any() and not queue.urgent[second.rows].any()
 
 
 def test_the_default_policy_is_exactly_lane_policy_and_floors_is_the_lane_order_one():

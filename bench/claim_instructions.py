@@ -1,0 +1,91 @@
+"""Instructions inside rl_claim per claim(16), counted by callgrind: a noise-free complement to
+bench_constraints (f)'s timings on a shared machine.
+
+    .venv/bin/python bench/claim_instructions.py [--rows 200000] [--claims 2500] [--out FILE]
+
+For each remainder of bench_constraints (f) (lane order, the lateness remainder with its derived
+weights, edf), a process of its own fills an engine with rows of the production shape, has
+another owner hold 128 of them, makes 20 claims, then ``--claims`` bare claim(16) calls, each
+followed by complete_many, under ``valgrind --tool=callgrind --toggle-collect=rl_claim`` (only
+instructions inside rl_claim and what it calls are counted). Prints instructions per claim and
+each remainder over lane order. Needs valgrind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+POLICIES = ("lane_order", "lateness", "edf")
+
+
+def child(policy: str, rows: int, claims: int) -> None:
+    import bench_constraints as bc
+    from common import NOW, drop, new_engine
+
+    from engine import Engine
+
+    spec = {pid: p for pid, _, p in bc.PRODUCTION_POLICIES}[policy]
+    data = bc._production_rows(rows)
+    eng = new_engine("instructions", len(data[0]), spec, rows=data)
+    other = Engine.attach(eng.name)
+    try:
+        held = 0
+        while held < 128:
+            held += len(other.claim(budget=64, now_ms=NOW, lease_ms=3_600_000))
+        bc._claim_times(eng, 20 + claims)
+    finally:
+        other.close()
+        drop(eng)
+
+
+def count(policy: str, rows: int, claims: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = ["valgrind", "--tool=callgrind", "--toggle-collect=rl_claim",
+               f"--callgrind-out-file={tmp}/cg.out", sys.executable, __file__, "--child",
+               policy, "--rows", str(rows), "--claims", str(claims)]
+        res = subprocess.run(cmd, cwd=HERE.parent, capture_output=True, text=True, check=True)
+        m = re.search(r"Collected : (\d+)", res.stderr)
+        if not m:
+            raise RuntimeError(f"callgrind printed no count:\n{res.stderr[-2000:]}")
+        return int(m.group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--claims", type=int, default=2500)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--child", choices=POLICIES)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.rows, args.claims)
+        return
+    if not shutil.which("valgrind"):
+        raise SystemExit("valgrind is not installed")
+    started = time.time()
+    per = {p: count(p, args.rows, args.claims) / (20 + args.claims) for p in POLICIES}
+    for p in POLICIES:
+        print(f"{p}: {per[p]:,.0f} instructions a claim(16), {per[p] / per['lane_order']:.2f}x"
+              " lane order")
+    if args.out:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE.parent,
+                                capture_output=True, text=True).stdout.strip()
+        args.out.write_text(json.dumps({
+            "script": "claim_instructions", "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "commit": commit, "rows": args.rows, "claims": args.claims,
+            "seconds": round(time.time() - started),
+            "instructions_per_claim": per,
+            "over_lane_order": {p: per[p] / per["lane_order"] for p in POLICIES}}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
