@@ -194,6 +194,57 @@ def is_the_site(answer: tuple[int, dict[str, str], str], n: int) -> bool:
     return status == 200 and f"<h1>static {n}</h1>" in body and '<div id="content">' not in body
 
 
+def check_the_loop(front: str, b: str, lanes: int) -> None:
+    """Through the front door at ``b``: snapshot to crawlers, the site to people, a miss
+    relayed then discovered and served, a clear answered by the origin at once."""
+    # a crawler gets the snapshot, with what JavaScript inserted; a person the site
+    for agent in (GOOGLEBOT, GPTBOT):
+        body = snapshot_of(b + "/js/1", agent)
+        assert body is not None and '<div id="content">JS content 1: fetched</div>' in body, \
+            (front, agent)
+    answer = fetch(b + "/js/1", PERSON)
+    assert is_the_site(answer, 1) and "x-lanes-snapshot" not in answer[1], front
+
+    # never rendered: the origin's answer (relayed by lanes serve, not nginx's fall back),
+    # then discovered, rendered and served
+    status, headers, body = answer = fetch(b + "/js/5", GOOGLEBOT)
+    assert is_the_site(answer, 5) and headers["x-lanes-snapshot"] == "origin", (
+        front, status, body)
+    took = until_served(b + "/js/5", "JS content 5: fetched")
+    print(f"{front}: a missed page served as a snapshot {took:.2f} s after the miss")
+
+    # clear-and-wait: the origin answers at once, the normal cadence refills it
+    out = post(lanes, "/api/prioritize", {"url": b + "/js/2", "mode": "clear-and-wait"}, TOKEN)
+    assert out["cleared"] == 1 and out["matched"] == 1, out
+    assert is_the_site(fetch(b + "/js/2", GOOGLEBOT), 2), front
+    until_served(b + "/js/2", "JS content 2: fetched")
+
+
+def time_recaches(site: Site, base: dict[str, str], lanes: int, store: Path) -> None:
+    """The site changes page 1 and its CMS asks for a recache, as it would of prerender.io,
+    ``ROUNDS`` times: the seconds until each front door's crawler gets the new content."""
+    took_s: dict[str, list[float]] = {front: [] for front in base}
+    render_ms: list[float] = []
+    pages = [b + "/js/1" for b in base.values()]
+    for edition in range(1, ROUNDS + 1):
+        old = site.words.get("1", "fetched")
+        site.words["1"] = new = f"edition {edition}"
+        assert all(f"JS content 1: {old}" in (snapshot_of(u) or "") for u in pages)  # until
+        asked = time.monotonic()
+        out = post(lanes, "/recache", {"prerenderToken": TOKEN, "urls": pages})
+        assert out["matched"] == 2 and out["mode"] == "rush", out
+        for front, b in base.items():
+            until_served(b + "/js/1", f"JS content 1: {new}")
+            took_s[front].append(time.monotonic() - asked)
+        render_ms.extend(snap.render_ms for snap in stored(store, pages).values())
+    for front, took in took_s.items():
+        print(f"{front}: POST /recache of 2 pages to the new content served to the crawler: "
+              f"median {statistics.median(took):.2f} s, [{min(took):.2f} .. {max(took):.2f}] "
+              f"over {ROUNDS} rounds: " + " ".join(f"{t:.2f}" for t in took))
+    print(f"a render of the page: median {statistics.median(render_ms):.0f} ms, "
+          f"[{min(render_ms):.0f} .. {max(render_ms):.0f}]")
+
+
 def test_the_loop_through_nginx_and_prerender_node(tmp_path: Path) -> None:
     started = time.monotonic()
     store = tmp_path / "store"
@@ -201,65 +252,33 @@ def test_the_loop_through_nginx_and_prerender_node(tmp_path: Path) -> None:
     token.write_text(TOKEN + "\n")
     token.chmod(0o600)
     lanes = free_port()
-    name = unique_name()
     with contextlib.ExitStack() as stack:
         site = stack.enter_context(Site())
         fronts = {"nginx": stack.enter_context(nginx(tmp_path / "nginx", site.port, lanes)),
                   "prerender-node": stack.enter_context(express(site.port, lanes))}
         base = {k: f"http://127.0.0.1:{port}" for k, port in fronts.items()}
         urls = [b + p for b in base.values() for p in CORPUS]
-        pool = stack.enter_context(PoolRun(name, write_corpus(tmp_path / "corpus.csv", urls),
-                                           store))
+        pool = stack.enter_context(PoolRun(unique_name(), write_corpus(
+            tmp_path / "corpus.csv", urls), store))
         pool.wait_until(lambda: len(stored(store, urls)) == len(urls), 60)
-        srv = stack.enter_context(Served(name, "--store", str(store), "--discover",
-                                         "--token-file", str(token), port=lanes))
-        print(f"\nset up in {time.monotonic() - started:.1f} s")
-        for front, b in base.items():
-            # a crawler gets the snapshot, with what JavaScript inserted; a person the site
-            for agent in (GOOGLEBOT, GPTBOT):
-                body = snapshot_of(b + "/js/1", agent)
-                assert body is not None and '<div id="content">JS content 1: fetched</div>' \
-                    in body, front
-            answer = fetch(b + "/js/1", PERSON)
-            assert is_the_site(answer, 1) and "x-lanes-snapshot" not in answer[1], front
-
-            # never rendered: the origin's answer, then discovered, rendered and served
-            status, headers, body = answer = fetch(b + "/js/5", GOOGLEBOT)
-            assert is_the_site(answer, 5), (front, status, body)
-            assert headers["x-lanes-snapshot"] == "origin", front  # relayed, not nginx's rule
-            took = until_served(b + "/js/5", "JS content 5: fetched")
-            print(f"{front}: a missed page served as a snapshot {took:.1f} s after the miss")
-
-            # clear-and-wait: the origin answers at once, the normal cadence refills it
-            out = post(srv.port, "/api/prioritize", {"url": b + "/js/2",
-                                                     "mode": "clear-and-wait"}, TOKEN)
-            assert out["cleared"] == 1 and out["matched"] == 1, out
-            assert is_the_site(fetch(b + "/js/2", GOOGLEBOT), 2), front
-            until_served(b + "/js/2", "JS content 2: fetched")
-
-        # nginx's own rule: a host lanes serve does not render (404 missing) gets the site
-        answer = fetch(base["nginx"] + "/js/3", GOOGLEBOT, host=f"localhost:{fronts['nginx']}")
-        assert is_the_site(answer, 3) and "x-lanes-snapshot" not in answer[1], answer
-
-        # the site changes a page; its CMS asks for a recache, as it would of prerender.io
-        took_s: dict[str, list[float]] = {front: [] for front in base}
-        for edition in range(1, ROUNDS + 1):
-            old = site.words.get("1", "fetched")
-            site.words["1"] = new = f"edition {edition}"
-            assert all(f"JS content 1: {old}" in (snapshot_of(b + "/js/1") or "")
-                       for b in base.values())  # the old page until recached
-            asked = time.monotonic()
-            out = post(srv.port, "/recache", {"prerenderToken": TOKEN,
-                                              "urls": [b + "/js/1" for b in base.values()]})
-            assert out["matched"] == 2 and out["mode"] == "rush", out
+        with Served(pool.name, "--store", str(store), "--discover", "--token-file", str(token),
+                    port=lanes) as srv:
+            print(f"\nset up in {time.monotonic() - started:.1f} s")
             for front, b in base.items():
-                until_served(b + "/js/1", f"JS content 1: {new}")
-                took_s[front].append(time.monotonic() - asked)
-        for front, took in took_s.items():
-            print(f"{front}: POST /recache of 2 pages to the new content served to the "
-                  f"crawler: median {statistics.median(took):.2f} s, "
-                  f"[{min(took):.2f} .. {max(took):.2f}] over {ROUNDS} rounds")
-        metrics = fetch(f"http://127.0.0.1:{srv.port}/metrics", PERSON, token=TOKEN)[2]
-        assert 'lanes_serve_discovery_total{outcome="added"} 2' in metrics, metrics
+                check_the_loop(front, b, srv.port)
+            # nginx's own rule: a host lanes serve does not render (404 missing) gets the site
+            answer = fetch(base["nginx"] + "/js/3", GOOGLEBOT,
+                           host=f"localhost:{fronts['nginx']}")
+            assert is_the_site(answer, 3) and "x-lanes-snapshot" not in answer[1], answer
+            time_recaches(site, base, srv.port, store)
+            metrics = fetch(f"http://127.0.0.1:{srv.port}/metrics", PERSON, token=TOKEN)[2]
+            assert 'lanes_serve_discovery_total{outcome="added"} 2' in metrics, metrics
+        # lanes serve stopped: nginx's fall back gives crawlers the site; prerender-node passes
+        # the connection error to Express (next(err)), whose default handler answers 500: "come
+        # back later", never "gone"
+        answer = fetch(base["nginx"] + "/js/1", GOOGLEBOT)
+        assert is_the_site(answer, 1) and "x-lanes-snapshot" not in answer[1], answer
+        status, _, body = fetch(base["prerender-node"] + "/js/1", GOOGLEBOT)
+        assert status == 500 and "ECONNREFUSED" in body, (status, body)
     assert not pool.left_behind(), "the pool left processes behind"
     print(f"the whole run: {time.monotonic() - started:.1f} s")
