@@ -36,6 +36,7 @@ import pytest
 from browser_testlib import PoolRun, stored, write_corpus
 from front_door_testlib import Served
 from lanes_testlib import unique_name
+from pool_testlib import files_of
 from render_site import SiteServer
 
 HERE = Path(__file__).resolve().parent
@@ -281,4 +282,6 @@ def test_the_loop_through_nginx_and_prerender_node(tmp_path: Path) -> None:
         status, _, body = fetch(base["prerender-node"] + "/js/1", GOOGLEBOT)
         assert status == 500 and "ECONNREFUSED" in body, (status, body)
     assert not pool.left_behind(), "the pool left processes behind"
+    assert pool.proc.returncode == 0, pool.stderr()[-4000:]
+    assert files_of(pool.name) == []  # its segment and the files beside it: removed
     print(f"the whole run: {time.monotonic() - started:.1f} s")
