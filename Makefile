@@ -33,20 +33,25 @@ lint: $(STAMP)
 # redis-server (>= 7) serves the Redis backend's tests (they start their own on a unix socket),
 # redis-sentinel their failover tests, chromium-headless-shell the browser renders (lanes pool
 # --browser's default), chromium the dashboard's tests and the shell's fidelity test, curl and
-# wget are the renders of the pool's end-to-end tests, openssl makes the TLS test's CA, nginx is
-# for the tests that put it in front of lanes serve (in /usr/sbin, not always on PATH), iproute2
+# wget are the renders of the pool's end-to-end tests, openssl makes the TLS test's CA, iproute2
 # (`ip`) the network namespaces of the partition tests (tests/lib/netns.py; they run as root, as
-# CI does). Whatever is missing is installed (root, apt reachable); when that fails the tests
-# that need it fail and say so.
+# CI does); nginx (in /usr/sbin, not always on PATH) and node with npm run tests/e2e/test_loop.py,
+# whose Express app's packages (prerender-node, pinned by its package-lock.json) npm installs in
+# tests/e2e/node/node_modules. Each command is named with its package where they differ.
+# Whatever is missing is installed (root, apt and the npm registry reachable); when that fails
+# the tests that need it fail and say so.
+E2E_NODE := tests/e2e/node
 tools:
 	@pkgs=""; for t in spin redis-server redis-sentinel chromium chromium-headless-shell curl wget \
-		openssl nginx; do PATH="$$PATH:/usr/sbin" command -v $$t >/dev/null || pkgs="$$pkgs $$t"; done; \
-	command -v ip >/dev/null || pkgs="$$pkgs iproute2"; \
+		openssl nginx node:nodejs npm ip:iproute2; do \
+		PATH="$$PATH:/usr/sbin" command -v $${t%%:*} >/dev/null || pkgs="$$pkgs $${t#*:}"; done; \
 	[ -z "$$pkgs" ] && exit 0; \
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkgs >/dev/null 2>&1 || \
 		(apt-get update -q >/dev/null 2>&1 && \
 		 DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$pkgs >/dev/null 2>&1) || \
 		echo "warning: could not install$$pkgs; the tests that need them will fail"
+	@test -d $(E2E_NODE)/node_modules || (cd $(E2E_NODE) && npm ci --no-audit --no-fund -q) || \
+		echo "warning: npm could not install $(E2E_NODE)'s packages; tests/e2e will fail"
 
 test: lint tools
 	$(VENV)/bin/pytest -q -m "not slow"

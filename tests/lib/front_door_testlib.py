@@ -20,15 +20,16 @@ from pool_testlib import cli
 
 
 class Served:
-    """``lanes serve ARGS --port 0``; ``base`` is its URL, ``port`` its port, ``log`` its
-    stderr so far."""
+    """``lanes serve ARGS --port PORT`` (0: a free one); ``base`` is its URL, ``port`` its
+    port, ``log`` its stderr so far."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, port: int = 0) -> None:
         self.args = args
+        self.listen = port
         self.lines: list[str] = []
 
     def __enter__(self) -> Self:
-        self.p = cli("serve", *self.args, "--port", "0")
+        self.p = cli("serve", *self.args, "--port", str(self.listen))
         assert self.p.stdout is not None and self.p.stderr is not None
         line = self.p.stdout.readline()
         if not line.startswith("lanes serve:"):
