@@ -25,6 +25,7 @@ that cannot run here is reported as skipped with the reason.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
@@ -291,6 +292,16 @@ def _wait_until_up(url: str, proc: subprocess.Popen[str], what: str) -> None:
     raise Unavailable(f"{what} did not answer within 20 s")
 
 
+FILL_BEFORE = """
+import gzip, json, sys
+from engine.store import SnapshotStore
+with SnapshotStore.open(sys.argv[1]) as store:
+    for url, path in json.load(open(sys.argv[2])):
+        store.put(url, gzip.decompress(open(path, "rb").read()), status=200, location=None,
+                  interval_s=3600, lane=1, render_ms=100.0)
+"""
+
+
 def check(base: str, server: Server, store: Path, pages: list[tuple[str, str]]) -> None:
     """Both servers send the stored gzip, byte for byte, with status 200."""
     for (_, rel), path in list(zip(pages, server.paths, strict=True))[:3]:
@@ -326,14 +337,13 @@ def main() -> None:
                              Nginx(store, pages, 1, tmp), LanesServe(store, pages, 2),
                              Nginx(store, pages, 2, tmp)]
     if args.before is not None:
-        # The other tree writes its own store (its schema may be another version), the same
-        # pages, so the same files by the same names.
+        # The other tree writes its own store (its schema may be another version) with the same
+        # pages, read back from this store's files: the same files by the same names.
         before_store = tmp / "store-before"
-        # (engine is imported from that tree first: the bench's own modules then find it)
-        subprocess.run([sys.executable, "-c", "import sys, pathlib, engine.store;"
-                        f" sys.path.insert(0, {str(Path(__file__).parent)!r});"
-                        " from bench_serve import fill_store;"
-                        f" fill_store(pathlib.Path({str(before_store)!r}), {cfg['pages']})"],
+        listing = tmp / "pages.json"
+        listing.write_text(json.dumps([[url, str(store / "snapshots" / rel)]
+                                       for url, rel in pages]))
+        subprocess.run([sys.executable, "-c", FILL_BEFORE, str(before_store), str(listing)],
                        check=True, cwd=args.before.resolve(),
                        env={**os.environ, "PYTHONPATH": str(args.before.resolve())})
         servers.insert(1, LanesServe(before_store, pages, 1, args.before.resolve()))

@@ -55,6 +55,8 @@ ANY_HOST_PATHS: Final = frozenset({"/healthz"})
 LARGE_BODIES: Final = {"/api/prioritize": 16 << 20, "/recache": 16 << 20}
 """POSTs that may carry more than ``Limits.body_bytes``: up to 10,000 URLs."""
 LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "::1"})
+SWEEP_S: Final = 0.25
+"""How often the header deadlines are looked at: a slow client is cut within this of its own."""
 _UNSAFE: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -126,6 +128,7 @@ class Door:
     guarded: dict[Any, _Guarded] = field(default_factory=dict)  # transport -> its guard
     refused: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("too_many_connections", "header_timeout", "body_timeout", "wrong_host"), 0))
+    sweeping: bool = False  # a sweep of the header deadlines is scheduled
 
     def statistics(self) -> dict[str, Any]:
         return {"open": len(self.guarded), "clients": len(self.open_per_peer), **self.refused}
@@ -138,6 +141,21 @@ class Door:
         except ValueError:
             return False
         return any(ip in net for net in self.trusted)
+
+    def sweep_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make sure a sweep of the header deadlines is coming."""
+        if not self.sweeping:
+            self.sweeping = True
+            loop.call_later(SWEEP_S, self._sweep, loop)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.sweeping = False
+        now = loop.time()
+        for guard in list(self.guarded.values()):
+            if guard.deadline is not None and guard.deadline <= now:
+                guard.expired()
+        if any(g.deadline is not None for g in self.guarded.values()):
+            self.sweep_soon(loop)
 
     def protocol(self, make: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         """The protocol factory of a listening socket: aiohttp's, wrapped."""
@@ -163,7 +181,7 @@ class Door:
     def client_view(self, request: web.Request) -> web.Request:
         """``request`` as its client sent it: behind a trusted proxy, with the client's address
         (the last untrusted hop of X-Forwarded-For) and scheme (X-Forwarded-Proto)."""
-        if not self.is_trusted(request.remote):
+        if not self.trusted or not self.is_trusted(request.remote):
             return request
         changes: dict[str, Any] = {}
         proto = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
@@ -196,7 +214,8 @@ class _Guarded(asyncio.Protocol):
     The deadline runs from the connection's start, and then from the first byte of each later
     request, until :func:`front` sees the request (its headers are parsed); an idle keep-alive
     is aiohttp's ``keepalive_timeout``. A connection over the cap gets 429 and never reaches
-    aiohttp."""
+    aiohttp. Deadlines are a number each connection holds, looked at by one sweep of the door
+    every ``SWEEP_S`` (a timer per request cost a tenth of a snapshot answer)."""
 
     def __init__(self, door: Door, make: Callable[[], asyncio.Protocol]) -> None:
         self.door = door
@@ -204,7 +223,7 @@ class _Guarded(asyncio.Protocol):
         self.inner: asyncio.Protocol | None = None
         self.transport: asyncio.Transport | None = None
         self.peer = ""
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline: float | None = None  # loop time by which the headers must be in
         self.busy = False  # a request is being handled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -225,7 +244,7 @@ class _Guarded(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.inner is None:
             return
-        if self.timer is None and not self.busy:
+        if self.deadline is None and not self.busy:
             self.arm()  # a new request begins
         self.inner.data_received(data)
 
@@ -249,17 +268,15 @@ class _Guarded(asyncio.Protocol):
             self.inner.resume_writing()
 
     def arm(self) -> None:
-        self.disarm()
         loop = asyncio.get_running_loop()
-        self.timer = loop.call_later(self.door.limits.header_s, self._expired)
+        self.deadline = loop.time() + self.door.limits.header_s
+        self.door.sweep_soon(loop)
 
     def disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = None
 
-    def _expired(self) -> None:
-        self.timer = None
+    def expired(self) -> None:
+        self.deadline = None
         if self.busy or self.transport is None or self.transport.is_closing():
             return
         self.door.refused["header_timeout"] += 1
@@ -311,8 +328,16 @@ def _screen_expect(server: web.Server) -> None:
 
 
 def is_snapshot_route(request: web.Request) -> bool:
-    name = request.match_info.route.name
-    return name is not None and name.startswith(SNAPSHOT_ROUTE)
+    """Whether ``request`` is for a snapshot route (looked up once, kept on the request: the
+    door, the token check and every answer ask)."""
+    known = request.get(_SNAPSHOT_KEY)
+    if known is None:
+        name = request.match_info.route.name
+        known = request[_SNAPSHOT_KEY] = name is not None and name.startswith(SNAPSHOT_ROUTE)
+    return bool(known)
+
+
+_SNAPSHOT_KEY: Final = "lanes_snapshot_route"
 
 
 def refusal(status: int, why: str, extra: dict[str, str] | None = None) -> web.Response:
@@ -362,10 +387,13 @@ def front(door: Door) -> Middleware:
 
 async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
     """Every answer, aiohttp's own 404/405/413 included, carries the security headers; every
-    page and API answer but a snapshot's (which has its own validators) is ``no-store``."""
+    page and API answer but a snapshot's (which has its own validators) is ``no-store``. A
+    snapshot route's answers are made with the security headers already."""
+    if is_snapshot_route(request):
+        return
     for key, value in SECURITY_HEADERS.items():
         response.headers.setdefault(key, value)
-    if not (is_snapshot_route(request) or request.path.startswith("/static/")):
+    if not request.path.startswith("/static/"):
         response.headers.setdefault("Cache-Control", "no-store")
 
 

@@ -314,29 +314,28 @@ class _Answer:
 
 
 class _Spellings:
-    """Requested URL -> its store spelling, least recently used dropped past ``budget``
-    characters (keys and values counted)."""
+    """Requested URL -> its store spelling, emptied when it would hold more than ``budget``
+    characters (keys and values counted). Emptied whole rather than least recently used: a
+    lookup is then one dict read, on the path of every snapshot answer, and bots repeat the
+    URLs they ask for, so it fills again at once with those."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._map: OrderedDict[str, str] = OrderedDict()
+        self._map: dict[str, str] = {}
         self._chars = 0
 
     def get(self, url: str) -> str | None:
-        key = self._map.get(url)
-        if key is not None:
-            self._map.move_to_end(url)
-        return key
+        return self._map.get(url)
 
     def put(self, url: str, key: str) -> str:
         size = len(url) + len(key)
         if size > self.budget // 64:
             return key  # a very long URL is normalized each time rather than kept
+        if self._chars + size > self.budget:
+            self._map.clear()
+            self._chars = 0
         self._map[url] = key
         self._chars += size
-        while self._chars > self.budget:
-            old, value = self._map.popitem(last=False)
-            self._chars -= len(old) + len(value)
         return key
 
 
@@ -383,7 +382,23 @@ def _matches(if_none_match: str | None, etag: str) -> bool:
 
 
 def _accepts_gzip(accept_encoding: str) -> bool:
-    """Whether gzip is acceptable: named (or ``*``) without ``q=0``."""
+    """Whether gzip is acceptable: named (or ``*``) without ``q=0`` (the answers to the few
+    headers clients send are kept, at most ``_GZIP_KEPT`` of them)."""
+    known = _GZIP_SEEN.get(accept_encoding)
+    if known is None:
+        known = _parse_gzip(accept_encoding)
+        if len(_GZIP_SEEN) >= _GZIP_KEPT:
+            _GZIP_SEEN.clear()
+        if len(accept_encoding) <= 256:
+            _GZIP_SEEN[accept_encoding] = known
+    return known
+
+
+_GZIP_SEEN: dict[str, bool] = {}
+_GZIP_KEPT: Final = 256
+
+
+def _parse_gzip(accept_encoding: str) -> bool:
     for part in accept_encoding.lower().split(","):
         coding, *params = (p.strip() for p in part.split(";"))
         if coding in ("gzip", "x-gzip", "*"):
