@@ -60,7 +60,12 @@ test: lint tools
 test-slow: $(STAMP) tools
 	$(VENV)/bin/pytest -q -m slow
 
+# The demo's loop renders in Chromium's headless shell: installed when missing (root, apt
+# reachable); without it the loop is skipped and says why.
 demo: $(STAMP)
+	@PATH="$$PATH:/usr/sbin" command -v chromium-headless-shell >/dev/null || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium-headless-shell \
+		>/dev/null 2>&1 || echo "demo: could not install chromium-headless-shell"
 	$(VENV)/bin/lanes demo
 
 # The peers the benchmark compares against are Debian's redis-server and postgresql; install
