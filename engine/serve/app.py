@@ -160,7 +160,6 @@ def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts,
     front = options.front_door() if front is None else front
     app = web.Application(middlewares=[door.front(front), auth.middleware(guard)],
                           client_max_size=options.limits.body_bytes)
-    app.on_response_prepare.append(door.on_prepare)
     if guard.token is not None:
         auth.add_login_routes(app, guard)
     app.router.add_get("/healthz", _healthz, name="healthz")

@@ -53,8 +53,11 @@ def family(agent: str | None) -> int:
     """The :data:`FAMILIES` index of a User-Agent (none at all: ``other-bot``, since people's
     browsers always send one)."""
     if not agent:
-        return FAMILIES.index("other-bot")
+        return _OTHER
     return _family(agent[:KEPT_CHARS])
+
+
+_OTHER: Final = FAMILIES.index("other-bot")
 
 
 def figures(store: Any, now_ms: int) -> list[dict[str, Any]]:

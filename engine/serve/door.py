@@ -58,6 +58,7 @@ LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "::1"})
 SWEEP_S: Final = 0.25
 """How often the header deadlines are looked at: a slow client is cut within this of its own."""
 _UNSAFE: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_READS: Final = frozenset({"GET", "HEAD"})
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ class _Guarded(asyncio.Protocol):
     request, until :func:`front` sees the request (its headers are parsed); an idle keep-alive
     is aiohttp's ``keepalive_timeout``. A connection over the cap gets 429 and never reaches
     aiohttp. Deadlines are a number each connection holds, looked at by one sweep of the door
-    every ``SWEEP_S`` (a timer per request cost a tenth of a snapshot answer)."""
+    every ``SWEEP_S``: a timer per request cost several percent of a snapshot answer."""
 
     def __init__(self, door: Door, make: Callable[[], asyncio.Protocol]) -> None:
         self.door = door
@@ -224,6 +225,7 @@ class _Guarded(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.peer = ""
         self.deadline: float | None = None  # loop time by which the headers must be in
+        self.loop = asyncio.get_running_loop()
         self.busy = False  # a request is being handled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -268,9 +270,10 @@ class _Guarded(asyncio.Protocol):
             self.inner.resume_writing()
 
     def arm(self) -> None:
-        loop = asyncio.get_running_loop()
-        self.deadline = loop.time() + self.door.limits.header_s
-        self.door.sweep_soon(loop)
+        door = self.door
+        self.deadline = self.loop.time() + door.limits.header_s
+        if not door.sweeping:
+            door.sweep_soon(self.loop)
 
     def disarm(self) -> None:
         self.deadline = None
@@ -317,27 +320,23 @@ def _screen_expect(server: web.Server) -> None:
     if getattr(handle, "screened", False):
         return
 
-    async def screened(request: web.BaseRequest) -> web.StreamResponse:
+    def screened(request: web.BaseRequest) -> Awaitable[web.StreamResponse]:
         expect = request.headers.get("Expect")
         if expect is not None and expect.lower() != "100-continue":
-            return refusal(417, "the only Expect taken is 100-continue")
-        return await handle(request)
+            return _answered(refusal(417, "the only Expect taken is 100-continue"))
+        return handle(request)  # the handler's own coroutine: no frame of ours per request
 
     screened.screened = True  # type: ignore[attr-defined]
     server.request_handler = screened
 
 
+async def _answered(response: web.StreamResponse) -> web.StreamResponse:
+    return response
+
+
 def is_snapshot_route(request: web.Request) -> bool:
-    """Whether ``request`` is for a snapshot route (looked up once, kept on the request: the
-    door, the token check and every answer ask)."""
-    known = request.get(_SNAPSHOT_KEY)
-    if known is None:
-        name = request.match_info.route.name
-        known = request[_SNAPSHOT_KEY] = name is not None and name.startswith(SNAPSHOT_ROUTE)
-    return bool(known)
-
-
-_SNAPSHOT_KEY: Final = "lanes_snapshot_route"
+    name = request.match_info.route.name
+    return name is not None and name.startswith(SNAPSHOT_ROUTE)
 
 
 def refusal(status: int, why: str, extra: dict[str, str] | None = None) -> web.Response:
@@ -348,8 +347,10 @@ def refusal(status: int, why: str, extra: dict[str, str] | None = None) -> web.R
 
 def front(door: Door) -> Middleware:
     """The outermost middleware: the client as a trusted proxy reports it, the Host
-    allow-list, and a POST's body read within its time and size (413 past ``body_bytes``, 408
-    past ``body_s``) before any handler sees it."""
+    allow-list, a POST's body read within its time and size (413 past ``body_bytes``, 408 past
+    ``body_s``) before any handler sees it, and on every answer but a snapshot's (made with
+    them) the security headers and ``no-store``, aiohttp's own 404, 405 and 413 included. A
+    snapshot read (any Host, no body) passes straight through: it is the hot path."""
 
     @web.middleware
     async def door_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -358,26 +359,15 @@ def front(door: Door) -> Middleware:
             guard.busy = True
             guard.disarm()
         try:
-            request = door.client_view(request)
-            if not (is_snapshot_route(request) or request.path in ANY_HOST_PATHS
-                    or door.host_ok(request)):
-                door.refused["wrong_host"] += 1
-                return refusal(421, "this server does not answer for that Host name (give it"
-                                    " with lanes serve --allowed-host NAME)")
-            if request.path in LARGE_BODIES:
-                request = request.clone(client_max_size=LARGE_BODIES[request.path])
-            if request.method in _UNSAFE and request.body_exists:
-                if request.content_type.startswith("multipart/"):
-                    return refusal(415, "multipart bodies are not taken: send a form"
-                                        " (application/x-www-form-urlencoded) or JSON")
-                try:
-                    async with asyncio.timeout(door.limits.body_s):
-                        await request.read()  # kept: post() and json() read it from memory
-                except TimeoutError:
-                    door.refused["body_timeout"] += 1
-                    return refusal(408, f"the body was not sent within"
-                                        f" {door.limits.body_s:g} s", {"Connection": "close"})
-            return await handler(request)
+            if request.method in _READS and not door.trusted and is_snapshot_route(request):
+                return await handler(request)
+            try:
+                response = await _checked(door, door.client_view(request), handler)
+            except web.HTTPException as exc:  # a redirect, or aiohttp's 404/405/413
+                _stamp(request, exc)
+                raise
+            _stamp(request, response)
+            return response
         finally:
             if guard is not None:
                 guard.busy = False
@@ -385,11 +375,33 @@ def front(door: Door) -> Middleware:
     return door_middleware
 
 
-async def on_prepare(request: web.Request, response: web.StreamResponse) -> None:
-    """Every answer, aiohttp's own 404/405/413 included, carries the security headers; every
-    page and API answer but a snapshot's (which has its own validators) is ``no-store``. A
-    snapshot route's answers are made with the security headers already."""
-    if is_snapshot_route(request):
+async def _checked(door: Door, request: web.Request, handler: Handler) -> web.StreamResponse:
+    """``request`` past the Host allow-list and with its body read, handled."""
+    path = request.path
+    if not (is_snapshot_route(request) or path in ANY_HOST_PATHS or door.host_ok(request)):
+        door.refused["wrong_host"] += 1
+        return refusal(421, "this server does not answer for that Host name (give it with"
+                            " lanes serve --allowed-host NAME)")
+    if path in LARGE_BODIES:
+        request = request.clone(client_max_size=LARGE_BODIES[path])
+    if request.method in _UNSAFE and request.body_exists:
+        if request.content_type.startswith("multipart/"):
+            return refusal(415, "multipart bodies are not taken: send a form"
+                                " (application/x-www-form-urlencoded) or JSON")
+        try:
+            async with asyncio.timeout(door.limits.body_s):
+                await request.read()  # kept: post() and json() read it from memory
+        except TimeoutError:
+            door.refused["body_timeout"] += 1
+            return refusal(408, f"the body was not sent within {door.limits.body_s:g} s",
+                           {"Connection": "close"})
+    return await handler(request)
+
+
+def _stamp(request: web.Request, response: web.StreamResponse) -> None:
+    """The security headers, and ``no-store`` but on the static files, on an answer not yet
+    sent."""
+    if response.prepared:
         return
     for key, value in SECURITY_HEADERS.items():
         response.headers.setdefault(key, value)

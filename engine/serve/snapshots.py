@@ -90,7 +90,9 @@ class HitLog:
     def request(self, bot: int, origin: bool) -> None:
         """A request on the snapshot routes by crawler family ``bot``, whatever its answer
         (``origin``: the origin's answer was relayed)."""
-        counts = self._requests.setdefault(bot, [0, 0])
+        counts = self._requests.get(bot)
+        if counts is None:
+            counts = self._requests[bot] = [0, 0]
         counts[0] += 1
         counts[1] += origin
 
@@ -176,38 +178,35 @@ class SnapshotRoutes:
 
     async def answer(self, request: web.Request, url: str) -> web.StreamResponse:
         bot = crawlers.family(request.headers.get("User-Agent"))
-        response = await self._answer_for(request, url, bot)
-        self.hits.request(bot, response.headers.get("X-Lanes-Snapshot") == "origin")
-        return response
-
-    async def _answer_for(self, request: web.Request, url: str, bot: int
-                          ) -> web.StreamResponse:
         key = self._normal.get(url)
         if key is None:
             try:
                 key = self._normal.put(url, normalize_url(url))
             except EngineError as e:
+                self.hits.request(bot, False)
                 return _plain(400, f"not an absolute http(s) URL: {_short(str(e))}", "missing")
         found = self._answer(key)
         if found is None:
-            if self.relay is not None and await self.relay.covers(key):
-                if self.discovery is not None:
-                    found = await self._discover(key)
-                if found is None:
-                    return await self.relay.relay(request, key, "missing")
-            else:
-                return _plain(404, f"never rendered: {_short(key)}", "missing")
+            missed = await self._missed(request, key)
+            if not isinstance(missed, _Answer):
+                self.hits.request(bot, missed.headers.get("X-Lanes-Snapshot") == "origin")
+                return missed
+            found = missed
         snap = found.snap
         now = wall_ms()
         ratio = snap.age_over_interval(now)
         served = self.max_stale is None or ratio <= self.max_stale
         self.hits.note(snap, now, ratio, served, bot)
         if not served:
-            if self.relay is not None and await self.relay.covers(key):
+            relayed = self.relay is not None and await self.relay.covers(key)
+            self.hits.request(bot, relayed)
+            if relayed:
+                assert self.relay is not None
                 return await self.relay.relay(request, key, "stale")
             return _plain(503, f"the snapshot of {_short(key)} is {ratio:.2f} x its interval"
                           f" old, past --max-stale {self.max_stale}", "stale",
                           {"Retry-After": str(min(snap.interval_s, 3600))})
+        self.hits.request(bot, False)
         headers = {**found.fixed, "Age": str(snap.age_s(now)),
                    "X-Lanes-Age-Over-Interval": f"{ratio:.3f}"}
         if _matches(request.headers.get("If-None-Match"), found.etag):
@@ -223,6 +222,17 @@ class SnapshotRoutes:
             self._bytes += len(html)
             self._evict()
         return web.Response(status=snap.status, body=html, headers=headers)
+
+    async def _missed(self, request: web.Request, key: str) -> _Answer | web.StreamResponse:
+        """A URL with no snapshot: its snapshot after all (``--render-on-miss``), or the
+        answer: the origin's on the pool's hosts, else 404."""
+        if self.relay is None or not await self.relay.covers(key):
+            return _plain(404, f"never rendered: {_short(key)}", "missing")
+        if self.discovery is not None:
+            found = await self._discover(key)
+            if found is not None:
+                return found
+        return await self.relay.relay(request, key, "missing")
 
     async def _discover(self, key: str) -> _Answer | None:
         """Offer a miss for discovery; with ``--render-on-miss S``, rush it and wait up to S

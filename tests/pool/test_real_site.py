@@ -87,13 +87,18 @@ def test_a_pool_renders_a_real_site_politely_and_says_why_pages_fail(tmp_path: P
         assert set(served(host)) == pages and max(served(host).values()) == 1
     # Polite: never more than 2 renders in flight to one host, and the cap was reached.
     assert hosts["site.test"] == 2 and hosts["other.test"] <= 2
-    # Failures carry their reasons: logged, listed, and permanent (a 404 goes cold at once).
+    # Failures carry their reasons: logged, listed, and permanent (a 404 goes cold at once);
+    # a discovered page that answered 404 left the queue instead, logged.
+    discovered = {u for u, p in zip(urls, corpus.provenance, strict=True) if p == 1}
+    assert missing & discovered and missing - discovered  # the site has both kinds
     listed = {f["url"]: f for f in json.loads(failures.stdout)}
-    assert set(listed) == missing
+    assert set(listed) == missing - discovered
     for url, f in listed.items():
         assert "returned error: 404" in f["last_error"] and f["permanent"] and f["lane"] == "cold"
         assert f"{url} (row " in err and "404" in err
-    assert all(u in cold.stdout for u in missing)
+    for url in missing & discovered:
+        assert f"{url} (row " in err and "discovered) answered 404: removed from the queue" in err
+    assert all(u in cold.stdout for u in missing - discovered)
     # Untidy input accepted with a count; the routes shown per route.
     assert "1 duplicate URL(s) dropped" in err
     for route in ("home", "language home", "product", "blog post", "(no route)"):
