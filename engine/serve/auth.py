@@ -55,7 +55,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from ..errors import EngineValueError
-from .door import Throttle, is_snapshot_route, refusal
+from .door import UNSAFE, Throttle, is_snapshot_route, refusal
 
 MIN_TOKEN: Final = 32
 TOKEN_BYTES: Final = 32
@@ -68,7 +68,6 @@ PRERENDER_HEADER: Final = "X-Prerender-Token"
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_UNSAFE: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _PUBLIC: Final = frozenset({"/login", "/healthz", "/recache"})  # /recache: token in its body
 _SESSION_PATHS: Final = frozenset({"/login", "/logout"})  # not actions: open to read-only
 
@@ -359,7 +358,7 @@ def middleware(auth: Auth) -> Middleware:
         cookie = request.cookies.get(CSRF_COOKIE)
         fresh = not auth.valid_csrf(cookie)
         request["csrf"] = auth.new_csrf() if fresh else cookie
-        if request.method in _UNSAFE:
+        if request.method in UNSAFE:
             if auth.read_only and request.path not in _SESSION_PATHS:
                 return refusal(403, "read-only server: actions are refused")
             if request.content_type != "application/json" and (

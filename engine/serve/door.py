@@ -57,7 +57,7 @@ LARGE_BODIES: Final = {"/api/prioritize": 16 << 20, "/recache": 16 << 20}
 LOOPBACK_NAMES: Final = frozenset({"localhost", "127.0.0.1", "::1"})
 SWEEP_S: Final = 0.25
 """How often the header deadlines are looked at: a slow client is cut within this of its own."""
-_UNSAFE: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+UNSAFE: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _READS: Final = frozenset({"GET", "HEAD"})
 
 
@@ -384,7 +384,7 @@ async def _checked(door: Door, request: web.Request, handler: Handler) -> web.St
                             " lanes serve --allowed-host NAME)")
     if path in LARGE_BODIES:
         request = request.clone(client_max_size=LARGE_BODIES[path])
-    if request.method in _UNSAFE and request.body_exists:
+    if request.method in UNSAFE and request.body_exists:
         if request.content_type.startswith("multipart/"):
             return refusal(415, "multipart bodies are not taken: send a form"
                                 " (application/x-www-form-urlencoded) or JSON")

@@ -37,6 +37,7 @@ from ..pool.ingest import Corpus, normalize_url
 from ..pool.routes import Routes
 from ..store import SnapshotStore
 from .auth import Auth
+from .origin import origin_of
 from .source import PoolSource
 
 MODES: Final = ("rush", "wait", "clear-and-rush", "clear-and-wait")
@@ -132,13 +133,8 @@ class Pool:
         n = len(self.urls)
         if self._hosts[0] != n:
             table = self.urls.urls() if table is None else table
-            self._hosts = (n, frozenset(_origin(u) for u in table))
+            self._hosts = (n, frozenset(origin_of(u) for u in table))
         return self._hosts[1]
-
-
-def _origin(url: str) -> str:
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://{rest.partition('/')[0].partition('?')[0]}"
 
 
 def prioritize(pool: Pool, ask: Ask, now_ms: int | None = None) -> dict[str, Any]:
@@ -151,13 +147,13 @@ def prioritize(pool: Pool, ask: Ask, now_ms: int | None = None) -> dict[str, Any
     if ask.route is not None:
         rows, matched_urls = _route_rows(pool, ask.route, table or [])
     elif ask.prefix is not None:
-        if _origin(ask.prefix) not in hosts:
+        if origin_of(ask.prefix) not in hosts:
             raise EngineValueError(f"scope {ask.prefix}*: the pool renders no page of"
-                                   f" {_origin(ask.prefix)}")
+                                   f" {origin_of(ask.prefix)}")
         rows = [r for r, u in enumerate(table or []) if u.startswith(ask.prefix)]
         matched_urls = [(table or [])[r] for r in rows]
     else:
-        foreign = [u for u in ask.urls if _origin(u) not in hosts]
+        foreign = [u for u in ask.urls if origin_of(u) not in hosts]
         if foreign:
             raise EngineValueError(f"{len(foreign)} URL(s) on hosts the pool does not render,"
                                    f" such as {foreign[0][:200]}")
