@@ -28,6 +28,8 @@ With lanes disabled the pass is lane_order over every lane, with no shares (as C
 Per lane one seek: ZRANGE ready lane*2^42 lane*2^42+now BYSCORE LIMIT taken n, where `taken`
 counts the rows this pass already took from the lane: they leave ready with one ZREM at commit,
 so a second seek of a lane skips them. `window` bounds the rows one lane grants in one pass.
+The lateness remainder finds its lanes with ZRANGE ready lane*2^42 +inf BYSCORE LIMIT taken 1:
+the first row of the next lane that holds any (late_heads).
 (C's lane_take grants each row with a CAS on the row as it goes, so its commit has only the
 credits and the lane bookkeeping left; floors_raise raises the index's skip floors, which have
 nothing to do with the share floors of step 3.) ]]
@@ -47,18 +49,19 @@ local S_LANES, S_MEMBERS, S_KEYS, S_HOLD = {}, {}, {}, {} -- pass_open, batch_le
 local function pass_open(K, P, now, budget, window)
   local nl = P.lanes_high + 1
   local pass = {K = K, P = P, now = now, nl = nl, budget = budget, remaining = budget,
-    window = window, grants = {}, taken = {}, los = {}, his = {},
+    window = window, grants = {}, taken = {}, his = {},
     lanes = cleared(S_LANES), members = cleared(S_MEMBERS), keys = cleared(S_KEYS),
     cred = false, lanes_of = false, before = false}
   for l = 0, nl - 1 do pass.grants[l] = 0; pass.taken[l] = 0 end
   return pass
 end
 
--- A lane's range in ready, from its first key to its key due now, formatted once per pass (a
--- lane is sought often).
-local function lane_lo(pass, lane)
-  local v = pass.los[lane]
-  if not v then v = fmt(lane * STRIDE); pass.los[lane] = v end
+-- A lane's range in ready, from its first key (the same text in every pass of every queue:
+-- kept between calls) to its key due now (formatted once per pass): a lane is sought often.
+local LANE_LO = {}
+local function lane_lo(lane)
+  local v = LANE_LO[lane]
+  if not v then v = fmt(lane * STRIDE); LANE_LO[lane] = v end
   return v
 end
 local function lane_hi(pass, lane)
@@ -74,7 +77,7 @@ local function take(pass, lane, want)
   local taken = pass.taken
   local n = math.min(want, remaining, pass.window - taken[lane])
   if n <= 0 then return 0 end
-  local got = rcall('ZRANGE', pass.K[1], lane_lo(pass, lane), lane_hi(pass, lane), 'BYSCORE',
+  local got = rcall('ZRANGE', pass.K[1], lane_lo(lane), lane_hi(pass, lane), 'BYSCORE',
     'LIMIT', taken[lane], n, 'WITHSCORES')
   local members, keys, lanes = pass.members, pass.keys, pass.lanes
   local at = #members
@@ -90,7 +93,7 @@ local function take(pass, lane, want)
 end
 
 local function has_due(pass, lane)
-  return #rcall('ZRANGE', pass.K[1], lane_lo(pass, lane), lane_hi(pass, lane), 'BYSCORE',
+  return #rcall('ZRANGE', pass.K[1], lane_lo(lane), lane_hi(pass, lane), 'BYSCORE',
     'LIMIT', pass.taken[lane], 1) > 0
 end
 
@@ -98,7 +101,7 @@ end
 local function ahead(pass, l)
   local n = math.min(pass.remaining, pass.window - pass.taken[l])
   if n <= 0 then return {} end
-  return rcall('ZRANGE', pass.K[1], lane_lo(pass, l), lane_hi(pass, l), 'BYSCORE', 'LIMIT',
+  return rcall('ZRANGE', pass.K[1], lane_lo(l), lane_hi(pass, l), 'BYSCORE', 'LIMIT',
     pass.taken[l], n, 'WITHSCORES')
 end
 
@@ -204,123 +207,158 @@ local function remainder_edf(pass, first)
   in_due_order({pass.lanes, pass.members, pass.keys}, pass.keys, pass.lanes, start)
 end
 
--- The heads remainder_lateness weighs are read a few at a time, as picks reach them: most
--- picks go to few lanes, and reading every lane's next `remaining` rows (scores, records)
--- was most of a pass's cost. The rows and the picks are those of reading them all at once.
-local LATE_CHUNK = 4
+-- The heads remainder_lateness weighs are read as picks reach them: a lane's first due row
+-- when it is found, then, each time a pick uses up what was read of a lane, its next rows, half
+-- as many as picks are left (most picks go to few lanes; a read costs the server about what
+-- four more rows in it do). The rows and the picks are those of reading them all at once.
+--
+-- A lane's heads (late_lane), kept between calls as base.lua's S_* scratch tables are (tables
+-- made per lane and per pass, and the collector's work on them, were a tenth of a cycle): the
+-- due rows read so far in parallel arrays (members and keys as ZRANGE gives them, what a grant
+-- takes; due times; intervals), how many were read (`read`) and have their interval (`ivs_read`),
+-- the next to weigh (`at`) and its weight * lateness / interval (late_weigh), how many it may
+-- grant (`limit`: what is left of the budget and of its window) and the lane's weight.
+local S_HEADS, S_LATE, S_PICKS, S_IDX, S_MS = {}, {}, {}, {}, {}
+local function late_lane(pass, l)
+  local h = S_HEADS[l]
+  if not h then
+    h = {lane = l, ms = {}, keys = {}, dues = {}, ivs = {}}
+    S_HEADS[l] = h
+  end
+  h.at, h.read, h.ivs_read, h.w = 1, 0, 0, pass.P.weights[l] or ONE
+  h.limit = math.max(0, math.min(pass.remaining, pass.window - pass.taken[l]))
+  return h
+end
 
--- Lane l's next due rows after the `h.read` already read (up to `h.limit` in all): their
--- members and keys (as ZRANGE gives them: what a grant takes) and due times; the members whose
--- intervals are still to read are appended to `ms`. False when there are no more.
-local function late_read(pass, l, h, ms)
-  local n = math.min(LATE_CHUNK, h.limit - h.read)
-  if n <= 0 then return false end
-  local got = rcall('ZRANGE', pass.K[1], lane_lo(pass, l), lane_hi(pass, l), 'BYSCORE', 'LIMIT',
-    pass.taken[l] + h.read, n, 'WITHSCORES')
-  local k = #got / 2
-  if k < n then h.limit = h.read + k end
-  local base = h.read
-  for i = 1, #got, 2 do
-    local j = base + (i + 1) / 2
-    h.ms[j], h.keys[j] = got[i], got[i + 1]
-    h.dues[j] = tonumber(got[i + 1]) - l * STRIDE
+-- The due rows of h's lane among got (ZRANGE WITHSCORES), up to `n`, appended to h, and their
+-- members to `ms` (their intervals are read after, all in one); reading stops at the first row
+-- not due, or of a later lane (its key is higher still). When fewer than `n` were due, h holds
+-- every due row its lane may grant.
+local function late_keep(pass, h, got, n, ms)
+  local base = h.lane * STRIDE
+  local hi, j = base + pass.now, h.read
+  for i = 1, math.min(#got, 2 * n), 2 do
+    local key = tonumber(got[i + 1])
+    if key > hi then break end
+    j = j + 1
+    h.ms[j], h.keys[j], h.dues[j] = got[i], got[i + 1], key - base
     ms[#ms + 1] = got[i]
   end
-  h.read = base + k
-  return k > 0
+  if j - h.read < n then h.limit = j end
+  h.read = j
 end
 
--- The intervals of the rows `late_read` read (an interval of 0 as 1 s), one read for them all.
-local function late_intervals(pass, reads, ms)
+-- The intervals of the rows of `heads` (a list) late_keep read, whose members are `ms` (an
+-- interval of 0 as 1 s), one read for them all.
+local function late_intervals(pass, heads, ms)
   if #ms == 0 then return end
   local recs, at = get_many(pass.K, ms), 0
-  for _, h in ipairs(reads) do
-    for j = #h.ivs + 1, h.read do
+  for _, h in ipairs(heads) do
+    for j = h.ivs_read + 1, h.read do
       at = at + 1
-      h.ivs[j] = math.max(1, (record(recs[at])))
+      local iv = interval_of(recs[at])
+      h.ivs[j] = iv > 0 and iv or 1
     end
+    h.ivs_read = h.read
   end
 end
 
--- The next rows of lane l, when its heads are used up; false when it has none left.
-local function late_refill(pass, l, h)
-  local ms = {}
-  if not late_read(pass, l, h, ms) then return false end
+-- h's lane's next due rows after the `h.read` already read, up to `want` (and what its limit
+-- leaves), with their intervals; false when it has none left.
+local function late_refill(pass, h, want)
+  local l = h.lane
+  local n = math.min(want, h.limit - h.read)
+  if n <= 0 then return false end
+  local got = rcall('ZRANGE', pass.K[1], lane_lo(l), lane_hi(pass, l), 'BYSCORE', 'LIMIT',
+    pass.taken[l] + h.read, n, 'WITHSCORES')
+  local ms, was = cleared(S_MS), h.read
+  late_keep(pass, h, got, n, ms)
+  if h.read == was then return false end
   late_intervals(pass, {h}, ms)
   return true
 end
 
--- The first lane from `l` on that holds a row in ready (due or not), or nl: one ZRANGE finds
--- it, so the empty lanes between cost nothing (a layout of 64 lanes of which few are used).
-local function next_lane(pass, l)
-  if l >= pass.nl then return pass.nl end
-  local got = rcall('ZRANGE', pass.K[1], lane_lo(pass, l), '+inf', 'BYSCORE', 'LIMIT', 0, 1,
-    'WITHSCORES')
-  if #got == 0 then return pass.nl end
-  return math.min(pass.nl, math.floor(tonumber(got[2]) / STRIDE))
-end
-
--- The heads remainder_lateness weighs, per lane from `first` on (each lane's first rows read;
--- at most `remaining` of them in all, or what is left of its window), and the lane's weight.
+-- The heads remainder_lateness weighs, of each lane from `first` on with a due row, in lane
+-- order. One ZRANGE per such lane finds it and reads its first row: from a lane's first row
+-- not yet taken on to +inf, so the row comes from the next lane that holds any, past the empty
+-- ones (a layout of 64 lanes of which few are used). A row of a later lane is its first row:
+-- when a step before took from that lane, the lane is read again past what it took.
 local function late_heads(pass, first)
-  local heads, reads, ms = {}, {}, {}
+  local live, ms, taken = cleared(S_LATE), cleared(S_MS), pass.taken
   local l = first
   while l < pass.nl do
-    local h = {ms = {}, keys = {}, dues = {}, ivs = {}, at = 1, read = 0,
-               w = pass.P.weights[l] or ONE,
-               limit = math.max(0, math.min(pass.remaining, pass.window - pass.taken[l]))}
-    if late_read(pass, l, h, ms) then
-      heads[l] = h
-      reads[#reads + 1] = h
-      l = l + 1
-    else -- nothing due here: skip the empty lanes after it in one probe
-      l = next_lane(pass, l + 1)
+    local got = rcall('ZRANGE', pass.K[1], lane_lo(l), '+inf', 'BYSCORE', 'LIMIT', taken[l],
+      1, 'WITHSCORES')
+    if #got == 0 then break end
+    local at = math.floor(tonumber(got[2]) / STRIDE)
+    if at >= pass.nl then break end
+    if at == l or taken[at] == 0 then
+      local h = late_lane(pass, at)
+      late_keep(pass, h, got, math.min(1, h.limit), ms)
+      if h.read > 0 then live[#live + 1] = h end
+      at = at + 1
     end
+    l = at
   end
-  late_intervals(pass, reads, ms)
-  return heads
+  late_intervals(pass, live, ms)
+  return live
 end
 
--- The lane of each of the next `remaining` grants, one pick at a time of the lane whose head has
--- the highest weight * (now - due) / interval (compared as products, ties to the lower lane),
--- and the index of each in its lane's heads.
-local function late_picks(pass, heads, first)
-  local now = pass.now
-  local picks, idx = {}, {}
-  for _ = 1, pass.remaining do
-    local best, best_w, best_late, best_iv
-    for l = first, pass.nl - 1 do
-      local h = heads[l]
-      if h and not h.done and h.at > #h.dues and not late_refill(pass, l, h) then
-        h.done = true
-      end
-      if h and not h.done then
-        local late = math.max(0, now - h.dues[h.at])
-        local iv = h.ivs[h.at]
-        if not best or product_gt(h.w, late, best_iv, best_w, best_late, iv) then
-          best, best_w, best_late, best_iv = l, h.w, late, iv
-        end
+-- A head's weight * lateness / interval as a double, kept on its lane (h.s, with the lateness
+-- and interval it comes from) while it is the lane's head: a pick compares these, and the
+-- products (product_gt, exact) decide only between two within NEAR of each other (a double
+-- of w * late / iv is within 3e-16 of the exact ratio): comparing products at every pick, for
+-- every lane, was a sixth of a cycle's instructions.
+local NEAR = 1e-12
+local function late_weigh(pass, h)
+  local late = pass.now - h.dues[h.at]
+  if late < 0 then late = 0 end
+  local iv = h.ivs[h.at]
+  h.late, h.iv, h.s = late, iv, h.w * late / iv
+end
+
+-- The next `remaining` grants: one pick at a time of the lane whose head has the highest
+-- weight * (now - due) / interval (ties to the lower lane), each as its lane's heads and the
+-- index of the row in them. A picked lane's next head is read when there is a next pick.
+local function late_picks(pass, live)
+  for _, h in ipairs(live) do late_weigh(pass, h) end
+  local picks, idx, n = cleared(S_PICKS), cleared(S_IDX), pass.remaining
+  for p = 1, n do
+    local best, bs
+    for i = 1, #live do -- in lane order: a later lane wins only when it is higher
+      local h = live[i]
+      local s = h.s
+      if not best or s > bs * (1 + NEAR) or
+          (s >= bs * (1 - NEAR) and product_gt(h.w, h.late, best.iv, best.w, best.late, h.iv)) then
+        best, bs = h, s
       end
     end
     if not best then break end
-    picks[#picks + 1] = best
-    idx[#idx + 1] = heads[best].at
-    heads[best].at = heads[best].at + 1
+    picks[p], idx[p] = best, best.at
+    best.at = best.at + 1
+    if p < n then
+      if best.at <= best.read or late_refill(pass, best, math.ceil((n - p) / 2)) then
+        late_weigh(pass, best)
+      else
+        for i = 1, #live do
+          if live[i] == best then table.remove(live, i); break end
+        end
+      end
+    end
   end
   return picks, idx
 end
 
 -- 4. The remainder by lateness, lanes from `first` on: the rows late_picks chose, granted in
--- the order they were picked (the rows late_read read: no second seek).
+-- the order they were picked (the rows late_heads and late_refill read: no second seek).
 local function remainder_lateness(pass, first)
   if pass.remaining <= 0 then return end
-  local heads = late_heads(pass, first)
-  local picks, idx = late_picks(pass, heads, first)
+  local picks, idx = late_picks(pass, late_heads(pass, first))
   local members, keys, lanes = pass.members, pass.keys, pass.lanes
   local taken, grants = pass.taken, pass.grants
   local at = #members
-  for k, l in ipairs(picks) do
-    local h, i = heads[l], idx[k]
+  for k, h in ipairs(picks) do
+    local l, i = h.lane, idx[k]
     at = at + 1
     members[at], keys[at], lanes[at] = h.ms[i], h.keys[i], l
     taken[l] = taken[l] + 1

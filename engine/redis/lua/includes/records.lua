@@ -33,6 +33,11 @@ local function get_many(K, rows)
   return out
 end
 
+-- The interval of a record read as one u48 (get_many), alone: a lateness pass reads many.
+local function interval_of(v)
+  return math.floor(v / 65536)
+end
+
 -- interval, failures, flags of a record read as one u48 (get_many): no table per row.
 local function record(v)
   return math.floor(v / 65536), math.floor(v / 256) % 256, v % 256
