@@ -3,6 +3,7 @@ figure the machine's load does not move, where the wall-clock figures of bench_r
 redis_calls.py swing by 2x on a shared 2-core VM (docs/redis.md "Figures").
 
     .venv/bin/python bench/redis_instructions.py [--rows N] [--cycles N] [--checkout DIR]
+        [--remainder R | --remainders] [--shape production] [--out FILE]
 
 One redis-server runs under ``valgrind --tool=callgrind --instr-atstart=no``; the queue is
 filled and warmed up uninstrumented, then instrumentation is switched on (``callgrind_control
@@ -12,7 +13,11 @@ counted, times the commands of a cycle: the command with its lookup and reply, f
 its redis.calls and the Lua VM; reading the socket and parsing the request are not in it) and
 the top functions by inclusive count. ``--peer zpopmin`` counts bench_servers.py's ZPOPMIN
 peer's cycle (ZPOPMIN 16 + ZADD 16) the same way. ``--checkout`` counts the engine of another
-checkout (e.g. the main branch), with this bench's corpus. Needs valgrind; about 30 s.
+checkout (e.g. the main branch), with this bench's corpus. ``--remainders`` counts the default
+policy with each remainder in turn (a server each) and prints each over lane order;
+``--shape production`` fills the queue with bench_constraints (f)'s rows and policy instead
+(its bands and floors, 128 rows held in flight); ``--out`` saves the counts as JSON. Needs
+valgrind; about 10 s a count.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ import argparse
 import dataclasses
 import functools
 import glob
+import json
 import os
 import re
 import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,18 +54,26 @@ LEASE_MS = 60_000
 
 
 def engine_cycles(srv: RedisServer, rows: int, remainder: str | None = None,
-                  fitted: bool = False) -> tuple[Callable[[], None], int]:
+                  fitted: bool = False, shape: str = "bench") -> tuple[Callable[[], None], int]:
     """(one worker cycle of RedisEngine, commands per cycle), the queue filled and warm; the
     default policy, or the default with another ``remainder``; ``fitted``: the policy
-    ``LanePolicy.fitted`` to the corpus (64 lanes), with ``remainder`` when given."""
+    ``LanePolicy.fitted`` to the corpus (64 lanes), with ``remainder`` when given; ``shape``
+    "production": bench_constraints (f)'s rows and policy, 128 rows held in flight."""
     rows_in = corpus(rows)
-    policy = LanePolicy() if remainder is None else LanePolicy(remainder=remainder)
+    policy = LanePolicy()
+    if shape == "production":
+        import bench_constraints as bc
+
+        rows_in, policy = bc._production_rows(rows), bc.PRODUCTION
     if fitted:
         policy = LanePolicy.fitted(rows_in[1], rows_in[2])
-        if remainder is not None:
-            policy = dataclasses.replace(policy, remainder=remainder)
+    if remainder is not None:
+        policy = dataclasses.replace(policy, remainder=remainder)
     eng = RedisEngine.connect(srv.url, "calls", policy, create=True, timeout=60)
     eng.add_many(*rows_in)
+    if shape == "production":  # other workers' batches: on Redis they leave ready while held
+        for _ in range(2):
+            eng.claim(budget=64, now_ms=NOW, lease_ms=100 * LEASE_MS)
     held = [eng.claim(budget=BUDGET, now_ms=NOW, lease_ms=LEASE_MS)]
 
     def cycle() -> None:
@@ -146,17 +161,40 @@ def main() -> None:
                     help="the engine's policy: the default with this remainder")
     ap.add_argument("--fitted", action="store_true",
                     help="the policy LanePolicy.fitted to the corpus (with --remainder if given)")
+    ap.add_argument("--remainders", action="store_true",
+                    help="count the policy with each remainder in turn, each over lane order")
+    ap.add_argument("--shape", choices=("bench", "production"), default="bench",
+                    help="production: bench_constraints (f)'s rows and policy")
     ap.add_argument("--peer", choices=("engine", "zpopmin"), default="engine",
                     help="zpopmin: count bench_servers.py's ZPOPMIN peer instead")
+    ap.add_argument("--out", type=Path, help="save the counts here (JSON)")
     a = ap.parse_args()
-    make = functools.partial(engine_cycles, remainder=a.remainder, fitted=a.fitted) if a.peer == "engine" \
-        else None
-    got = measure(a.rows, a.cycles, a.peer, make)
-    what = engine_at() if a.peer == "engine" else "the ZPOPMIN peer"
-    print(f"{what}: server instructions per cycle of 16: {got['instructions_per_cycle']:,} "
-          f"(over {got['commands']} commands)")
-    for line in got["top"]:  # type: ignore[attr-defined]
-        print("  ", line)
+    started = time.time()
+    runs = REMAINDERS if a.remainders else (a.remainder,)
+    counts: dict[str, int] = {}
+    for rem in runs:
+        make = functools.partial(engine_cycles, remainder=rem, fitted=a.fitted, shape=a.shape) \
+            if a.peer == "engine" else None
+        got = measure(a.rows, a.cycles, a.peer, make)
+        what = engine_at() if a.peer == "engine" else "the ZPOPMIN peer"
+        counts[rem or "policy"] = got["instructions_per_cycle"]  # type: ignore[assignment]
+        print(f"{what}, remainder {rem or 'of the policy'}: server instructions per cycle of 16:"
+              f" {got['instructions_per_cycle']:,} (over {got['commands']} commands)")
+        for line in [] if a.remainders else got["top"]:  # type: ignore[attr-defined]
+            print("  ", line)
+    over = {r: c / counts["lane-order"] for r, c in counts.items()} if "lane-order" in counts \
+        else {}
+    for r, x in over.items():
+        print(f"{r}: {x:.2f}x lane order")
+    if a.out:
+        checkout = Path(a.checkout) if a.checkout else HERE.parent
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout,
+                                capture_output=True, text=True).stdout.strip()
+        a.out.write_text(json.dumps({
+            "script": "redis_instructions", "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "commit": commit or None, "engine": engine_at(), "shape": a.shape,
+            "rows": a.rows, "cycles": a.cycles, "seconds": round(time.time() - started),
+            "instructions_per_cycle": counts, "over_lane_order": over}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -225,9 +225,17 @@ local function late_lane(pass, l)
     h = {lane = l, ms = {}, keys = {}, dues = {}, ivs = {}}
     S_HEADS[l] = h
   end
-  h.at, h.read, h.ivs_read, h.w = 1, 0, 0, pass.P.weights[l] or ONE
-  h.limit = math.max(0, math.min(pass.remaining, pass.window - pass.taken[l]))
+  local limit = pass.window - pass.taken[l] -- what its window leaves, within the budget's
+  if limit > pass.remaining then limit = pass.remaining end
+  h.at, h.read, h.ivs_read, h.w, h.limit = 1, 0, 0, pass.P.weights[l] or ONE, limit
   return h
+end
+
+-- Row j of h's heads, read (member and key as ZRANGE gives them, its due time); its member is
+-- appended to `ms`, the rows whose intervals are still to read.
+local function late_row(h, j, member, key, due, ms)
+  h.ms[j], h.keys[j], h.dues[j], h.read = member, key, due, j
+  ms[#ms + 1] = member
 end
 
 -- The due rows of h's lane among got (ZRANGE WITHSCORES), up to `n`, appended to h, and their
@@ -235,17 +243,14 @@ end
 -- not due, or of a later lane (its key is higher still). When fewer than `n` were due, h holds
 -- every due row its lane may grant.
 local function late_keep(pass, h, got, n, ms)
-  local base = h.lane * STRIDE
-  local hi, j = base + pass.now, h.read
+  local base, was = h.lane * STRIDE, h.read
+  local hi = base + pass.now
   for i = 1, math.min(#got, 2 * n), 2 do
     local key = tonumber(got[i + 1])
     if key > hi then break end
-    j = j + 1
-    h.ms[j], h.keys[j], h.dues[j] = got[i], got[i + 1], key - base
-    ms[#ms + 1] = got[i]
+    late_row(h, h.read + 1, got[i], got[i + 1], key - base, ms)
   end
-  if j - h.read < n then h.limit = j end
-  h.read = j
+  if h.read - was < n then h.limit = h.read end
 end
 
 -- The intervals of the rows of `heads` (a list) late_keep read, whose members are `ms` (an
@@ -290,12 +295,18 @@ local function late_heads(pass, first)
     local got = rcall('ZRANGE', pass.K[1], lane_lo(l), '+inf', 'BYSCORE', 'LIMIT', taken[l],
       1, 'WITHSCORES')
     if #got == 0 then break end
-    local at = math.floor(tonumber(got[2]) / STRIDE)
+    local key = tonumber(got[2])
+    local at = math.floor(key / STRIDE)
     if at >= pass.nl then break end
     if at == l or taken[at] == 0 then
-      local h = late_lane(pass, at)
-      late_keep(pass, h, got, math.min(1, h.limit), ms)
-      if h.read > 0 then live[#live + 1] = h end
+      local due = key - at * STRIDE
+      if due <= pass.now then -- else the lane has no due row
+        local h = late_lane(pass, at)
+        if h.limit > 0 then
+          late_row(h, 1, got[1], got[2], due, ms)
+          live[#live + 1] = h
+        end
+      end
       at = at + 1
     end
     l = at
