@@ -44,7 +44,7 @@ if "--checkout" in sys.argv:  # before common.py puts this checkout first on the
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "lib"))
 
-from common import BUDGET, NOW, corpus  # noqa: E402
+from common import BUDGET, NOW, corpus, figure  # noqa: E402
 from redis_server import RedisServer, find_server  # noqa: E402
 
 from engine import STRIDE, LanePolicy, RedisEngine  # noqa: E402
@@ -190,11 +190,17 @@ def main() -> None:
         checkout = Path(a.checkout) if a.checkout else HERE.parent
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout,
                                 capture_output=True, text=True).stdout.strip()
+        note = f"{a.shape} shape, {a.rows:,} rows, {a.cycles} cycles counted; {engine_at()}"
+        figs = [figure(f"redis_instructions.{a.shape}.{r}", f"server instructions a cycle of 16,"
+                       f" remainder {r}", "instructions", [c], note=note)
+                for r, c in counts.items()]
+        figs += [figure(f"redis_instructions.{a.shape}.{r}_over_lane_order",
+                        f"server instructions a cycle of 16, remainder {r} / lane order", "x",
+                        [x], note=note) for r, x in over.items() if r != "lane-order"]
         a.out.write_text(json.dumps({
             "script": "redis_instructions", "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-            "commit": commit or None, "engine": engine_at(), "shape": a.shape,
-            "rows": a.rows, "cycles": a.cycles, "seconds": round(time.time() - started),
-            "instructions_per_cycle": counts, "over_lane_order": over}, indent=1) + "\n")
+            "commit": commit or None, "seconds": round(time.time() - started),
+            "figures": figs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
