@@ -592,7 +592,7 @@ def final_checks(eng: Any, expected_urls: list[str], rendered_rows: set[int],
     rows, _cols = eng.export_rows()
     queued = np.zeros(n, bool)
     queued[rows] = True
-    urls_key, url_rows_key, _ = pool_keys(eng.name)
+    urls_key, url_rows_key, *_ = pool_keys(eng.name)
     client = eng.transport.live()
     by_row = {int(k): bytes(v).decode() for k, v in client.hgetall(urls_key).items()}
     by_url = {bytes(k).decode(): int(v) for k, v in client.hgetall(url_rows_key).items()}
