@@ -10,7 +10,9 @@ rows due already, which costs the same). Goal: 1,000,000 rows within 2 s on both
 On Redis (a redis-server this script starts on a unix socket) the scope is matched and made due
 on the server (``lanes_prioritize_prefix`` over the URL index); side by side in each run, the
 same scope the way a clear mode takes it, every URL read over the wire first
-(``find_prefix``, then ``prioritize_many``), and their ratio. Also the memory of the URL index
+(``find_prefix``, then ``prioritize_many``), and their ratio; and the server's CPU seconds for
+the scope (main thread, ``INFO cpu``), which a loaded machine does not inflate as it does the
+wall time, with the share of it in ZADD. Also the memory of the URL index
 (``MEMORY USAGE``) per row, beside that of the two URL hashes.
 """
 
@@ -18,7 +20,8 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 from common import ROOT, figure, finish, parse_args, ratios, skipped
@@ -37,22 +40,41 @@ def _urls(n: int) -> list[str]:
     return [f"https://shop.example/{'catalog' if i % 2 else 'p'}/{i}" for i in range(n)]
 
 
-def _timed(eng: Any, table: Any, runs: int, wire: bool = False) -> dict[str, list[float]]:
-    """Seconds per scope and run; with ``wire``, the scope over all rows read over the wire
-    too, right after the one on the server."""
+def _timed(eng: Any, table: Any, runs: int, probe: Callable[[], Probe] | None = None
+           ) -> dict[str, list[float]]:
+    """Seconds per scope and run. With ``probe`` (Redis), for the scope over all rows also the
+    server's CPU seconds (what it takes of a core, whatever else the machine runs) and the
+    share of its FCALLs' time spent in ZADD (moving the rows in ready), and that scope read
+    over the wire, right after the one on the server."""
     pool = Pool(eng, table, None, None)
-    out: dict[str, list[float]] = {k: [] for k in [*SCOPES, *(["wire"] if wire else [])]}
+    extra = ["wire", "cpu", "zadd"] if probe is not None else []
+    out: dict[str, list[float]] = {k: [] for k in [*SCOPES, *extra]}
     for _ in range(runs):
         for key, scope in SCOPES.items():
+            before = probe() if probe is not None else Probe(0, 0, 0)
             t = time.perf_counter()
             prioritize(pool, Ask.scoped(scope, "wait"))
             out[key].append(time.perf_counter() - t)
-        if wire:
+            if probe is not None and key == "all":
+                after = probe()
+                out["cpu"].append(after.cpu_s - before.cpu_s)
+                out["zadd"].append((after.zadd_us - before.zadd_us)
+                                   / max(1.0, after.fcall_us - before.fcall_us))
+        if probe is not None:
             t = time.perf_counter()
             rows, _ = table.find_prefix(SCOPES["all"][:-1])
             eng.prioritize_many(rows, "wait")
             out["wire"].append(time.perf_counter() - t)
     return out
+
+
+class Probe(NamedTuple):
+    """A Redis server's counters: main-thread CPU seconds, and the microseconds spent in ZADD
+    (within the functions too) and in FCALL (``INFO cpu``, ``INFO commandstats``)."""
+
+    cpu_s: float
+    zadd_us: float
+    fcall_us: float
 
 
 def on_shm(n: int, runs: int) -> dict[str, list[float]]:
@@ -85,11 +107,19 @@ def on_redis(n: int, runs: int) -> tuple[dict[str, list[float]], dict[str, float
                 table.add(part, np.full(len(part), wall_ms() + 3_600_000),
                           np.full(len(part), 86_400), "submitted")
             client = eng.transport.live()
+
+            def probe() -> Probe:
+                cpu, calls = client.info("cpu"), client.info("commandstats")
+                return Probe(float(cpu["used_cpu_user_main_thread"]
+                                   + cpu["used_cpu_sys_main_thread"]),
+                             float(calls.get("cmdstat_zadd", {}).get("usec", 0)),
+                             float(calls.get("cmdstat_fcall", {}).get("usec", 0)))
+
             by_key = pool_keys(eng.name)
             memory = {what: int(client.memory_usage(key, samples=0)) / n
                       for what, key in (("index", by_key[3]), ("urls", by_key[0]),
                                         ("url_rows", by_key[1]))}
-            return _timed(eng, table, runs, wire=True), memory
+            return _timed(eng, table, runs, probe), memory
         finally:
             eng.row_urls().drop()
             eng.drop()
@@ -119,6 +149,12 @@ def main() -> None:
             figures.append(figure(f"recache.redis.scope_{key}_s", f"Redis: a scope over"
                                   f" {rows:,} of {n:,} rows, matched on the server", "s",
                                   red[key], note=goal))
+        figures.append(figure("recache.redis.scope_all_server_cpu_s", f"Redis: the server's"
+                              f" CPU seconds for the scope over all {n:,} rows", "s", red["cpu"],
+                              note=goal + " (the wall time on a quiet machine)"))
+        figures.append(figure("recache.redis.scope_all_zadd_share", "Redis: the share of the"
+                              " scope's FCALL time spent in ZADD (the rest: the Lua that reads"
+                              " the pages and the records)", "x", red["zadd"]))
         figures.append(figure("recache.redis.wire_all_s", f"Redis: the scope over all {n:,}"
                               " rows with every URL read over the wire (find_prefix, then"
                               " prioritize_many)", "s", red["wire"]))
@@ -130,7 +166,7 @@ def main() -> None:
                               ratios(red["all"], shm["all"])))
         for what, per_row in memory.items():
             figures.append(figure(f"recache.redis.{what}_bytes_per_row", f"Redis: MEMORY USAGE"
-                                  f" of the {what} key ÷ rows", "B", [per_row]))
+                                  f" of the {what} key ÷ rows", "bytes", [per_row]))
     finish("bench_recache", args, figures, started)
 
 
