@@ -157,6 +157,16 @@ class UrlsAdded:
         return len(self.new) - self.added
 
 
+@dataclass(frozen=True)
+class Scoped:
+    """What :meth:`RowUrls.prioritize_prefix` did: how many URLs start with the prefix
+    (``matched``), and how many of their rows were made due (``done``: a removed row is
+    skipped)."""
+
+    matched: int
+    done: int
+
+
 class QueueEngine(Protocol):
     """A claim queue: rows with a due time and an interval, leased in claim passes that share
     capacity between lanes as the :class:`~engine.policy.LanePolicy` says.
@@ -277,6 +287,15 @@ class RowUrls(Protocol):
         """Keep the routes (``Routes.to_json``) a pool was started with."""
         ...
     def routes(self) -> str | None: ...
+    def find_prefix(self, prefix: str) -> tuple[IntArray, list[str]]:
+        """The rows whose URL starts with ``prefix``, and their URLs."""
+        ...
+    def prioritize_prefix(self, prefix: str, mode: str = "rush", now_ms: int | None = None
+                          ) -> Scoped:
+        """``QueueEngine.prioritize_many`` of the rows whose URL starts with ``prefix`` (a
+        scope of ``POST /api/prioritize``) where the URLs are: on Redis, on the server, no URL
+        sent. Needs the table of an engine."""
+        ...
     def add(self, urls: Sequence[str], due_ms: Any, interval_s: Any, provenance: Any = "submitted",
             failures: Any = None, now_ms: int | None = None) -> UrlsAdded:
         """Queue a row for each URL not known yet (``urls[i]`` with ``due_ms[i]``...), its URL

@@ -443,8 +443,8 @@ class RedisEngine:
             raise EngineValueError(f"rows must lie in [0, {MAX_ROWS})")
         done = 0
         for start in range(0, len(arr), PRIORITIZE_BATCH):
-            part = arr[start:start + PRIORITIZE_BATCH].tolist()
-            done += int(self.transport.fcall("lanes_prioritize_many", now, rush, *part))
+            blob, _ = batch_args(arr[start:start + PRIORITIZE_BATCH].tolist(), [])
+            done += int(self.transport.fcall("lanes_prioritize_many", now, rush, blob))
         return done
 
     def prioritize(self, row: int, mode: str = "rush", now_ms: int | None = None) -> None:

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
 
-from ..api import RowUrls, UrlsAdded
+from ..api import IntArray, RowUrls, Scoped, UrlsAdded
+from ..checks import check_mode
 from ..errors import EngineValueError
 from .codec import now_arg
 from .urls import Queue, RedisUrls, checked_rows
@@ -78,6 +80,25 @@ class ShardedUrls:
         """Delete every shard's URL keys and the routes."""
         for part in self.parts:
             part.drop()
+
+    def find_prefix(self, prefix: str) -> tuple[IntArray, list[str]]:
+        """``RedisUrls.find_prefix`` of every shard, its rows as this table numbers them."""
+        rows, urls = [], []
+        for k, part in enumerate(self.parts):
+            local, found = part.find_prefix(prefix)
+            rows.append(local * self._n + k)
+            urls += found
+        return np.concatenate(rows), urls
+
+    def prioritize_prefix(self, prefix: str, mode: str = "rush", now_ms: int | None = None
+                          ) -> Scoped:
+        """``RedisUrls.prioritize_prefix`` on every shard, the shards in parallel (each has
+        its own connection; on several servers they work at once)."""
+        check_mode(mode)
+        now_arg(now_ms)
+        with ThreadPoolExecutor(self._n, thread_name_prefix="lanes-scope") as ex:
+            parts = list(ex.map(lambda p: p.prioritize_prefix(prefix, mode, now_ms), self.parts))
+        return Scoped(sum(p.matched for p in parts), sum(p.done for p in parts))
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -7,15 +7,22 @@ tag (one Cluster slot with it), ``lanes:{name}:urls`` (HASH row -> URL) and
 ``lanes:{name}:url_rows`` (HASH URL -> row). ``lanes:{name}:routes`` keeps the routes a pool
 was started with, so ``lanes add --redis`` on any host applies them.
 
-Rows and their URLs are added together in one FCALL (``lanes_add_urls``), so a row is never
-claimable without its URL, and a URL already known is left alone (a parked one is made due
-now): adding the same corpus from every host is harmless, and a second host's pool starts with
-the same command as the first. URLs are never removed or changed, so a scan that runs while
-others add sees every URL that existed when it began (``urls``).
+``lanes:{name}:url_index`` (ZSET, every score 0) holds each URL with its row, ``URL \\n row``
+(the row as its 8-digit member), so the URLs are in byte order and those under a prefix are one
+``ZRANGE ... BYLEX``: a scope of ``POST /api/prioritize`` is matched and prioritized on the
+server, a page a call (``lanes_prioritize_prefix``), and no URL crosses the wire. A queue made
+before the index gets it filled in (``index``) by the first scope that finds it short.
+
+Rows and their URLs (in all three keys) are added together in one FCALL (``lanes_add_urls``),
+so a row is never claimable without its URL, and a URL already known is left alone (a parked
+one is made due now): adding the same corpus from every host is harmless, and a second host's
+pool starts with the same command as the first. URLs are never removed or changed, so a scan
+that runs while others add sees every URL that existed when it began (``urls``).
 
 ``RedisUrls`` is an ``engine.api.RowUrls``, as the shared-memory ``UrlTable`` is: ``[row]``,
 ``many(rows)`` (one HMGET per claimed batch), ``urls()`` in row order (for checkpoints),
-``find(url)``, ``refresh()``, ``close()``, ``len()``.
+``find(url)``, ``find_prefix`` and ``prioritize_prefix``, ``refresh()``, ``close()``,
+``len()``.
 
 ``RedisEngine.row_urls`` gives the map of a queue; ``engine.redis.restore`` makes a new queue
 from a pool's checkpoint, rows and URLs together. This module imports no engine: the engine
@@ -24,33 +31,38 @@ imports it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from ..api import RowUrls, UrlsAdded
+from ..api import IntArray, RowUrls, Scoped, UrlsAdded
+from ..checks import check_mode
 from ..errors import EngineError, EngineValueError
-from .codec import now_arg, packed_rows, queue_keys
+from .codec import member, now_arg, packed_rows, queue_keys
 from .transport import Transport
 
 URL_CHUNK = 1000
 """URLs per FCALL of ``add``: a big corpus never blocks the server for long (each chunk is
 atomic; a failed add leaves whole chunks, and adding the corpus again adds the rest)."""
 SCAN_COUNT = 10_000
-"""Entries per HSCAN step of ``urls()``."""
+"""Entries per HSCAN step of ``urls()`` and ``index()``."""
+PREFIX_PAGE = 5000
+"""URLs per FCALL of ``prioritize_prefix``: some milliseconds of the server each."""
 
 
-def pool_keys(name: str) -> tuple[str, str, str]:
-    """The keys a pool keeps beside queue ``name``: urls, url_rows, routes (same hash tag)."""
+def pool_keys(name: str) -> tuple[str, str, str, str]:
+    """The keys a pool keeps beside queue ``name``: urls, url_rows, routes, url_index (same
+    hash tag)."""
     return pool_keys_beside(queue_keys(name))
 
 
-def pool_keys_beside(keys: tuple[str, ...]) -> tuple[str, str, str]:
+def pool_keys_beside(keys: tuple[str, ...]) -> tuple[str, str, str, str]:
     """The pool's keys beside a queue whose keys are ``keys`` (a shard's have their own tag)."""
     prefix = keys[0].removesuffix("ready")
-    return f"{prefix}urls", f"{prefix}url_rows", f"{prefix}routes"
+    return f"{prefix}urls", f"{prefix}url_rows", f"{prefix}routes", f"{prefix}url_index"
 
 
 def _checked_url(i: int, url: object) -> bytes:
@@ -90,7 +102,7 @@ class RedisUrls:
     def __init__(self, eng: Queue) -> None:
         self.engine = eng
         self.name = eng.name
-        self._urls, self._url_rows, self._routes = pool_keys_beside(eng.keys)
+        self._urls, self._url_rows, self._routes, self._index = pool_keys_beside(eng.keys)
 
     def _plain(self, fn: str, *args: Any) -> Any:
         """A plain command (a read, or an idempotent write): retried on a lost connection."""
@@ -115,7 +127,7 @@ class RedisUrls:
             stop = min(len(encoded), start + URL_CHUNK)
             got, state = self.engine.transport.fcall(
                 "lanes_add_urls", now, blob[start:stop].tobytes(), *encoded[start:stop],
-                extra_keys=(self._urls, self._url_rows))
+                extra_keys=(self._urls, self._url_rows, self._index))
             rows[start:stop], states[start:stop] = got, state
         return UrlsAdded(rows, states == 1, int((states == 2).sum()))
 
@@ -130,7 +142,63 @@ class RedisUrls:
 
     def drop(self) -> None:
         """Delete the URL keys and the routes (``RedisEngine.drop`` deletes the queue's)."""
-        self._plain("delete", self._urls, self._url_rows, self._routes)
+        self._plain("delete", self._urls, self._url_rows, self._routes, self._index)
+
+    def prioritize_prefix(self, prefix: str, mode: str = "rush", now_ms: int | None = None
+                          ) -> Scoped:
+        """``prioritize_many`` of the rows whose URL starts with ``prefix``, on the server: a
+        page of ``PREFIX_PAGE`` URLs of the index an FCALL, each page's rows checked before any
+        changes. A URL added meanwhile may be in or not, as in a scan."""
+        rush, now = int(check_mode(mode)), now_arg(now_ms)
+        matched = done = 0
+        after, filled = b"", False
+        while True:
+            got = self.engine.transport.fcall(
+                "lanes_prioritize_prefix", now, rush, prefix, after, PREFIX_PAGE,
+                extra_keys=(self._urls, self._index))
+            if got[0] == -1:  # an index short of URLs (nothing changed): fill it in, once
+                if filled:
+                    raise EngineError(f"queue {self.name!r}: the URL index stays short of"
+                                      " the table")
+                self.index()
+                filled = True
+                continue
+            matched, done, after = matched + int(got[0]), done + int(got[1]), bytes(got[2])
+            if not after:
+                return Scoped(matched, done)
+
+    def find_prefix(self, prefix: str) -> tuple[IntArray, list[str]]:
+        """The rows whose URL starts with ``prefix``, and their URLs: pages of the index
+        (``ZRANGE ... BYLEX``), filled in first if it is short of the table."""
+        if int(self._plain("zcard", self._index)) != len(self):
+            self.index()
+
+        def scan(client: Any) -> list[bytes]:
+            out: list[bytes] = []
+            low, high = b"[" + prefix.encode(), b"(" + prefix.encode() + b"\xff"
+            while page := client.zrange(self._index, low, high, bylex=True, offset=0,
+                                        num=SCAN_COUNT):
+                out += page
+                low = b"(" + page[-1]
+            return out
+
+        found = self.engine.transport.call("ZRANGE BYLEX", scan)
+        rows = np.array([int(m[-8:]) for m in found], np.int64)
+        return rows, [bytes(m[:-9]).decode() for m in found]
+
+    def index(self) -> int:
+        """Put every URL of the table in the index (``url_index``): a queue made before the
+        index has none there. Each entry is a (row, URL) pair, fixed once added, so adding it
+        again is harmless and this may run beside adders, or again after a crash midway.
+        Returns how many entries the index has."""
+        def fill(client: Any) -> int:
+            pairs = client.hscan_iter(self._urls, count=SCAN_COUNT)
+            while page := list(itertools.islice(pairs, URL_CHUNK)):
+                client.zadd(self._index, {u + b"\n" + member(int(r)).encode(): 0
+                                          for r, u in page})
+            return int(client.zcard(self._index))
+
+        return int(self.engine.transport.call("index URLs", fill))
 
     # -- reading ---------------------------------------------------------------------------------
 

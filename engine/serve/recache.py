@@ -10,8 +10,11 @@ What is asked (:class:`Ask`) is checked whole before anything changes: a malform
 the pool does not render, an unknown mode or route, more than ``MAX_URLS`` URLs is refused with
 the reason and changes nothing. Then (:func:`prioritize`, on the pool source's thread):
 
-* the rows of the named pages are found (a list: one lookup each; a scope: a scan of the URL
-  table, a prefix ``https://host/path*`` or the rows of ``route:NAME``);
+* the rows of the named pages are found (a list: one lookup each; ``route:NAME``: the routes
+  matched over the URL table; a prefix ``https://host/path*``: the URL table's
+  ``prioritize_prefix``, which a Redis queue answers on its server from a sorted index of its
+  URLs, so a million rows take no URL over the wire, or ``find_prefix`` when the snapshots go
+  first);
 * ``rush`` puts them in the urgent lane, due now (capped by the policy's urgent share; the
   current snapshot is served until the new one lands); ``wait`` makes them due now in their own
   lane; ``clear-and-rush`` and ``clear-and-wait`` first drop their snapshots from the store, so
@@ -140,20 +143,27 @@ class Pool:
 
 def prioritize(pool: Pool, ask: Ask, now_ms: int | None = None) -> dict[str, Any]:
     """Do what ``ask`` says; ``{"matched", "added", "unknown", "cleared"}``."""
+    engine_mode = "rush" if ask.mode.endswith("rush") else "wait"
+    clearing = ask.mode.startswith("clear-") and pool.store is not None
+    if ask.prefix is not None and not clearing:
+        # Matched and made due where the URLs are (a Redis queue's server): none read here.
+        got = pool.urls.prioritize_prefix(ask.prefix, engine_mode, now_ms)
+        if not got.matched:
+            _check_scope(pool, ask.prefix)
+        return _answer(ask, got.done, 0, [], 0)
     table: list[str] | None = None
-    if ask.prefix is not None or ask.route is not None or len(ask.urls) > FIND_EACH:
+    if ask.route is not None or len(ask.urls) > FIND_EACH:
         table = pool.urls.urls()
-    hosts = pool.hosts(table)
     unknown: list[str] = []
     if ask.route is not None:
         rows, matched_urls = _route_rows(pool, ask.route, table or [])
-    elif ask.prefix is not None:
-        if origin_of(ask.prefix) not in hosts:
-            raise EngineValueError(f"scope {ask.prefix}*: the pool renders no page of"
-                                   f" {origin_of(ask.prefix)}")
-        rows = [r for r, u in enumerate(table or []) if u.startswith(ask.prefix)]
-        matched_urls = [(table or [])[r] for r in rows]
+    elif ask.prefix is not None:  # the snapshots go first: the URLs are read
+        found, matched_urls = pool.urls.find_prefix(ask.prefix)
+        if not matched_urls:
+            _check_scope(pool, ask.prefix)
+        rows = found.tolist()
     else:
+        hosts = pool.hosts(table)
         foreign = [u for u in ask.urls if origin_of(u) not in hosts]
         if foreign:
             raise EngineValueError(f"{len(foreign)} URL(s) on hosts the pool does not render,"
@@ -169,12 +179,24 @@ def prioritize(pool: Pool, ask: Ask, now_ms: int | None = None) -> dict[str, Any
         matched_urls += unknown
         added, unknown = len(new_rows), []
     cleared = 0
-    if ask.mode.startswith("clear-") and pool.store is not None:
+    if clearing and pool.store is not None:
         cleared = pool.store.clear(list(ask.urls) or matched_urls)
-    engine_mode = "rush" if ask.mode.endswith("rush") else "wait"
     done = pool.engine.prioritize_many(np.asarray(rows, np.int64), engine_mode, now_ms)
-    return {"matched": done - added, "added": added, "unknown": unknown[:SHOWN_UNKNOWN],
+    return _answer(ask, done - added, added, unknown, cleared)
+
+
+def _answer(ask: Ask, matched: int, added: int, unknown: list[str], cleared: int
+            ) -> dict[str, Any]:
+    return {"matched": matched, "added": added, "unknown": unknown[:SHOWN_UNKNOWN],
             "unknown_count": len(unknown), "cleared": cleared, "mode": ask.mode}
+
+
+def _check_scope(pool: Pool, prefix: str) -> None:
+    """A scope that matched nothing: fine on one of the pool's hosts (``matched: 0``), refused
+    on any other (nothing was changed)."""
+    if origin_of(prefix) not in pool.hosts():
+        raise EngineValueError(f"scope {prefix}*: the pool renders no page of"
+                               f" {origin_of(prefix)}")
 
 
 def _route_rows(pool: Pool, name: str, table: list[str]) -> tuple[list[int], list[str]]:

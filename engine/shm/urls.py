@@ -30,7 +30,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import shmfile
-from ..api import BoolArray, IntArray, QueueEngine, RowUrls, UrlsAdded
+from ..api import BoolArray, IntArray, QueueEngine, RowUrls, Scoped, UrlsAdded
+from ..checks import check_mode
 from ..errors import (
     CapacityError,
     EngineError,
@@ -190,10 +191,7 @@ class UrlTable:
         before the rows are added; a known URL is left alone unless its row is parked (after
         ``--max-failures``), which is made due now: adding it again is how an operator says
         "try it again". ``CapacityError`` when the new rows do not fit."""
-        eng = self.engine
-        if eng is None:
-            raise EngineValueError(f"URL table {self.name!r} was opened without its engine:"
-                                   " open it with the engine's row_urls() to add")
+        eng = self._engine("add")
         with self._adding():
             self.refresh()
             rows_used = eng.rows_used()  # row ids, those a repair took back included
@@ -232,6 +230,27 @@ class UrlTable:
                                   f" URLs of rows {rows_used}..: rows were added outside the pool")
             rows[pick] = got
             return UrlsAdded(rows, new, unparked)
+
+    def find_prefix(self, prefix: str) -> tuple[IntArray, list[str]]:
+        """The rows whose URL starts with ``prefix``, and their URLs: one pass over the mapped
+        table."""
+        table = self.urls()
+        rows = [r for r, u in enumerate(table) if u.startswith(prefix)]
+        return np.asarray(rows, np.int64), [table[r] for r in rows]
+
+    def prioritize_prefix(self, prefix: str, mode: str = "rush", now_ms: int | None = None
+                          ) -> Scoped:
+        """``prioritize_many`` of the rows ``find_prefix`` finds (one call of the engine)."""
+        eng = self._engine("prioritize")
+        check_mode(mode)
+        rows, _ = self.find_prefix(prefix)
+        return Scoped(len(rows), eng.prioritize_many(rows, mode, now_ms))
+
+    def _engine(self, to: str) -> Rows:
+        if self.engine is None:
+            raise EngineValueError(f"URL table {self.name!r} was opened without its engine:"
+                                   f" open it with the engine's row_urls() to {to}")
+        return self.engine
 
     @contextlib.contextmanager
     def _adding(self) -> Iterator[None]:

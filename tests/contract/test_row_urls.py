@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from lanes_testlib import NOW, is_redis
 
 from engine import factory
@@ -129,3 +131,114 @@ def test_the_routes_are_kept_with_the_urls(urls_of: Callable[..., tuple[Any, Any
     assert table.routes() is None
     table.store_routes('{"routes": []}')
     assert table.routes() == '{"routes": []}'
+
+
+# -- a scope: the rows under a URL prefix (POST /api/prioritize) ---------------------------------
+
+SCOPED = ["https://shop.example/p/1", "https://shop.example/p/10", "https://shop.example/p/2",
+          "https://shop.example/p[1]", "https://shop.example/p/é", "https://shop.example:8080/p/1",
+          "https://shop.example.org/p/1", "https://shop.example/q/1"]
+
+
+def _state(eng: Any, rows: list[int]) -> list[tuple[Any, ...]]:
+    return [(d["lane"], d["due_ms"], d["urgent"]) for d in (eng.describe(r) for r in rows)]
+
+
+@pytest.fixture
+def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages of 3 URLs on Redis (one FCALL each), so a scope spans several."""
+    monkeypatch.setattr("engine.redis.urls.PREFIX_PAGE", 3)
+
+
+@pytest.mark.usefixtures("small_pages")
+@pytest.mark.parametrize("prefix", ["https://shop.example/p/1", "https://shop.example/p",
+                                    "https://shop.example", "https://shop.example/p/é",
+                                    "https://shop.example/none"])
+def test_a_prefix_finds_and_prioritizes_exactly_the_rows_under_it(
+        urls_of: Callable[..., tuple[Any, Any]], prefix: str) -> None:
+    eng, table = urls_of()
+    rows = table.add(SCOPED, np.full(len(SCOPED), NOW + 3_600_000, np.int64), 3600,
+                     "submitted").rows.tolist()
+    under = [r for r, u in zip(rows, SCOPED, strict=True) if u.startswith(prefix)]
+    found, urls = table.find_prefix(prefix)
+    assert sorted(found.tolist()) == sorted(under)
+    assert sorted(urls) == sorted(u for u in SCOPED if u.startswith(prefix))
+    assert [table[r] for r in found.tolist()] == urls  # each row with its own URL
+    others = [r for r in rows if r not in under]
+    before = _state(eng, others)
+    got = table.prioritize_prefix(prefix, "rush", now_ms=NOW)
+    assert (got.matched, got.done) == (len(under), len(under))
+    assert _state(eng, under) == [(0, NOW, True)] * len(under)
+    assert _state(eng, others) == before
+    got = table.prioritize_prefix(prefix, "wait", now_ms=NOW + 5)
+    assert (got.matched, got.done) == (len(under), len(under))
+    assert all(lane != 0 and due == NOW + 5 and not urgent
+               for lane, due, urgent in _state(eng, under))
+    assert eng.verify() == []
+
+
+@pytest.mark.usefixtures("small_pages")
+def test_a_prefix_skips_removed_rows_and_leaves_leases_held(
+        urls_of: Callable[..., tuple[Any, Any]]) -> None:
+    eng, table = urls_of()
+    urls = [f"https://shop.example/c/{i}" for i in range(8)]
+    rows = table.add(urls, np.full(len(urls), NOW - 1000, np.int64), 3600).rows.tolist()
+    eng.remove(rows[2])
+    batch = eng.claim(budget=2, now_ms=NOW)  # in flight while the scope runs
+    held = dict(zip(batch.rows.tolist(), batch.tokens.tolist(), strict=True))
+    assert len(held) == 2 and rows[2] not in held
+    got = table.prioritize_prefix("https://shop.example/c/", "rush", now_ms=NOW + 1)
+    assert (got.matched, got.done) == (8, 7)  # a removed row matched, not made due
+    assert eng.describe(rows[2])["queued"] is False
+    for row, token in held.items():  # the lease goes on; it ends with the new key
+        assert eng.describe(row, now_ms=NOW + 1)["leased"] is True
+        eng.release(row, token, now_ms=NOW + 2)
+    live = [r for r in rows if r != rows[2]]
+    assert _state(eng, live) == [(0, NOW + 1, True)] * len(live)
+    assert eng.verify() == []
+
+
+def test_a_prefix_refuses_an_unknown_mode_and_changes_nothing(
+        urls_of: Callable[..., tuple[Any, Any]]) -> None:
+    eng, table = urls_of()
+    rows = _add(table, URLS).rows.tolist()
+    before = _state(eng, rows)
+    for mode in ("later", "", None):
+        with pytest.raises(EngineValueError):
+            table.prioritize_prefix("https://shop.example/", mode, now_ms=NOW)
+    assert _state(eng, rows) == before
+
+
+@settings(max_examples=15, deadline=None)
+@given(urls=st.lists(st.text("ab/é", min_size=0, max_size=4), min_size=1, max_size=30,
+                     unique=True),
+       prefix=st.text("ab/é", max_size=3), removed=st.sets(st.integers(0, 29), max_size=5),
+       rush=st.booleans())
+def test_a_prefix_is_prioritize_many_of_the_rows_a_scan_finds(
+        fresh: Callable[..., Any], urls: list[str], prefix: str, removed: set[int],
+        rush: bool) -> None:
+    """The reference is the plain scan: every row whose URL starts with the prefix."""
+    full = [f"https://h.example/{u}" for u in urls]
+    with fresh(capacity=64) as eng:
+        if not is_redis(eng):
+            factory.publish_urls(eng, []).close()
+        table = eng.row_urls()
+        try:
+            rows = table.add(full, np.full(len(full), NOW + 3_600_000, np.int64), 7200,
+                             "discovered").rows.tolist()
+            gone = {rows[i] for i in removed if i < len(rows)}
+            for r in gone:
+                eng.remove(r)
+            under = [r for r, u in zip(rows, full, strict=True)
+                     if u.startswith("https://h.example/" + prefix)]
+            rest = [r for r in rows if r not in under and r not in gone]
+            before = _state(eng, rest)
+            got = table.prioritize_prefix("https://h.example/" + prefix,
+                                          "rush" if rush else "wait", now_ms=NOW)
+            assert (got.matched, got.done) == (len(under), len(set(under) - gone))
+            for lane, due, urgent in _state(eng, [r for r in under if r not in gone]):
+                assert due == NOW and urgent is rush and (lane == 0) is rush
+            assert _state(eng, rest) == before
+            assert eng.verify() == []
+        finally:
+            table.drop()

@@ -239,7 +239,7 @@ class Probe(threading.Thread):
         c = self.counts
         eng = self.eng
         client = eng.transport.live()
-        _, url_rows, _ = pool_keys(eng.name)
+        _, url_rows, *_ = pool_keys(eng.name)
         urls = list(c.adds)
         rows: dict[str, int] = {}
         for k in range(0, len(urls), 1000):

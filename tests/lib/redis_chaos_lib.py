@@ -592,10 +592,15 @@ def final_checks(eng: Any, expected_urls: list[str], rendered_rows: set[int],
     rows, _cols = eng.export_rows()
     queued = np.zeros(n, bool)
     queued[rows] = True
-    urls_key, url_rows_key, _ = pool_keys(eng.name)
+    urls_key, url_rows_key, _, index_key = pool_keys(eng.name)
     client = eng.transport.live()
     by_row = {int(k): bytes(v).decode() for k, v in client.hgetall(urls_key).items()}
     by_url = {bytes(k).decode(): int(v) for k, v in client.hgetall(url_rows_key).items()}
+    indexed = {bytes(m).decode() for m in client.zrange(index_key, 0, -1)}
+    if indexed != {f"{u}\n{r:08d}" for r, u in by_row.items()}:  # kept in step by each add
+        res.lost += 1
+        res.examples["lost"].append(f"the URL index holds {len(indexed)} entries for"
+                                    f" {len(by_row)} URLs, or others")
     if n != len(expected_urls) or set(by_row.values()) != set(expected_urls):
         res.lost += abs(n - len(expected_urls)) or 1
         res.examples["lost"].append(f"{n} rows for {len(expected_urls)} URLs")

@@ -104,6 +104,38 @@ def test_urls_are_added_with_their_rows_once_and_a_parked_one_is_made_due(
         eng.close()
 
 
+def test_a_queue_made_before_the_url_index_gets_it_filled_in_by_its_first_scope(
+        server: RedisServer, queue: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A queue whose URLs were added before the index existed (its key deleted here), or whose
+    filling in was killed midway (part of it deleted): a scope fills it in, then answers as if
+    it had always been there; the URLs added since are in it either way."""
+    monkeypatch.setattr("engine.redis.urls.PREFIX_PAGE", 7)
+    eng = Engine.connect(server.url, queue, create=True, capacity=64)
+    table = RedisUrls(eng)
+    try:
+        now = int(time.time() * 1000)
+        table.add(_urls(30), [now + 3_600_000] * 30, 3600)
+        index = pool_keys(queue)[3]
+        client = eng.transport.live()
+        client.delete(index)
+        table.add(_urls(5, 30), [now + 3_600_000] * 5, 3600)  # indexed as it is added
+        assert client.zcard(index) == 5
+        got = table.prioritize_prefix("https://shop.example/p/1", "rush", now_ms=now)
+        under = [r for r, u in enumerate(_urls(35)) if u.startswith("https://shop.example/p/1")]
+        assert (got.matched, got.done) == (len(under), len(under))
+        assert client.zcard(index) == len(table) == 35
+        assert all(eng.describe(r)["lane"] == 0 for r in under)
+        client.zremrangebyrank(index, 0, 9)  # a filling in killed midway
+        rows, urls = table.find_prefix("https://shop.example/p/2")
+        assert sorted(urls) == sorted(u for u in _urls(35) if u.startswith(urls[0][:24]))
+        assert [table[int(r)] for r in rows] == urls
+        assert client.zcard(index) == 35 and table.index() == 35
+        assert eng.verify() == []
+    finally:
+        table.drop()
+        eng.drop()
+
+
 def _start_as_a_host(url: str, queue: str, urls: list[str], start: Any, out: Any) -> None:
     """What ``lanes pool QUEUE --redis URL --corpus FILE`` does before it forks (Pool._on_redis):
     join, or create when missing, then add the corpus; the forked child reports what it did."""

@@ -3,8 +3,9 @@ on many hosts: every row's URL is in Redis, so any host's worker renders any row
 row are added in one FCALL, so a worker never claims a row whose URL it cannot find, and URLs
 are never removed or changed (a reader scanning them sees every URL that existed when it
 began).
-KEYS: the five queue keys (includes/base.lua), then urls (HASH row id -> URL) and url_rows
-  (HASH URL -> row id), with the queue's hash tag.
+KEYS: the five queue keys (includes/base.lua), then urls (HASH row id -> URL), url_rows
+  (HASH URL -> row id) and url_index (ZSET of URL .. '\n' .. MEMBER, the URLs in byte order:
+  lanes_prioritize_prefix), with the queue's hash tag.
 ARGV: version, now ('' = server time), a blob of n rows as lanes_add takes them, then the n
   URLs.
 A URL already known (or given twice) is left alone, except that a parked row (due = HORIZON,
@@ -61,12 +62,15 @@ local function f_add_urls(K, A)
   if #parts > 0 then
     add_rows(K, P, table.concat(parts))
     chunked('HSET', K[6], fresh)
-    local back = {}
+    local back, index = {}, {}
     for j = 1, #fresh, 2 do
       back[#back + 1] = fresh[j + 1]
       back[#back + 1] = fresh[j]
+      index[#index + 1] = '0'
+      index[#index + 1] = fresh[j + 1] .. '\n' .. mem(tonumber(fresh[j]))
     end
     chunked('HSET', K[7], back)
+    chunked('ZADD', K[8], index)
   end
   return {rows, states}
 end
