@@ -1,0 +1,231 @@
+"""Rules per route (engine/pool/rules.py): bad input refused when the routes file loads, naming
+the route and its line; and what each rule does to a render, in real Chromium (the worker's own
+``Chromium`` and ``Tab``, in this process) against the browser tests' site (render_site.py):
+headers and the prerender marks on the document request only, cookies, ``wait_for``, blocking
+per route, and the content check."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from render_site import SiteServer
+
+from engine.errors import CorpusError
+from engine.pool.browser import BrowserSpec, Chromium, check_selectors
+from engine.pool.page import RENDER_MARK, ContentCheckFailed, PageFailed, Snapshot, Tab
+from engine.pool.render import classify
+from engine.pool.routes import Routes
+from engine.pool.rules import NO_RULES, RouteRules, rules_from
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[SiteServer]:
+    with SiteServer(delay_ms=300) as s:
+        yield s
+
+
+def routes_file(tmp_path: Path, body: str, match: str = "http://127.0.0.1:*/*") -> Path:
+    """A routes file whose second route holds ``body`` (so its line is not the first)."""
+    path = tmp_path / "routes.toml"
+    path.write_text('[[route]]\nname = "home"\nmatch = "https://shop.example/"\ninterval = "1h"\n'
+                    f'\n[[route]]\nname = "product"\nmatch = "{match}"\ninterval = "1d"\n'
+                    f"{body}\n")
+    return path
+
+
+# -- refused when the routes file loads -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, why", [
+    ('headers = { "X-Flag" = "a\\r\\nSet-Cookie: admin=1" }', "holds CR (a header injection)"),
+    ('headers = { "X-Flag" = "a\\nb" }', "holds LF (a header injection)"),
+    ('headers = { "X Flag" = "a" }', "is not an HTTP token"),
+    ('headers = { "Host" = "evil.example" }', "is the browser's own to set"),
+    ('headers = { "Cookie" = "a=b" }', "give cookies as cookies"),
+    ('cookies = { sid = { value = "1", domain = "evil.example" } }',
+     "is another host than the route's (shop.example)"),
+    ('cookies = { sid = { value = "1", domain = "example" } }', None),  # the parent: allowed
+    ('cookies = { sid = "a;b" }', "is not a cookie value"),
+    ('wait_for = "js:   "', "needs an expression"),
+    ('wait_for = ""', "must be a non-empty string"),
+    ('require = { selectors = ["#price"], minimum = 3 }', "require: unknown key 'minimum'"),
+    ('require = {}', "require asks for nothing"),
+    ('require = { min_text = -1 }', "require.min_text must be a whole number"),
+    ('page_timeout = "2h"', "page_timeout must be like"),
+    ('block_types = ["Images"]', "unknown resource type 'Images'"),
+    ('block_hosts = ["ads.example/x"]', "is not a host name"),
+    ('keep_scripts = "yes"', "keep_scripts must be true or false"),
+    ('wait_for_it = "#x"', "unknown key 'wait_for_it'"),
+])
+def test_bad_rules_are_refused_at_load_naming_the_route_and_its_line(
+        tmp_path: Path, body: str, why: str | None) -> None:
+    path = routes_file(tmp_path, body, match="https://shop.example/p/*")
+    if why is None:
+        Routes.load(path)
+        return
+    with pytest.raises(CorpusError) as e:
+        Routes.load(path)
+    assert str(e.value).startswith(f'{path}:6: route 2 ("product"): ')
+    assert why in str(e.value)
+
+
+def test_a_cookie_domain_needs_a_route_whose_host_is_fixed(tmp_path: Path) -> None:
+    with pytest.raises(CorpusError, match="fixes no host; leave the domain out"):
+        Routes.load(routes_file(tmp_path, 'cookies = { s = { value = "1", domain = "a.b" } }',
+                                match="https://*/p/*"))
+    regex = tmp_path / "regex.toml"
+    regex.write_text('[[route]]\nname = "c"\nregex = "https://shop\\\\.example/c/.+"\n'
+                     'interval = "1h"\ncookies = { s = { value = "1", domain = "shop.example" }'
+                     " }\n")
+    assert Routes.load(regex).routes[0].rules.cookies[0].domain == "shop.example"
+
+
+def test_the_example_routes_file_loads_and_its_rules_survive_the_stored_json() -> None:
+    routes = Routes.load(Path(__file__).resolve().parents[2] / "examples" / "routes-shop.toml")
+    product = next(r for r in routes.routes if r.name == "product")
+    assert product.rules.require is not None and product.rules.wait_for is not None
+    again = Routes.from_json(routes.to_json())
+    assert again == routes and [r.rules for r in again.routes] == [r.rules
+                                                                  for r in routes.routes]
+
+
+def test_a_selector_chromium_rejects_is_refused_naming_the_route_and_its_line(
+        tmp_path: Path) -> None:
+    path = routes_file(tmp_path, 'wait_for = "#price"\n'
+                                 'require = { selectors = ["div > p", "##price"] }')
+    routes = Routes.load(path)  # the TOML is fine; Chromium is who says what a selector is
+    with pytest.raises(CorpusError) as e:
+        check_selectors(BrowserSpec("unused"), routes)
+    assert str(e.value).startswith(f"{path}:6: route 2 (\"product\"): '##price' is not a"
+                                   " selector Chromium accepts: SyntaxError")
+    ok = Routes.load(routes_file(tmp_path, 'wait_for = "main :is(h1, h2):has(+ p)"'))
+    check_selectors(BrowserSpec("unused"), ok)  # CSS a parser of our own might not know
+
+
+# -- what each rule does to a render ---------------------------------------------------------------
+
+
+async def _render(urls: list[str], rules: RouteRules, timeout_s: float = 20
+                  ) -> dict[str, Snapshot | PageFailed]:
+    spec = BrowserSpec("unused")
+    chromium = Chromium(spec)
+    out: dict[str, Snapshot | PageFailed] = {}
+    try:
+        await chromium.start()
+        assert chromium.cdp is not None
+        for url in urls:
+            tab = Tab(chromium.cdp, spec.rules(rules), chromium.user_agent)
+            try:
+                out[url] = await asyncio.wait_for(tab.render(url), timeout_s)
+            except PageFailed as e:
+                out[url] = e
+            except TimeoutError:
+                out[url] = PageFailed(tab.why_not_ready(timeout_s))
+            finally:
+                await tab.dispose()
+    finally:
+        await chromium.close()
+        _gone(chromium.profile)
+    return out
+
+
+def _gone(profile: str) -> None:
+    deadline = time.monotonic() + 3
+    while True:
+        left = [p for p in psutil.process_iter(["cmdline"])
+                if any(profile in a for a in (p.info["cmdline"] or []))]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert left == [], f"processes of {profile} left behind"
+
+
+def render(urls: list[str], rules: RouteRules = NO_RULES, timeout_s: float = 20
+           ) -> dict[str, Any]:
+    return asyncio.run(_render(urls, rules, timeout_s))
+
+
+def pre(html: str, id_: str) -> Any:
+    m = re.search(rf'<pre id="{id_}">(.*?)</pre>', html, re.S)
+    assert m is not None, html
+    return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+def test_a_render_says_it_is_a_prerender_on_its_document_request_only(site: SiteServer) -> None:
+    snap = render([site.url("/echo")])[site.url("/echo")]
+    assert isinstance(snap, Snapshot)
+    sent = pre(snap.html, "sent")
+    assert sent["x-prerender"] == "1"
+    # Chromium's own User-Agent, marked: what prerender-node and nginx bot maps skip.
+    assert re.fullmatch(r"Mozilla/5\.0 .*HeadlessChrome/[0-9.]+ .*" + re.escape(RENDER_MARK),
+                        sent["user-agent"]), sent["user-agent"]
+    assert pre(snap.html, "seen")["userAgent"] == sent["user-agent"]
+    api = site.headers_of("/api/7")  # the page's own fetch: the mark, no extra header
+    assert api["user-agent"] == sent["user-agent"] and "x-prerender" not in api
+
+
+def test_a_routes_headers_and_cookies_reach_the_page_and_may_replace_the_marks(
+        site: SiteServer) -> None:
+    rules = rules_from({"headers": {"X-Prerender": "yes", "Accept-Language": "fr-CH",
+                                    "User-Agent": "ShopAudit/1.0"},
+                        "cookies": {"consent": "yes", "ab": "b-side"}}, None)
+    snap = render([site.url("/echo")], rules)[site.url("/echo")]
+    assert isinstance(snap, Snapshot)
+    sent, seen = pre(snap.html, "sent"), pre(snap.html, "seen")
+    assert (sent["x-prerender"], sent["accept-language"], sent["user-agent"]) == (
+        "yes", "fr-CH", "ShopAudit/1.0")
+    assert sorted(sent["cookie"].split("; ")) == ["ab=b-side", "consent=yes"]
+    assert seen == {"userAgent": "ShopAudit/1.0", "cookies": "consent=yes; ab=b-side"}
+    assert "accept-language" not in site.headers_of("/api/7") or \
+        site.headers_of("/api/7")["accept-language"] != "fr-CH"
+
+
+def test_wait_for_waits_for_its_selector_or_expression_and_says_so_when_it_never_holds(
+        site: SiteServer) -> None:
+    late = site.url("/late")
+    plain = render([late])[late]  # the network is quiet at once: snapshot before #late
+    assert isinstance(plain, Snapshot) and 'id="late"' not in plain.html
+    for wait_for in ("#late", "js:document.querySelectorAll('p').length >= 2"):
+        got = render([late], rules_from({"wait_for": wait_for}, None))[late]
+        assert isinstance(got, Snapshot) and 'id="late"' in got.html, wait_for
+    never = render([late], rules_from({"wait_for": "#never"}, None), timeout_s=3)[late]
+    assert str(never) == "the page did not settle within 3 s: wait_for '#never' never held"
+    threw = render([late], rules_from({"wait_for": "js:window.cart.ready"}, None),
+                   timeout_s=3)[late]
+    assert str(threw).endswith("wait_for 'js:window.cart.ready' never held (it threw"
+                               " TypeError: Cannot read properties of undefined (reading"
+                               " 'ready'))")
+    broken = render([late], rules_from({"wait_for": "js:)("}, None))[late]
+    assert isinstance(broken, PageFailed) and "wait_for 'js:)(': SyntaxError" in str(broken)
+
+
+def test_a_route_may_unblock_what_the_pool_blocks(site: SiteServer) -> None:
+    url = site.url("/js/41")
+    render([url])
+    assert site.hits("/img/41.png") == 0
+    render([url], rules_from({"block_types": []}, None))
+    assert site.hits("/img/41.png") == 1
+
+
+def test_the_content_check_fails_a_loading_shell_with_its_reason(site: SiteServer) -> None:
+    site.broken_prices.add(61)
+    urls = [site.url("/product/60"), site.url("/product/61"), site.url("/meta404")]
+    rules = rules_from({"require": {"selectors": ["#price", "h1"], "min_text": 200,
+                                    "absent": ["Loading…"]}}, None)
+    got = render(urls, rules)
+    good, shell, gone = (got[u] for u in urls)
+    assert isinstance(good, Snapshot) and "60.99 EUR" in good.html
+    assert isinstance(shell, ContentCheckFailed)
+    failure = classify(shell)
+    assert failure.reason == ('content check: #price missing; 19 characters of text, under'
+                              ' min_text 200; "Loading…" present')
+    assert not failure.permanent  # the API may answer next time: retried with the backoff
+    assert isinstance(gone, Snapshot) and gone.status == 404  # a 404 is not checked: kept as 404
