@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from browser_testlib import PoolRun, stored, write_corpus
+from lanes_testlib import shm_path
+from pool_testlib import cli
 from render_site import SiteServer
 
 from engine.errors import CorpusError
@@ -32,12 +37,13 @@ def site() -> Iterator[SiteServer]:
         yield s
 
 
-def routes_file(tmp_path: Path, body: str, match: str = "http://127.0.0.1:*/*") -> Path:
+def routes_file(tmp_path: Path, body: str, match: str = "http://127.0.0.1:*/*",
+                interval: str = "1d") -> Path:
     """A routes file whose second route holds ``body`` (so its line is not the first)."""
     path = tmp_path / "routes.toml"
     path.write_text('[[route]]\nname = "home"\nmatch = "https://shop.example/"\ninterval = "1h"\n'
-                    f'\n[[route]]\nname = "product"\nmatch = "{match}"\ninterval = "1d"\n'
-                    f"{body}\n")
+                    f'\n[[route]]\nname = "product"\nmatch = "{match}"\n'
+                    f'interval = "{interval}"\n{body}\n')
     return path
 
 
@@ -229,3 +235,55 @@ def test_the_content_check_fails_a_loading_shell_with_its_reason(site: SiteServe
                               ' min_text 200; "Loading…" present')
     assert not failure.permanent  # the API may answer next time: retried with the backoff
     assert isinstance(gone, Snapshot) and gone.status == 404  # a 404 is not checked: kept as 404
+
+
+# -- the content check in a pool ------------------------------------------------------------------
+
+
+def test_a_page_failing_its_content_check_never_replaces_its_last_good_snapshot(
+        site: SiteServer, tmp_path: Path) -> None:
+    """``lanes pool --browser --routes``: a page whose API fails from the start stores nothing;
+    one that breaks after a good render keeps that render; both are failures with the reason,
+    listed by ``lanes failures``, retried (the route's 2 s interval caps the backoff) and stored
+    once their API answers again."""
+    name = f"rl-rules-{uuid.uuid4().hex[:10]}"
+    first, later, fine = (site.url(f"/product/{n}") for n in (71, 72, 73))
+    site.broken_prices.add(71)
+    path = routes_file(tmp_path, 'require = { selectors = ["#price"], absent = ["Loading…"] }',
+                       interval="2s")
+    store = tmp_path / "store"
+    corpus = write_corpus(tmp_path / "c.csv", [first, later, fine])
+    try:
+        with PoolRun(name, corpus, store, "--routes", str(path), "--tabs", "3") as run:
+            run.wait_until(lambda: {later, fine} <= stored(store, [later]).keys()
+                           | stored(store, [fine]).keys(), 60)
+            good = stored(store, [later])[later]
+            site.broken_prices.add(72)
+            run.wait_until(lambda: run.stderr().count("product/72 (row") >= 2, 60)
+
+            def failing() -> dict[str, Any]:
+                p = cli("failures", name, "--json")
+                out, err = p.communicate(timeout=60)
+                assert p.returncode == 0, err
+                return {r["url"]: r for r in json.loads(out)}
+
+            run.wait_until(lambda: failing().get(first, {}).get("failures", 0) >= 2, 60)
+            listed = failing()
+            assert set(listed) == {first, later}
+            for url in (first, later):
+                assert listed[url]["last_error"] == ('content check: #price missing;'
+                                                     ' "Loading…" present')
+            assert first not in stored(store, [first])  # the first render stored nothing
+            kept = stored(store, [later])[later]  # the last good one is still what is served
+            assert (kept.hash, kept.rendered_at_ms) == (good.hash, good.rendered_at_ms)
+            assert "72.99 EUR" in kept.html().decode()
+            site.broken_prices.clear()
+            run.wait_until(lambda: first in stored(store, [first]), 60)
+            run.wait_until(lambda: stored(store, [later])[later].rendered_at_ms
+                           > good.rendered_at_ms, 60)
+            assert run.stop() == 0
+            assert run.left_behind() == []
+    finally:
+        site.broken_prices.clear()
+    assert "72.99 EUR" in stored(store, [later])[later].html().decode()
+    assert not os.path.exists(shm_path(name))
