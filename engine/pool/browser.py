@@ -64,6 +64,7 @@ from .page import (
 from .render import Failure, classify
 from .routes import Routes
 from .rules import NO_RULES, RouteRules
+from .variants import VARIANTS
 
 if TYPE_CHECKING:
     from ..api import Claim
@@ -180,7 +181,8 @@ class BrowserSpec:
             self.keep_scripts if route.keep_scripts is None else route.keep_scripts,
             self.block_types if route.block_types is None else route.block_types,
             self.block_hosts if route.block_hosts is None else route.block_hosts,
-            route.wait_for, (*headers, *route.headers), route.cookies, route.require)
+            route.wait_for, (*headers, *route.headers), route.cookies, route.require,
+            VARIANTS[route.variants[0]] if route.variants else None)
 
     def page_timeout(self, route: RouteRules = NO_RULES) -> float:
         return self.page_timeout_s if route.page_timeout_s is None else route.page_timeout_s

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 
 from ..errors import EngineError
 from .cdp import BrowserGone, Cdp, CdpError
+from .variants import Variant
 
 POLL_S = 0.1
 """How often readiness is looked at."""
@@ -153,6 +154,8 @@ class PageRules:
     """Added to document requests; a ``User-Agent`` among them replaces the User-Agent."""
     cookies: tuple[Cookie, ...] = ()
     require: Require | None = None
+    variant: Variant | None = None
+    """The device to render as (variants.py); None: Chromium as it is."""
 
     def fetch_patterns(self) -> list[dict[str, str]]:
         pats = [{"resourceType": t, "requestStage": "Request"} for t in self.block_types]
@@ -171,9 +174,24 @@ class PageRules:
         return any(host == h or host.endswith("." + h) for h in self.block_hosts)
 
     def user_agent(self, browsers: str) -> str:
-        """The User-Agent of a render: the rules' own, else the browser's with the mark."""
+        """The User-Agent of a render: the rules' own, else the variant's or the browser's,
+        with the mark."""
         given = [v for k, v in self.headers if k.lower() == "user-agent"]
-        return given[-1] if given else f"{browsers} {RENDER_MARK}"
+        if given:
+            return given[-1]
+        if self.variant is not None:
+            return self.variant.user_agent(browsers, RENDER_MARK)
+        return f"{browsers} {RENDER_MARK}"
+
+    def emulation(self, browsers: str) -> list[tuple[str, dict[str, Any]]]:
+        """The calls that set a page's device and User-Agent (none without ``browsers``, the
+        browser's own User-Agent: the page is left as Chromium makes it)."""
+        if not browsers:
+            return []
+        agent = self.user_agent(browsers)
+        if self.variant is not None:
+            return self.variant.emulation(agent)
+        return [("Emulation.setUserAgentOverride", {"userAgent": agent})]
 
     def request_headers(self) -> list[tuple[str, str]]:
         return [(k, v) for k, v in self.headers if k.lower() != "user-agent"]
@@ -248,9 +266,7 @@ class Tab:
         setup: list[tuple[str, dict[str, Any]]] = [
             ("Page.enable", {}), ("Network.enable", {}), ("Inspector.enable", {}),
             ("Fetch.enable", {"patterns": self.rules.fetch_patterns()})]
-        if self.browser_ua:
-            setup.append(("Emulation.setUserAgentOverride",
-                          {"userAgent": self.rules.user_agent(self.browser_ua)}))
+        setup += self.rules.emulation(self.browser_ua)
         await asyncio.gather(*(self._call(m, p) for m, p in setup))
         if self.rules.cookies:
             await cdp.call("Storage.setCookies", {

@@ -8,6 +8,7 @@ three: headers and cookies, waiting for a selector, and above all no half-loaded
 A route in the routes TOML says so with these keys (each optional; what a route leaves out is
 the pool's own setting, ``lanes pool --browser``'s options)::
 
+    variants = ["mobile"]             # render as Googlebot's smartphone sees (variants.py)
     wait_for = "#price"               # ready when this selector matches, or "js:EXPR" is true
     headers = { "Accept-Language" = "en" }      # on the page's own document request
     cookies = { consent = "yes" }     # for the page's host; or { value = "yes", domain = "..." }
@@ -35,9 +36,10 @@ from typing import Any, Final, final
 from ..checks import is_int, is_number
 from ..errors import EngineTypeError, EngineValueError
 from .page import RESOURCE_TYPES, Cookie, Require
+from .variants import VARIANTS
 
-RULE_KEYS: Final = ("wait_for", "headers", "cookies", "page_timeout", "block_types",
-                    "block_hosts", "keep_scripts", "require")
+RULE_KEYS: Final = ("variants", "wait_for", "headers", "cookies", "page_timeout",
+                    "block_types", "block_hosts", "keep_scripts", "require")
 REQUIRE_KEYS: Final = ("selectors", "min_text", "absent")
 JS_PREFIX: Final = "js:"
 MAX_TEXT: Final = 4096
@@ -60,6 +62,8 @@ BROWSER_HEADERS: Final = frozenset({"host", "cookie", "content-length", "connect
 class RouteRules:
     """What one route sets of its pages' render; ``None`` (or empty) means the pool's own."""
 
+    variants: tuple[str, ...] = ()
+    """The devices its pages are rendered as (``variants.VARIANTS``); (): Chromium as it is."""
     wait_for: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     cookies: tuple[Cookie, ...] = ()
@@ -79,6 +83,8 @@ class RouteRules:
     def to_json(self) -> dict[str, Any]:
         """The rules in the routes file's own spelling (``rules_from`` reads it back)."""
         out: dict[str, Any] = {}
+        if self.variants:
+            out["variants"] = list(self.variants)
         if self.wait_for is not None:
             out["wait_for"] = self.wait_for
         if self.headers:
@@ -117,6 +123,7 @@ def rules_from(table: Mapping[str, Any], host: str | None) -> RouteRules:
     if keep is not None and not isinstance(keep, bool):
         raise EngineTypeError(f"keep_scripts must be true or false, got {keep!r}")
     return RouteRules(
+        variants=_variants(table.get("variants", [])),
         wait_for=wait_for,
         headers=_headers(table.get("headers", {})),
         cookies=_cookies(table.get("cookies", {}), host),
@@ -156,6 +163,22 @@ def check_header(name: object, value: object) -> tuple[str, str]:
     if len(value) > MAX_TEXT:
         raise EngineValueError(f"header {name!r}: the value is longer than {MAX_TEXT}")
     return name, value
+
+
+def _variants(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise EngineTypeError(f'variants must be a list, like ["mobile"], got {value!r}')
+    unknown = [v for v in value if v not in VARIANTS]
+    if unknown:
+        raise EngineValueError(f"unknown variant {unknown[0]!r} (known: {', '.join(VARIANTS)})")
+    if len(set(value)) != len(value):
+        raise EngineValueError(f"variants names one twice: {value!r}")
+    if len(value) > 1:
+        # One engine row and one snapshot per (URL, variant), and lanes serve choosing by the
+        # crawler, are not built yet: a second variant would be silently not rendered.
+        raise EngineValueError(f"variants {value!r}: one variant per route for now (a row and a"
+                               " snapshot per variant of a URL are not built yet)")
+    return tuple(value)
 
 
 def _text(key: str, value: object) -> str:

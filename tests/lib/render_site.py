@@ -95,8 +95,10 @@ setTimeout(() => {{
 # Each fact is one a site could branch on (user-agent sniffing, a responsive layout, a
 # "real browser" check). The page waits for nothing: it is ready at once. Not the outer window
 # size nor document.hasFocus(): on full Chromium the one, on either binary the other, changes
-# from run to run.
-_PROBE = """<!doctype html><html><body><pre id="probe"></pre><script>
+# from run to run. It has a phone's viewport tag, as a mobile site has (a desktop ignores it).
+_PROBE = """<!doctype html><html><head>
+<meta name="viewport" content="width=device-width, initial-scale=1"></head>
+<body><pre id="probe"></pre><script>
 document.getElementById('probe').textContent = JSON.stringify({{
   userAgent: navigator.userAgent, platform: navigator.platform, languages: navigator.languages,
   webdriver: navigator.webdriver, cores: navigator.hardwareConcurrency,

@@ -70,6 +70,10 @@ def routes_file(tmp_path: Path, body: str, match: str = "http://127.0.0.1:*/*",
     ('block_hosts = ["ads.example/x"]', "is not a host name"),
     ('keep_scripts = "yes"', "keep_scripts must be true or false"),
     ('wait_for_it = "#x"', "unknown key 'wait_for_it'"),
+    ('variants = ["tablet"]', "unknown variant 'tablet' (known: mobile, desktop)"),
+    ('variants = ["mobile", "mobile"]', "variants names one twice"),
+    ('variants = "mobile"', "variants must be a list"),
+    ('variants = ["desktop", "mobile"]', "one variant per route for now"),
 ])
 def test_bad_rules_are_refused_at_load_naming_the_route_and_its_line(
         tmp_path: Path, body: str, why: str | None) -> None:
@@ -211,6 +215,27 @@ def test_wait_for_waits_for_its_selector_or_expression_and_says_so_when_it_never
                                " 'ready'))")
     broken = render([late], rules_from({"wait_for": "js:)("}, None))[late]
     assert isinstance(broken, PageFailed) and "wait_for 'js:)(': SyntaxError" in str(broken)
+
+
+def test_a_variant_renders_the_page_as_its_device(site: SiteServer) -> None:
+    url = site.url("/probe")
+    probes = {}
+    for variant in ("mobile", "desktop"):
+        snap = render([url], rules_from({"variants": [variant]}, None))[url]
+        assert isinstance(snap, Snapshot)
+        probes[variant] = pre(snap.html, "probe")
+    mobile, desktop = probes["mobile"], probes["desktop"]
+    assert (mobile["innerWidth"], mobile["devicePixelRatio"], mobile["coarsePointer"],
+            mobile["hover"]) == (412, 2.625, True, False)
+    # (No hover on either: a headless browser has no mouse, and touch emulation takes none.)
+    assert (desktop["innerWidth"], desktop["devicePixelRatio"], desktop["coarsePointer"],
+            desktop["hover"]) == (1024, 1, False, False)
+    assert "Android" in mobile["userAgent"] and " Mobile Safari/" in mobile["userAgent"]
+    assert desktop["userAgent"].startswith("Mozilla/5.0 (X11; Linux x86_64) ")
+    for p in probes.values():  # the device's User-Agent, marked; never Googlebot's name
+        assert p["userAgent"].endswith(f" {RENDER_MARK}") and "Googlebot" not in p["userAgent"]
+    # What the page's own requests carry is the same User-Agent.
+    assert site.headers_of("/probe")["user-agent"] == desktop["userAgent"]
 
 
 def test_a_route_may_unblock_what_the_pool_blocks(site: SiteServer) -> None:
