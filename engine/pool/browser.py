@@ -48,11 +48,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from ..checks import is_int, is_number
+from ..corpus.routes import Routes
+from ..corpus.rules import NO_RULES, RESOURCE_TYPES, RouteRules
 from ..errors import CorpusError, EngineError, EngineValueError
 from .cdp import Cdp
 from .page import (
     PRERENDER_HEADER,
-    RESOURCE_TYPES,
     BrowserBroken,
     PageFailed,
     PageRules,
@@ -62,8 +63,6 @@ from .page import (
     Tab,
 )
 from .render import Failure, classify
-from .routes import Routes
-from .rules import NO_RULES, RouteRules
 from .variants import VARIANTS
 
 if TYPE_CHECKING:

@@ -9,8 +9,8 @@ on the page: a tab stuck in a busy loop does not answer ``Runtime.evaluate``, so
 cut by the timeout, and the context is then disposed from the browser side, which kills that
 renderer whatever it is doing.
 
-A route's ``wait_for`` (``rules.py``) replaces that rule: the page is ready once its selector
-matches (or its ``js:`` expression is true), whatever the network does.
+A route's ``wait_for`` (``engine/corpus/rules.py``) replaces that rule: the page is ready once
+its selector matches (or its ``js:`` expression is true), whatever the network does.
 
 Blocking is done by the ``Fetch`` domain: requests of the blocked resource types (images, media,
 fonts) and to the blocked hosts (each host and its subdomains) are paused and failed at once
@@ -38,9 +38,10 @@ import contextlib
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Final, final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
+from ..corpus.rules import Cookie, Require
 from ..errors import EngineError
 from .cdp import BrowserGone, Cdp, CdpError
 from .variants import Variant
@@ -50,9 +51,6 @@ POLL_S = 0.1
 CLOSE_S = 5.0
 """How long disposing of a context may take before the browser is deemed broken."""
 _SKIPPED_TYPES = frozenset({"WebSocket", "EventSource"})
-RESOURCE_TYPES = ("Document", "Stylesheet", "Image", "Media", "Font", "Script", "TextTrack",
-                  "XHR", "Fetch", "Prefetch", "EventSource", "WebSocket", "Manifest",
-                  "SignedExchange", "Ping", "CSPViolationReport", "Preflight", "Other")
 RENDER_MARK: Final = "Prerender (lanes pool)"
 """Appended to Chromium's User-Agent (as prerender appends its own): the middleware rules that
 send bots to a prerenderer skip a User-Agent that says "prerender"."""
@@ -101,43 +99,6 @@ class Snapshot:
     html: str
     status: int
     location: str | None = None
-
-
-@final
-@dataclass(frozen=True)
-class Cookie:
-    """One cookie set in a page's fresh context before it loads. ``domain`` None: the page's own
-    host (host-only, as the site itself would set it)."""
-
-    name: str
-    value: str
-    domain: str | None = None
-
-    def to_cdp(self, url: str) -> dict[str, Any]:
-        """The ``Storage.setCookies`` form, for a render of ``url``."""
-        if self.domain is None:
-            return {"name": self.name, "value": self.value, "url": url}
-        return {"name": self.name, "value": self.value, "domain": self.domain, "path": "/"}
-
-
-
-@final
-@dataclass(frozen=True)
-class Require:
-    """A route's content check: selectors that must match, the least text the page's body may
-    hold (characters, white space folded) and strings its text must not hold."""
-
-    selectors: tuple[str, ...] = ()
-    min_text: int = 0
-    absent: tuple[str, ...] = ()
-
-    def failures(self, found: dict[str, Any]) -> list[str]:
-        """What the page failed, from what ``_SNAPSHOT_JS`` measured; [] if it passed."""
-        out = [f"{s} missing" for s in found["missing"]]
-        if found["text"] < self.min_text:
-            out.append(f"{found['text']} characters of text, under min_text {self.min_text}")
-        out += [f"{json.dumps(a, ensure_ascii=False)} present" for a in found["present"]]
-        return out
 
 
 @dataclass(frozen=True)

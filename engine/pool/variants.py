@@ -82,4 +82,4 @@ VARIANTS: Final = {
                        "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko)"
                        " {product} Safari/537.36", "Linux x86_64"),
 }
-"""The variants a route may name, by name."""
+"""What each of the names a route may give (``engine.corpus.rules.VARIANT_NAMES``) renders as."""

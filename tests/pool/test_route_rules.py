@@ -1,4 +1,4 @@
-"""Rules per route (engine/pool/rules.py): bad input refused when the routes file loads, naming
+"""Rules per route (engine/corpus/rules.py): bad input refused when the routes file loads, naming
 the route and its line; and what each rule does to a render, in real Chromium (the worker's own
 ``Chromium`` and ``Tab``, in this process) against the browser tests' site (render_site.py):
 headers and the prerender marks on the document request only, cookies, ``wait_for``, blocking
@@ -23,12 +23,13 @@ from lanes_testlib import shm_path
 from pool_testlib import cli
 from render_site import SiteServer
 
+from engine.corpus.routes import Routes
+from engine.corpus.rules import NO_RULES, VARIANT_NAMES, RouteRules, rules_from
 from engine.errors import CorpusError
 from engine.pool.browser import BrowserSpec, Chromium, check_selectors
 from engine.pool.page import RENDER_MARK, ContentCheckFailed, PageFailed, Snapshot, Tab
 from engine.pool.render import classify
-from engine.pool.routes import Routes
-from engine.pool.rules import NO_RULES, RouteRules, rules_from
+from engine.pool.variants import VARIANTS
 
 
 @pytest.fixture(scope="module")
@@ -215,6 +216,10 @@ def test_wait_for_waits_for_its_selector_or_expression_and_says_so_when_it_never
                                " 'ready'))")
     broken = render([late], rules_from({"wait_for": "js:)("}, None))[late]
     assert isinstance(broken, PageFailed) and "wait_for 'js:)(': SyntaxError" in str(broken)
+
+
+def test_every_variant_a_route_may_name_is_defined() -> None:
+    assert tuple(VARIANTS) == VARIANT_NAMES
 
 
 def test_a_variant_renders_the_page_as_its_device(site: SiteServer) -> None:

@@ -8,7 +8,7 @@ three: headers and cookies, waiting for a selector, and above all no half-loaded
 A route in the routes TOML says so with these keys (each optional; what a route leaves out is
 the pool's own setting, ``lanes pool --browser``'s options)::
 
-    variants = ["mobile"]             # render as Googlebot's smartphone sees (variants.py)
+    variants = ["mobile"]             # render as Googlebot's smartphone sees (pool/variants.py)
     wait_for = "#price"               # ready when this selector matches, or "js:EXPR" is true
     headers = { "Accept-Language" = "en" }      # on the page's own document request
     cookies = { consent = "yes" }     # for the page's host; or { value = "yes", domain = "..." }
@@ -22,12 +22,13 @@ Everything is checked when the routes file loads, so a mistake stops the pool be
 instead of failing every page of a route: a header value with CR or LF (a header injection), a
 name that is not an HTTP token or one the browser owns (``Host``, ``Cookie``: use ``cookies``),
 a cookie whose explicit domain is not the route's host. A selector is checked by the browser
-that will use it (``browser.selector_errors``, at ``lanes pool`` start): a parser of our own
-would refuse selectors Chromium takes, or take ones it refuses.
+that will use it (``engine.pool.browser.check_selectors``, at ``lanes pool`` start): a parser
+of our own would refuse selectors Chromium takes, or take ones it refuses.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,8 +36,6 @@ from typing import Any, Final, final
 
 from ..checks import is_int, is_number
 from ..errors import EngineTypeError, EngineValueError
-from .page import RESOURCE_TYPES, Cookie, Require
-from .variants import VARIANTS
 
 RULE_KEYS: Final = ("variants", "wait_for", "headers", "cookies", "page_timeout",
                     "block_types", "block_hosts", "keep_scripts", "require")
@@ -44,6 +43,13 @@ REQUIRE_KEYS: Final = ("selectors", "min_text", "absent")
 JS_PREFIX: Final = "js:"
 MAX_TEXT: Final = 4096
 """The longest selector, expression, header or cookie value a route may give."""
+
+RESOURCE_TYPES = ("Document", "Stylesheet", "Image", "Media", "Font", "Script", "TextTrack",
+                  "XHR", "Fetch", "Prefetch", "EventSource", "WebSocket", "Manifest",
+                  "SignedExchange", "Ping", "CSPViolationReport", "Preflight", "Other")
+"""The DevTools resource types a route (or the pool) may block."""
+VARIANT_NAMES: Final = ("mobile", "desktop")
+"""The variants a route may name (``engine.pool.variants`` says what each one is)."""
 
 # RFC 9110's token: a header name (and, by RFC 6265, a cookie name).
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -59,11 +65,48 @@ BROWSER_HEADERS: Final = frozenset({"host", "cookie", "content-length", "connect
 
 @final
 @dataclass(frozen=True)
+class Cookie:
+    """One cookie set in a page's fresh context before it loads. ``domain`` None: the page's own
+    host (host-only, as the site itself would set it)."""
+
+    name: str
+    value: str
+    domain: str | None = None
+
+    def to_cdp(self, url: str) -> dict[str, Any]:
+        """The ``Storage.setCookies`` form, for a render of ``url``."""
+        if self.domain is None:
+            return {"name": self.name, "value": self.value, "url": url}
+        return {"name": self.name, "value": self.value, "domain": self.domain, "path": "/"}
+
+
+
+@final
+@dataclass(frozen=True)
+class Require:
+    """A route's content check: selectors that must match, the least text the page's body may
+    hold (characters, white space folded) and strings its text must not hold."""
+
+    selectors: tuple[str, ...] = ()
+    min_text: int = 0
+    absent: tuple[str, ...] = ()
+
+    def failures(self, found: dict[str, Any]) -> list[str]:
+        """What the page failed, from what ``_SNAPSHOT_JS`` measured; [] if it passed."""
+        out = [f"{s} missing" for s in found["missing"]]
+        if found["text"] < self.min_text:
+            out.append(f"{found['text']} characters of text, under min_text {self.min_text}")
+        out += [f"{json.dumps(a, ensure_ascii=False)} present" for a in found["present"]]
+        return out
+
+
+@final
+@dataclass(frozen=True)
 class RouteRules:
     """What one route sets of its pages' render; ``None`` (or empty) means the pool's own."""
 
     variants: tuple[str, ...] = ()
-    """The devices its pages are rendered as (``variants.VARIANTS``); (): Chromium as it is."""
+    """The devices its pages are rendered as (``VARIANT_NAMES``); (): Chromium as it is."""
     wait_for: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
     cookies: tuple[Cookie, ...] = ()
@@ -168,9 +211,10 @@ def check_header(name: object, value: object) -> tuple[str, str]:
 def _variants(value: object) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise EngineTypeError(f'variants must be a list, like ["mobile"], got {value!r}')
-    unknown = [v for v in value if v not in VARIANTS]
+    unknown = [v for v in value if v not in VARIANT_NAMES]
     if unknown:
-        raise EngineValueError(f"unknown variant {unknown[0]!r} (known: {', '.join(VARIANTS)})")
+        raise EngineValueError(f"unknown variant {unknown[0]!r} (known:"
+                               f" {', '.join(VARIANT_NAMES)})")
     if len(set(value)) != len(value):
         raise EngineValueError(f"variants names one twice: {value!r}")
     if len(value) > 1:

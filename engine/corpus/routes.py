@@ -27,7 +27,7 @@ A routes file is TOML (see ``examples/routes-shop.toml``)::
     wait_for = "#price"                   # optional: how its pages render and what their
     require = { selectors = ["#price"] }  # snapshot must hold (rules.py lists the keys)
 
-Patterns are matched against the **whole normalised URL** (``engine.urlnorm.normalize_url``:
+Patterns are matched against the **whole normalised URL** (``engine.corpus.urlnorm.normalize_url``:
 lowercase scheme and host, no default port, non-ASCII percent-encoded), so write them that way.
 A glob is ``fnmatch``-style: ``*`` matches any run of characters *including* ``/``, ``?`` any
 one character (a literal ``?`` included; write ``[?]`` for exactly that), ``[...]`` a class. A
