@@ -319,6 +319,7 @@ def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
 
 def _pool(args: argparse.Namespace) -> int:
     from .corpus.routes import Routes
+    from .corpus.rules import NO_RULES
     from .pool import Pool, PoolOptions
     from .pool.view import LiveView, print_summary
     from .pool.worker import LOG_FORMAT
@@ -336,6 +337,11 @@ def _pool(args: argparse.Namespace) -> int:
                                " read again")
     routes = Routes.load(args.routes) if args.routes else None
     render = _browser_render(args, routes) if args.browser else _command_render(args)
+    ruled = [] if routes is None or args.browser else [r.name for r in routes.routes
+                                                        if r.rules != NO_RULES]
+    if ruled:
+        print(f"note: route(s) {', '.join(ruled)} set rules for the browser render; a render"
+              " command does not apply them", file=sys.stderr)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     if args.fit_policy:
         policy = _fitted_policy(args, routes)
