@@ -319,7 +319,6 @@ def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
 
 def _pool(args: argparse.Namespace) -> int:
     from .corpus.routes import Routes
-    from .corpus.rules import NO_RULES
     from .pool import Pool, PoolOptions
     from .pool.view import LiveView, print_summary
     from .pool.worker import LOG_FORMAT
@@ -336,12 +335,7 @@ def _pool(args: argparse.Namespace) -> int:
         raise EngineValueError("--refresh-corpus needs --corpus: the files or sitemap URLs to"
                                " read again")
     routes = Routes.load(args.routes) if args.routes else None
-    render = _browser_render(args, routes) if args.browser else _command_render(args)
-    ruled = [] if routes is None or args.browser else [r.name for r in routes.routes
-                                                        if r.rules != NO_RULES]
-    if ruled:
-        print(f"note: route(s) {', '.join(ruled)} set rules for the browser render; a render"
-              " command does not apply them", file=sys.stderr)
+    render = _browser_render(args, routes) if args.browser else _command_render(args, routes)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     if args.fit_policy:
         policy = _fitted_policy(args, routes)
@@ -400,9 +394,15 @@ def _pool(args: argparse.Namespace) -> int:
     return 0 if not summary["problems"] else 1
 
 
-def _command_render(args: argparse.Namespace) -> Any:
+def _command_render(args: argparse.Namespace, routes: Any) -> Any:
     """A render by a Python callable (``--render module:func``) or a command."""
+    from .corpus.rules import NO_RULES
     from .pool.render import RenderSpec
+
+    ruled = [] if routes is None else [r.name for r in routes.routes if r.rules != NO_RULES]
+    if ruled:
+        print(f"note: route(s) {', '.join(ruled)} set rules for the browser render; a render"
+              " command does not apply them", file=sys.stderr)
 
     return RenderSpec(callable=args.render, command=args.command_template, timeout_s=args.timeout,
                       permanent_exits=tuple(args.permanent_exit),
