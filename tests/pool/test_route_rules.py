@@ -121,6 +121,18 @@ def test_a_selector_chromium_rejects_is_refused_naming_the_route_and_its_line(
     check_selectors(BrowserSpec("unused"), ok)  # CSS a parser of our own might not know
 
 
+def test_lanes_pool_refuses_such_a_selector_before_it_makes_anything(tmp_path: Path) -> None:
+    name = f"rl-rules-{uuid.uuid4().hex[:10]}"
+    path = routes_file(tmp_path, 'wait_for = "div >"')
+    store = tmp_path / "store"
+    p = cli("pool", name, "--browser", "--store", str(store), "--routes", str(path),
+            "--corpus", str(write_corpus(tmp_path / "c.csv", ["http://127.0.0.1:9/p/1"])))
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err
+    assert f"{path}:6: route 2 (\"product\"): 'div >' is not a selector Chromium accepts:" in err
+    assert not store.exists() and not os.path.exists(shm_path(name))
+
+
 # -- what each rule does to a render ---------------------------------------------------------------
 
 
