@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
-from ..corpus.rules import Cookie, Require
+from ..corpus.rules import JS_PREFIX, Cookie, Require
 from ..errors import EngineError
 from .cdp import BrowserGone, Cdp, CdpError
 from .variants import Variant
@@ -161,8 +161,9 @@ class PageRules:
         """The expression that says the page is ready under ``wait_for``, or None."""
         if self.wait_for is None:
             return None
-        if self.wait_for.startswith("js:"):
-            return f"!!({self.wait_for[3:]}\n)"
+        if self.wait_for.startswith(JS_PREFIX):
+            # On a line of its own: a trailing // comment must not swallow the parenthesis.
+            return f"!!({self.wait_for[len(JS_PREFIX):]}\n)"
         return f"document.querySelector({json.dumps(self.wait_for)}) !== null"
 
 
