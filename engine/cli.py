@@ -325,7 +325,6 @@ def _pool(args: argparse.Namespace) -> int:
 
     if args.checkpoint is None and args.checkpoint_every != PoolOptions().checkpoint_every_s:
         raise EngineValueError("--checkpoint-every needs --checkpoint PATH")
-    render = _browser_render(args) if args.browser else _command_render(args)
     options = PoolOptions(workers=args.workers, batch=args.batch, lease_s=args.lease,
                           start_method=args.start_method, checkpoint=args.checkpoint,
                           checkpoint_every_s=args.checkpoint_every, grace_s=args.grace,
@@ -336,6 +335,7 @@ def _pool(args: argparse.Namespace) -> int:
         raise EngineValueError("--refresh-corpus needs --corpus: the files or sitemap URLs to"
                                " read again")
     routes = Routes.load(args.routes) if args.routes else None
+    render = _browser_render(args, routes) if args.browser else _command_render(args, routes)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
     if args.fit_policy:
         policy = _fitted_policy(args, routes)
@@ -394,18 +394,25 @@ def _pool(args: argparse.Namespace) -> int:
     return 0 if not summary["problems"] else 1
 
 
-def _command_render(args: argparse.Namespace) -> Any:
+def _command_render(args: argparse.Namespace, routes: Any) -> Any:
     """A render by a Python callable (``--render module:func``) or a command."""
+    from .corpus.rules import NO_RULES
     from .pool.render import RenderSpec
+
+    ruled = [] if routes is None else [r.name for r in routes.routes if r.rules != NO_RULES]
+    if ruled:
+        print(f"note: route(s) {', '.join(ruled)} set rules for the browser render; a render"
+              " command does not apply them", file=sys.stderr)
 
     return RenderSpec(callable=args.render, command=args.command_template, timeout_s=args.timeout,
                       permanent_exits=tuple(args.permanent_exit),
                       permanent_errors=tuple(args.permanent_error))
 
 
-def _browser_render(args: argparse.Namespace) -> Any:
-    """``--browser``: Chromium checked and the store opened here, before anything is made."""
-    from .pool.browser import BrowserSpec, describe_chromium
+def _browser_render(args: argparse.Namespace, routes: Any) -> Any:
+    """``--browser``: Chromium checked, the routes' selectors asked of it and the store opened
+    here, before anything is made."""
+    from .pool.browser import BrowserSpec, check_selectors, describe_chromium
     from .store import SnapshotStore
 
     if args.store is None:
@@ -415,7 +422,10 @@ def _browser_render(args: argparse.Namespace) -> Any:
                        rss_limit_mb=args.browser_rss_mb, js_heap_mb=args.js_heap_mb,
                        keep_scripts=args.keep_scripts,
                        block_types=_listed(args.block_type, BrowserSpec.block_types),
-                       block_hosts=_listed(args.block_host, BrowserSpec.block_hosts))
+                       block_hosts=_listed(args.block_host, BrowserSpec.block_hosts),
+                       routes=None if routes is None else routes.to_json())
+    if routes is not None:
+        check_selectors(spec, routes)
     SnapshotStore.open(args.store).close()  # an unwritable store is refused here
     assert spec.chromium is not None  # resolved by the spec
     print(describe_chromium(spec.chromium), file=sys.stderr, flush=True)

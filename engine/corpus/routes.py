@@ -24,6 +24,8 @@ A routes file is TOML (see ``examples/routes-shop.toml``)::
     discover = false                      # optional: lanes serve --discover never adds these
     query = ["page"]                      # optional: the query parameters that matter to a
                                           # discovered URL ([]: none); default all but tracking
+    wait_for = "#price"                   # optional: how its pages render and what their
+    require = { selectors = ["#price"] }  # snapshot must hold (rules.py lists the keys)
 
 Patterns are matched against the **whole normalised URL** (``engine.corpus.urlnorm.normalize_url``:
 lowercase scheme and host, no default port, non-ASCII percent-encoded), so write them that way.
@@ -56,6 +58,7 @@ from ..checks import is_int
 from ..errors import CorpusError, EngineTypeError, EngineValueError
 from ..keys import as_int64_array
 from ..policy import MAX_INTERVAL_S, PROVENANCES
+from .rules import NO_RULES, RULE_KEYS, RouteRules, route_host, rules_from
 
 I16Array = npt.NDArray[np.int16]
 IntArray = npt.NDArray[np.int64]
@@ -64,7 +67,8 @@ U8Array = npt.NDArray[np.uint8]
 MAX_ROUTES: Final = int(np.iinfo(np.int16).max)
 """Route indexes are int16 per row (a corpus column), -1 meaning none."""
 
-ROUTE_KEYS: Final = ("name", "match", "regex", "interval", "provenance", "discover", "query")
+ROUTE_KEYS: Final = ("name", "match", "regex", "interval", "provenance", "discover", "query",
+                     *RULE_KEYS)
 _UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
 _INTERVAL_TEXT = re.compile(r"([0-9]{1,12})([smhd])")
 _TOML_LINE = re.compile(r"\(at line (\d+), column (\d+)\)$")
@@ -88,6 +92,10 @@ class Route:
     provenance: int | None = None
     discover: bool = True
     query: tuple[str, ...] | None = None
+    rules: RouteRules = NO_RULES
+    """How its pages render and what their snapshot must hold (rules.py)."""
+    place: str = field(default="", compare=False, repr=False)
+    """Where the route was written (``FILE:LINE: route N ("name")``), for later refusals."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -112,10 +120,17 @@ class Route:
                 isinstance(q, str) and q and len(q) <= 200 for q in self.query)):
             raise EngineValueError(f"query must be a list of parameter names, got"
                                    f" {self.query!r}")
+        if not isinstance(self.rules, RouteRules):
+            raise EngineTypeError(f"rules must be RouteRules, got {self.rules!r}")
         try:
             re.compile(self.regex)
         except re.error as exc:
             raise EngineValueError(f"regex {self.pattern!r} does not compile: {exc}") from None
+
+    @property
+    def host(self) -> str | None:
+        """The one host the pattern can match, where it spells it (else None)."""
+        return route_host(self.pattern, self.is_regex)
 
     @property
     def regex(self) -> str:
@@ -209,7 +224,7 @@ class Routes:
             routes.append(_route(place, item["name"], item["pattern"], item["is_regex"],
                                  item["interval_s"], None if prov is None else
                                  _provenance_code(place, prov), item.get("discover", True),
-                                 item.get("query")))
+                                 item.get("query"), item.get("rules", {})))
         return _checked_routes(where, routes)
 
     def to_json(self) -> str:
@@ -218,8 +233,14 @@ class Routes:
             {"name": r.name, "pattern": r.pattern, "is_regex": r.is_regex,
              "interval_s": r.interval_s,
              "provenance": None if r.provenance is None else PROVENANCES[r.provenance],
-             "discover": r.discover, "query": None if r.query is None else list(r.query)}
+             "discover": r.discover, "query": None if r.query is None else list(r.query),
+             **({"rules": r.rules.to_json()} if r.rules != NO_RULES else {})}
             for r in self.routes]}, ensure_ascii=False)
+
+    def rules_for(self, url: str) -> RouteRules:
+        """The rules of the first route matching ``url`` (normalised), none if none does."""
+        i = int(self.match([url])[0])
+        return self.routes[i].rules if i >= 0 else NO_RULES
 
     def match(self, urls: Sequence[str]) -> I16Array:
         """The index of the first route matching each URL (int16), -1 where none does. Pass
@@ -254,7 +275,8 @@ class Routes:
 
 
 _JSON_KEYS: Final = ("name", "pattern", "is_regex", "interval_s", "provenance")
-_JSON_OPTIONAL: Final = ("discover", "query")  # routes stored by an older pool lack them
+_JSON_OPTIONAL: Final = ("discover", "query", "rules")  # routes stored by an older pool lack
+# them
 
 
 class _Matcher:
@@ -314,14 +336,19 @@ def _route_from_toml(place: str, table: Mapping[str, Any]) -> Route:
     return _route(place, table["name"], table["regex" if is_regex else "match"], is_regex,
                   _interval_s(place, table["interval"]),
                   None if prov is None else _provenance_code(place, prov),
-                  table.get("discover", True), table.get("query"))
+                  table.get("discover", True), table.get("query"), table)
 
 
 def _route(place: str, name: object, pattern: object, is_regex: object, interval_s: object,
-           provenance: int | None, discover: object = True, query: object = None) -> Route:
+           provenance: int | None, discover: object = True, query: object = None,
+           rules: object = None) -> Route:
+    rules = {} if rules is None else rules
     try:
+        if not isinstance(rules, Mapping):
+            raise EngineTypeError(f"rules must be a table, got {rules!r}")
+        host = route_host(pattern, bool(is_regex)) if isinstance(pattern, str) else None
         return Route(name, pattern, is_regex, interval_s, provenance,  # type: ignore[arg-type]
-                     discover, query)  # type: ignore[arg-type]
+                     discover, query, rules_from(rules, host), place)  # type: ignore[arg-type]
     except (EngineValueError, EngineTypeError) as exc:
         raise CorpusError(f"{place}: {exc}") from None
 

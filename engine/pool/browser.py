@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -47,10 +48,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from ..checks import is_int, is_number
-from ..errors import EngineError, EngineValueError
+from ..corpus.routes import Routes
+from ..corpus.rules import NO_RULES, RESOURCE_TYPES, RouteRules
+from ..errors import CorpusError, EngineError, EngineValueError
 from .cdp import Cdp
-from .page import BrowserBroken, PageFailed, PageRules, PageStatus, PageTimeout, Snapshot, Tab
+from .page import (
+    PRERENDER_HEADER,
+    BrowserBroken,
+    PageFailed,
+    PageRules,
+    PageStatus,
+    PageTimeout,
+    Snapshot,
+    Tab,
+)
 from .render import Failure, classify
+from .variants import VARIANTS
 
 if TYPE_CHECKING:
     from ..api import Claim
@@ -84,9 +97,6 @@ BLOCKED_HOSTS = ("google-analytics.com", "googletagmanager.com", "doubleclick.ne
                  "clarity.ms", "amplitude.com", "fullstory.com", "adnxs.com", "bat.bing.com")
 """Analytics and ad hosts (and their subdomains) never fetched: they cost time, count visits
 that never happened, and change nothing a crawler should see."""
-RESOURCE_TYPES = ("Document", "Stylesheet", "Image", "Media", "Font", "Script", "TextTrack",
-                  "XHR", "Fetch", "Prefetch", "EventSource", "WebSocket", "Manifest",
-                  "SignedExchange", "Ping", "CSPViolationReport", "Preflight", "Other")
 _LAUNCHER = ("setpriv", "--pdeathsig", "KILL") if shutil.which("setpriv") else ()
 """Chromium gets SIGKILL when its worker dies, however it dies (util-linux's setpriv sets the
 parent-death signal, which survives the exec): the supervisor kills the worker's group too, but
@@ -123,6 +133,9 @@ class BrowserSpec:
     block_types: tuple[str, ...] = BLOCKED_TYPES
     block_hosts: tuple[str, ...] = BLOCKED_HOSTS
     settle_ms: int = 500
+    routes: str | None = None
+    """The pool's routes (``Routes.to_json``): their rules override the settings above per
+    page."""
 
     def __post_init__(self) -> None:
         for what, v, lo, hi in (("tabs", self.tabs, 1, 64),
@@ -147,6 +160,8 @@ class BrowserSpec:
             raise EngineValueError("the browser render needs a snapshot store (--store DIR)")
         object.__setattr__(self, "block_types", tuple(self.block_types))
         object.__setattr__(self, "block_hosts", tuple(h.lower() for h in self.block_hosts))
+        if self.routes is not None:
+            Routes.from_json(self.routes)  # refused here, in the supervisor, if it is bad
         if self.chromium is None:
             object.__setattr__(self, "chromium", find_chromium())
         check_chromium(self.chromium)
@@ -155,8 +170,21 @@ class BrowserSpec:
         """Why a page failed: an HTTP 4xx (but 408, 429) is permanent, the rest transient."""
         return classify(exc)
 
-    def rules(self) -> PageRules:
-        return PageRules(self.settle_ms, self.keep_scripts, self.block_types, self.block_hosts)
+    def rules(self, route: RouteRules = NO_RULES) -> PageRules:
+        """How a page of ``route`` renders: the route's rules where it has them, else the
+        pool's. Its headers go on top of ``X-Prerender: 1`` (and may replace it)."""
+        given = {k.lower() for k, _ in route.headers}
+        headers = [h for h in (PRERENDER_HEADER,) if h[0].lower() not in given]
+        return PageRules(
+            self.settle_ms,
+            self.keep_scripts if route.keep_scripts is None else route.keep_scripts,
+            self.block_types if route.block_types is None else route.block_types,
+            self.block_hosts if route.block_hosts is None else route.block_hosts,
+            route.wait_for, (*headers, *route.headers), route.cookies, route.require,
+            VARIANTS[route.variants[0]] if route.variants else None)
+
+    def page_timeout(self, route: RouteRules = NO_RULES) -> float:
+        return self.page_timeout_s if route.page_timeout_s is None else route.page_timeout_s
 
 
 def _runnable(path: object) -> bool:
@@ -191,6 +219,41 @@ def describe_chromium(path: str) -> str:
     return f"browser: {path}{hint}"
 
 
+def check_selectors(spec: BrowserSpec, routes: Routes) -> None:
+    """Refuse, naming the route and its line, a selector of the routes' rules that Chromium
+    would reject (``CorpusError``): asked of the browser that will render them, in one blank
+    page, before the pool makes anything."""
+    asked = [(r, s) for r in routes.routes for s in r.rules.selectors()]
+    if not asked:
+        return
+    errors = asyncio.run(_selector_errors(spec, sorted({s for _, s in asked})))
+    for route, selector in asked:
+        if selector in errors:
+            raise CorpusError(f"{route.place or route.name}: {selector!r} is not a selector"
+                              f" Chromium accepts: {errors[selector]}")
+
+
+async def _selector_errors(spec: BrowserSpec, selectors: list[str]) -> dict[str, str]:
+    chromium = Chromium(spec)
+    try:
+        await chromium.start()
+        cdp = chromium.cdp
+        assert cdp is not None
+        target = (await cdp.call("Target.createTarget", {"url": "about:blank"}))["targetId"]
+        session = (await cdp.call("Target.attachToTarget", {"targetId": target,
+                                                             "flatten": True}))["sessionId"]
+        errors = {}
+        for selector in selectors:
+            got = await cdp.call("Runtime.evaluate", {
+                "expression": f"document.querySelector({json.dumps(selector)}), 0"}, session)
+            if "exceptionDetails" in got:
+                text = got["exceptionDetails"].get("exception", {}).get("description", "")
+                errors[selector] = text.split("\n")[0] or "refused"
+        return errors
+    finally:
+        await chromium.close()
+
+
 # -- the browser process -----------------------------------------------------------------------
 
 
@@ -203,6 +266,7 @@ class Chromium:
         self.proc: subprocess.Popen[bytes] | None = None
         self.cdp: Cdp | None = None
         self.renders = 0  # pages started in this browser
+        self.user_agent = ""  # the browser's own, as it would send it
         self._rss_at = 0.0
         self._rss_mb = 0.0
 
@@ -230,6 +294,7 @@ class Chromium:
                                     f" {START_S:g} s")
             await asyncio.sleep(0.02)
         self.cdp = await Cdp.connect(f"ws://127.0.0.1:{int(port)}{path.strip()}")
+        self.user_agent = (await self.cdp.call("Browser.getVersion"))["userAgent"]
         return self
 
     def rss_mb(self, fresh: bool = False) -> float:
@@ -317,7 +382,9 @@ class _Tabs:
     """Up to ``tabs`` renders in flight in one browser; claims as tabs free up."""
 
     def __init__(self, worker: TabWorker, spec: BrowserSpec) -> None:
-        self.worker, self.spec, self.rules = worker, spec, spec.rules()
+        self.worker, self.spec = worker, spec
+        self.routes = None if spec.routes is None else Routes.from_json(spec.routes)
+        self.page_rules: dict[RouteRules, PageRules] = {}
         self.jobs: dict[asyncio.Task[Snapshot], _Job] = {}
         self.browser: Chromium | None = None
 
@@ -378,10 +445,17 @@ class _Tabs:
             self.jobs[asyncio.get_running_loop().create_task(self._render(job))] = job
         self.worker.give_back(later)
 
+    def _rules(self, route: RouteRules) -> PageRules:
+        """The page rules of a route's pages, made once per route."""
+        if route not in self.page_rules:
+            self.page_rules[route] = self.spec.rules(route)
+        return self.page_rules[route]
+
     async def _render(self, job: _Job) -> Snapshot:
         assert self.browser is not None and self.browser.cdp is not None
-        tab = Tab(self.browser.cdp, self.rules)
-        timeout = self.spec.page_timeout_s
+        route = NO_RULES if self.routes is None else self.routes.rules_for(job.url)
+        tab = Tab(self.browser.cdp, self._rules(route), self.browser.user_agent)
+        timeout = self.spec.page_timeout(route)
         try:
             snap = await asyncio.wait_for(tab.render(job.url), timeout)
         except TimeoutError:

@@ -9,33 +9,53 @@ on the page: a tab stuck in a busy loop does not answer ``Runtime.evaluate``, so
 cut by the timeout, and the context is then disposed from the browser side, which kills that
 renderer whatever it is doing.
 
+A route's ``wait_for`` (``engine/corpus/rules.py``) replaces that rule: the page is ready once
+its selector matches (or its ``js:`` expression is true), whatever the network does.
+
 Blocking is done by the ``Fetch`` domain: requests of the blocked resource types (images, media,
 fonts) and to the blocked hosts (each host and its subdomains) are paused and failed at once
-(``BlockedByClient``), before any byte goes out.
+(``BlockedByClient``), before any byte goes out. The same domain adds the rules' headers
+(``X-Prerender: 1`` and a route's own) to document requests only: sent on a cross-origin
+``fetch`` they would make the browser ask the API for a CORS preflight it may refuse, and the
+page would lose the very content it is rendered for. The User-Agent is Chromium's own with
+``RENDER_MARK`` appended, so an origin behind prerender middleware or an nginx bot map sends the
+render its page, not a snapshot of itself (a loop).
 
 The status is the main document's response status; ``<meta name="prerender-status-code">``
 overrides it (and ``<meta name="prerender-header" content="Location: URL">`` gives a 3xx its
 Location). A redirect of the main document is not followed: its status and ``Location`` are
 the render (as prerender does by default). The snapshot is the serialised DOM with every
 ``<script>`` removed except ``application/ld+json``, unless scripts are kept.
+
+A 2xx snapshot must pass the route's content check (``Require``) before it goes anywhere: a
+failing one raises ``ContentCheckFailed`` with what was wrong, so the last good snapshot stays.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
+from urllib.parse import urlsplit
 
+from ..corpus.rules import JS_PREFIX, Cookie, Require
 from ..errors import EngineError
 from .cdp import BrowserGone, Cdp, CdpError
+from .variants import Variant
 
 POLL_S = 0.1
 """How often readiness is looked at."""
 CLOSE_S = 5.0
 """How long disposing of a context may take before the browser is deemed broken."""
 _SKIPPED_TYPES = frozenset({"WebSocket", "EventSource"})
+RENDER_MARK: Final = "Prerender (lanes pool)"
+"""Appended to Chromium's User-Agent (as prerender appends its own): the middleware rules that
+send bots to a prerenderer skip a User-Agent that says "prerender"."""
+PRERENDER_HEADER: Final = ("X-Prerender", "1")
+"""Sent with every render's document request: what prerender-node checks first."""
 
 
 class PageFailed(EngineError):
@@ -61,6 +81,13 @@ class PageStatus(PageFailed):
         return (PageStatus, (str(self), self.status))
 
 
+class ContentCheckFailed(PageFailed):
+    """The page rendered but its content check failed (transient: the API inside it may answer
+    next time). Its message is the reason as it stands: ``content check: #price missing``."""
+
+    bare_reason = True
+
+
 class BrowserBroken(PageFailed):
     """The browser stopped answering or died while this page rendered (transient)."""
 
@@ -82,16 +109,69 @@ class PageRules:
     keep_scripts: bool
     block_types: tuple[str, ...]
     block_hosts: tuple[str, ...]
+    wait_for: str | None = None
+    """A CSS selector, or ``js:EXPRESSION``: ready when it matches (is true)."""
+    headers: tuple[tuple[str, str], ...] = (PRERENDER_HEADER,)
+    """Added to document requests; a ``User-Agent`` among them replaces the User-Agent."""
+    cookies: tuple[Cookie, ...] = ()
+    require: Require | None = None
+    variant: Variant | None = None
+    """The device to render as (variants.py); None: Chromium as it is."""
 
     def fetch_patterns(self) -> list[dict[str, str]]:
         pats = [{"resourceType": t, "requestStage": "Request"} for t in self.block_types]
         for host in self.block_hosts:
             pats += [{"urlPattern": f"*://{host}/*", "requestStage": "Request"},
                      {"urlPattern": f"*://*.{host}/*", "requestStage": "Request"}]
+        if self.request_headers():
+            pats.append({"resourceType": "Document", "requestStage": "Request"})
         return pats
+
+    def blocks(self, url: str, resource_type: str) -> bool:
+        """Whether a request is one the rules block (a paused document may not be)."""
+        if resource_type in self.block_types:
+            return True
+        host = (urlsplit(url).hostname or "").lower()
+        return any(host == h or host.endswith("." + h) for h in self.block_hosts)
+
+    def user_agent(self, browsers: str) -> str:
+        """The User-Agent of a render: the rules' own, else the variant's or the browser's,
+        with the mark."""
+        given = [v for k, v in self.headers if k.lower() == "user-agent"]
+        if given:
+            return given[-1]
+        if self.variant is not None:
+            return self.variant.user_agent(browsers, RENDER_MARK)
+        return f"{browsers} {RENDER_MARK}"
+
+    def emulation(self, browsers: str) -> list[tuple[str, dict[str, Any]]]:
+        """The calls that set a page's device and User-Agent (none without ``browsers``, the
+        browser's own User-Agent: the page is left as Chromium makes it)."""
+        if not browsers:
+            return []
+        agent = self.user_agent(browsers)
+        if self.variant is not None:
+            return self.variant.emulation(agent)
+        return [("Emulation.setUserAgentOverride", {"userAgent": agent})]
+
+    def request_headers(self) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in self.headers if k.lower() != "user-agent"]
+
+    def ready_js(self) -> str | None:
+        """The expression that says the page is ready under ``wait_for``, or None."""
+        if self.wait_for is None:
+            return None
+        if self.wait_for.startswith(JS_PREFIX):
+            # On a line of its own: a trailing // comment must not swallow the parenthesis.
+            return f"!!({self.wait_for[len(JS_PREFIX):]}\n)"
+        return f"document.querySelector({json.dumps(self.wait_for)}) !== null"
 
 
 _SNAPSHOT_JS = """(() => {
+  const require = %(require)s;
+  const text = document.body ? document.body.innerText.replace(/\\s+/g, ' ').trim() : '';
+  const check = {missing: require.selectors.filter(s => document.querySelector(s) === null),
+                 text: text.length, present: require.absent.filter(a => text.includes(a))};
   const meta = document.querySelector('meta[name="prerender-status-code"]');
   const headers = [...document.querySelectorAll('meta[name="prerender-header"]')]
     .map(m => m.getAttribute('content') || '');
@@ -102,7 +182,7 @@ _SNAPSHOT_JS = """(() => {
   }
   const dt = document.doctype ? new XMLSerializer().serializeToString(document.doctype) : '';
   return {html: dt + document.documentElement.outerHTML,
-          status: meta ? meta.getAttribute('content') : null, headers};
+          status: meta ? meta.getAttribute('content') : null, headers, check};
 })()"""
 
 
@@ -120,14 +200,16 @@ class _State:
     in_flight: dict[str, str] = field(default_factory=dict)  # request id -> URL
     quiet_since: float = field(default_factory=time.monotonic)
     waiting_on_js: bool = False  # a Runtime.evaluate is unanswered (a busy page?)
+    wait_error: str | None = None  # what the wait_for expression last threw
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Tab:
     """One render: a fresh context and target, its events, and their disposal."""
 
-    def __init__(self, cdp: Cdp, rules: PageRules) -> None:
-        self.cdp, self.rules = cdp, rules
+    def __init__(self, cdp: Cdp, rules: PageRules, user_agent: str = "") -> None:
+        """``user_agent``: the browser's own (``Browser.getVersion``); "" leaves it as it is."""
+        self.cdp, self.rules, self.browser_ua = cdp, rules, user_agent
         self.context: str | None = None
         self.session: str | None = None
         self.state: _State | None = None
@@ -143,9 +225,15 @@ class Tab:
         self.session = (await cdp.call("Target.attachToTarget", {
             "targetId": target, "flatten": True}))["sessionId"]
         cdp.on(self.session, self._event)
-        await asyncio.gather(*(self._call(m, p) for m, p in (
+        setup: list[tuple[str, dict[str, Any]]] = [
             ("Page.enable", {}), ("Network.enable", {}), ("Inspector.enable", {}),
-            ("Fetch.enable", {"patterns": self.rules.fetch_patterns()}))))
+            ("Fetch.enable", {"patterns": self.rules.fetch_patterns()})]
+        setup += self.rules.emulation(self.browser_ua)
+        await asyncio.gather(*(self._call(m, p) for m, p in setup))
+        if self.rules.cookies:
+            await cdp.call("Storage.setCookies", {
+                "browserContextId": self.context,
+                "cookies": [c.to_cdp(url) for c in self.rules.cookies]})
         nav = await self._call("Page.navigate", {"url": url})
         if st.redirect is not None:
             return Snapshot("", *st.redirect)
@@ -169,6 +257,9 @@ class Tab:
             return f"{head}: its JavaScript did not answer (a busy loop?)"
         if not st.dom_ready:
             head += " (DOMContentLoaded never came)"
+        elif self.rules.wait_for is not None:
+            threw = f" (it threw {st.wait_error})" if st.wait_error else ""
+            return f"{head}: wait_for {self.rules.wait_for!r} never held{threw}"
         if not st.in_flight:
             return f"{head}: no request open (prerenderReady never turned true?)"
         urls = sorted(st.in_flight.values())
@@ -213,7 +304,10 @@ class Tab:
                 raise PageCrashed("the page crashed (its renderer died: out of memory?)")
             if st.gone:
                 raise BrowserBroken("the browser died during the render")
-            if st.dom_ready:
+            if st.dom_ready and self.rules.wait_for is not None:
+                if await self._holds(st):
+                    return
+            elif st.dom_ready:
                 st.waiting_on_js = True
                 got = await self._call("Runtime.evaluate", {
                     "expression": "window.prerenderReady", "returnByValue": True})
@@ -228,11 +322,29 @@ class Tab:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(st.wake.wait(), POLL_S)
 
+    async def _holds(self, st: _State) -> bool:
+        """Whether ``wait_for`` holds now. An expression that throws has not turned true yet
+        (what it threw is kept for the timeout's reason), one that does not parse never will."""
+        st.waiting_on_js = True
+        got = await self._call("Runtime.evaluate", {"expression": self.rules.ready_js(),
+                                                    "returnByValue": True})
+        st.waiting_on_js = False
+        if "exceptionDetails" in got:
+            error = got["exceptionDetails"].get("exception", {}).get("description", "")
+            st.wait_error = error.split("\n")[0] or "an exception"
+            if st.wait_error.startswith("SyntaxError"):
+                raise PageFailed(f"wait_for {self.rules.wait_for!r}: {st.wait_error}")
+            return False
+        return got.get("result", {}).get("value") is True
+
     async def _snapshot(self, st: _State) -> Snapshot:
         keep = "true" if self.rules.keep_scripts else "false"
+        req = self.rules.require or Require()
+        require = json.dumps({"selectors": req.selectors, "absent": req.absent})
         st.waiting_on_js = True
         got = await self._call("Runtime.evaluate", {
-            "expression": _SNAPSHOT_JS % {"keep": keep}, "returnByValue": True})
+            "expression": _SNAPSHOT_JS % {"keep": keep, "require": require},
+            "returnByValue": True})
         st.waiting_on_js = False
         if "exceptionDetails" in got:
             raise PageFailed("cannot serialise the page: "
@@ -247,6 +359,10 @@ class Tab:
             name, _, v = str(header).partition(":")
             if name.strip().lower() == "location" and v.strip():
                 location = v.strip()
+        if self.rules.require is not None and 200 <= status < 300:
+            wrong = self.rules.require.failures(value["check"])
+            if wrong:
+                raise ContentCheckFailed("content check: " + "; ".join(wrong))
         return Snapshot(value["html"], status, location if 300 <= status < 400 else None)
 
     def _event(self, method: str, p: dict[str, Any]) -> None:
@@ -261,7 +377,7 @@ class Tab:
             if p.get("requestId") == st.main_request:
                 st.status = int(p["response"]["status"])
         elif method == "Fetch.requestPaused":
-            task = asyncio.get_running_loop().create_task(self._block(p["requestId"]))
+            task = asyncio.get_running_loop().create_task(self._paused(p))
             self._blocking.add(task)
             task.add_done_callback(self._blocking.discard)
         elif method == "Page.domContentEventFired":
@@ -286,8 +402,18 @@ class Tab:
             return
         st.in_flight[rid] = p.get("request", {}).get("url", "?")
 
-    async def _block(self, request_id: str) -> None:
+    async def _paused(self, p: dict[str, Any]) -> None:
+        """Fail a blocked request; let a document request go on with the rules' headers."""
+        request = p.get("request", {})
+        params: dict[str, Any]
+        if self.rules.blocks(request.get("url", ""), p.get("resourceType", "")):
+            method, params = "Fetch.failRequest", {"errorReason": "BlockedByClient"}
+        else:
+            extra = self.rules.request_headers()
+            names = {k.lower() for k, _ in extra}
+            headers = [{"name": k, "value": v} for k, v in request.get("headers", {}).items()
+                       if k.lower() not in names]
+            method, params = "Fetch.continueRequest", {
+                "headers": headers + [{"name": k, "value": v} for k, v in extra]}
         with contextlib.suppress(EngineError):
-            await self.cdp.call("Fetch.failRequest", {"requestId": request_id,
-                                                      "errorReason": "BlockedByClient"},
-                                self.session)
+            await self.cdp.call(method, {"requestId": p["requestId"], **params}, self.session)

@@ -22,7 +22,9 @@ rules, in order of what is looked at:
   banners come before it). A command killed by a signal: ``"<cmd> killed by SIGKILL"``. A
   command that timed out: ``"timed out after <t> s"``. A command that cannot be started:
   ``"cannot run the render command <cmd>: <OS error>"``. Any other exception:
-  ``"<Type>: <message>"``. Whitespace is folded to one line of at most ``REASON_MAX`` chars.
+  ``"<Type>: <message>"`` (the message alone where the exception's class says it is written as
+  a reason, ``bare_reason``: ``content check: #price missing``). Whitespace is folded to one
+  line of at most ``REASON_MAX`` chars.
 * **Timeouts and unrunnable commands are always transient.** A timeout may pass. A command
   that cannot be started is a mistake in the pool's configuration, not in the row: calling it
   permanent would park every row of the corpus, so it is transient (kind ``"missing"``) and its
@@ -143,7 +145,11 @@ def classify(exc: BaseException, permanent_exits: frozenset[int] = frozenset(),
                      or _named_in(exc, permanent_errors))
         return Failure(reason, "exit", permanent, status, http)
     text = str(exc)
-    reason = _one_line(f"{type(exc).__name__}: {text}" if text.strip() else type(exc).__name__)
+    if getattr(exc, "bare_reason", False) and text.strip():
+        reason = _one_line(text)  # a message written as the reason ("content check: ...")
+    else:
+        reason = _one_line(f"{type(exc).__name__}: {text}" if text.strip()
+                           else type(exc).__name__)
     http = _http_status_of(exc)
     return Failure(reason, "exception", _permanent_http(http) or _named_in(exc, permanent_errors),
                    None, http)

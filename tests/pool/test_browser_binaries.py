@@ -21,9 +21,10 @@ from render_site import JSON_LD
 from site_server import SiteServer as SitemapSite
 
 from engine.corpus.read import read_corpora
+from engine.corpus.rules import NO_RULES, RouteRules, rules_from
 from engine.pool import browser
 from engine.pool.browser import DEFAULT_CHROMIUM, HEADLESS_SHELL, BrowserSpec, Chromium
-from engine.pool.page import PageFailed, Tab
+from engine.pool.page import RENDER_MARK, PageFailed, Tab
 
 DATA_SITE = Path(__file__).resolve().parents[1] / "data" / "site"
 BINARIES = (HEADLESS_SHELL, DEFAULT_CHROMIUM)
@@ -48,9 +49,12 @@ def data_site() -> Iterator[tuple[SitemapSite, list[str]]]:
         yield s, [*paths, "/no/such/page/"]
 
 
-async def _render_all(binary: str, urls: list[str]) -> dict[str, Any]:
+async def _render_all(binary: str, urls: list[str], route: RouteRules | None = None
+                      ) -> dict[str, Any]:
     """url -> (html, status, location) or (the failure's type, its message), and the seconds
-    each took; ``TABS`` pages at once in one browser, as a worker renders them."""
+    each took; ``TABS`` pages at once in one browser, as a worker renders them. With ``route``,
+    under its rules and with the pool's User-Agent (the browser's own, marked); without, as
+    Chromium renders a page with nothing set."""
     spec = BrowserSpec("unused", chromium=binary)
     chromium = Chromium(spec)
     out: dict[str, Any] = {}
@@ -63,7 +67,8 @@ async def _render_all(binary: str, urls: list[str]) -> dict[str, Any]:
         async def one(url: str) -> None:
             async with gate:
                 assert chromium.cdp is not None
-                tab = Tab(chromium.cdp, spec.rules())
+                tab = Tab(chromium.cdp, spec.rules(route or NO_RULES),
+                          "" if route is None else chromium.user_agent)
                 t0 = time.monotonic()
                 try:
                     snap = await asyncio.wait_for(tab.render(url), 30)
@@ -95,8 +100,8 @@ def _gone(profile: str, settle_s: float = 3.0) -> None:
     assert left == [], f"processes of {profile} left behind: {[p.pid for p in left]}"
 
 
-def _both(urls: list[str]) -> dict[str, dict[str, Any]]:
-    return {b: asyncio.run(_render_all(b, urls)) for b in BINARIES}
+def _both(urls: list[str], route: RouteRules | None = None) -> dict[str, dict[str, Any]]:
+    return {b: asyncio.run(_render_all(b, urls, route)) for b in BINARIES}
 
 
 def test_both_binaries_give_the_same_snapshot_of_every_test_page(
@@ -130,10 +135,7 @@ def test_both_binaries_give_the_same_snapshot_of_every_test_page(
 FULL_VERSION = re.compile(r"HeadlessChrome/(\d+)\.\d+\.\d+\.\d+ ")
 
 
-def test_what_a_page_can_tell_of_its_browser_differs_only_as_documented(
-        site: render_site.SiteServer) -> None:
-    url = site.url("/probe")
-    got = _both([url])
+def _probes(got: dict[str, dict[str, Any]], url: str) -> dict[str, dict[str, Any]]:
     probes = {}
     for b in BINARIES:
         html, status, _ = got[b]["snapshots"][url]
@@ -141,6 +143,13 @@ def test_what_a_page_can_tell_of_its_browser_differs_only_as_documented(
         text = re.search(r'<pre id="probe">(.*?)</pre>', html, re.S)
         assert text is not None, html
         probes[b] = json.loads(text.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    return probes
+
+
+def test_what_a_page_can_tell_of_its_browser_differs_only_as_documented(
+        site: render_site.SiteServer) -> None:
+    url = site.url("/probe")
+    probes = _probes(_both([url]), url)
     shell, full = probes[HEADLESS_SHELL], probes[DEFAULT_CHROMIUM]
     differ = sorted(k for k in shell if shell[k] != full[k])
     # docs/design.md, "The headless shell": each of these, and nothing else.
@@ -162,6 +171,34 @@ def test_what_a_page_can_tell_of_its_browser_differs_only_as_documented(
     assert (shell["notification"], full["notification"]) == ("denied", "default")  # no prompt
     # What stays: no mobile emulation, the same machine, webdriver set in both.
     assert shell["coarsePointer"] is False and shell["webdriver"] is True
+
+
+def test_both_binaries_give_the_same_documents_under_mobile_emulation(
+        site: render_site.SiteServer, data_site: tuple[SitemapSite, list[str]]) -> None:
+    """The mobile variant (engine/pool/variants.py) as the pool renders it: the same snapshot
+    of every test page from both binaries, and the same device as far as a page can tell, but
+    for what docs/design.md lists."""
+    plain, plain_paths = data_site
+    probe = site.url("/probe")
+    urls = [site.url(p) for p in SITE_PAGES] + [plain.url() + p for p in plain_paths] + [probe]
+    got = _both(urls, rules_from({"variants": ["mobile"]}, None))
+    shell, full = (got[b]["snapshots"] for b in BINARIES)
+    differ = [u for u in urls if u != probe and shell[u] != full[u]]
+    assert differ == [], {u: (shell[u], full[u]) for u in differ}
+    assert "JS content 1: fetched" in shell[site.url("/js/1")][0]
+    probes = _probes(got, probe)
+    for p in probes.values():  # a Nexus 5X, touch, as Googlebot's smartphone crawler is
+        assert (p["innerWidth"], p["innerHeight"], p["screen"], p["devicePixelRatio"]) == (
+            412, 732, [412, 732], 2.625)
+        assert (p["coarsePointer"], p["hover"], p["platform"]) == (True, False, "Linux armv8l")
+        assert re.fullmatch(r"Mozilla/5\.0 \(Linux; Android 6\.0\.1; Nexus 5X Build/MMB29P\)"
+                            r" AppleWebKit/537\.36 \(KHTML, like Gecko\) HeadlessChrome/"
+                            r"[0-9.]+ Mobile Safari/537\.36 " + re.escape(RENDER_MARK),
+                            p["userAgent"]), p["userAgent"]
+    shell_p, full_p = probes[HEADLESS_SHELL], probes[DEFAULT_CHROMIUM]
+    # The emulated device hides the windows' difference; the rest stays (docs/design.md).
+    assert sorted(k for k in shell_p if shell_p[k] != full_p[k]) == [
+        "languages", "mimeTypes", "notification", "plugins", "userAgent", "windowChrome"]
 
 
 def test_the_shell_is_the_default_and_full_chromium_the_fallback(
