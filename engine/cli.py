@@ -70,14 +70,14 @@ def _routes(args: argparse.Namespace, eng: Any) -> Any:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from .pool import progress
     from .pool.board import Board
-    from .pool.view import for_json, pool_report, print_pool_report, print_table
+    from .report import progress, words
+    from .report.view import for_json, pool_report, print_pool_report, print_table
 
     eng = _engine(args)
     try:
         if args.prometheus:
-            from .pool.metrics import exposition
+            from .report.metrics import exposition
             from .store import SnapshotStore
 
             if args.store is None:
@@ -124,7 +124,7 @@ def _stats(args: argparse.Namespace) -> int:
         if "routes" in report:
             print_table("per route (--routes; first match wins)", [
                 (r["route"], r["pattern"],
-                 "-" if r["interval_s"] is None else progress.format_duration(r["interval_s"]),
+                 "-" if r["interval_s"] is None else words.format_duration(r["interval_s"]),
                  *(str(r[c]) for c in ("rows", "due", "failing", "parked")))
                 for r in report["routes"]],
                 ("route", "pattern", "every", "rows", "due", "failing", "parked"),
@@ -134,15 +134,15 @@ def _stats(args: argparse.Namespace) -> int:
         cols = ("lane", "name", "floor", "queued", "due", "leased", "granted", "spilled",
                 "stale skipped", "lease refused", "next due")
         rows = [(str(ln["lane"]), ln["name"],
-                 progress.format_due(ln["floor_minute"] * 60_000 or None, now),
+                 words.format_due(ln["floor_minute"] * 60_000 or None, now),
                  *(str(ln[c]) for c in ("queued", "due", "leased", "granted", "spilled",
                                         "stale_skipped", "lease_refused")),
-                 progress.format_due(ln["next_due_ms"], now)) for ln in report["lanes"]]
+                 words.format_due(ln["next_due_ms"], now)) for ln in report["lanes"]]
         print_table(f"{report['name']}: {report['rows']} rows ({report['queued']} queued) of"
                     f" {report['capacity']}, layout v{report['layout_version']} (no pool)",
                     rows, cols, plain=args.plain)
     if "staleness" in report and not args.json:
-        from .pool.view import print_staleness
+        from .report.view import print_staleness
 
         print_staleness(report["staleness"], plain=args.plain)
     return 0
@@ -150,7 +150,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _staleness(args: argparse.Namespace, eng: Any) -> dict[str, Any]:
     """``--store DIR``'s served staleness, per lane and (when the pool has routes) per route."""
-    from .pool.staleness import staleness
+    from .report.staleness import staleness
     from .store import SnapshotStore
 
     with SnapshotStore.open(args.store, create=False) as store:
@@ -210,7 +210,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _prioritize(args: argparse.Namespace) -> int:
-    from .pool.progress import format_due
+    from .report.words import format_due
 
     given = [w for w in ("url", "urls", "scope", "row") if getattr(args, w) is not None]
     if len(given) != 1:
@@ -320,8 +320,8 @@ def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
 def _pool(args: argparse.Namespace) -> int:
     from .pool import Pool, PoolOptions
     from .pool.routes import Routes
-    from .pool.view import LiveView, print_summary
     from .pool.worker import LOG_FORMAT
+    from .report.view import LiveView, print_summary
 
     if args.checkpoint is None and args.checkpoint_every != PoolOptions().checkpoint_every_s:
         raise EngineValueError("--checkpoint-every needs --checkpoint PATH")
@@ -374,7 +374,7 @@ def _pool(args: argparse.Namespace) -> int:
     view = LiveView(force_plain=args.plain, store=getattr(args, "store", None))
     try:
         if args.metrics_port is not None:
-            from .pool.metrics import start_server
+            from .report.metrics import start_server
 
             # Its own handle: a scrape in flight must never read a segment the pool unmapped.
             scraped = _engine(args)
@@ -509,7 +509,7 @@ def _add(args: argparse.Namespace) -> int:
 def _failures(args: argparse.Namespace) -> int:
     from .pool.failures import failure_rows
     from .pool.parts import PoolParts
-    from .pool.view import print_table
+    from .report.view import print_table
 
     parts = PoolParts.attach(args.name, local=_local(args), redis=args.redis)
     eng = parts.engine

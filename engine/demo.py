@@ -29,7 +29,7 @@ from .checks import wall_ms
 from .policy import LanePolicy
 from .pool import Pool, PoolOptions
 from .pool.render import RenderSpec
-from .pool.view import LiveView, print_summary
+from .report.view import LiveView, print_summary
 
 HOUR_MS = 3_600_000
 NOW = 1_800_000_000_000

@@ -60,7 +60,7 @@ from ..errors import (
     SegmentMissing,
 )
 from ..keys import PARKED_MS
-from .progress import format_due
+from ..report.words import format_due
 from .render import KINDS, Failure
 
 SUFFIX = "failures"

@@ -35,9 +35,9 @@ import numpy as np
 from .. import checkpoint
 from ..errors import CapacityError, EngineValueError
 from ..policy import PROVENANCES, LanePolicy
+from ..report.words import format_duration
 from .grow import add_corpus
 from .ingest import Corpus
-from .progress import format_duration
 
 log = logging.getLogger("engine.pool")
 

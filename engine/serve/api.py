@@ -38,12 +38,12 @@ from ..checks import wall_ms
 from ..errors import EngineError, EngineValueError
 from ..keys import PARKED_MS
 from ..policy import INTERVALS, ONE, REMAINDERS, SHARE_CLASSES, LanePolicy
-from ..pool import progress
 from ..pool.board import Board
 from ..pool.failures import failure_rows
 from ..pool.routes import Routes
-from ..pool.staleness import RouteOf, staleness
-from ..pool.view import for_json, lane_figures, lane_sums, pool_figures
+from ..report import progress
+from ..report.staleness import RouteOf, staleness
+from ..report.view import for_json, lane_figures, lane_sums, pool_figures
 from .source import PoolSource
 
 SAMPLE_EVERY_S = 2.0

@@ -2,7 +2,7 @@
 
 Pages are jinja2 templates (autoescape on: a URL or a reason is always text) filled from the
 shared :class:`~engine.serve.api.Figures`; their tables are written with the same cells as the
-terminal's live view (``view.lane_cells``, ``progress.format_*``). The overview replaces its
+terminal's live view (``view.lane_cells``, ``words.format_*``). The overview replaces its
 live part every second with a fragment the server renders (``/live``) and draws its charts
 with the vendored uPlot from ``/api/history``. Actions are HTML forms that POST (the server's
 CSRF middleware checks them) and answer with a redirect back; without JavaScript they work
@@ -24,9 +24,9 @@ from aiohttp import web
 
 from ..checks import wall_ms
 from ..errors import EngineError
-from ..pool import progress
-from ..pool.staleness import cells as staleness_cells
-from ..pool.view import COLUMNS, lane_cells
+from ..report import words
+from ..report.staleness import cells as staleness_cells
+from ..report.view import COLUMNS, lane_cells
 from . import api, auth
 from .source import PoolSource
 
@@ -45,16 +45,16 @@ def _environment() -> jinja2.Environment:
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(due=_due, duration=_duration, number=_number_cell, served=served_cell,
-                       rate=progress.format_rate, quote=urllib.parse.quote)
+                       rate=words.format_rate, quote=urllib.parse.quote)
     return env
 
 
 def _due(ms: int | None, now_ms: int | None = None) -> str:
-    return progress.format_due(ms, wall_ms() if now_ms is None else now_ms)
+    return words.format_due(ms, wall_ms() if now_ms is None else now_ms)
 
 
 def _duration(s: float | None) -> str:
-    return "-" if s is None else progress.format_duration(s)
+    return "-" if s is None else words.format_duration(s)
 
 
 def _number_cell(v: float | None, digits: int = 2) -> str:

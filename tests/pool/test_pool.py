@@ -258,7 +258,7 @@ def test_pool_setup_refuses_what_would_fail_later() -> None:
 
 def test_the_summary_shows_every_lane_with_anything_in_it(capsys: Any) -> None:
     from engine.pool.board import BUCKETS, FAILED, LANES, OK
-    from engine.pool.view import print_summary
+    from engine.report.view import print_summary
 
     def lane(i: int, name: str, queued: int = 0, granted: int = 0, renders: int = 0) -> Any:
         return {"lane": i, "name": name, "queued": queued, "due": 0, "granted": granted,

@@ -16,8 +16,8 @@ from pool_testlib import make_pool
 
 from engine.pool.grow import store_routes
 from engine.pool.routes import Routes
-from engine.pool.staleness import NO_ROUTE, staleness
-from engine.pool.view import LiveView
+from engine.report.staleness import NO_ROUTE, staleness
+from engine.report.view import LiveView
 from engine.shm.engine import Engine, wall_ms
 from engine.shm.urls import UrlTable
 from engine.store import SnapshotStore

@@ -1,5 +1,5 @@
 """Prometheus metrics of an engine and, when a pool runs over it, of the pool; with a snapshot
-store, its served staleness (``engine.pool.staleness``).
+store, its served staleness (``engine.report.staleness``).
 
 Nothing is counted twice: on every scrape a collector reads the engine's own per-lane counters
 (``Engine.stats``) and the pool board's per-worker counters (``engine.pool.board``) and turns them
@@ -16,9 +16,9 @@ from typing import Any
 
 from ..checks import is_int, wall_ms
 from ..errors import EngineError, EngineValueError, SegmentMissing
+from ..pool.board import DURATION_BUCKETS, FAILED, OK, Board
+from ..pool.routes import Routes
 from ..store import SnapshotStore
-from .board import DURATION_BUCKETS, FAILED, OK, Board
-from .routes import Routes
 from .staleness import RouteOf, staleness
 
 _LANE_GAUGES = (("queued", "rows queued in the lane"),

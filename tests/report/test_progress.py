@@ -1,4 +1,4 @@
-"""The arithmetic of progress (engine/pool/progress.py): quantiles from bucket counts, durations,
+"""The arithmetic of progress (engine/report/progress.py): quantiles from bucket counts, durations,
 due times, rates and drain times as a person reads them, and the next due row per lane."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from engine import checkpoint as ck
 from engine.policy import LanePolicy
-from engine.pool import progress
 from engine.pool.board import DURATION_BUCKETS
+from engine.report import progress, words
 
 NB = len(DURATION_BUCKETS) + 1
 NOW = 1_800_000_000_000
@@ -87,43 +87,43 @@ def test_latency_cells_read_as_three_numbers_and_a_unit(qs: Any, cell: str) -> N
     (3599, "1.0 h"), (3.2 * 3600, "3.2 h"), (23.9 * 3600, "23.9 h"), (2.1 * 86400, "2.1 d"),
     (-90, "-2 min"), (math.inf, "forever")])
 def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None:
-    assert progress.format_duration(seconds) == text
+    assert words.format_duration(seconds) == text
 
 
 def test_due_times_are_relative_with_the_local_clock_or_date_never_epoch_ms() -> None:
-    assert progress.format_due(None, NOW) == "-"
-    assert progress.format_due(NOW, NOW) == "now" == progress.format_due(NOW + 400, NOW)
-    assert progress.format_due(NOW - 3 * MIN, NOW) == "3 min ago"
-    assert progress.format_due(NOW - 5 * DAY, NOW) == "5.0 d ago"
-    assert re.fullmatch(r"in 3\.0 h \(\d\d:\d\d\)", progress.format_due(NOW + 3 * HOUR, NOW))
-    assert re.fullmatch(r"in 12 min \(\d\d:\d\d\)", progress.format_due(NOW + 12 * MIN, NOW))
+    assert words.format_due(None, NOW) == "-"
+    assert words.format_due(NOW, NOW) == "now" == words.format_due(NOW + 400, NOW)
+    assert words.format_due(NOW - 3 * MIN, NOW) == "3 min ago"
+    assert words.format_due(NOW - 5 * DAY, NOW) == "5.0 d ago"
+    assert re.fullmatch(r"in 3\.0 h \(\d\d:\d\d\)", words.format_due(NOW + 3 * HOUR, NOW))
+    assert re.fullmatch(r"in 12 min \(\d\d:\d\d\)", words.format_due(NOW + 12 * MIN, NOW))
     assert re.fullmatch(r"in 2\.0 d \([A-Z][a-z]{2} \d\d( \d{4})?\)",
-                        progress.format_due(NOW + 2 * DAY, NOW))
+                        words.format_due(NOW + 2 * DAY, NOW))
     assert re.fullmatch(r"in 400\.0 d \([A-Z][a-z]{2} \d\d \d{4}\)",
-                        progress.format_due(NOW + 400 * DAY, NOW))
+                        words.format_due(NOW + 400 * DAY, NOW))
     for due in (NOW - HOUR, NOW + HOUR, NOW + 30 * DAY):
-        assert str(due) not in progress.format_due(due, NOW)
-        assert not re.search(r"\d{7,}", progress.format_due(due, NOW))
+        assert str(due) not in words.format_due(due, NOW)
+        assert not re.search(r"\d{7,}", words.format_due(due, NOW))
 
 
 def test_rates_and_drain_times() -> None:
-    assert progress.rate(150, 100, 10.0) == 5.0
-    assert progress.rate(100, 100, 0.0) is None
-    assert [progress.format_rate(r) for r in (None, 0, 0.42, 12.3, 25_000)] == [
+    assert words.rate(150, 100, 10.0) == 5.0
+    assert words.rate(100, 100, 0.0) is None
+    assert [words.format_rate(r) for r in (None, 0, 0.42, 12.3, 25_000)] == [
         "-", "0", "0.4", "12", "25.0k"]
-    assert progress.eta_seconds(0, 0.0) == 0.0
-    assert progress.eta_seconds(100, 4.0) == 25.0
-    assert progress.eta_seconds(100, 0.0) == math.inf
-    assert progress.eta_seconds(100, None) is None
-    assert progress.format_eta(0, 3.0) == "-"
-    assert progress.format_eta(100, None) == "-"
-    assert progress.format_eta(100, 0.0) == "stalled"
-    assert progress.format_eta(720, 1.0) == "12 min"
+    assert words.eta_seconds(0, 0.0) == 0.0
+    assert words.eta_seconds(100, 4.0) == 25.0
+    assert words.eta_seconds(100, 0.0) == math.inf
+    assert words.eta_seconds(100, None) is None
+    assert words.format_eta(0, 3.0) == "-"
+    assert words.format_eta(100, None) == "-"
+    assert words.format_eta(100, 0.0) == "stalled"
+    assert words.format_eta(720, 1.0) == "12 min"
 
 
 def test_elapsed_names_pool_time_only_when_the_clock_is_scaled() -> None:
-    assert progress.format_elapsed(720, 720, 1.0) == "up 12 min"
-    assert progress.format_elapsed(60, 60 * 500, 500.0) == "up 1 min (pool time 8.3 h, x500)"
+    assert words.format_elapsed(720, 720, 1.0) == "up 12 min"
+    assert words.format_elapsed(60, 60 * 500, 500.0) == "up 1 min (pool time 8.3 h, x500)"
 
 
 # -- next due per lane -------------------------------------------------------------------------

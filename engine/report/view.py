@@ -18,10 +18,10 @@ import numpy as np
 from ..api import QueueEngine, Stats
 from ..checks import wall_ms
 from ..errors import EngineError
+from ..pool.board import DURATION_BUCKETS, FAILED, OK, Board
+from ..pool.supervisor import Pool
 from ..process import is_running
-from . import progress
-from .board import DURATION_BUCKETS, FAILED, OK, Board
-from .supervisor import Pool
+from . import progress, words
 
 COLUMNS = ("lane", "queued", "backlog", "in flight", "renders/s", "drains in", "next due",
            "ok p50/95/99", "failed p50/95/99", "age/TTL")
@@ -74,7 +74,7 @@ def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int |
             continue
         backlog = max(0, ln["due"] - ln["in_flight"])
         rate = per_s.get(i)
-        eta = progress.eta_seconds(backlog, rate)
+        eta = words.eta_seconds(backlog, rate)
         due = next_due.get(i)
         n_ok = int(totals["lane_renders"][i])
         out.append({**ln, "backlog": backlog, "renders": renders, "failures": failures,
@@ -92,9 +92,9 @@ def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int |
 def lane_cells(f: dict[str, Any], now_ms: int, age: float | None) -> tuple[str, ...]:
     """A ``lane_figures`` entry as the cells of ``COLUMNS``."""
     return (f["name"], str(f["queued"]), str(f["backlog"]), str(f["in_flight"]),
-            progress.format_rate(f["renders_per_s"]),
-            progress.format_eta(f["backlog"], f["renders_per_s"]),
-            progress.format_due(f["next_due_ms"], now_ms), _latency_cell(f["latency"]["ok"]),
+            words.format_rate(f["renders_per_s"]),
+            words.format_eta(f["backlog"], f["renders_per_s"]),
+            words.format_due(f["next_due_ms"], now_ms), _latency_cell(f["latency"]["ok"]),
             _latency_cell(f["latency"]["failed"]), "-" if age is None else f"{age:.2f}")
 
 
@@ -154,13 +154,13 @@ def print_pool_report(r: dict[str, Any], out: TextIO | None = None, plain: bool 
     p = r["pool"]
     now = p["now_ms"]
     state = "running" if p["supervisor_running"] else "not running (a stale board)"
-    checkpoint = (f", last {progress.format_due(p['checkpoint_ms'], wall_ms())}"
+    checkpoint = (f", last {words.format_due(p['checkpoint_ms'], wall_ms())}"
                   if p["checkpoints"] else "")
     title = (f"{r['name']}: {r['rows']} rows ({r['queued']} queued) of {r['capacity']}, layout"
              f" v{r['layout_version']}\npool: {p['workers']} workers, supervisor pid"
              f" {p['supervisor_pid']} {state}, "
-             f"{progress.format_elapsed(p['elapsed_s'], p['pool_elapsed_s'], p['time_scale'])};"
-             f" {p['renders']} renders ({progress.format_rate(p['renders_per_s'])}/s over the"
+             f"{words.format_elapsed(p['elapsed_s'], p['pool_elapsed_s'], p['time_scale'])};"
+             f" {p['renders']} renders ({words.format_rate(p['renders_per_s'])}/s over the"
              f" run), {p['failures']} failures, {p['restarts']} restarts, {p['checkpoints']}"
              f" checkpoints{checkpoint}\nper lane (rates over the whole run, latency in"
              " seconds of real time, next due in pool time):")
@@ -189,10 +189,10 @@ def lane_rows(pool: Pool, previous: dict[str, Any] | None) -> tuple[list[tuple[s
     per_s: dict[int, float | None] = {}
     if previous is not None:
         dt = now_real - previous["t"]
-        per_s = {ln["lane"]: progress.rate(per_lane[ln["lane"]],
+        per_s = {ln["lane"]: words.rate(per_lane[ln["lane"]],
                                            previous["per_lane"][ln["lane"]], dt)
                  for ln in stats["lanes"]}
-        state["rate"] = progress.rate(totals["renders"], previous["renders"], dt)
+        state["rate"] = words.rate(totals["renders"], previous["renders"], dt)
     rows = []
     for f in lane_figures(stats, totals, state["next_due"], per_s, now):
         i = f["lane"]
@@ -208,8 +208,8 @@ def headline(pool: Pool, renders_per_s: float | None = None) -> str:
     t = pool.board.totals()
     real_s, pool_s = elapsed_s(pool.board)
     return (f"{pool.engine.name}: {pool.options.workers} workers,"
-            f" {progress.format_elapsed(real_s, pool_s, pool.clock.scale)},"
-            f" {progress.format_rate(renders_per_s)} renders/s, renders {t['renders']},"
+            f" {words.format_elapsed(real_s, pool_s, pool.clock.scale)},"
+            f" {words.format_rate(renders_per_s)} renders/s, renders {t['renders']},"
             f" failures {t['failures']}, restarts {t['restarts']},"
             f" checkpoints {t['checkpoints']}")
 
