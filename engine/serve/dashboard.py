@@ -149,6 +149,11 @@ async def policy_page(request: web.Request) -> web.Response:
                  saved=request.query.get("saved") == "1")
 
 
+async def prioritize_page(request: web.Request) -> web.Response:
+    """A form over ``POST /api/prioritize`` (the script sends it as JSON and shows the answer)."""
+    return _page(request, "prioritize.html")
+
+
 # -- actions -----------------------------------------------------------------------------------
 
 
@@ -202,6 +207,7 @@ def add_routes(app: web.Application, source: PoolSource, *, read_only: bool) -> 
     r.add_get("/url", url_page)
     r.add_get("/routes", routes_page)
     r.add_get("/policy", policy_page)
+    r.add_get("/prioritize", prioritize_page)
     r.add_static("/static/", HERE / "static")
     api.add_api_routes(app, read_only)
     r.add_post("/failures/{action:retry|park}", api.refused if read_only else failures_action)

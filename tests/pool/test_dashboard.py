@@ -47,7 +47,7 @@ SHOTS = os.environ.get("LANES_SHOTS_DIR")
 """Where to keep a copy of the screenshots (one folder per backend), to look at them after the
 run; they are always in the test's temp dir."""
 PAGES = (("overview", "/"), ("failures", "/failures"), ("routes", "/routes"),
-         ("policy", "/policy"))
+         ("policy", "/policy"), ("prioritize", "/prioritize"))
 WIDTHS = (1280, 390)
 
 
@@ -320,6 +320,71 @@ def test_a_policy_edit_takes_effect_and_a_bad_value_shows_the_engine_s_error(set
         eng.close()
 
 
+def _prioritize(w: Watched, base: str, urls: str = "", scope: str = "", mode: str = "rush",
+                add: bool = False) -> str:
+    """Fill the prioritize form, send it, and return the summary it shows once answered."""
+    w.page.goto(base + "/prioritize")
+    w.page.get_by_label("URLs, one a line").fill(urls)
+    w.page.get_by_label("or a scope").fill(scope)
+    w.page.get_by_label("Mode").select_option(mode)
+    w.page.get_by_label("add listed URLs the pool does not know").set_checked(add)
+    w.page.get_by_role("button", name="Prioritize").click()
+    w.page.wait_for_function(
+        "() => document.getElementById('prioritize-summary').innerText !== 'Asking…'"
+        " && !document.getElementById('prioritize-answer').hidden", timeout=15_000)
+    return w.page.inner_text("#prioritize-summary")
+
+
+def test_the_prioritize_form_posts_json_and_shows_the_answer(setup: Setup) -> None:
+    """The dashboard's form asks POST /api/prioritize (a URL, a list, a scope; each mode) and
+    shows its answer; a bad scope is refused with the server's reason and changes nothing."""
+    s = setup
+    first, listed = s.site + GOOD[7], [s.site + GOOD[8], s.site + GOOD[9]]
+    unknown = s.site + "/not/in/the/corpus"
+    w = Watched(s.browser)
+    eng = engine_of(s.name, s.redis)
+    try:
+        assert _prioritize(w, s.url, urls=first, mode="clear-and-wait") == (
+            "matched 1, added 0, unknown 0, cleared 1")  # its snapshot, from fill_store
+        answer = json.loads(w.page.inner_text("#prioritize-answer"))
+        assert answer["mode"] == "clear-and-wait" and answer["matched"] == 1
+        assert _prioritize(w, s.url, urls="\n".join([*listed, unknown])) == (
+            "matched 2, added 0, unknown 1, cleared 0")
+        assert json.loads(w.page.inner_text("#prioritize-answer"))["unknown"] == [unknown]
+        shot = s.tmp / "shots" / "prioritize-answered-1280.png"
+        w.page.screenshot(path=shot, full_page=True)
+        keep_shot(shot, s)
+        # /p/2 and /p/20 to /p/29, one of them with a snapshot.
+        assert _prioritize(w, s.url, scope=s.site + "/p/2*", mode="clear-and-rush") == (
+            "matched 11, added 0, unknown 0, cleared 1")
+        assert _prioritize(w, s.url, scope="route:broken").startswith("matched ")
+        assert w.errors == []
+        before = eng.stats()["rows"]
+        refused = _prioritize(w, s.url, scope=s.site + "/p/", add=True)
+        assert refused.startswith("Refused (400), nothing changed: scope")
+        assert "must be a URL prefix ending in *" in refused
+        assert w.page.locator("#prioritize-summary.error").count() == 1
+        assert eng.stats()["rows"] == before
+    finally:
+        eng.close()
+        w.close()
+    # Chromium logs the refused request itself; the page's script raised nothing.
+    assert w.errors == ["Failed to load resource: the server responded with a status of 400"
+                        " (Bad Request)"]
+    w = Watched(s.browser)
+    try:
+        w.page.goto(s.read_only_url + "/prioritize")
+        assert w.page.get_by_role("button", name="Prioritize").count() == 0
+        assert w.page.locator("#prioritize fieldset[disabled]").count() == 1
+        # The script would send JSON: the read-only server refuses that too.
+        status = w.page.evaluate("""url => fetch('/api/prioritize', {method: 'POST',
+            headers: {'Content-Type': 'application/json'}, body: JSON.stringify({url})})
+            .then(r => r.status)""", first)
+        assert status == 403
+    finally:
+        w.close()
+
+
 def test_a_url_holding_a_script_is_shown_as_text(setup: Setup) -> None:
     w = Watched(setup.browser)
     try:
@@ -358,7 +423,8 @@ def test_read_only_shows_no_action_and_refuses_posts(setup: Setup) -> None:
         w.close()
     for path, body in (("/api/retry", b"row=1"), ("/api/park", b"row=1"),
                        ("/api/policy", b"urgent_max_share=0.5"), ("/failures/retry", b"row=1"),
-                       ("/policy", b"urgent_max_share=0.5")):
+                       ("/policy", b"urgent_max_share=0.5"),
+                       ("/api/prioritize", b"url=https://x.example/")):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(s.read_only_url + path, data=body),
                                    timeout=10)

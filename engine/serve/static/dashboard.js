@@ -14,6 +14,52 @@
     if (ask && !window.confirm(ask)) ev.preventDefault();
   });
 
+  // -- prioritize: the form as JSON to POST /api/prioritize, the answer shown as text --------
+  const ask = document.getElementById("prioritize");
+  if (ask) ask.addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    const form = new FormData(ask);
+    const urls = String(form.get("urls") || "").split("\n").map(function (u) { return u.trim(); })
+      .filter(Boolean);
+    const scope = String(form.get("scope") || "").trim();
+    // Exactly what was typed: one URL, several, or a scope (both given: the server says no).
+    const body = {mode: form.get("mode"), add: form.get("add") === "1"};
+    if (urls.length === 1) body.url = urls[0];
+    else if (urls.length) body.urls = urls;
+    if (scope) body.scope = scope;
+    const summary = document.getElementById("prioritize-summary");
+    const answer = document.getElementById("prioritize-answer");
+    summary.textContent = "Asking…";
+    summary.className = "muted";
+    const csrf = document.querySelector("meta[name=csrf-token]");
+    fetch("/api/prioritize", {
+      method: "POST", body: JSON.stringify(body),
+      headers: {"Content-Type": "application/json", "Accept": "application/json",
+                "X-CSRF-Token": csrf ? csrf.getAttribute("content") : ""},
+    })
+      .then(function (r) {
+        return r.json().catch(function () { return {error: "HTTP " + r.status}; })
+          .then(function (j) { return {ok: r.ok, status: r.status, json: j}; });
+      })
+      .then(function (a) {
+        const j = a.json;
+        if (!a.ok) {
+          summary.textContent = "Refused (" + a.status + "), nothing changed: " + j.error;
+          summary.className = "error";
+        } else {
+          summary.textContent = "matched " + j.matched + ", added " + j.added + ", unknown " +
+            j.unknown_count + ", cleared " + j.cleared;
+          summary.className = "flash";
+        }
+        answer.textContent = JSON.stringify(j, null, 2);
+        answer.hidden = false;
+      })
+      .catch(function (e) {
+        summary.textContent = "No answer from the server: " + e;
+        summary.className = "error";
+      });
+  });
+
   // -- the overview's live part ------------------------------------------------------------
   const live = document.getElementById("live");
   if (live) {
