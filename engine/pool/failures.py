@@ -60,6 +60,7 @@ from ..errors import (
     SegmentMissing,
 )
 from ..keys import PARKED_MS
+from ..report.lanes import lane_label
 from ..report.words import format_due
 from .render import KINDS, Failure
 
@@ -371,8 +372,10 @@ def failure_rows(eng: Any, entries: Sequence[FailureEntry], now_ms: int,
                  lane: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
     """``entries`` with what the engine says of their rows now (lane, next try; ``kind``:
     ``parked``, ``permanent`` or ``transient``), in lane ``lane`` only if given, at most
-    ``limit``: the rows of ``lanes failures --json`` and of the dashboard."""
+    ``limit``: the rows of ``lanes failures --json`` and of the dashboard (``lane``: the
+    engine's name, ``lane_label``: the name people read)."""
     where = _lanes_and_dues(eng, [e.row for e in entries], now_ms)
+    policy = eng.policy
     rows: list[dict[str, Any]] = []
     for e in entries:
         if limit is not None and len(rows) >= limit:
@@ -384,6 +387,7 @@ def failure_rows(eng: Any, entries: Sequence[FailureEntry], now_ms: int,
                  if due == PARKED_MS else format_due(due, now_ms))
         rows.append({"row": e.row, "url": e.url, "failures": e.failures,
                      "lane": None if row_lane is None else eng.lane_name(row_lane),
+                     "lane_label": None if row_lane is None else lane_label(policy, row_lane),
                      "last_error": e.reason, "permanent": e.permanent,
                      "kind": "parked" if due == PARKED_MS else "permanent" if e.permanent
                      else "transient",

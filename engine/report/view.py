@@ -18,10 +18,12 @@ import numpy as np
 from ..api import QueueEngine, Stats
 from ..checks import wall_ms
 from ..errors import EngineError
+from ..policy import LanePolicy
 from ..pool.board import DURATION_BUCKETS, FAILED, OK, Board
 from ..pool.supervisor import Pool
 from ..process import is_running
 from . import progress, words
+from .lanes import labels, lane_label
 
 COLUMNS = ("lane", "queued", "backlog", "in flight", "renders/s", "drains in", "next due",
            "ok p50/95/99", "failed p50/95/99", "age/TTL")
@@ -61,10 +63,12 @@ def _latency_cell(d: dict[str, Any]) -> str:
 
 
 def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int | None],
-                 per_s: dict[int, float | None], now_ms: int) -> list[dict[str, Any]]:
+                 per_s: dict[int, float | None], now_ms: int, policy: LanePolicy
+                 ) -> list[dict[str, Any]]:
     """One dict of numbers per lane worth showing: the engine's per-lane statistics with the
-    pool's figures added (renders, failures, rate, backlog and the time to drain it, next due,
-    latency). ``per_s``: renders (either outcome) per real second, by lane."""
+    pool's figures added (its label under ``policy``, renders, failures, rate, backlog and the
+    time to drain it, next due, latency). ``per_s``: renders (either outcome) per real second,
+    by lane."""
     out = []
     for ln in stats["lanes"]:
         i = ln["lane"]
@@ -77,7 +81,8 @@ def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int |
         eta = words.eta_seconds(backlog, rate)
         due = next_due.get(i)
         n_ok = int(totals["lane_renders"][i])
-        out.append({**ln, "backlog": backlog, "renders": renders, "failures": failures,
+        out.append({**ln, "label": lane_label(policy, i), "backlog": backlog,
+                    "renders": renders, "failures": failures,
                     "renders_per_s": None if rate is None else round(rate, 3),
                     "drain_s": None if eta is None or eta == float("inf") else round(eta, 1),
                     "stalled": eta == float("inf"),
@@ -91,7 +96,7 @@ def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int |
 
 def lane_cells(f: dict[str, Any], now_ms: int, age: float | None) -> tuple[str, ...]:
     """A ``lane_figures`` entry as the cells of ``COLUMNS``."""
-    return (f["name"], str(f["queued"]), str(f["backlog"]), str(f["in_flight"]),
+    return (f["label"], str(f["queued"]), str(f["backlog"]), str(f["in_flight"]),
             words.format_rate(f["renders_per_s"]),
             words.format_eta(f["backlog"], f["renders_per_s"]),
             words.format_due(f["next_due_ms"], now_ms), _latency_cell(f["latency"]["ok"]),
@@ -133,7 +138,7 @@ def pool_report(eng: QueueEngine, board: Board) -> dict[str, Any]:
     per_lane = lane_sums(totals)
     per_s = {ln["lane"]: float(per_lane[ln["lane"]]) / real_s if real_s > 0 else None
              for ln in stats["lanes"]}
-    figures = lane_figures(stats, totals, progress.next_due(eng, now), per_s, now)
+    figures = lane_figures(stats, totals, progress.next_due(eng, now), per_s, now, eng.policy)
     return {**stats, "lanes": figures, "pool": pool_figures(board, totals, now)}
 
 
@@ -194,7 +199,7 @@ def lane_rows(pool: Pool, previous: dict[str, Any] | None) -> tuple[list[tuple[s
                  for ln in stats["lanes"]}
         state["rate"] = words.rate(totals["renders"], previous["renders"], dt)
     rows = []
-    for f in lane_figures(stats, totals, state["next_due"], per_s, now):
+    for f in lane_figures(stats, totals, state["next_due"], per_s, now, pool.engine.policy):
         i = f["lane"]
         age = None
         if previous is not None:
@@ -288,7 +293,9 @@ class _StalenessReader:
         try:
             if self._store is None:
                 self._store = SnapshotStore.open(self.directory, create=False)
-            self._figures = staleness(self._store, wall_ms(), None, pool.engine.lane_name)
+            policy = pool.engine.policy
+            self._figures = staleness(self._store, wall_ms(), None, policy.lane_name,
+                                      lane_label=lambda lane: lane_label(policy, lane))
         except StoreError:
             self._figures = None  # not made yet by the first render: shown once it is
         spent = time.monotonic() - start
@@ -357,8 +364,10 @@ def print_table(title: str, rows: Sequence[tuple[str, ...]], columns: tuple[str,
               file=out)
 
 
-def print_summary(s: dict[str, Any]) -> None:
-    """The end-of-run report of a pool (``Pool.run``'s summary)."""
+def print_summary(s: dict[str, Any], policy: LanePolicy) -> None:
+    """The end-of-run report of a pool (``Pool.run``'s summary; its lanes named under
+    ``policy``)."""
+    named = labels(policy, len(s["lanes"]))
     print(f"\n{s['renders']} renders, {s['failures']} failures, {s['released']} released at the"
           f" stop, {s['lease_lost']} leases lost, {s['restarts']} restarts;"
           f" invariants: {'hold' if not s['problems'] else s['problems']}")
@@ -371,9 +380,10 @@ def print_summary(s: dict[str, Any]) -> None:
             continue
         lat = latency(hist, s["lane_duration_s"][i])
         age = ln["mean_age_over_ttl"]
-        rows.append((ln["name"], str(ln["queued"]), str(ln["due"]), str(ln["granted"]),
-                     str(ln["renders"]), str(failures), "-" if age is None else f"{age:.2f}",
-                     _latency_cell(lat["ok"]), _latency_cell(lat["failed"])))
+        rows.append((named.get(ln["name"], ln["name"]), str(ln["queued"]), str(ln["due"]),
+                     str(ln["granted"]), str(ln["renders"]), str(failures),
+                     "-" if age is None else f"{age:.2f}", _latency_cell(lat["ok"]),
+                     _latency_cell(lat["failed"])))
     print_table("per lane, over the whole run (age/TTL: how stale a page was when rendered;"
                 " 1.00 = on time)", rows,
                 ("lane", "queued", "due now", "granted", "renders", "failures", "mean age/TTL",

@@ -101,3 +101,39 @@ def format_elapsed(real_s: float, pool_s: float, scale: float) -> str:
     if scale != 1.0:
         out += f" (pool time {format_duration(pool_s)}, x{scale:g})"
     return out
+
+
+# -- ranges of intervals -----------------------------------------------------------------------
+
+_RANGE_UNITS = ((_MINUTE, 1.0, "s"), (_HOUR, _MINUTE, "min"), (_DAY, _HOUR, "h"),
+                (math.inf, _DAY, "d"))
+"""A range is said in the unit its upper end fills: up to 60 s in s, up to 60 min in min, up to
+24 h in h, then days ("30–42 min", "1–1.4 h", "1.1–1.6 d")."""
+
+
+def format_range(lo_s: float | None, hi_s: float | None) -> str:
+    """An interval range in one unit: "30–42 min"; "≤ 30 min" with no lower end, "> 483 d"
+    with no upper end (a lone end in the unit it reaches: "≤ 1 h"); "any" with neither. Both
+    ends are shown with as few digits as keep them apart (bands 3600 and 3700 s read "1–1.03 h",
+    never "1–1 h")."""
+    if lo_s is None and hi_s is None:
+        return "any"
+    top = hi_s if hi_s is not None else lo_s
+    assert top is not None
+    if lo_s is None or hi_s is None:  # one end: "≤ 1 h", "> 1 h", not "≤ 60 min"
+        _, size, unit = next(u for u in _RANGE_UNITS if top < u[0])
+        return f"{'≤' if lo_s is None else '>'} {_amount(top / size)} {unit}"
+    _, size, unit = next(u for u in _RANGE_UNITS if top <= u[0])
+    for digits in range(4):
+        lo, hi = _amount(lo_s / size, digits), _amount(hi_s / size, digits)
+        if lo != hi:
+            break
+    return f"{lo}–{hi} {unit}"
+
+
+def _amount(x: float, extra: int = 0) -> str:
+    """About two significant digits ("42", "1.4", "0.5"), ``extra`` more when asked; no
+    trailing zeros."""
+    decimals = (0 if x >= 10 else 1) + extra
+    text = f"{x:.{decimals}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text

@@ -42,6 +42,7 @@ from ..pool.board import Board
 from ..pool.failures import failure_rows
 from ..pool.routes import Routes
 from ..report import progress
+from ..report.lanes import labels, lane_label
 from ..report.staleness import RouteOf, staleness
 from ..report.view import for_json, lane_figures, lane_sums, pool_figures
 from .source import PoolSource
@@ -206,7 +207,9 @@ class Figures:
         if self._route_of is None:
             routes = self.parts.routes()
             self._route_of = None if routes is None else RouteOf(routes)  # URLs matched once
-        return staleness(store, wall_ms(), self._route_of, self.parts.engine.lane_name)
+        policy = self.parts.engine.policy
+        return staleness(store, wall_ms(), self._route_of, policy.lane_name,
+                         lane_label=lambda lane: lane_label(policy, lane))
 
     def crawlers(self) -> list[dict[str, Any]] | None:
         """Freshness per crawler family (``lanes serve --store``), or None."""
@@ -228,15 +231,17 @@ class Figures:
             per_s = {ln["lane"]: float(rates[ln["lane"]]) for ln in stats["lanes"]}
         pool: dict[str, Any] | None = None
         workers: list[dict[str, Any]] = []
+        policy = self.parts.engine.policy
         with self.parts.board() as board:
             if totals and board is not None:
-                lanes = lane_figures(stats, totals, next_due, per_s, now)
+                lanes = lane_figures(stats, totals, next_due, per_s, now, policy)
                 pool = pool_figures(board, totals, now)
                 pool["recent_renders_per_s"] = (None if window is None else
                                                 _num(float(np.nansum(_rate(*window)[0]))))
                 workers = self._workers(board)
             else:
-                lanes = [{**ln, "backlog": max(0, ln["due"] - ln["in_flight"]),
+                lanes = [{**ln, "label": lane_label(policy, ln["lane"]),
+                          "backlog": max(0, ln["due"] - ln["in_flight"]),
                           "next_due_ms": next_due.get(ln["lane"])} for ln in stats["lanes"]]
         served = {} if stale is None else {g["key"]: g for g in stale["lanes"]}
         for f in lanes:
@@ -246,7 +251,7 @@ class Figures:
         return {"name": stats["name"], "rows": stats["rows"], "queued": stats["queued"],
                 "capacity": stats["capacity"], "now_ms": now, "lanes": lanes, "pool": pool,
                 "workers": workers,
-                "policy": policy_dict(self.parts.engine.policy, stats["lanes"]),
+                "policy": policy_dict(policy, stats["lanes"]),
                 "store": stale is not None, "history": self.history_note()}
 
     def _workers(self, board: Board) -> list[dict[str, Any]]:
@@ -267,7 +272,9 @@ class Figures:
         assert self._latest is not None
         lanes = [ln for ln in self._latest[0]["lanes"]
                  if ln["queued"] or ln["granted"] or any(s.renders[ln["lane"]] for s in samples)]
+        policy = self.parts.engine.policy
         out: dict[str, Any] = {"t": [], "lanes": [ln["name"] for ln in lanes],
+                               "labels": [lane_label(policy, ln["lane"]) for ln in lanes],
                                "renders_per_s": [[] for _ in lanes],
                                "backlog": [[] for _ in lanes],
                                "age_over_ttl": [[] for _ in lanes], **self.history_note()}
@@ -349,6 +356,8 @@ class Figures:
         return {**info, "url": url, "route": route, "failure": failure,
                 "snapshot": self._snapshot(url),
                 "lane_name": None if info["lane"] is None else eng.lane_name(info["lane"]),
+                "lane_label": None if info["lane"] is None else lane_label(eng.policy,
+                                                                           info["lane"]),
                 "parked": due == PARKED_MS, "now_ms": wall_ms()}
 
     def _snapshot(self, url: str) -> dict[str, Any] | None:
@@ -450,6 +459,7 @@ def policy_dict(p: LanePolicy, lanes: list[LaneStats] | None = None) -> dict[str
             "remainder": p.remainder, "remainders": list(REMAINDERS),
             "share_classes": list(SHARE_CLASSES), "lanes_enabled": p.lanes_enabled,
             "weights": weights, "weights_live": isinstance(p.weights, str),
+            "labels": labels(p),
             "ttl_bands": list(p.ttl_bands), "cold_after": p.cold_after,
             "remainder_share": round(max(0.0, 1 - p.urgent_max_share
                                          - sum(p.min_share.values())), 6)}

@@ -121,8 +121,8 @@ async def failures_page(request: web.Request) -> web.Response:
     ov = await api.overview_of(fig)
     return _page(request, "failures.html", status, rows=rows[:api.SHOWN_FAILURES],
                  matching=len(rows), filter=f, kinds=api.KINDS, error=error,
-                 lanes=[ln["name"] for ln in ov["lanes"]], done=request.query.get("done", ""),
-                 now_ms=wall_ms())
+                 lanes=[(ln["name"], ln["label"]) for ln in ov["lanes"]],
+                 done=request.query.get("done", ""), now_ms=wall_ms())
 
 
 async def url_page(request: web.Request) -> web.Response:

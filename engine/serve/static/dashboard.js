@@ -95,7 +95,7 @@
     return {
       width: Math.max(240, box.clientWidth - 4), height: 200,
       scales: {x: {time: true}, y: {range: yRange(box.getAttribute("data-series"))}},
-      series: [{}].concat(lanes.map(function (name, i) {
+      series: [{}].concat(lanes.map(function (name, i) {  // the lanes' labels
         return {label: name, stroke: PALETTE[i % PALETTE.length], width: 1.5};
       })),
       axes: [{}, {size: 50}],
@@ -130,12 +130,12 @@
       const key = box.getAttribute("data-series");
       const data = [h.t].concat(h[key]);
       const had = charts.get(box);
-      if (had && had.lanes.join("\n") === h.lanes.join("\n")) {
+      if (had && had.lanes.join("\n") === h.labels.join("\n")) {
         had.plot.setData(data);
         return;
       }
       if (had) had.plot.destroy();
-      charts.set(box, {plot: new uPlot(options(box, h.lanes), data, box), lanes: h.lanes});
+      charts.set(box, {plot: new uPlot(options(box, h.labels), data, box), lanes: h.labels});
     });
   }
 
