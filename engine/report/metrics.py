@@ -17,7 +17,7 @@ from typing import Any
 
 from ..checks import is_int, wall_ms
 from ..errors import EngineError, EngineValueError, SegmentMissing
-from ..pool.board import DURATION_BUCKETS, FAILED, OK, Board
+from ..pool.board import DURATION_BUCKETS, FAILED, OK, Board, coarse
 from ..pool.routes import Routes
 from ..store import SnapshotStore
 from .lanes import lane_label, ttl_range
@@ -120,7 +120,8 @@ class LanesCollector:
         for lane in stats["lanes"]:
             i = lane["lane"]
             for outcome, o in (("success", OK), ("failure", FAILED)):
-                h.add_metric([lane["name"], outcome], _cumulative(t["lane_hist"][i][o]),
+                h.add_metric([lane["name"], outcome],
+                             _cumulative(coarse(t["lane_hist"][i][o])),
                              float(t["lane_duration_s"][i][o]))
         yield h
         c = core.CounterMetricFamily("lanes_pool_lane_renders", "renders per lane",

@@ -7,8 +7,11 @@ other commands (``format_due`` for ``lanes prioritize``) share one wording, and 
 without a pool.
 
 Quantiles follow Prometheus's ``histogram_quantile``: find the bucket holding the q-th render
-and interpolate linearly inside it (from 0 in the first bucket). A quantile that lands in the
-overflow bucket has no upper bound to interpolate to: it is ``math.inf``, shown as "> 60 s".
+and interpolate linearly inside it. The per-lane histograms are fine (``LATENCY_BOUNDS``: no
+bucket past 1 ms is more than 15 % wide), so that is a measurement, not a guess. Where the data
+gives only a bound it says the bound: a quantile in the first bucket is its upper bound, shown
+"< 1 ms" (never 0.50/0.95/0.99 ms interpolated from 0), and one in the overflow bucket is
+``math.inf``, shown "> 60 s".
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 
 from .. import checkpoint
 from ..keys import PARKED_MS
-from ..pool.board import DURATION_BUCKETS
+from ..pool.board import LATENCY_BOUNDS
 
 if TYPE_CHECKING:
     from ..api import QueueEngine
@@ -34,13 +37,14 @@ QUANTILES = (0.5, 0.95, 0.99)
 
 
 def quantile(counts: Sequence[int] | np.ndarray, q: float,
-             bounds: Sequence[float] = DURATION_BUCKETS) -> float | None:
+             bounds: Sequence[float] = LATENCY_BOUNDS) -> float | None:
     """The ``q`` quantile (0..1) of a histogram, in the bounds' unit.
 
     ``counts[i]`` is the number of observations in bucket ``i`` (as the board keeps them, not
     cumulative): at most ``bounds[i]`` and above ``bounds[i - 1]``; ``counts[len(bounds)]`` holds
     the rest. None when the histogram is empty; ``math.inf`` when the quantile lies in the
-    overflow bucket.
+    overflow bucket; ``bounds[0]`` when it lies in the first (at most that: nothing below it
+    is measured).
     """
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"q must lie in [0, 1], got {q!r}")
@@ -55,21 +59,24 @@ def quantile(counts: Sequence[int] | np.ndarray, q: float,
     i = int(np.searchsorted(cumulative, rank, side="left" if rank > 0 else "right"))
     if i >= len(bounds):
         return math.inf
-    lo = 0.0 if i == 0 else float(bounds[i - 1])
+    if i == 0:
+        return float(bounds[0])
+    lo = float(bounds[i - 1])
     below = 0 if i == 0 else int(cumulative[i - 1])
     inside = int(cumulative[i]) - below
     return lo + (float(bounds[i]) - lo) * (rank - below) / inside
 
 
 def quantiles(counts: Sequence[int] | np.ndarray, qs: Sequence[float] = QUANTILES,
-              bounds: Sequence[float] = DURATION_BUCKETS) -> tuple[float | None, ...]:
+              bounds: Sequence[float] = LATENCY_BOUNDS) -> tuple[float | None, ...]:
     """``quantile`` at each of ``qs`` (p50, p95, p99 by default)."""
     return tuple(quantile(counts, q, bounds) for q in qs)
 
 
-def format_latency(qs: Sequence[float | None], bounds: Sequence[float] = DURATION_BUCKETS
+def format_latency(qs: Sequence[float | None], bounds: Sequence[float] = LATENCY_BOUNDS
                    ) -> str:
-    """Quantiles in seconds as one cell: "0.21/0.80/1.9 s", "4.2/12/38 ms", "0.9/2.1/> 60 s".
+    """Quantiles in seconds as one cell: "0.21/0.80/1.9 s", "4.2/12/38 ms", "0.9/2.1/> 60 s",
+    "< 1/< 1/3.1 ms" (at most the first bound: nothing finer is measured).
 
     The unit is ms when every finite value is below a second; "-" when there were no renders.
     """
@@ -84,6 +91,8 @@ def format_latency(qs: Sequence[float | None], bounds: Sequence[float] = DURATIO
             cells.append("-")
         elif math.isinf(v):
             cells.append(f"> {bounds[-1]:g}")
+        elif v <= bounds[0]:
+            cells.append(f"< {bounds[0] * factor:g}")
         else:
             cells.append(_two_digits(v * factor))
     return "/".join(cells) + f" {unit}"

@@ -19,7 +19,7 @@ from ..api import QueueEngine, Stats
 from ..checks import wall_ms
 from ..errors import EngineError
 from ..policy import LanePolicy
-from ..pool.board import DURATION_BUCKETS, FAILED, OK, Board
+from ..pool.board import DURATION_BUCKETS, FAILED, LATENCY_BOUNDS, OK, Board
 from ..pool.supervisor import Pool
 from ..process import is_running
 from . import progress, words
@@ -42,7 +42,8 @@ def shown(lane: Mapping[str, Any], renders: int = 0, failures: int = 0) -> bool:
 def latency(hist: Any, duration_s: Any) -> dict[str, dict[str, Any]]:
     """Render latency of one lane, per outcome (``ok``, ``failed``), from its ``lane_hist`` and
     ``lane_duration_s`` rows: count, sum and p50/p95/p99 in seconds (None: no renders; inf:
-    slower than the last bucket bound ``over_s``, which ``slower`` renders were)."""
+    slower than the last bucket bound ``over_s``, which ``slower`` renders were; ``below_s``:
+    at most the first bound, nothing finer measured)."""
     out = {}
     for key, o in (("ok", OK), ("failed", FAILED)):
         counts = np.asarray(hist[o])
@@ -50,7 +51,8 @@ def latency(hist: Any, duration_s: Any) -> dict[str, dict[str, Any]]:
         out[key] = {"count": int(counts.sum()), "sum_s": round(float(duration_s[o]), 6),
                     **{_q_key(q): None if v is None else round(v, 6)
                        for q, v in zip(progress.QUANTILES, qs, strict=True)},
-                    "over_s": DURATION_BUCKETS[-1], "slower": int(counts[-1])}
+                    "over_s": DURATION_BUCKETS[-1], "slower": int(counts[-1]),
+                    "below_s": LATENCY_BOUNDS[0]}
     return out
 
 

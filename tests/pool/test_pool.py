@@ -257,14 +257,14 @@ def test_pool_setup_refuses_what_would_fail_later() -> None:
 
 
 def test_the_summary_shows_every_lane_with_anything_in_it(capsys: Any) -> None:
-    from engine.pool.board import BUCKETS, FAILED, LANES, OK
+    from engine.pool.board import FAILED, LANES, LATENCY_BUCKETS, OK
     from engine.report.view import print_summary
 
     def lane(i: int, name: str, queued: int = 0, granted: int = 0, renders: int = 0) -> Any:
         return {"lane": i, "name": name, "queued": queued, "due": 0, "granted": granted,
                 "renders": renders, "mean_age_over_ttl": 1.0 if renders else None}
 
-    hist = np.zeros((LANES, 2, BUCKETS), np.int64)
+    hist = np.zeros((LANES, 2, LATENCY_BUCKETS), np.int64)
     hist[1, OK, 7] = 4
     hist[4, FAILED, 3] = 2
     summary = {"renders": 4, "failures": 2, "released": 0, "lease_lost": 0, "restarts": 0,
