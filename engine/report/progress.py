@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,6 +26,7 @@ import numpy as np
 from .. import checkpoint
 from ..keys import PARKED_MS
 from ..pool.board import LATENCY_BOUNDS
+from .states import ahead_of_heads
 
 if TYPE_CHECKING:
     from ..api import QueueEngine
@@ -110,13 +112,34 @@ def _two_digits(x: float) -> str:
 # -- next due per lane -------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class QueueLook:
+    """What one pass over the row table tells the tables: per lane, when its next row falls due
+    (``next_due``) and how many due rows of other lanes are ranked ahead of its head
+    (``ahead``, see ``states.ahead_of_heads``)."""
+
+    next_due: dict[int, int | None]
+    ahead: dict[int, int]
+
+
+def look_ahead(eng: QueueEngine, now_ms: int) -> QueueLook:
+    """``next_due`` and the rows ahead of each lane's head, from one pass over the rows."""
+    _, cols = checkpoint.snapshot(eng)
+    return QueueLook(_next_due(eng, now_ms, cols),
+                     ahead_of_heads(cols, now_ms, eng.policy.remainder))
+
+
 def next_due(eng: QueueEngine, now_ms: int) -> dict[int, int | None]:
     """{lane: earliest due time (ms) of its queued rows not due yet at ``now_ms``, or None}.
 
     One pass over the row table (``checkpoint.snapshot``, which reads each row's lane from its
     key, so rows an older policy placed are counted where they sit)."""
+    return _next_due(eng, now_ms, checkpoint.snapshot(eng)[1])
+
+
+def _next_due(eng: QueueEngine, now_ms: int, cols: dict[str, np.ndarray]
+              ) -> dict[int, int | None]:
     out: dict[int, int | None] = {ln["lane"]: None for ln in eng.stats(now_ms=now_ms)["lanes"]}
-    _, cols = checkpoint.snapshot(eng)
     future = (cols["due_ms"] > now_ms) & (cols["due_ms"] < PARKED_MS)  # parked: never due
     due, lanes = cols["due_ms"][future], cols["lane"][future]
     if not len(due):

@@ -11,6 +11,8 @@ import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import numpy as np
@@ -19,11 +21,12 @@ from ..api import QueueEngine, Stats
 from ..checks import wall_ms
 from ..errors import EngineError
 from ..policy import LanePolicy
-from ..pool.board import DURATION_BUCKETS, FAILED, LATENCY_BOUNDS, OK, Board
+from ..pool.board import DURATION_BUCKETS, FAILED, LANES, LATENCY_BOUNDS, OK, Board
 from ..pool.supervisor import Pool
 from ..process import is_running
 from . import progress, words
 from .lanes import labels, lane_label
+from .states import STALL_WINDOW_S, lane_state, stalled
 
 COLUMNS = ("lane", "queued", "backlog", "in flight", "renders/s", "drains in", "next due",
            "ok p50/95/99", "failed p50/95/99", "age/TTL")
@@ -64,13 +67,15 @@ def _latency_cell(d: dict[str, Any]) -> str:
     return progress.format_latency([d[_q_key(q)] for q in progress.QUANTILES])
 
 
-def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int | None],
-                 per_s: dict[int, float | None], now_ms: int, policy: LanePolicy
-                 ) -> list[dict[str, Any]]:
+def lane_figures(stats: Stats, totals: dict[str, Any], look: progress.QueueLook,
+                 per_s: dict[int, float | None], now_ms: int, policy: LanePolicy,
+                 stalled: AbstractSet[int] = frozenset()) -> list[dict[str, Any]]:
     """One dict of numbers per lane worth showing: the engine's per-lane statistics with the
     pool's figures added (its label under ``policy``, renders, failures, rate, backlog and the
-    time to drain it, next due, latency). ``per_s``: renders (either outcome) per real second,
-    by lane."""
+    time to drain it, its state and, waiting, when its head should be served; next due,
+    latency). ``per_s``: renders (either outcome) per real second, by lane; ``stalled``: the
+    lanes a watcher found stalled (``states.stalled``)."""
+    pool_per_s = sum(v for v in per_s.values() if v)
     out = []
     for ln in stats["lanes"]:
         i = ln["lane"]
@@ -81,13 +86,18 @@ def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int |
         backlog = max(0, ln["due"] - ln["in_flight"])
         rate = per_s.get(i)
         eta = words.eta_seconds(backlog, rate)
-        due = next_due.get(i)
+        due = look.next_due.get(i)
+        state = lane_state(backlog, rate, i in stalled)
+        ahead = look.ahead.get(i)
+        head_in = (ahead / pool_per_s if state == "waiting" and ahead is not None
+                   and pool_per_s > 0 else None)
         n_ok = int(totals["lane_renders"][i])
         out.append({**ln, "label": lane_label(policy, i), "backlog": backlog,
                     "renders": renders, "failures": failures,
                     "renders_per_s": None if rate is None else round(rate, 3),
                     "drain_s": None if eta is None or eta == float("inf") else round(eta, 1),
-                    "stalled": eta == float("inf"),
+                    "state": state, "stalled": state == "stalled",
+                    "head_in_s": None if head_in is None else round(head_in, 1),
                     "next_due_ms": due, "next_due_in_s": None if due is None
                     else round((due - now_ms) / 1000, 1),
                     "mean_age_over_ttl": (round(float(totals["lane_age_sum"][i]) / n_ok, 4)
@@ -100,9 +110,19 @@ def lane_cells(f: dict[str, Any], now_ms: int, age: float | None) -> tuple[str, 
     """A ``lane_figures`` entry as the cells of ``COLUMNS``."""
     return (f["label"], str(f["queued"]), str(f["backlog"]), str(f["in_flight"]),
             words.format_rate(f["renders_per_s"]),
-            words.format_eta(f["backlog"], f["renders_per_s"]),
+            state_cell(f),
             words.format_due(f["next_due_ms"], now_ms), _latency_cell(f["latency"]["ok"]),
             _latency_cell(f["latency"]["failed"]), "-" if age is None else f"{age:.2f}")
+
+
+def state_cell(f: dict[str, Any]) -> str:
+    """The "drains in" cell: the time to drain while draining, else the lane's state."""
+    if f["state"] == "draining":
+        return words.format_eta(f["backlog"], f["renders_per_s"])
+    if f["state"] == "waiting":
+        head = f["head_in_s"]
+        return "waiting" if head is None else f"waiting, head in ~{words.format_duration(head)}"
+    return "stalled" if f["state"] == "stalled" else "-"
 
 
 def for_json(value: Any) -> Any:
@@ -140,7 +160,7 @@ def pool_report(eng: QueueEngine, board: Board) -> dict[str, Any]:
     per_lane = lane_sums(totals)
     per_s = {ln["lane"]: float(per_lane[ln["lane"]]) / real_s if real_s > 0 else None
              for ln in stats["lanes"]}
-    figures = lane_figures(stats, totals, progress.next_due(eng, now), per_s, now, eng.policy)
+    figures = lane_figures(stats, totals, progress.look_ahead(eng, now), per_s, now, eng.policy)
     return {**stats, "lanes": figures, "pool": pool_figures(board, totals, now)}
 
 
@@ -188,9 +208,13 @@ def lane_rows(pool: Pool, previous: dict[str, Any] | None) -> tuple[list[tuple[s
     per_lane = lane_sums(totals)
     state: dict[str, Any] = {"t": now_real, "per_lane": per_lane, "renders": totals["renders"],
                              "ok": totals["lane_renders"], "age": totals["lane_age_sum"],
-                             "rate": None}
+                             "rate": None, "looks": [] if previous is None else previous["looks"]}
+    looks = state["looks"]  # the watch that tells stalled from waiting (states.stalled)
+    looks.append(_Look(now_real, per_lane, _backlog(stats), idle_worker(pool.board)))
+    while len(looks) > 2 and now_real - looks[1].t >= STALL_WINDOW_S:
+        looks.pop(0)
     if previous is None or now_real - previous["due_t"] >= NEXT_DUE_EVERY_S:
-        state["next_due"], state["due_t"] = progress.next_due(pool.engine, now), now_real
+        state["next_due"], state["due_t"] = progress.look_ahead(pool.engine, now), now_real
     else:
         state["next_due"], state["due_t"] = previous["next_due"], previous["due_t"]
     per_s: dict[int, float | None] = {}
@@ -201,7 +225,8 @@ def lane_rows(pool: Pool, previous: dict[str, Any] | None) -> tuple[list[tuple[s
                  for ln in stats["lanes"]}
         state["rate"] = words.rate(totals["renders"], previous["renders"], dt)
     rows = []
-    for f in lane_figures(stats, totals, state["next_due"], per_s, now, pool.engine.policy):
+    for f in lane_figures(stats, totals, state["next_due"], per_s, now, pool.engine.policy,
+                          stalled(looks)):
         i = f["lane"]
         age = None
         if previous is not None:
@@ -209,6 +234,29 @@ def lane_rows(pool: Pool, previous: dict[str, Any] | None) -> tuple[list[tuple[s
             age = (totals["lane_age_sum"][i] - previous["age"][i]) / n if n else None
         rows.append(lane_cells(f, now, age))
     return rows, state
+
+
+@dataclass(frozen=True)
+class _Look:
+    t: float
+    renders: Any
+    backlog: Any
+    idle: bool
+
+
+def _backlog(stats: Stats) -> Any:
+    """Rows due and not in flight, per lane (indexed by lane number)."""
+    out = np.zeros(LANES, np.int64)
+    for ln in stats["lanes"]:
+        if ln["lane"] < LANES:
+            out[ln["lane"]] = max(0, ln["due"] - ln["in_flight"])
+    return out
+
+
+def idle_worker(board: Board) -> bool:
+    """Whether a worker of the pool has nothing to render right now (capacity to spare)."""
+    return any(w["row"] is None for w in board.workers())
+
 
 
 def headline(pool: Pool, renders_per_s: float | None = None) -> str:

@@ -85,12 +85,13 @@ def eta_seconds(backlog: int, per_s: float | None) -> float | None:
 
 
 def format_eta(backlog: int, per_s: float | None) -> str:
-    """"-" when nothing waits or the rate is unknown, "stalled" at a rate of 0, else a duration."""
+    """"-" when nothing waits or the rate is unknown, "not at this rate" at a rate of 0 (whether
+    the lane waits its turn or is stalled is ``states.lane_state``'s to say), else a duration."""
     eta = eta_seconds(backlog, per_s)
     if eta is None or eta == 0:
         return "-"
     if math.isinf(eta):
-        return "stalled"
+        return "not at this rate"
     return format_duration(eta)
 
 

@@ -44,7 +44,8 @@ from ..pool.routes import Routes
 from ..report import progress
 from ..report.lanes import labels, lane_label
 from ..report.staleness import RouteOf, staleness
-from ..report.view import for_json, lane_figures, lane_sums, pool_figures
+from ..report.states import stalled
+from ..report.view import for_json, idle_worker, lane_figures, lane_sums, pool_figures
 from .source import PoolSource
 
 SAMPLE_EVERY_S = 2.0
@@ -70,6 +71,7 @@ class Sample:
     ok: Any  # renders that succeeded
     age_sum: Any  # sum of age / TTL over those
     backlog: Any  # rows due and not in flight (a level, not a counter)
+    idle: bool  # a worker of the pool had nothing to render (states.stalled reads it)
 
 
 def _lane_array(stats: dict[str, Any], key: str) -> Any:
@@ -173,13 +175,14 @@ class Figures:
             now = board.clock.now_ms() if board is not None else wall_ms()
             stats = self.parts.engine.stats(now_ms=now)
             totals = board.totals() if board is not None else None
+            idle = board is not None and idle_worker(board)
         zeros = np.zeros(64)
         self.ring.append(Sample(
             time.monotonic(), wall_ms(),
             lane_sums(totals).astype(np.float64) if totals else zeros,
             totals["lane_renders"].astype(np.float64) if totals else zeros,
             np.asarray(totals["lane_age_sum"], np.float64) if totals else zeros,
-            np.maximum(0, _lane_array(stats, "due") - _lane_array(stats, "in_flight"))))
+            np.maximum(0, _lane_array(stats, "due") - _lane_array(stats, "in_flight")), idle))
         self._latest = (stats, totals or {}, now)
 
     def _window(self) -> tuple[Sample, Sample] | None:
@@ -194,10 +197,10 @@ class Figures:
 
     # -- figures (on the source's thread) --------------------------------------------------------
 
-    def next_due(self) -> dict[int, int | None]:
+    def look_ahead(self) -> progress.QueueLook:
         with self.parts.board() as board:
             now = board.clock.now_ms() if board is not None else wall_ms()
-        return progress.next_due(self.parts.engine, now)
+        return progress.look_ahead(self.parts.engine, now)
 
     def staleness(self) -> dict[str, Any] | None:
         """The store's staleness per lane and per route (``lanes serve --store``), or None."""
@@ -218,7 +221,7 @@ class Figures:
         store = self.parts.store
         return None if store is None else crawlers.figures(store, wall_ms())
 
-    def overview(self, next_due: dict[int, int | None], stale: dict[str, Any] | None
+    def overview(self, look: progress.QueueLook, stale: dict[str, Any] | None
                  ) -> dict[str, Any]:
         """The live table, the pool's headline, the policy and the workers."""
         assert self._latest is not None
@@ -234,7 +237,8 @@ class Figures:
         policy = self.parts.engine.policy
         with self.parts.board() as board:
             if totals and board is not None:
-                lanes = lane_figures(stats, totals, next_due, per_s, now, policy)
+                lanes = lane_figures(stats, totals, look, per_s, now, policy,
+                                     stalled(list(self.ring)))
                 pool = pool_figures(board, totals, now)
                 pool["recent_renders_per_s"] = (None if window is None else
                                                 _num(float(np.nansum(_rate(*window)[0]))))
@@ -242,7 +246,8 @@ class Figures:
             else:
                 lanes = [{**ln, "label": lane_label(policy, ln["lane"]),
                           "backlog": max(0, ln["due"] - ln["in_flight"]),
-                          "next_due_ms": next_due.get(ln["lane"])} for ln in stats["lanes"]]
+                          "next_due_ms": look.next_due.get(ln["lane"])}
+                         for ln in stats["lanes"]]
         served = {} if stale is None else {g["key"]: g for g in stale["lanes"]}
         for f in lanes:
             f["age_over_ttl"] = None if age is None else _num(age[f["lane"]])
@@ -483,7 +488,7 @@ def _json(value: Any, status: int = 200) -> web.Response:
 
 
 async def overview_of(fig: Figures) -> dict[str, Any]:
-    due = await fig.cached("next_due", NEXT_DUE_EVERY_S, fig.next_due)
+    due = await fig.cached("next_due", NEXT_DUE_EVERY_S, fig.look_ahead)
     stale = await fig.cached("staleness", STALENESS_EVERY_S, fig.staleness)
     result: dict[str, Any] = await fig.cached("overview", SAMPLE_EVERY_S / 2, fig.overview, due,
                                               stale)

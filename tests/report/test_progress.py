@@ -158,7 +158,7 @@ def test_rates_and_drain_times() -> None:
     assert words.eta_seconds(100, None) is None
     assert words.format_eta(0, 3.0) == "-"
     assert words.format_eta(100, None) == "-"
-    assert words.format_eta(100, 0.0) == "stalled"
+    assert words.format_eta(100, 0.0) == "not at this rate"  # not "stalled": states.py says
     assert words.format_eta(720, 1.0) == "12 min"
 
 

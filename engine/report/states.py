@@ -1,0 +1,91 @@
+"""Lane states a person can trust: a lane that waits its turn is not a lane that is stuck.
+
+A lane with due rows and no renders over the last few seconds is usually *waiting*: the claim
+pass gives the capacity to the urgent cap, the floors and then, by the remainder, to lanes whose
+heads are later than this one's. Calling that "stalled" reads as a fault. So:
+
+* ``draining``: its due rows are being rendered (the table shows when they will be done);
+* ``waiting``: it has due rows and got nothing lately while the pool was busy elsewhere; shown
+  with when its head is expected to be served: the due rows the policy's remainder ranks ahead
+  of the lane's head (by relative lateness, due time or lane order) at the pool's render rate.
+  An estimate: the urgent cap and the floors move rows ahead of their turn;
+* ``stalled``: its due rows got no render for a whole ``STALL_WINDOW_S`` while every look in
+  that window saw a worker of the pool with nothing to render. Capacity was there and the lane
+  still got none: a fault worth a look (a stuck lease, a host cap, a policy that gives it 0).
+
+Only a watcher that looks repeatedly (the live view, the dashboard) can tell stalled from
+waiting; ``lanes stats``, one look, says waiting at most.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+STALL_WINDOW_S = 60.0
+"""How long due rows must get nothing, with a worker idle at every look, to call a lane stalled."""
+
+
+class Look(Protocol):
+    """One look at a pool, per lane indexed by lane number (the dashboard's samples are ones)."""
+
+    @property
+    def t(self) -> float: ...  # time.monotonic() seconds
+    @property
+    def renders(self) -> Any: ...  # cumulative renders of either outcome
+    @property
+    def backlog(self) -> Any: ...  # rows due and not in flight
+    @property
+    def idle(self) -> bool: ...  # a worker of the pool had nothing to render
+
+
+def stalled(looks: Sequence[Look], window_s: float = STALL_WINDOW_S) -> set[int]:
+    """The lanes whose due rows got no render through the last ``window_s`` (looks oldest
+    first) while every look in it saw an idle worker; none until the looks span a window."""
+    if len(looks) < 2 or looks[-1].t - looks[0].t < window_s:
+        return set()
+    last = looks[-1]
+    start = max(i for i, look in enumerate(looks) if last.t - look.t >= window_s)
+    span = looks[start:]
+    if not all(look.idle for look in span):
+        return set()
+    due_throughout = np.logical_and.reduce([np.asarray(look.backlog) > 0 for look in span])
+    served = np.asarray(last.renders) - np.asarray(looks[start].renders) > 0
+    return {int(i) for i in np.flatnonzero(due_throughout & ~served)}
+
+
+def lane_state(backlog: int, per_s: float | None, is_stalled: bool) -> str:
+    """``idle`` (nothing due), ``draining``, ``waiting`` or ``stalled`` (see the module note)."""
+    if backlog <= 0:
+        return "idle"
+    if per_s:
+        return "draining"
+    return "stalled" if is_stalled else "waiting"
+
+
+def ahead_of_heads(cols: dict[str, np.ndarray], now_ms: int, remainder: str
+                   ) -> dict[int, int]:
+    """{lane: due rows of other lanes the remainder ranks ahead of this lane's head}, for each
+    lane with due rows, from the rows' columns (``checkpoint.snapshot``). The head is the lane's
+    row the remainder ranks first: the latest relative to its interval (``lateness``), the
+    earliest due (``edf``); under ``lane-order`` every due row of a lower lane is ahead."""
+    due = cols["due_ms"] <= now_ms
+    lanes = cols["lane"][due]
+    if not len(lanes):
+        return {}
+    late = (now_ms - cols["due_ms"][due]).astype(np.float64)
+    if remainder == "lateness":
+        key = late / np.maximum(cols["interval_s"][due], 1)
+    elif remainder == "edf":
+        key = late
+    else:
+        key = -lanes.astype(np.float64)
+    order = np.sort(key)
+    out = {}
+    for lane in np.unique(lanes).tolist():
+        head = key[lanes == lane].max()
+        strictly = len(order) - int(np.searchsorted(order, head, side="right"))
+        out[lane] = strictly  # rows of its own lane are never ahead of its head
+    return out
