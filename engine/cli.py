@@ -523,7 +523,7 @@ def _failures(args: argparse.Namespace) -> int:
         assert parts.failures is not None
         entries = parts.failures.entries()
         wanted = None if args.lane is None else _lane_number(eng, args.lane)
-        rows = failure_rows(eng, entries, wall_ms(), wanted, args.limit)
+        rows = failure_rows(eng, entries, wall_ms(), wanted, args.limit, parts.board.clock)
     finally:
         parts.close()
     if args.json:

@@ -189,8 +189,8 @@ def print_pool_report(r: dict[str, Any], out: TextIO | None = None, plain: bool 
              f"{words.format_elapsed(p['elapsed_s'], p['pool_elapsed_s'], p['time_scale'])};"
              f" {p['renders']} renders ({words.format_rate(p['renders_per_s'])}/s over the"
              f" run), {p['failures']} failures, {p['restarts']} restarts, {p['checkpoints']}"
-             f" checkpoints{checkpoint}\nper lane (rates over the whole run, latency in"
-             " seconds of real time, next due in pool time):")
+             f" checkpoints{checkpoint}\nper lane (rates over the whole run"
+             + (", next due in pool time):" if p["time_scale"] != 1 else "):"))
     rows = [lane_cells(f, now, f["mean_age_over_ttl"]) for f in r["lanes"]]
     print_table(title, rows, COLUMNS, out, plain)
 

@@ -38,7 +38,7 @@ from ..checks import wall_ms
 from ..errors import EngineError, EngineValueError
 from ..keys import PARKED_MS
 from ..policy import INTERVALS, ONE, REMAINDERS, SHARE_CLASSES, LanePolicy
-from ..pool.board import Board
+from ..pool.board import Board, Clock
 from ..pool.failures import failure_rows
 from ..pool.routes import Routes
 from ..report import progress
@@ -71,6 +71,7 @@ class Sample:
     ok: Any  # renders that succeeded
     age_sum: Any  # sum of age / TTL over those
     backlog: Any  # rows due and not in flight (a level, not a counter)
+    granted: Any  # rows the claim passes granted (cumulative)
     idle: bool  # a worker of the pool had nothing to render (states.stalled reads it)
 
 
@@ -182,7 +183,8 @@ class Figures:
             lane_sums(totals).astype(np.float64) if totals else zeros,
             totals["lane_renders"].astype(np.float64) if totals else zeros,
             np.asarray(totals["lane_age_sum"], np.float64) if totals else zeros,
-            np.maximum(0, _lane_array(stats, "due") - _lane_array(stats, "in_flight")), idle))
+            np.maximum(0, _lane_array(stats, "due") - _lane_array(stats, "in_flight")),
+            _lane_array(stats, "granted"), idle))
         self._latest = (stats, totals or {}, now)
 
     def _window(self) -> tuple[Sample, Sample] | None:
@@ -196,6 +198,11 @@ class Figures:
         return new, self.ring[0]
 
     # -- figures (on the source's thread) --------------------------------------------------------
+
+    def _clock(self) -> Clock | None:
+        """The pool's clock (its board's), None with no pool on this host."""
+        with self.parts.board() as board:
+            return None if board is None else board.clock
 
     def look_ahead(self) -> progress.QueueLook:
         with self.parts.board() as board:
@@ -300,7 +307,7 @@ class Figures:
         if log is None:
             return []
         parking = log.parking()
-        rows = failure_rows(self.parts.engine, log.entries(), wall_ms())
+        rows = failure_rows(self.parts.engine, log.entries(), wall_ms(), clock=self._clock())
         for r in rows:
             r["park_requested"] = r["row"] in parking
         return rows
@@ -353,12 +360,16 @@ class Figures:
         log = self.parts.failures()
         failure = None
         if log is not None:
-            got = failure_rows(eng, log.entries(rows=[row]), wall_ms())
+            got = failure_rows(eng, log.entries(rows=[row]), wall_ms(), clock=self._clock())
             failure = got[0] if got else None
             if failure is not None:
                 failure["park_requested"] = bool(log.parking([row]))
         due = info["due_ms"]
+        clock = self._clock()
         return {**info, "url": url, "route": route, "failure": failure,
+                "pool_now_ms": wall_ms() if clock is None else clock.now_ms(),
+                "pool_clock": "" if clock is None or clock.scale == 1.0 else
+                f" (pool time, x{clock.scale:g})",
                 "snapshot": self._snapshot(url),
                 "lane_name": None if info["lane"] is None else eng.lane_name(info["lane"]),
                 "lane_label": None if info["lane"] is None else lane_label(eng.policy,
@@ -413,9 +424,24 @@ class Figures:
         return self.policy()
 
     def policy(self) -> dict[str, Any]:
-        """``policy_dict`` of the policy in force, with the engine's lanes."""
+        """``policy_dict`` of the policy in force, with the engine's lanes and the split of the
+        claim capacity (``split``) by what the passes of the last ``RATE_WINDOW_S`` granted."""
         eng = self.parts.engine
-        return policy_dict(eng.policy, eng.stats()["lanes"])
+        p = eng.policy
+        window = self._window()
+        grants = {} if window is None else {
+            i: float(g) for i, g in enumerate(window[0].granted - window[1].granted) if g > 0}
+        return {**policy_dict(p, eng.stats()["lanes"]), "split": split(p, grants)}
+
+    def preview(self, form: dict[str, str]) -> dict[str, Any]:
+        """What applying ``form`` would change, without applying it: each figure that differs,
+        before and after, and the new split (the engine's own error if it would refuse)."""
+        eng = self.parts.engine
+        before = self.policy()
+        new = policy_from_form(eng.policy, form)
+        after = policy_dict(new, eng.stats()["lanes"])
+        after["split"] = split(new, {})
+        return {"changes": policy_changes(before, after), "after": after}
 
 
 def _number(text: str) -> Any:
@@ -446,6 +472,49 @@ def policy_from_form(current: LanePolicy, form: dict[str, str]) -> LanePolicy:
         remainder=form.get("remainder", current.remainder))
 
 
+def split(p: LanePolicy, grants: dict[int, float]) -> list[dict[str, Any]]:
+    """The claim capacity of a pass as segments of one bar (shares summing to 1): the urgent
+    cap, each floor, and the remainder divided among the lanes by ``grants`` (rows granted per
+    lane lately; the urgent lane's left out: the cap is its own), or whole when none."""
+    floors = {c: p.min_share[c] for c in SHARE_CLASSES if p.min_share.get(c)}
+    out: list[dict[str, Any]] = [{"what": "urgent cap", "share": p.urgent_max_share,
+                                  "kind": "urgent"}]
+    out += [{"what": f"{c} floor", "share": v, "kind": f"floor-{c}"} for c, v in floors.items()]
+    rest = max(0.0, 1.0 - p.urgent_max_share - sum(floors.values()))
+    lanes = {i: g for i, g in grants.items() if i != 0}
+    total = sum(lanes.values())
+    if total > 0:
+        out += [{"what": lane_label(p, i), "share": rest * g / total, "kind": f"lane-{k % 12}"}
+                for k, (i, g) in enumerate(sorted(lanes.items()))]
+    else:
+        out.append({"what": "remainder (nothing granted lately)", "share": rest, "kind": "rest"})
+    x = 0.0
+    for seg in out:  # offsets on a 1000-wide bar, for the page's SVG
+        share = float(seg["share"])
+        seg["x"], seg["width"] = round(x * 1000, 1), round(share * 1000, 1)
+        x += share
+    return out
+
+
+def policy_changes(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(what, before, after) for every figure of two ``policy_dict``s that differs."""
+    def share(v: Any) -> str:
+        return "-" if v is None else f"{float(v):.3g}"
+
+    rows = [("urgent cap", share(before["urgent_max_share"]), share(after["urgent_max_share"])),
+            *((f"{c} floor", share(before["min_share"].get(c)), share(after["min_share"].get(c)))
+              for c in SHARE_CLASSES),
+            ("remainder share", share(before["remainder_share"]),
+             share(after["remainder_share"])),
+            ("remainder by", before["remainder"], after["remainder"]),
+            ("weights", "derived" if before["weights_live"] else "given",
+             "derived" if after["weights_live"] else "given"),
+            *((f"weight of {after['labels'].get(n, n)}", share(before["weights"].get(n)),
+               share(after["weights"].get(n)))
+              for n in sorted(set(before["weights"]) | set(after["weights"])))]
+    return [r for r in rows if r[1] != r[2]]
+
+
 def policy_dict(p: LanePolicy, lanes: list[LaneStats] | None = None) -> dict[str, Any]:
     """The policy as the dashboard and ``/api/policy`` show it. ``weights``: the weight the next
     pass gives each lane written into under these bands (from ``lanes``, the engine's lane
@@ -465,6 +534,7 @@ def policy_dict(p: LanePolicy, lanes: list[LaneStats] | None = None) -> dict[str
             "share_classes": list(SHARE_CLASSES), "lanes_enabled": p.lanes_enabled,
             "weights": weights, "weights_live": isinstance(p.weights, str),
             "labels": labels(p),
+            "bands": [lane_label(p, i).split(" · ")[-1] for i in range(1, p.bands_per_class + 1)],
             "ttl_bands": list(p.ttl_bands), "cold_after": p.cold_after,
             "remainder_share": round(max(0.0, 1 - p.urgent_max_share
                                          - sum(p.min_share.values())), 6)}

@@ -146,7 +146,7 @@ async def policy_page(request: web.Request) -> web.Response:
     fig = request.app[api.FIGURES]
     policy = await fig.run(fig.policy)
     return _page(request, "policy.html", policy=policy, error=None, form=None,
-                 saved=request.query.get("saved") == "1")
+                 saved=request.query.get("saved") == "1", preview=None)
 
 
 async def prioritize_page(request: web.Request) -> web.Response:
@@ -176,14 +176,20 @@ async def failures_action(request: web.Request) -> web.Response:
 
 
 async def policy_action(request: web.Request) -> web.Response:
+    """Apply the form's policy, or with ``preview`` show what applying it would change."""
     fig = request.app[api.FIGURES]
-    form = {k: str(v) for k, v in (await request.post()).items() if k != "csrf"}
+    form = {k: str(v) for k, v in (await request.post()).items() if k not in ("csrf", "preview")}
+    preview = "preview" in await request.post()
     try:
+        if preview:
+            changes = await fig.run(fig.preview, form)
+            return _page(request, "policy.html", policy=await fig.run(fig.policy), error=None,
+                         form=form, saved=False, preview=changes)
         await fig.run(fig.set_policy, form)
     except EngineError as e:
         policy = await fig.run(fig.policy)
         return _page(request, "policy.html", status=400, policy=policy, error=str(e),
-                     form=form, saved=False)
+                     form=form, saved=False, preview=None)
     fig.forget("overview")
     raise web.HTTPSeeOther("/policy?saved=1")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -285,9 +286,24 @@ def test_a_policy_edit_takes_effect_and_a_bad_value_shows_the_engine_s_error(set
     w = Watched(s.browser)
     try:
         w.page.goto(s.url + "/policy")
+        # The split as one bar: the urgent cap, each floor, the remainder by recent grants.
+        legend = w.page.inner_text("#split-now")
+        assert "urgent cap 20.0 %" in legend and "discovered floor 10.0 %" in legend
+        shares = [float(v) for v in re.findall(r"([\d.]+) %", legend)]
+        assert sum(shares) == pytest.approx(100, abs=0.5) and "/b" not in legend
         w.page.get_by_label("Urgent cap").fill("0.3")
         w.page.get_by_label("discovered floor").fill("0.15")
-        w.page.get_by_role("button", name="Apply the policy").click()
+        w.page.get_by_role("button", name="Preview the change").click()
+        changes = w.page.inner_text("#changes")  # shown before anything changes
+        assert re.search(r"urgent cap\s+0\.2\s+0\.3", changes), changes
+        assert re.search(r"discovered floor\s+0\.1\s+0\.15", changes), changes
+        assert "remainder share" in changes and "urgent cap 30.0 %" in w.page.inner_text(
+            "#split-after")
+        assert eng.policy.urgent_max_share == 0.2  # a preview applies nothing
+        shot = s.tmp / "shots" / "policy-preview-1280.png"
+        w.page.screenshot(path=shot, full_page=True)
+        keep_shot(shot, s)
+        w.page.get_by_role("button", name="Apply the policy").click()  # the values kept
         w.page.wait_for_selector(".flash")
         assert eng.policy.urgent_max_share == 0.3
         assert eng.policy.min_share["discovered"] == 0.15

@@ -91,14 +91,35 @@
     return function (u, min, max) { return [0, Math.max(least, (max || 0) * 1.1)]; };
   }
 
+  // A tick as a person reads it, short enough for the axis: 0.25, 12, 950, 10k, 1.2M.
+  function tick(v) {
+    const a = Math.abs(v);
+    if (a >= 1e6) return +(v / 1e6).toFixed(a >= 1e7 ? 0 : 1) + "M";
+    if (a >= 1e4) return +(v / 1e3).toFixed(a >= 1e5 ? 0 : 1) + "k";
+    if (a >= 100 || v === Math.round(v)) return String(Math.round(v));
+    return String(+v.toFixed(a >= 10 ? 1 : 2));
+  }
+
+  const UNITS = {renders_per_s: "renders / s", backlog: "rows due", age_over_ttl: "age ÷ TTL"};
+
   function options(box, lanes) {
+    const key = box.getAttribute("data-series");
     return {
       width: Math.max(240, box.clientWidth - 4), height: 200,
-      scales: {x: {time: true}, y: {range: yRange(box.getAttribute("data-series"))}},
+      scales: {x: {time: true}, y: {range: yRange(key)}},
       series: [{}].concat(lanes.map(function (name, i) {  // the lanes' labels
         return {label: name, stroke: PALETTE[i % PALETTE.length], width: 1.5};
       })),
-      axes: [{}, {size: 50}],
+      axes: [
+        {label: "real time (this server's clock)", labelSize: 18, size: 56},
+        {label: UNITS[key], labelSize: 18, values: function (u, splits) {
+          return splits.map(tick);
+        }, size: function (u, values) {
+          // As wide as the longest tick needs: "10k" is never cut to "0k".
+          const longest = Math.max(1, ...(values || []).map(function (s) { return s.length; }));
+          return 14 + 8 * longest;
+        }},
+      ],
       legend: {live: false},
     };
   }
