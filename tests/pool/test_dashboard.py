@@ -139,6 +139,13 @@ UNNAMED_CONTROLS = """() => Array.from(document.querySelectorAll(
   }).map(el => el.outerHTML.slice(0, 80))"""
 """Every control with no accessible name: its text, a label, aria-label or aria-labelledby."""
 
+WIDE_TABLES = """() => Array.from(document.querySelectorAll('table'))
+  .filter(t => t.getBoundingClientRect().right > window.innerWidth + 0.5
+               || t.scrollWidth > t.parentElement.clientWidth + 0.5)
+  .map(t => t.id + ': ' + Math.round(t.scrollWidth) + ' px')"""
+"""Every table wider than the page or than the box it sits in (a table that needs a sideways
+scroll to be read)."""
+
 
 def _failing(s: Setup, part: str) -> Any:
     entry = failure_entry(s.local, part)
@@ -163,6 +170,7 @@ def test_every_page_loads_with_no_console_error_and_no_request_elsewhere(setup: 
                 assert w.page.evaluate(UNNAMED_CONTROLS) == [], page
                 assert w.page.evaluate("document.documentElement.scrollWidth") <= width, (
                     f"{page} is wider than {width} px")
+                assert w.page.evaluate(WIDE_TABLES) == [], f"{page} at {width} px"
         finally:
             w.close()
         assert w.errors == []
