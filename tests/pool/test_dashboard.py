@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import signal
 import time
 import urllib.error
@@ -46,7 +45,11 @@ from engine.keys import PARKED_MS
 
 SHOTS = os.environ.get("LANES_SHOTS_DIR")
 """Where to keep a copy of the screenshots (one folder per backend), to look at them after the
-run; they are always in the test's temp dir."""
+run; they are always in the test's temp dir. docs/shots/shm/ holds the ones docs/dashboard.md
+shows: ``LANES_SHOTS_DIR=docs/shots pytest tests/pool/test_dashboard.py -k shm``."""
+SHOT_COLOURS = 64
+"""A kept screenshot is a palette PNG of this many colours (Pillow's median cut): the pages are
+flat colours and text, so it reads the same at a third of the bytes."""
 PAGES = (("overview", "/"), ("failures", "/failures"), ("routes", "/routes"),
          ("policy", "/policy"), ("prioritize", "/prioritize"))
 WIDTHS = (1280, 390)
@@ -182,9 +185,12 @@ def test_every_page_loads_with_no_console_error_and_no_request_elsewhere(setup: 
 def keep_shot(png: Path, s: Setup) -> None:
     """A copy of screenshot ``png`` under $LANES_SHOTS_DIR/{shm,redis}, when that is set."""
     if SHOTS:
+        from PIL import Image
+
         folder = Path(SHOTS) / ("redis" if s.redis else "shm")
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy(png, folder / png.name)
+        with Image.open(png) as shot:
+            shot.convert("RGB").quantize(SHOT_COLOURS).save(folder / png.name, optimize=True)
 
 
 def test_the_lane_table_changes_without_a_reload(setup: Setup) -> None:
