@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import checkpoint
 from ..keys import PARKED_MS
+from ..policy import ONE
 from ..pool.board import LATENCY_BOUNDS
 from .states import ahead_of_heads
 
@@ -125,8 +126,14 @@ class QueueLook:
 def look_ahead(eng: QueueEngine, now_ms: int) -> QueueLook:
     """``next_due`` and the rows ahead of each lane's head, from one pass over the rows."""
     _, cols = checkpoint.snapshot(eng)
+    policy, lanes = eng.policy, eng.stats(now_ms=now_ms)["lanes"]
+    total = max([policy.lane_count, *(ln["lane"] + 1 for ln in lanes)])
+    bounds = [(0, 0)] * total
+    for ln in lanes:  # the lanes' interval bounds, which derived weights are made from
+        bounds[ln["lane"]] = (ln["iv_min"], ln["iv_max"])
+    weights = [w / ONE for w in policy.lane_weights_fp(total, bounds)]
     return QueueLook(_next_due(eng, now_ms, cols),
-                     ahead_of_heads(cols, now_ms, eng.policy.remainder))
+                     ahead_of_heads(cols, now_ms, policy.remainder, weights))
 
 
 def next_due(eng: QueueEngine, now_ms: int) -> dict[int, int | None]:

@@ -65,19 +65,23 @@ def lane_state(backlog: int, per_s: float | None, is_stalled: bool) -> str:
     return "stalled" if is_stalled else "waiting"
 
 
-def ahead_of_heads(cols: dict[str, np.ndarray], now_ms: int, remainder: str
-                   ) -> dict[int, int]:
+def ahead_of_heads(cols: dict[str, np.ndarray], now_ms: int, remainder: str,
+                   weights: Sequence[float] = ()) -> dict[int, int]:
     """{lane: due rows of other lanes the remainder ranks ahead of this lane's head}, for each
-    lane with due rows, from the rows' columns (``checkpoint.snapshot``). The head is the lane's
-    row the remainder ranks first: the latest relative to its interval (``lateness``), the
-    earliest due (``edf``); under ``lane-order`` every due row of a lower lane is ahead."""
+    lane with due rows, from the rows' columns (``checkpoint.snapshot``). A lane is served in
+    due order, so its head is its earliest due row; the pass ranks heads as
+    ``policy.remainder_lateness`` does: lateness over the interval times the lane's weight
+    (``weights``, by lane; 1 past its end), lateness alone under ``edf``, and under
+    ``lane-order`` every due row of a lower lane is ahead."""
     due = cols["due_ms"] <= now_ms
-    lanes = cols["lane"][due]
+    lanes, due_ms = cols["lane"][due], cols["due_ms"][due]
     if not len(lanes):
         return {}
-    late = (now_ms - cols["due_ms"][due]).astype(np.float64)
+    late = (now_ms - due_ms).astype(np.float64)
     if remainder == "lateness":
-        key = late / np.maximum(cols["interval_s"][due], 1)
+        w = np.ones(int(lanes.max()) + 1)
+        w[:min(len(w), len(weights))] = weights[:len(w)]
+        key = late / np.maximum(cols["interval_s"][due], 1) * w[lanes]
     elif remainder == "edf":
         key = late
     else:
@@ -85,7 +89,8 @@ def ahead_of_heads(cols: dict[str, np.ndarray], now_ms: int, remainder: str
     order = np.sort(key)
     out = {}
     for lane in np.unique(lanes).tolist():
-        head = key[lanes == lane].max()
-        strictly = len(order) - int(np.searchsorted(order, head, side="right"))
-        out[lane] = strictly  # rows of its own lane are never ahead of its head
+        mine = np.flatnonzero(lanes == lane)
+        head = key[mine[np.argmin(due_ms[mine])]]
+        ahead = len(order) - int(np.searchsorted(order, head, side="right"))
+        out[lane] = ahead - int((key[mine] > head).sum())  # its own rows wait behind its head
     return out

@@ -121,7 +121,10 @@ def state_cell(f: dict[str, Any]) -> str:
         return words.format_eta(f["backlog"], f["renders_per_s"])
     if f["state"] == "waiting":
         head = f["head_in_s"]
-        return "waiting" if head is None else f"waiting, head in ~{words.format_duration(head)}"
+        if head is None:
+            return "waiting"
+        said = words.format_duration(head)
+        return f"waiting, head in {said if said.startswith('<') else '~' + said}"
     return "stalled" if f["state"] == "stalled" else "-"
 
 
