@@ -6,8 +6,10 @@ terminal's live view (``view.lane_cells``, ``words.format_*``). The overview rep
 live part every second with a fragment the server renders (``/live``) and draws its charts
 with the vendored uPlot from ``/api/history``. Actions are HTML forms that POST (the server's
 CSRF middleware checks them) and answer with a redirect back; without JavaScript they work
-the same, minus the confirmation of an action on every matching row. With ``read_only`` no
-action is shown and no POST route exists.
+the same, minus the confirmation of an action on every matching row; the one exception is
+the Prioritize page, whose form the script sends as JSON to ``POST /api/prioritize`` (the API
+a CMS calls) and whose answer it shows. With ``read_only`` no action is shown and no POST
+route exists.
 
 Everything the pages load comes from ``static/`` in the package: no request leaves the server.
 """
