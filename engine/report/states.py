@@ -86,11 +86,15 @@ def ahead_of_heads(cols: dict[str, np.ndarray], now_ms: int, remainder: str,
         key = late
     else:
         key = -lanes.astype(np.float64)
-    order = np.sort(key)
-    out = {}
-    for lane in np.unique(lanes).tolist():
-        mine = np.flatnonzero(lanes == lane)
-        head = key[mine[np.argmin(due_ms[mine])]]
-        ahead = len(order) - int(np.searchsorted(order, head, side="right"))
-        out[lane] = ahead - int((key[mine] > head).sum())  # its own rows wait behind its head
-    return out
+    # Each lane's head without a pass per lane (a million rows, sixty lanes): rows sorted by
+    # lane then due time, the first of each lane's run.
+    by = np.lexsort((due_ms, lanes))
+    starts = np.flatnonzero(np.r_[True, lanes[by][1:] != lanes[by][:-1]])
+    present = lanes[by][starts]
+    head = np.zeros(int(present.max()) + 1)
+    head[present] = key[by][starts]
+    keys = np.sort(key)
+    above = len(keys) - np.searchsorted(keys, head[present], side="right")
+    own = np.bincount(lanes, weights=key > head[lanes], minlength=len(head))[present]
+    # Its own rows wait behind its head, whatever their key.
+    return dict(zip(present.tolist(), (above - own.astype(np.int64)).tolist(), strict=True))

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine import Engine, LanePolicy, checkpoint
 from engine.report import progress
@@ -114,3 +116,28 @@ def _totals() -> dict[str, Any]:
     return {"lane_hist": np.zeros((LANES, 2, LATENCY_BUCKETS), np.int64),
             "lane_renders": np.zeros(LANES, np.int64), "lane_age_sum": np.zeros(LANES),
             "lane_duration_s": np.zeros((LANES, 2))}
+
+
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(-10_000, 10_000),
+                          st.integers(1, 5_000)), min_size=1, max_size=60),
+       st.sampled_from(["lateness", "edf", "lane-order"]))
+def test_the_rows_ahead_match_a_row_by_row_count(rows: list[tuple[int, int, int]],
+                                                 remainder: str) -> None:
+    lane, offset, interval = (list(x) for x in zip(*rows, strict=True))
+    cols = _cols([NOW + o for o in offset], interval, lane)
+    weights = [1.0, 4.0, 1.5, 1.0, 2.0]
+    got = ahead_of_heads(cols, NOW, remainder, weights)
+    due = [i for i in range(len(rows)) if offset[i] <= 0]
+
+    def key(i: int) -> float:
+        late = float(-offset[i])
+        if remainder == "lateness":
+            return late / interval[i] * (weights[lane[i]] if lane[i] < len(weights) else 1.0)
+        return late if remainder == "edf" else -float(lane[i])
+
+    expected = {}
+    for ln in {lane[i] for i in due}:
+        mine = [i for i in due if lane[i] == ln]
+        head = min(mine, key=lambda i: (offset[i], i))
+        expected[ln] = sum(1 for i in due if lane[i] != ln and key(i) > key(head))
+    assert got == expected
