@@ -86,15 +86,21 @@ def ahead_of_heads(cols: dict[str, np.ndarray], now_ms: int, remainder: str,
         key = late
     else:
         key = -lanes.astype(np.float64)
-    # Each lane's head without a pass per lane (a million rows, sixty lanes): rows sorted by
-    # lane then due time, the first of each lane's run.
-    by = np.lexsort((due_ms, lanes))
-    starts = np.flatnonzero(np.r_[True, lanes[by][1:] != lanes[by][:-1]])
-    present = lanes[by][starts]
-    head = np.zeros(int(present.max()) + 1)
-    head[present] = key[by][starts]
-    keys = np.sort(key)
-    above = len(keys) - np.searchsorted(keys, head[present], side="right")
-    own = np.bincount(lanes, weights=key > head[lanes], minlength=len(head))[present]
+    # Linear passes only (a million rows, sixty lanes, on the live view's tick): each lane's
+    # earliest due time, its head's key (the largest among rows due then: a tie is served in
+    # either order), and the rows above each head counted by binning every key once against
+    # the sorted heads.
+    size = int(lanes.max()) + 1
+    earliest = np.full(size, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(earliest, lanes, due_ms)
+    at_head = due_ms == earliest[lanes]
+    head = np.full(size, -np.inf)
+    np.maximum.at(head, lanes[at_head], key[at_head])
+    present = np.flatnonzero(earliest != np.iinfo(np.int64).max)
+    bounds = np.unique(head[present])
+    per_bin = np.bincount(np.searchsorted(bounds, key, side="left"), minlength=len(bounds) + 1)
+    above_bound = per_bin[::-1].cumsum()[::-1][1:]  # rows with a key above bounds[i]
+    above = above_bound[np.searchsorted(bounds, head[present])]
+    own = np.bincount(lanes, weights=key > head[lanes], minlength=size)[present]
     # Its own rows wait behind its head, whatever their key.
     return dict(zip(present.tolist(), (above - own.astype(np.int64)).tolist(), strict=True))
