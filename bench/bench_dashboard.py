@@ -39,7 +39,7 @@ from common import ROOT, figure, finish, on_exit, parse_args
 from engine import Engine
 from engine.errors import SegmentMissing
 from engine.pool.board import Board
-from engine.pool.view import pool_report
+from engine.report.view import pool_report
 
 FULL = {"rows": 1_000_000, "requests": 300, "window_s": 10.0, "rounds": 5}
 SMOKE = {"rows": 20_000, "requests": 20, "window_s": 2.0, "rounds": 1}

@@ -18,7 +18,7 @@ renders, beside the simulator's prediction for the same corpus and capacity.
    class: a class uniformly, then a URL of it uniformly, so every class gets a quarter of the
    hits. A warm-up of ``--warmup`` longest intervals, then ``--windows`` windows of
    ``--window`` longest intervals each, measured apart.
-4. **Per window**, from the store (``engine.pool.staleness``' figures): every snapshot's age ÷
+4. **Per window**, from the store (``engine.report.staleness``' figures): every snapshot's age ÷
    interval, sampled every 2 s (p50 / p95 / max); the served age ÷ interval of the window's hits
    in the hit log; each render's age at render (time since the URL's previous render, as the
    simulator measures it), found by watching every URL's rendered-at; the render rate.
@@ -77,7 +77,7 @@ from render_site import SiteServer  # noqa: E402
 
 from engine import LanePolicy  # noqa: E402
 from engine.checks import wall_ms  # noqa: E402
-from engine.pool.staleness import figures  # noqa: E402
+from engine.report.staleness import figures  # noqa: E402
 from engine.sim import DEFAULT_CLASSES, load_config, policy_spec, run_many  # noqa: E402
 from engine.store import SnapshotStore  # noqa: E402
 
@@ -240,7 +240,7 @@ class Serve:
 
 
 def reading(values: list[float] | np.ndarray) -> dict[str, Any]:
-    """p50 / p95 / max (``engine.pool.staleness.figures``) and the mean."""
+    """p50 / p95 / max (``engine.report.staleness.figures``) and the mean."""
     a = np.asarray(values, dtype=np.float64)
     return {**figures(a), "mean": round(float(a.mean()), 4) if len(a) else None}
 

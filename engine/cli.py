@@ -25,6 +25,7 @@ from .errors import (
     SegmentMissing,
 )
 from .policy import LanePolicy
+from .report.lanes import lane_label
 
 
 def _engine(args: argparse.Namespace) -> Any:
@@ -70,14 +71,14 @@ def _routes(args: argparse.Namespace, eng: Any) -> Any:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from .pool import progress
     from .pool.board import Board
-    from .pool.view import for_json, pool_report, print_pool_report, print_table
+    from .report import progress, words
+    from .report.view import for_json, pool_report, print_pool_report, print_table
 
     eng = _engine(args)
     try:
         if args.prometheus:
-            from .pool.metrics import exposition
+            from .report.metrics import exposition
             from .store import SnapshotStore
 
             if args.store is None:
@@ -110,8 +111,10 @@ def _stats(args: argparse.Namespace) -> int:
             now = wall_ms()
             report = eng.stats(now_ms=now)
             due = progress.next_due(eng, now)
+            policy = eng.policy
             for lane in report["lanes"]:
                 lane["next_due_ms"] = due.get(lane["lane"])
+                lane["label"] = lane_label(policy, lane["lane"])
             report["now_ms"] = now
         if args.store is not None:
             report["staleness"] = _staleness(args, eng)
@@ -124,25 +127,25 @@ def _stats(args: argparse.Namespace) -> int:
         if "routes" in report:
             print_table("per route (--routes; first match wins)", [
                 (r["route"], r["pattern"],
-                 "-" if r["interval_s"] is None else progress.format_duration(r["interval_s"]),
+                 "-" if r["interval_s"] is None else words.format_duration(r["interval_s"]),
                  *(str(r[c]) for c in ("rows", "due", "failing", "parked")))
                 for r in report["routes"]],
                 ("route", "pattern", "every", "rows", "due", "failing", "parked"),
                 plain=args.plain)
     else:
         now = report["now_ms"]
-        cols = ("lane", "name", "floor", "queued", "due", "leased", "granted", "spilled",
+        cols = ("lane", "floor", "queued", "due", "leased", "granted", "spilled",
                 "stale skipped", "lease refused", "next due")
-        rows = [(str(ln["lane"]), ln["name"],
-                 progress.format_due(ln["floor_minute"] * 60_000 or None, now),
+        rows = [(ln["label"],
+                 words.format_due(ln["floor_minute"] * 60_000 or None, now),
                  *(str(ln[c]) for c in ("queued", "due", "leased", "granted", "spilled",
                                         "stale_skipped", "lease_refused")),
-                 progress.format_due(ln["next_due_ms"], now)) for ln in report["lanes"]]
+                 words.format_due(ln["next_due_ms"], now)) for ln in report["lanes"]]
         print_table(f"{report['name']}: {report['rows']} rows ({report['queued']} queued) of"
                     f" {report['capacity']}, layout v{report['layout_version']} (no pool)",
                     rows, cols, plain=args.plain)
     if "staleness" in report and not args.json:
-        from .pool.view import print_staleness
+        from .report.view import print_staleness
 
         print_staleness(report["staleness"], plain=args.plain)
     return 0
@@ -150,11 +153,13 @@ def _stats(args: argparse.Namespace) -> int:
 
 def _staleness(args: argparse.Namespace, eng: Any) -> dict[str, Any]:
     """``--store DIR``'s served staleness, per lane and (when the pool has routes) per route."""
-    from .pool.staleness import staleness
+    from .report.staleness import staleness
     from .store import SnapshotStore
 
     with SnapshotStore.open(args.store, create=False) as store:
-        return staleness(store, wall_ms(), _routes(args, eng), eng.lane_name)
+        policy = eng.policy
+        return staleness(store, wall_ms(), _routes(args, eng), policy.lane_name,
+                         lane_label=lambda lane: lane_label(policy, lane))
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -210,7 +215,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _prioritize(args: argparse.Namespace) -> int:
-    from .pool.progress import format_due
+    from .report.words import format_due
 
     given = [w for w in ("url", "urls", "scope", "row") if getattr(args, w) is not None]
     if len(given) != 1:
@@ -231,10 +236,10 @@ def _prioritize(args: argparse.Namespace) -> int:
             row = args.row
         eng.prioritize(row, args.mode)
         info = eng.describe(row)
-        lane = eng.lane_name(info["lane"])
+        lane = lane_label(eng.policy, info["lane"])
     finally:
         eng.close()
-    print(f"row {row}: {args.mode}, now in lane {info['lane']} ({lane}), due"
+    print(f"row {row}: {args.mode}, now in lane {lane}, due"
           f" {format_due(info['due_ms'], wall_ms())}")
     return 0
 
@@ -320,8 +325,8 @@ def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
 def _pool(args: argparse.Namespace) -> int:
     from .corpus.routes import Routes
     from .pool import Pool, PoolOptions
-    from .pool.view import LiveView, print_summary
     from .pool.worker import LOG_FORMAT
+    from .report.view import LiveView, print_summary
 
     if args.checkpoint is None and args.checkpoint_every != PoolOptions().checkpoint_every_s:
         raise EngineValueError("--checkpoint-every needs --checkpoint PATH")
@@ -374,7 +379,7 @@ def _pool(args: argparse.Namespace) -> int:
     view = LiveView(force_plain=args.plain, store=getattr(args, "store", None))
     try:
         if args.metrics_port is not None:
-            from .pool.metrics import start_server
+            from .report.metrics import start_server
 
             # Its own handle: a scrape in flight must never read a segment the pool unmapped.
             scraped = _engine(args)
@@ -382,6 +387,7 @@ def _pool(args: argparse.Namespace) -> int:
         where = "" if args.redis is None else f" on Redis {pool.engine.url}"
         print(f"pool {args.name!r}{where}: {len(pool.urls)} pages, {args.workers} workers"
               f" ({args.start_method}); SIGINT/SIGTERM stop it", flush=True)
+        in_force = pool.engine.policy  # the summary names lanes by it; run() closes the engine
         summary = pool.run(seconds=args.seconds, on_tick=view.update)
     finally:
         view.close()
@@ -390,7 +396,7 @@ def _pool(args: argparse.Namespace) -> int:
         if scraped is not None:
             scraped.close()
         pool.close()  # a no-op after run(); removes everything if we failed before it
-    print_summary(summary)
+    print_summary(summary, in_force)
     return 0 if not summary["problems"] else 1
 
 
@@ -519,7 +525,7 @@ def _add(args: argparse.Namespace) -> int:
 def _failures(args: argparse.Namespace) -> int:
     from .pool.failures import failure_rows
     from .pool.parts import PoolParts
-    from .pool.view import print_table
+    from .report.view import print_table
 
     parts = PoolParts.attach(args.name, local=_local(args), redis=args.redis)
     eng = parts.engine
@@ -527,7 +533,7 @@ def _failures(args: argparse.Namespace) -> int:
         assert parts.failures is not None
         entries = parts.failures.entries()
         wanted = None if args.lane is None else _lane_number(eng, args.lane)
-        rows = failure_rows(eng, entries, wall_ms(), wanted, args.limit)
+        rows = failure_rows(eng, entries, wall_ms(), wanted, args.limit, parts.board.clock)
     finally:
         parts.close()
     if args.json:
@@ -535,20 +541,27 @@ def _failures(args: argparse.Namespace) -> int:
         return 0
     print_table(f"{args.name}: {len(rows)} failing URL(s)"
                 + (f" in lane {args.lane}" if args.lane else "") + ", most recent first",
-                [(r["url"], str(r["failures"]), str(r["lane"]), r["next_retry"],
+                [(r["url"], str(r["failures"]), r["lane_label"] or "-", r["next_retry"],
                   r["last_error"]) for r in rows],
                 ("url", "failures", "lane", "next retry", "last error"))
     return 0
 
 
 def _lane_number(eng: QueueEngine, lane: str) -> int:
-    """A lane given by name (``cold``, ``submitted/b0``) or number."""
-    names = [eng.lane_name(i) for i in range(eng.policy.lane_count)]
+    """A lane given by name (``cold``, ``submitted/b0``), label (``submitted · 30–42 min``, as
+    the tables show it) or number."""
+    from .report.lanes import labels
+
+    named = labels(eng.policy)
+    names, shown = list(named), list(named.values())
     if lane.isdigit() and int(lane) < len(names):
         return int(lane)
     if lane in names:
         return names.index(lane)
-    raise EngineValueError(f"no lane {lane!r}: the lanes are {', '.join(names)}")
+    if lane in shown:
+        return shown.index(lane)
+    raise EngineValueError(f"no lane {lane!r}: the lanes are {', '.join(names)} (or as the"
+                           " tables name them)")
 
 
 def _restamp(args: argparse.Namespace) -> int:
@@ -572,7 +585,23 @@ def _sim(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
-SHOW_DEFAULTS = argparse.ArgumentDefaultsHelpFormatter
+class ShowDefaults(argparse.HelpFormatter):
+    """argparse's ArgumentDefaultsHelpFormatter without its noise: a default is added to an
+    option's help only when it says something (not None, not a flag's, not an empty list) and
+    the help does not already give it in its own words."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (default is None or action.nargs == 0 or default == [] or "default" in text
+                or default is argparse.SUPPRESS or text is argparse.SUPPRESS
+                or not (action.option_strings or action.nargs in (argparse.OPTIONAL,
+                                                                  argparse.ZERO_OR_MORE))):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+SHOW_DEFAULTS = ShowDefaults
 
 
 def _period(text: str) -> int:

@@ -29,7 +29,7 @@ from .checks import wall_ms
 from .policy import LanePolicy
 from .pool import Pool, PoolOptions
 from .pool.render import RenderSpec
-from .pool.view import LiveView, print_summary
+from .report.view import LiveView, print_summary
 
 HOUR_MS = 3_600_000
 NOW = 1_800_000_000_000
@@ -108,11 +108,12 @@ def run(seconds: float | None = None, workers: int = 2, plain: bool = False) -> 
                        PoolOptions(workers=workers, batch=8, lease_s=5.0, grace_s=5.0,
                                    time_scale=scale))
     view = LiveView(force_plain=plain, plain_every_s=max(1.0, seconds / 6))
+    policy = pool.engine.policy  # the summary's lane names; the engine is closed after the run
     try:
         summary = pool.run(seconds=seconds, on_tick=view.update)
     finally:
         view.close()
-    print_summary(summary)
+    print_summary(summary, policy)
     from .demo_loop import run_loop
 
     looped = run_loop(tag + "-loop")

@@ -70,6 +70,7 @@ from .policy import (
     normalize_bands,
     reference_pass,
 )
+from .report.lanes import labels
 
 HOUR_MS = 3_600_000
 T0 = 1_800_000_000_000
@@ -833,8 +834,10 @@ def sweep_specs(discovered: Iterable[float] = SWEEP_DISCOVERED,
         shares = {"discovered": d, "cold": default.min_share.get("cold", 0.02)}
         label = "/".join(f"{x // 3600}h" for x in b) or "none"
         name = f"discovered={d:g} remainder={rem} bands={label}"
+        named = labels(LanePolicy(ttl_bands=b))  # "submitted · ≤ 1 h x4", not "b0x4"
         for w in sweep_weights(b) if rem == "lateness" else [{}]:
-            suffix = "".join(f" {k}x{v:g}" for k, v in w.items() if v != 1.0)
+            heavier = [f"{named.get(k, k)} x{v:g}" for k, v in w.items() if v != 1.0]
+            suffix = f" weights {', '.join(heavier)}" if heavier else ""
             out.append(PolicySpec(name + suffix, LanePolicy(
                 ttl_bands=b, min_share=shares, remainder=rem, weights=w)))
     return out

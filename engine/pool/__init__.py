@@ -1,6 +1,7 @@
 """The render pool on top of the engine: a supervisor forking N workers (``supervisor``), the
-render call (``render``), the board of per-worker counters (``board``, over ``engine.shmfile``),
-the Prometheus metrics (``metrics``) and the live view (``view``).
+render call (``render``) and the board of per-worker counters (``board``, over
+``engine.shmfile``). What reads those counters back for a person or a scraper (tables, the live
+view, staleness, metrics) is ``engine.report``.
 
 Imports flow one way: the core (the backends ``engine.shm`` and ``engine.redis``, ``keys``,
 ``policy``, ``checkpoint``) and the corpus readers (``engine.corpus``) know nothing of the pool;

@@ -28,10 +28,36 @@ LANES = 64
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
                     10.0, 30.0, 60.0)
 """Upper bounds (seconds) of the render-duration histogram; one more bucket holds the rest."""
+LATENCY_STEPS = 8
+"""The per-lane histograms split each ``DURATION_BUCKETS`` bucket past the first into this many
+log-even steps, so a quantile read from them is a measurement (its bucket is at most 15 %
+wide, 10 -> 30 s in steps of x1.147) and not a guess inside a bucket 2.5 times wide; the coarse
+buckets Prometheus sees are exact sums of the fine ones (``coarse``)."""
+
+
+def _fine_bounds(bounds: tuple[float, ...], steps: int) -> tuple[float, ...]:
+    out = [bounds[0]]
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        out += [lo * (hi / lo) ** (j / steps) for j in range(1, steps)] + [hi]  # hi exact
+    return tuple(out)
+
+
+LATENCY_BOUNDS = _fine_bounds(DURATION_BUCKETS, LATENCY_STEPS)
+"""Upper bounds (seconds) of the per-lane latency histograms (``lane_hist``)."""
+LATENCY_BUCKETS = len(LATENCY_BOUNDS) + 1
+_ROLLUP = (np.searchsorted(DURATION_BUCKETS, (*LATENCY_BOUNDS, np.inf))[:, None]
+           == np.arange(len(DURATION_BUCKETS) + 1)).astype(np.int64)
+"""[fine bucket, coarse bucket]: 1 where the fine one lies in the coarse one."""
+
+
+def coarse(counts: Any) -> Any:
+    """Fine latency counts (last axis ``LATENCY_BUCKETS``) summed into ``DURATION_BUCKETS``'."""
+    return np.asarray(counts, dtype=np.int64) @ _ROLLUP
+
 
 # Header words (int64).
 _MAGIC = 0x314452414F424C52  # "RLBOARD1"
-VERSION = 3
+VERSION = 4
 """The board's layout version: bump it whenever a header word or a slot field moves or grows,
 so a reader of another version is refused (``LayoutMismatch``) instead of misreading counters."""
 H_MAGIC, H_VERSION, H_SLOTS, H_FIELDS, H_PID, H_START_MS, H_STOP, H_RESTARTS = range(8)
@@ -47,7 +73,7 @@ BUCKETS = len(DURATION_BUCKETS) + 1
 OK, FAILED = 0, 1
 """The outcome axis of the per-lane histograms."""
 F_LANE_HIST = F_LANE_AGE_MILLI + LANES  # [lane][outcome][bucket] render counts
-F_LANE_DURATION_US = F_LANE_HIST + LANES * 2 * BUCKETS  # [lane][outcome] sum of durations
+F_LANE_DURATION_US = F_LANE_HIST + LANES * 2 * LATENCY_BUCKETS  # [lane][outcome] duration sum
 F_CURRENT_ROW = F_LANE_DURATION_US + LANES * 2  # the row being rendered, plus 1 (0: none)
 F_STARTS = F_CURRENT_ROW + 1  # worker processes started in this slot (the first one included)
 FIELDS = F_STARTS + 1
@@ -175,7 +201,7 @@ class Board:
     def totals(self) -> dict[str, Any]:
         """Counters summed over every slot (a consistent-enough snapshot: each word is whole).
 
-        ``lane_hist[lane, outcome]`` counts renders per ``DURATION_BUCKETS`` bucket (the last
+        ``lane_hist[lane, outcome]`` counts renders per ``LATENCY_BOUNDS`` bucket (the last
         one: slower than every bound), ``outcome`` being ``OK`` or ``FAILED``;
         ``lane_duration_s[lane, outcome]`` is the sum of those renders' durations.
         """
@@ -191,7 +217,8 @@ class Board:
             "duration_buckets": [int(v) for v in s[F_BUCKETS:F_LANE_RENDERS]],
             "lane_renders": s[F_LANE_RENDERS:F_LANE_AGE_MILLI].copy(),
             "lane_age_sum": s[F_LANE_AGE_MILLI:F_LANE_HIST] / 1000.0,
-            "lane_hist": s[F_LANE_HIST:F_LANE_DURATION_US].reshape(LANES, 2, BUCKETS).copy(),
+            "lane_hist": s[F_LANE_HIST:F_LANE_DURATION_US].reshape(LANES, 2,
+                                                                   LATENCY_BUCKETS).copy(),
             "lane_duration_s": s[F_LANE_DURATION_US:F_CURRENT_ROW].reshape(LANES, 2) / 1e6,
             "restarts": int(h[H_RESTARTS]),
             "checkpoints": int(h[H_CHECKPOINTS]),
@@ -219,7 +246,8 @@ def record_render(slot: Int64Array, lane: int, seconds: float, age_over_ttl: flo
     if not 0 <= lane < LANES:
         return
     cell = lane * 2 + (OK if ok else FAILED)
-    slot[F_LANE_HIST + cell * BUCKETS + bucket] += 1
+    fine = int(np.searchsorted(LATENCY_BOUNDS, seconds))
+    slot[F_LANE_HIST + cell * LATENCY_BUCKETS + fine] += 1
     slot[F_LANE_DURATION_US + cell] += int(seconds * 1e6)
     if ok:
         slot[F_LANE_RENDERS + lane] += 1

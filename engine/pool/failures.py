@@ -60,7 +60,9 @@ from ..errors import (
     SegmentMissing,
 )
 from ..keys import PARKED_MS
-from .progress import format_due
+from ..report.lanes import lane_label
+from ..report.words import format_due
+from .board import Clock
 from .render import KINDS, Failure
 
 SUFFIX = "failures"
@@ -75,7 +77,7 @@ CREATE TABLE failures (
     row INTEGER PRIMARY KEY,   -- engine row id
     url TEXT NOT NULL,
     failures INTEGER NOT NULL, -- failed renders of this URL at this row since its last success
-    first_ms INTEGER NOT NULL, -- the first of them (pool clock, ms)
+    first_ms INTEGER NOT NULL, -- the first of them (wall clock, ms)
     last_ms INTEGER NOT NULL,  -- the latest
     reason TEXT NOT NULL,      -- Failure.reason of the latest
     kind TEXT NOT NULL,
@@ -368,11 +370,20 @@ Redis); past it, it reads every row's schedule in one export instead."""
 
 
 def failure_rows(eng: Any, entries: Sequence[FailureEntry], now_ms: int,
-                 lane: int | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+                 lane: int | None = None, limit: int | None = None,
+                 clock: Clock | None = None) -> list[dict[str, Any]]:
     """``entries`` with what the engine says of their rows now (lane, next try; ``kind``:
     ``parked``, ``permanent`` or ``transient``), in lane ``lane`` only if given, at most
-    ``limit``: the rows of ``lanes failures --json`` and of the dashboard."""
-    where = _lanes_and_dues(eng, [e.row for e in entries], now_ms)
+    ``limit``: the rows of ``lanes failures --json`` and of the dashboard (``lane``: the
+    engine's name, ``lane_label``: the name people read).
+
+    Two clocks meet here: a failure is logged at the wall clock (``now_ms``), a row is due on
+    the pool's (``clock``, the board's; the demo's runs hundreds of times faster). The next try
+    is said on the pool's clock, and named so when that is not the wall's."""
+    pool_now = now_ms if clock is None else clock.now_ms()
+    on_pool_time = clock is not None and clock.scale != 1.0
+    where = _lanes_and_dues(eng, [e.row for e in entries], pool_now)
+    policy = eng.policy
     rows: list[dict[str, Any]] = []
     for e in entries:
         if limit is not None and len(rows) >= limit:
@@ -381,9 +392,11 @@ def failure_rows(eng: Any, entries: Sequence[FailureEntry], now_ms: int,
         if lane is not None and row_lane != lane:
             continue
         retry = ("removed" if due is None else "parked (rush or re-add)"
-                 if due == PARKED_MS else format_due(due, now_ms))
+                 if due == PARKED_MS else format_due(due, pool_now)
+                 + (" (pool time)" if on_pool_time else ""))
         rows.append({"row": e.row, "url": e.url, "failures": e.failures,
                      "lane": None if row_lane is None else eng.lane_name(row_lane),
+                     "lane_label": None if row_lane is None else lane_label(policy, row_lane),
                      "last_error": e.reason, "permanent": e.permanent,
                      "kind": "parked" if due == PARKED_MS else "permanent" if e.permanent
                      else "transient",

@@ -36,8 +36,8 @@ from .. import checkpoint
 from ..corpus.model import Corpus
 from ..errors import CapacityError, EngineValueError
 from ..policy import PROVENANCES, LanePolicy
+from ..report.words import format_duration
 from .grow import add_corpus
-from .progress import format_duration
 
 log = logging.getLogger("engine.pool")
 

@@ -35,6 +35,7 @@ from ..api import BoolArray, Claim, ClaimBatch, QueueEngine
 from ..checks import wall_ms
 from ..errors import EngineError, LeaseLost, OutcomeUnknown
 from ..keys import PARKED_MS
+from ..report.words import format_due
 from .board import (
     F_CURRENT_ROW,
     F_LEASE_LOST,
@@ -46,7 +47,6 @@ from .board import (
 )
 from .heartbeat import HEARTBEAT_S, Heartbeat
 from .parts import PoolParts
-from .progress import format_due
 from .render import RenderFn, RenderSpec
 
 if TYPE_CHECKING:

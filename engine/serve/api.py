@@ -39,11 +39,13 @@ from ..corpus.routes import Routes
 from ..errors import EngineError, EngineValueError
 from ..keys import PARKED_MS
 from ..policy import INTERVALS, ONE, REMAINDERS, SHARE_CLASSES, LanePolicy
-from ..pool import progress
-from ..pool.board import Board
+from ..pool.board import Board, Clock
 from ..pool.failures import failure_rows
-from ..pool.staleness import RouteOf, staleness
-from ..pool.view import for_json, lane_figures, lane_sums, pool_figures
+from ..report import progress
+from ..report.lanes import labels, lane_label
+from ..report.staleness import RouteOf, staleness
+from ..report.states import stalled
+from ..report.view import for_json, idle_worker, lane_figures, lane_sums, pool_figures
 from .source import PoolSource
 
 SAMPLE_EVERY_S = 2.0
@@ -69,6 +71,8 @@ class Sample:
     ok: Any  # renders that succeeded
     age_sum: Any  # sum of age / TTL over those
     backlog: Any  # rows due and not in flight (a level, not a counter)
+    granted: Any  # rows the claim passes granted (cumulative)
+    idle: bool  # a worker of the pool had nothing to render (states.stalled reads it)
 
 
 def _lane_array(stats: dict[str, Any], key: str) -> Any:
@@ -172,13 +176,15 @@ class Figures:
             now = board.clock.now_ms() if board is not None else wall_ms()
             stats = self.parts.engine.stats(now_ms=now)
             totals = board.totals() if board is not None else None
+            idle = board is not None and idle_worker(board)
         zeros = np.zeros(64)
         self.ring.append(Sample(
             time.monotonic(), wall_ms(),
             lane_sums(totals).astype(np.float64) if totals else zeros,
             totals["lane_renders"].astype(np.float64) if totals else zeros,
             np.asarray(totals["lane_age_sum"], np.float64) if totals else zeros,
-            np.maximum(0, _lane_array(stats, "due") - _lane_array(stats, "in_flight"))))
+            np.maximum(0, _lane_array(stats, "due") - _lane_array(stats, "in_flight")),
+            _lane_array(stats, "granted"), idle))
         self._latest = (stats, totals or {}, now)
 
     def _window(self) -> tuple[Sample, Sample] | None:
@@ -193,10 +199,15 @@ class Figures:
 
     # -- figures (on the source's thread) --------------------------------------------------------
 
-    def next_due(self) -> dict[int, int | None]:
+    def _clock(self) -> Clock | None:
+        """The pool's clock (its board's), None with no pool on this host."""
+        with self.parts.board() as board:
+            return None if board is None else board.clock
+
+    def look_ahead(self) -> progress.QueueLook:
         with self.parts.board() as board:
             now = board.clock.now_ms() if board is not None else wall_ms()
-        return progress.next_due(self.parts.engine, now)
+        return progress.look_ahead(self.parts.engine, now)
 
     def staleness(self) -> dict[str, Any] | None:
         """The store's staleness per lane and per route (``lanes serve --store``), or None."""
@@ -206,7 +217,9 @@ class Figures:
         if self._route_of is None:
             routes = self.parts.routes()
             self._route_of = None if routes is None else RouteOf(routes)  # URLs matched once
-        return staleness(store, wall_ms(), self._route_of, self.parts.engine.lane_name)
+        policy = self.parts.engine.policy
+        return staleness(store, wall_ms(), self._route_of, policy.lane_name,
+                         lane_label=lambda lane: lane_label(policy, lane))
 
     def crawlers(self) -> list[dict[str, Any]] | None:
         """Freshness per crawler family (``lanes serve --store``), or None."""
@@ -215,7 +228,7 @@ class Figures:
         store = self.parts.store
         return None if store is None else crawlers.figures(store, wall_ms())
 
-    def overview(self, next_due: dict[int, int | None], stale: dict[str, Any] | None
+    def overview(self, look: progress.QueueLook, stale: dict[str, Any] | None
                  ) -> dict[str, Any]:
         """The live table, the pool's headline, the policy and the workers."""
         assert self._latest is not None
@@ -228,16 +241,20 @@ class Figures:
             per_s = {ln["lane"]: float(rates[ln["lane"]]) for ln in stats["lanes"]}
         pool: dict[str, Any] | None = None
         workers: list[dict[str, Any]] = []
+        policy = self.parts.engine.policy
         with self.parts.board() as board:
             if totals and board is not None:
-                lanes = lane_figures(stats, totals, next_due, per_s, now)
+                lanes = lane_figures(stats, totals, look, per_s, now, policy,
+                                     stalled(list(self.ring)))
                 pool = pool_figures(board, totals, now)
                 pool["recent_renders_per_s"] = (None if window is None else
                                                 _num(float(np.nansum(_rate(*window)[0]))))
                 workers = self._workers(board)
             else:
-                lanes = [{**ln, "backlog": max(0, ln["due"] - ln["in_flight"]),
-                          "next_due_ms": next_due.get(ln["lane"])} for ln in stats["lanes"]]
+                lanes = [{**ln, "label": lane_label(policy, ln["lane"]),
+                          "backlog": max(0, ln["due"] - ln["in_flight"]),
+                          "next_due_ms": look.next_due.get(ln["lane"])}
+                         for ln in stats["lanes"]]
         served = {} if stale is None else {g["key"]: g for g in stale["lanes"]}
         for f in lanes:
             f["age_over_ttl"] = None if age is None else _num(age[f["lane"]])
@@ -246,7 +263,7 @@ class Figures:
         return {"name": stats["name"], "rows": stats["rows"], "queued": stats["queued"],
                 "capacity": stats["capacity"], "now_ms": now, "lanes": lanes, "pool": pool,
                 "workers": workers,
-                "policy": policy_dict(self.parts.engine.policy, stats["lanes"]),
+                "policy": policy_dict(policy, stats["lanes"]),
                 "store": stale is not None, "history": self.history_note()}
 
     def _workers(self, board: Board) -> list[dict[str, Any]]:
@@ -267,7 +284,9 @@ class Figures:
         assert self._latest is not None
         lanes = [ln for ln in self._latest[0]["lanes"]
                  if ln["queued"] or ln["granted"] or any(s.renders[ln["lane"]] for s in samples)]
+        policy = self.parts.engine.policy
         out: dict[str, Any] = {"t": [], "lanes": [ln["name"] for ln in lanes],
+                               "labels": [lane_label(policy, ln["lane"]) for ln in lanes],
                                "renders_per_s": [[] for _ in lanes],
                                "backlog": [[] for _ in lanes],
                                "age_over_ttl": [[] for _ in lanes], **self.history_note()}
@@ -288,7 +307,7 @@ class Figures:
         if log is None:
             return []
         parking = log.parking()
-        rows = failure_rows(self.parts.engine, log.entries(), wall_ms())
+        rows = failure_rows(self.parts.engine, log.entries(), wall_ms(), clock=self._clock())
         for r in rows:
             r["park_requested"] = r["row"] in parking
         return rows
@@ -341,14 +360,20 @@ class Figures:
         log = self.parts.failures()
         failure = None
         if log is not None:
-            got = failure_rows(eng, log.entries(rows=[row]), wall_ms())
+            got = failure_rows(eng, log.entries(rows=[row]), wall_ms(), clock=self._clock())
             failure = got[0] if got else None
             if failure is not None:
                 failure["park_requested"] = bool(log.parking([row]))
         due = info["due_ms"]
+        clock = self._clock()
         return {**info, "url": url, "route": route, "failure": failure,
+                "pool_now_ms": wall_ms() if clock is None else clock.now_ms(),
+                "pool_clock": "" if clock is None or clock.scale == 1.0 else
+                f" (pool time, x{clock.scale:g})",
                 "snapshot": self._snapshot(url),
                 "lane_name": None if info["lane"] is None else eng.lane_name(info["lane"]),
+                "lane_label": None if info["lane"] is None else lane_label(eng.policy,
+                                                                           info["lane"]),
                 "parked": due == PARKED_MS, "now_ms": wall_ms()}
 
     def _snapshot(self, url: str) -> dict[str, Any] | None:
@@ -399,9 +424,24 @@ class Figures:
         return self.policy()
 
     def policy(self) -> dict[str, Any]:
-        """``policy_dict`` of the policy in force, with the engine's lanes."""
+        """``policy_dict`` of the policy in force, with the engine's lanes and the split of the
+        claim capacity (``split``) by what the passes of the last ``RATE_WINDOW_S`` granted."""
         eng = self.parts.engine
-        return policy_dict(eng.policy, eng.stats()["lanes"])
+        p = eng.policy
+        window = self._window()
+        grants = {} if window is None else {
+            i: float(g) for i, g in enumerate(window[0].granted - window[1].granted) if g > 0}
+        return {**policy_dict(p, eng.stats()["lanes"]), "split": split(p, grants)}
+
+    def preview(self, form: dict[str, str]) -> dict[str, Any]:
+        """What applying ``form`` would change, without applying it: each figure that differs,
+        before and after, and the new split (the engine's own error if it would refuse)."""
+        eng = self.parts.engine
+        before = self.policy()
+        new = policy_from_form(eng.policy, form)
+        after = policy_dict(new, eng.stats()["lanes"])
+        after["split"] = split(new, {})
+        return {"changes": policy_changes(before, after), "after": after}
 
 
 def _number(text: str) -> Any:
@@ -432,6 +472,49 @@ def policy_from_form(current: LanePolicy, form: dict[str, str]) -> LanePolicy:
         remainder=form.get("remainder", current.remainder))
 
 
+def split(p: LanePolicy, grants: dict[int, float]) -> list[dict[str, Any]]:
+    """The claim capacity of a pass as segments of one bar (shares summing to 1): the urgent
+    cap, each floor, and the remainder divided among the lanes by ``grants`` (rows granted per
+    lane lately; the urgent lane's left out: the cap is its own), or whole when none."""
+    floors = {c: p.min_share[c] for c in SHARE_CLASSES if p.min_share.get(c)}
+    out: list[dict[str, Any]] = [{"what": "urgent cap", "share": p.urgent_max_share,
+                                  "kind": "urgent"}]
+    out += [{"what": f"{c} floor", "share": v, "kind": f"floor-{c}"} for c, v in floors.items()]
+    rest = max(0.0, 1.0 - p.urgent_max_share - sum(floors.values()))
+    lanes = {i: g for i, g in grants.items() if i != 0}
+    total = sum(lanes.values())
+    if total > 0:
+        out += [{"what": lane_label(p, i), "share": rest * g / total, "kind": f"lane-{k % 12}"}
+                for k, (i, g) in enumerate(sorted(lanes.items()))]
+    else:
+        out.append({"what": "remainder (nothing granted lately)", "share": rest, "kind": "rest"})
+    x = 0.0
+    for seg in out:  # offsets on a 1000-wide bar, for the page's SVG
+        share = float(seg["share"])
+        seg["x"], seg["width"] = round(x * 1000, 1), round(share * 1000, 1)
+        x += share
+    return out
+
+
+def policy_changes(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(what, before, after) for every figure of two ``policy_dict``s that differs."""
+    def share(v: Any) -> str:
+        return "-" if v is None else f"{float(v):.3g}"
+
+    rows = [("urgent cap", share(before["urgent_max_share"]), share(after["urgent_max_share"])),
+            *((f"{c} floor", share(before["min_share"].get(c)), share(after["min_share"].get(c)))
+              for c in SHARE_CLASSES),
+            ("remainder share", share(before["remainder_share"]),
+             share(after["remainder_share"])),
+            ("remainder by", before["remainder"], after["remainder"]),
+            ("weights", "derived" if before["weights_live"] else "given",
+             "derived" if after["weights_live"] else "given"),
+            *((f"weight of {after['labels'].get(n, n)}", share(before["weights"].get(n)),
+               share(after["weights"].get(n)))
+              for n in sorted(set(before["weights"]) | set(after["weights"])))]
+    return [r for r in rows if r[1] != r[2]]
+
+
 def policy_dict(p: LanePolicy, lanes: list[LaneStats] | None = None) -> dict[str, Any]:
     """The policy as the dashboard and ``/api/policy`` show it. ``weights``: the weight the next
     pass gives each lane written into under these bands (from ``lanes``, the engine's lane
@@ -450,6 +533,8 @@ def policy_dict(p: LanePolicy, lanes: list[LaneStats] | None = None) -> dict[str
             "remainder": p.remainder, "remainders": list(REMAINDERS),
             "share_classes": list(SHARE_CLASSES), "lanes_enabled": p.lanes_enabled,
             "weights": weights, "weights_live": isinstance(p.weights, str),
+            "labels": labels(p),
+            "bands": [lane_label(p, i).split(" · ")[-1] for i in range(1, p.bands_per_class + 1)],
             "ttl_bands": list(p.ttl_bands), "cold_after": p.cold_after,
             "remainder_share": round(max(0.0, 1 - p.urgent_max_share
                                          - sum(p.min_share.values())), 6)}
@@ -473,7 +558,7 @@ def _json(value: Any, status: int = 200) -> web.Response:
 
 
 async def overview_of(fig: Figures) -> dict[str, Any]:
-    due = await fig.cached("next_due", NEXT_DUE_EVERY_S, fig.next_due)
+    due = await fig.cached("next_due", NEXT_DUE_EVERY_S, fig.look_ahead)
     stale = await fig.cached("staleness", STALENESS_EVERY_S, fig.staleness)
     result: dict[str, Any] = await fig.cached("overview", SAMPLE_EVERY_S / 2, fig.overview, due,
                                               stale)

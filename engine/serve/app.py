@@ -264,7 +264,7 @@ def _metrics_handler(parts: Parts, counts: dict[str, Any]) -> Callable[[web.Requ
     """``/metrics``: the pool's metrics and the store's staleness, computed off the event
     loop; one registry per server process, so the staleness figures are cached across
     scrapes (``STALENESS_EVERY_S``)."""
-    from ..pool.metrics import generate, registry
+    from ..report.metrics import generate, registry
 
     made: list[Any] = []
 

@@ -2,12 +2,14 @@
 
 Pages are jinja2 templates (autoescape on: a URL or a reason is always text) filled from the
 shared :class:`~engine.serve.api.Figures`; their tables are written with the same cells as the
-terminal's live view (``view.lane_cells``, ``progress.format_*``). The overview replaces its
+terminal's live view (``view.lane_cells``, ``words.format_*``). The overview replaces its
 live part every second with a fragment the server renders (``/live``) and draws its charts
 with the vendored uPlot from ``/api/history``. Actions are HTML forms that POST (the server's
 CSRF middleware checks them) and answer with a redirect back; without JavaScript they work
-the same, minus the confirmation of an action on every matching row. With ``read_only`` no
-action is shown and no POST route exists.
+the same, minus the confirmation of an action on every matching row; the one exception is
+the Prioritize page, whose form the script sends as JSON to ``POST /api/prioritize`` (the API
+a CMS calls) and whose answer it shows. With ``read_only`` no action is shown and no POST
+route exists.
 
 Everything the pages load comes from ``static/`` in the package: no request leaves the server.
 """
@@ -24,9 +26,9 @@ from aiohttp import web
 
 from ..checks import wall_ms
 from ..errors import EngineError
-from ..pool import progress
-from ..pool.staleness import cells as staleness_cells
-from ..pool.view import COLUMNS, lane_cells
+from ..report import words
+from ..report.staleness import cells as staleness_cells
+from ..report.view import COLUMNS, lane_cells
 from . import api, auth
 from .source import PoolSource
 
@@ -45,16 +47,16 @@ def _environment() -> jinja2.Environment:
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters.update(due=_due, duration=_duration, number=_number_cell, served=served_cell,
-                       rate=progress.format_rate, quote=urllib.parse.quote)
+                       rate=words.format_rate, quote=urllib.parse.quote)
     return env
 
 
 def _due(ms: int | None, now_ms: int | None = None) -> str:
-    return progress.format_due(ms, wall_ms() if now_ms is None else now_ms)
+    return words.format_due(ms, wall_ms() if now_ms is None else now_ms)
 
 
 def _duration(s: float | None) -> str:
-    return "-" if s is None else progress.format_duration(s)
+    return "-" if s is None else words.format_duration(s)
 
 
 def _number_cell(v: float | None, digits: int = 2) -> str:
@@ -121,8 +123,8 @@ async def failures_page(request: web.Request) -> web.Response:
     ov = await api.overview_of(fig)
     return _page(request, "failures.html", status, rows=rows[:api.SHOWN_FAILURES],
                  matching=len(rows), filter=f, kinds=api.KINDS, error=error,
-                 lanes=[ln["name"] for ln in ov["lanes"]], done=request.query.get("done", ""),
-                 now_ms=wall_ms())
+                 lanes=[(ln["name"], ln["label"]) for ln in ov["lanes"]],
+                 done=request.query.get("done", ""), now_ms=wall_ms())
 
 
 async def url_page(request: web.Request) -> web.Response:
@@ -146,7 +148,12 @@ async def policy_page(request: web.Request) -> web.Response:
     fig = request.app[api.FIGURES]
     policy = await fig.run(fig.policy)
     return _page(request, "policy.html", policy=policy, error=None, form=None,
-                 saved=request.query.get("saved") == "1")
+                 saved=request.query.get("saved") == "1", preview=None)
+
+
+async def prioritize_page(request: web.Request) -> web.Response:
+    """A form over ``POST /api/prioritize`` (the script sends it as JSON and shows the answer)."""
+    return _page(request, "prioritize.html")
 
 
 # -- actions -----------------------------------------------------------------------------------
@@ -171,14 +178,20 @@ async def failures_action(request: web.Request) -> web.Response:
 
 
 async def policy_action(request: web.Request) -> web.Response:
+    """Apply the form's policy, or with ``preview`` show what applying it would change."""
     fig = request.app[api.FIGURES]
-    form = {k: str(v) for k, v in (await request.post()).items() if k != "csrf"}
+    form = {k: str(v) for k, v in (await request.post()).items() if k not in ("csrf", "preview")}
+    preview = "preview" in await request.post()
     try:
+        if preview:
+            changes = await fig.run(fig.preview, form)
+            return _page(request, "policy.html", policy=await fig.run(fig.policy), error=None,
+                         form=form, saved=False, preview=changes)
         await fig.run(fig.set_policy, form)
     except EngineError as e:
         policy = await fig.run(fig.policy)
         return _page(request, "policy.html", status=400, policy=policy, error=str(e),
-                     form=form, saved=False)
+                     form=form, saved=False, preview=None)
     fig.forget("overview")
     raise web.HTTPSeeOther("/policy?saved=1")
 
@@ -202,6 +215,7 @@ def add_routes(app: web.Application, source: PoolSource, *, read_only: bool) -> 
     r.add_get("/url", url_page)
     r.add_get("/routes", routes_page)
     r.add_get("/policy", policy_page)
+    r.add_get("/prioritize", prioritize_page)
     r.add_static("/static/", HERE / "static")
     api.add_api_routes(app, read_only)
     r.add_post("/failures/{action:retry|park}", api.refused if read_only else failures_action)

@@ -13,6 +13,8 @@ from engine import LanePolicy
 from engine import checkpoint as ck
 
 HOURLY = LanePolicy().lane_name(LanePolicy().lane_for("submitted", 3600))
+HOURLY_LABEL = "submitted · 42–60 min"
+"""How the tables name HOURLY: its provenance and the range of intervals its band holds."""
 """The lane of the 1 h pages the pools here render, under the default policy."""
 
 def test_lanes_pool_sigterm_and_a_killed_supervisor_resume(log: Path, tmp_path: Path) -> None:
@@ -65,7 +67,7 @@ def test_stats_json_and_prometheus_parse_while_a_pool_runs(log: Path) -> None:
         for lane in stats["lanes"]:
             assert lane["next_due_ms"] is None or lane["next_due_ms"] > pool_js["now_ms"] - 1000
             assert {"backlog", "in_flight", "renders_per_s", "drain_s", "next_due_ms",
-                    "next_due_in_s", "renders", "failures"} <= set(lane)
+                    "next_due_in_s", "renders", "failures", "label"} <= set(lane)
             assert set(lane["latency"]) == {"ok", "failed"}
             assert lane["latency"]["failed"]["count"] == 0
         assert sum(ln["latency"]["ok"]["count"] for ln in stats["lanes"]) == 50
@@ -95,6 +97,11 @@ def test_stats_json_and_prometheus_parse_while_a_pool_runs(log: Path) -> None:
                        "lanes_lane_spilled", "lanes_lane_stale_skipped",
                        "lanes_lane_lease_refused", "lanes_pool_failures"):
             assert metric in families, metric
+        # Series keep the stable id; the words are one info series per lane beside them.
+        info = {s.labels["lane"]: s.labels for s in families["lanes_lane_info"].samples}
+        assert info[HOURLY]["ttl"] == "42–60 min"
+        assert info[HOURLY]["label"] == "submitted · 42–60 min"
+        assert info["urgent"]["ttl"] == "" and info["cold"]["label"] == "cold"
     finally:
         pool.shutdown()
 
@@ -119,8 +126,9 @@ def test_stats_shows_progress_per_lane_and_ends_quietly_on_a_closed_pipe(log: Pa
         for col in ("queued", "backlog", "in flight", "renders/s", "drains in", "next due",
                     "ok p50/95/99", "failed p50/95/99"):
             assert col in header, col
-        row = next(ln for ln in lines if ln.startswith(HOURLY))
+        row = next(ln for ln in lines if ln.startswith(HOURLY_LABEL))
         assert re.search(r"in 1\.0 h \(\d\d:\d\d\)", row) and re.search(r" ms| s\b", row)
+        assert "/b" not in out  # no band number in a table
         assert not re.search(r"\d{10,}", out.replace(name, ""))  # no raw epoch ms anywhere
         # ``lanes stats NAME | head -1``: the reader leaves early; no traceback, no noise.
         sh = subprocess.run(["bash", "-c", f"set -o pipefail; {sys.executable} -m engine stats"
@@ -152,10 +160,12 @@ def test_stats_of_a_bare_engine_shows_the_engine_columns(tmp_path: Path) -> None
             assert p.returncode == 0, err
             assert "(no pool)" in out and "stale skipped" in out and "next due" in out
             assert "in 2.0 h (" in out and str(now + 2 * 3_600_000) not in out
+            assert HOURLY_LABEL in out and "/b" not in out
             js = cli("stats", name, "--json")
             out, err = js.communicate(timeout=60)
             lane = next(ln for ln in json.loads(out)["lanes"] if ln["name"] == HOURLY)
             assert lane["next_due_ms"] == now + 2 * 3_600_000 and lane["queued"] == 2
+            assert lane["label"] == HOURLY_LABEL  # --json: the number, the id and the words
         finally:
             eng.unlink()
 
@@ -194,7 +204,7 @@ def test_lanes_demo_runs_and_prints_its_summary() -> None:
     assert p.returncode == 0, err
     assert "granted by claim #1 of 61" in out and "behind the whole product backlog" in out
     assert "invariants: hold" in out and "left behind: nothing" in out
-    assert HOURLY in out
+    assert HOURLY_LABEL in out and HOURLY not in out
     # the loop, in real renders: served, missed and discovered, recached
     assert "Googlebot asks for /p/0: 200, served" in out and "Widget 0" in out
     assert "never a 404; discovered..." in out and "rendered and served as a snapshot" in out

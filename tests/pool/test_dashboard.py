@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
+import re
 import signal
 import time
 import urllib.error
@@ -45,9 +45,13 @@ from engine.keys import PARKED_MS
 
 SHOTS = os.environ.get("LANES_SHOTS_DIR")
 """Where to keep a copy of the screenshots (one folder per backend), to look at them after the
-run; they are always in the test's temp dir."""
+run; they are always in the test's temp dir. docs/shots/shm/ holds the ones docs/dashboard.md
+shows: ``LANES_SHOTS_DIR=docs/shots pytest tests/pool/test_dashboard.py -k shm``."""
+SHOT_COLOURS = 64
+"""A kept screenshot is a palette PNG of this many colours (Pillow's median cut): the pages are
+flat colours and text, so it reads the same at a third of the bytes."""
 PAGES = (("overview", "/"), ("failures", "/failures"), ("routes", "/routes"),
-         ("policy", "/policy"))
+         ("policy", "/policy"), ("prioritize", "/prioritize"))
 WIDTHS = (1280, 390)
 
 
@@ -138,6 +142,13 @@ UNNAMED_CONTROLS = """() => Array.from(document.querySelectorAll(
   }).map(el => el.outerHTML.slice(0, 80))"""
 """Every control with no accessible name: its text, a label, aria-label or aria-labelledby."""
 
+WIDE_TABLES = """() => Array.from(document.querySelectorAll('table'))
+  .filter(t => t.getBoundingClientRect().right > window.innerWidth + 0.5
+               || t.scrollWidth > t.parentElement.clientWidth + 0.5)
+  .map(t => t.id + ': ' + Math.round(t.scrollWidth) + ' px')"""
+"""Every table wider than the page or than the box it sits in (a table that needs a sideways
+scroll to be read)."""
+
 
 def _failing(s: Setup, part: str) -> Any:
     entry = failure_entry(s.local, part)
@@ -162,6 +173,7 @@ def test_every_page_loads_with_no_console_error_and_no_request_elsewhere(setup: 
                 assert w.page.evaluate(UNNAMED_CONTROLS) == [], page
                 assert w.page.evaluate("document.documentElement.scrollWidth") <= width, (
                     f"{page} is wider than {width} px")
+                assert w.page.evaluate(WIDE_TABLES) == [], f"{page} at {width} px"
         finally:
             w.close()
         assert w.errors == []
@@ -173,9 +185,12 @@ def test_every_page_loads_with_no_console_error_and_no_request_elsewhere(setup: 
 def keep_shot(png: Path, s: Setup) -> None:
     """A copy of screenshot ``png`` under $LANES_SHOTS_DIR/{shm,redis}, when that is set."""
     if SHOTS:
+        from PIL import Image
+
         folder = Path(SHOTS) / ("redis" if s.redis else "shm")
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copy(png, folder / png.name)
+        with Image.open(png) as shot:
+            shot.convert("RGB").quantize(SHOT_COLOURS).save(folder / png.name, optimize=True)
 
 
 def test_the_lane_table_changes_without_a_reload(setup: Setup) -> None:
@@ -189,6 +204,9 @@ def test_the_lane_table_changes_without_a_reload(setup: Setup) -> None:
             timeout=15_000)
         assert w.page.evaluate("window.notReloaded") is True
         assert w.page.locator("#lanes tbody tr").count() >= 2
+        # Lanes by what they hold (the pool's pages every 60 s: the first band), no band number.
+        lanes = w.page.inner_text("#lanes tbody")
+        assert "submitted · ≤ 30 min" in lanes and "/b" not in lanes
     finally:
         w.close()
     assert w.errors == []
@@ -282,9 +300,24 @@ def test_a_policy_edit_takes_effect_and_a_bad_value_shows_the_engine_s_error(set
     w = Watched(s.browser)
     try:
         w.page.goto(s.url + "/policy")
+        # The split as one bar: the urgent cap, each floor, the remainder by recent grants.
+        legend = w.page.inner_text("#split-now")
+        assert "urgent cap 20.0 %" in legend and "discovered floor 10.0 %" in legend
+        shares = [float(v) for v in re.findall(r"([\d.]+) %", legend)]
+        assert sum(shares) == pytest.approx(100, abs=0.5) and "/b" not in legend
         w.page.get_by_label("Urgent cap").fill("0.3")
         w.page.get_by_label("discovered floor").fill("0.15")
-        w.page.get_by_role("button", name="Apply the policy").click()
+        w.page.get_by_role("button", name="Preview the change").click()
+        changes = w.page.inner_text("#changes")  # shown before anything changes
+        assert re.search(r"urgent cap\s+0\.2\s+0\.3", changes), changes
+        assert re.search(r"discovered floor\s+0\.1\s+0\.15", changes), changes
+        assert "remainder share" in changes and "urgent cap 30.0 %" in w.page.inner_text(
+            "#split-after")
+        assert eng.policy.urgent_max_share == 0.2  # a preview applies nothing
+        shot = s.tmp / "shots" / "policy-preview-1280.png"
+        w.page.screenshot(path=shot, full_page=True)
+        keep_shot(shot, s)
+        w.page.get_by_role("button", name="Apply the policy").click()  # the values kept
         w.page.wait_for_selector(".flash")
         assert eng.policy.urgent_max_share == 0.3
         assert eng.policy.min_share["discovered"] == 0.15
@@ -318,6 +351,73 @@ def test_a_policy_edit_takes_effect_and_a_bad_value_shows_the_engine_s_error(set
     finally:
         w.close()
         eng.close()
+
+
+def _prioritize(w: Watched, base: str, urls: str = "", scope: str = "", mode: str = "rush",
+                add: bool = False) -> str:
+    """Fill the prioritize form, send it, and return the summary it shows once answered."""
+    w.page.goto(base + "/prioritize")
+    w.page.get_by_label("URLs, one a line").fill(urls)
+    w.page.get_by_label("or a scope").fill(scope)
+    w.page.get_by_label("Mode").select_option(mode)
+    w.page.get_by_label("add listed URLs the pool does not know").set_checked(add)
+    w.page.get_by_role("button", name="Prioritize").click()
+    w.page.wait_for_function(
+        "() => document.getElementById('prioritize-summary').innerText !== 'Asking…'"
+        " && !document.getElementById('prioritize-answer').hidden", timeout=15_000)
+    return w.page.inner_text("#prioritize-summary")
+
+
+def test_the_prioritize_form_posts_json_and_shows_the_answer(setup: Setup) -> None:
+    """The dashboard's form asks POST /api/prioritize (a URL, a list, a scope; each mode) and
+    shows its answer; a bad scope is refused with the server's reason and changes nothing."""
+    s = setup
+    first, listed = s.site + GOOD[7], [s.site + GOOD[8], s.site + GOOD[9]]
+    unknown = s.site + "/not/in/the/corpus"
+    w = Watched(s.browser)
+    eng = engine_of(s.name, s.redis)
+    try:
+        assert _prioritize(w, s.url, urls=first, mode="clear-and-wait") == (
+            "matched 1, added 0, unknown 0, cleared 1")  # its snapshot, from fill_store
+        answer = json.loads(w.page.inner_text("#prioritize-answer"))
+        assert answer["mode"] == "clear-and-wait" and answer["matched"] == 1
+        assert _prioritize(w, s.url, urls="\n".join([*listed, unknown])) == (
+            "matched 2, added 0, unknown 1, cleared 0")
+        assert json.loads(w.page.inner_text("#prioritize-answer"))["unknown"] == [unknown]
+        shot = s.tmp / "shots" / "prioritize-answered-1280.png"
+        w.page.screenshot(path=shot, full_page=True)
+        keep_shot(shot, s)
+        # /p/2 and /p/20 to /p/29, one of them with a snapshot.
+        assert _prioritize(w, s.url, scope=s.site + "/p/2*", mode="clear-and-rush") == (
+            "matched 11, added 0, unknown 0, cleared 1")
+        assert w.errors == []
+        before = eng.stats()["rows"]
+        refused = _prioritize(w, s.url, scope=s.site + "/p/", add=True)
+        assert refused.startswith("Refused (400), nothing changed: scope")
+        assert "must be a URL prefix ending in *" in refused
+        assert w.page.locator("#prioritize-summary.error").count() == 1
+        refused = _prioritize(w, s.url, scope="route:nosuch", mode="clear-and-wait")
+        assert refused == ("Refused (400), nothing changed: no route 'nosuch': the pool's"
+                           " routes are pages, broken")
+        assert eng.stats()["rows"] == before
+    finally:
+        eng.close()
+        w.close()
+    # Chromium logs each refused request itself; the page's script raised nothing.
+    assert w.errors == ["Failed to load resource: the server responded with a status of 400"
+                        " (Bad Request)"] * 2
+    w = Watched(s.browser)
+    try:
+        w.page.goto(s.read_only_url + "/prioritize")
+        assert w.page.get_by_role("button", name="Prioritize").count() == 0
+        assert w.page.locator("#prioritize fieldset[disabled]").count() == 1
+        # The script would send JSON: the read-only server refuses that too.
+        status = w.page.evaluate("""url => fetch('/api/prioritize', {method: 'POST',
+            headers: {'Content-Type': 'application/json'}, body: JSON.stringify({url})})
+            .then(r => r.status)""", first)
+        assert status == 403
+    finally:
+        w.close()
 
 
 def test_a_url_holding_a_script_is_shown_as_text(setup: Setup) -> None:
@@ -358,7 +458,8 @@ def test_read_only_shows_no_action_and_refuses_posts(setup: Setup) -> None:
         w.close()
     for path, body in (("/api/retry", b"row=1"), ("/api/park", b"row=1"),
                        ("/api/policy", b"urgent_max_share=0.5"), ("/failures/retry", b"row=1"),
-                       ("/policy", b"urgent_max_share=0.5")):
+                       ("/policy", b"urgent_max_share=0.5"),
+                       ("/api/prioritize", b"url=https://x.example/")):
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(urllib.request.Request(s.read_only_url + path, data=body),
                                    timeout=10)
@@ -464,7 +565,7 @@ def test_a_url_page_links_its_snapshot_and_the_overview_shows_served_staleness(
         header = "served age/TTL"
         w.page.wait_for_function(
             "h => document.querySelector('#lanes thead').innerText.includes(h)", arg=header)
-        row = w.page.locator("#lanes tbody tr", has_text="submitted/b0")
+        row = w.page.locator("#lanes tbody tr", has_text="submitted · ≤ 30 min")
         wait_for(lambda: row.locator("td").last.inner_text() != "-", timeout=20)
     finally:
         w.close()

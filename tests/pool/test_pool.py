@@ -17,7 +17,7 @@ import pytest
 from lanes_testlib import unique_name
 from pool_testlib import corpus, files_of, make_pool, rendered, running, until_all
 
-from engine import Engine, EngineError, EngineValueError
+from engine import Engine, EngineError, EngineValueError, LanePolicy
 from engine import checkpoint as ck
 from engine.pool import Pool, PoolOptions, clear_stale
 from engine.pool.render import RenderSpec
@@ -257,14 +257,14 @@ def test_pool_setup_refuses_what_would_fail_later() -> None:
 
 
 def test_the_summary_shows_every_lane_with_anything_in_it(capsys: Any) -> None:
-    from engine.pool.board import BUCKETS, FAILED, LANES, OK
-    from engine.pool.view import print_summary
+    from engine.pool.board import FAILED, LANES, LATENCY_BUCKETS, OK
+    from engine.report.view import print_summary
 
     def lane(i: int, name: str, queued: int = 0, granted: int = 0, renders: int = 0) -> Any:
         return {"lane": i, "name": name, "queued": queued, "due": 0, "granted": granted,
                 "renders": renders, "mean_age_over_ttl": 1.0 if renders else None}
 
-    hist = np.zeros((LANES, 2, BUCKETS), np.int64)
+    hist = np.zeros((LANES, 2, LATENCY_BUCKETS), np.int64)
     hist[1, OK, 7] = 4
     hist[4, FAILED, 3] = 2
     summary = {"renders": 4, "failures": 2, "released": 0, "lease_lost": 0, "restarts": 0,
@@ -273,10 +273,13 @@ def test_the_summary_shows_every_lane_with_anything_in_it(capsys: Any) -> None:
                          lane(2, "submitted/b1", granted=5),  # granted, then resumed: nothing
                          lane(3, "submitted/b2", queued=1), lane(4, "submitted/b3"),
                          lane(5, "discovered/b0")]}
-    print_summary(summary)
+    print_summary(summary, LanePolicy())
     out = capsys.readouterr().out
-    shown = {ln.split()[0] for ln in out.splitlines()[4:]}
-    assert shown == {"submitted/b0", "submitted/b1", "submitted/b2", "submitted/b3"}
-    row = next(ln for ln in out.splitlines() if ln.startswith("submitted/b3"))
-    assert row.split()[5] == "2" and "ms" in row  # its failures and their latency
+    rows = [re.split(r"\s{2,}", ln) for ln in out.splitlines()[4:]]  # labels hold one space
+    # Each lane by the range of intervals it holds under the policy's bands, never "b3".
+    assert {r[0] for r in rows} == {"submitted · ≤ 30 min", "submitted · 30–42 min",
+                                    "submitted · 42–60 min", "submitted · 1–1.4 h"}
+    assert "/b" not in out
+    row = next(r for r in rows if r[0] == "submitted · 1–1.4 h")
+    assert row[5] == "2" and "ms" in row[-1]  # its failures and their latency
     assert not re.search(r"\d{10,}", out)

@@ -97,21 +97,30 @@ def test_a_board_of_another_layout_version_is_refused() -> None:
     name = unique_name()
     board = Board.create(name, 2, Clock.wall(), os.getpid(), 0)
     try:
-        assert VERSION == 3
-        board._header[H_VERSION] = 2  # a board written before the workers' current row
-        with pytest.raises(LayoutMismatch, match="layout v2; this engine reads v3"):
+        assert VERSION == 4
+        board._header[H_VERSION] = 3  # a board written before the fine latency buckets
+        with pytest.raises(LayoutMismatch, match="layout v3; this engine reads v4"):
             Board.attach(name)
         board._header[H_VERSION] = VERSION
         Board.attach(name).close()
-        assert os.path.getsize(Board.path(name)) == (HEADER + 2 * (7 + 16 + 64 + 64 + 2048
-                                                                  + 128 + 2)) * 8
+        # Per lane and outcome 114 latency buckets: 1 + 14 coarse buckets x 8 steps + 1 over.
+        assert os.path.getsize(Board.path(name)) == (HEADER + 2 * (7 + 16 + 64 + 64
+                                                                  + 64 * 2 * 114 + 128 + 2)) * 8
     finally:
         board.close()
         Board.unlink(name)
 
 
 def test_record_render_counts_latency_per_lane_and_outcome() -> None:
-    from engine.pool.board import FAILED, OK, Clock, record_render
+    from engine.pool.board import (
+        FAILED,
+        LATENCY_BOUNDS,
+        LATENCY_BUCKETS,
+        OK,
+        Clock,
+        coarse,
+        record_render,
+    )
 
     name = unique_name()
     board = Board.create(name, 2, Clock.wall(), os.getpid(), 0)
@@ -123,9 +132,13 @@ def test_record_render_counts_latency_per_lane_and_outcome() -> None:
         t = board.totals()
         assert t["renders"] == 2 and t["failures"] == 2
         assert t["duration_buckets"][7] == 2 and t["lane_renders"][3] == 2
-        h = t["lane_hist"]
-        assert h.shape == (64, 2, 16) and int(h.sum()) == 4
-        assert h[3, OK, 7] == 2 and h[3, FAILED, 0] == 1 and h[5, FAILED, 15] == 1
+        h = t["lane_hist"]  # the fine per-lane buckets, 8 to each coarse one past the first
+        assert h.shape == (64, 2, LATENCY_BUCKETS) and int(h.sum()) == 4
+        fine = int(np.searchsorted(LATENCY_BOUNDS, 0.2))
+        assert LATENCY_BOUNDS[fine - 1] < 0.2 <= LATENCY_BOUNDS[fine] and fine in range(49, 57)
+        assert h[3, OK, fine] == 2 and h[3, FAILED, 0] == 1 and h[5, FAILED, -1] == 1
+        c = coarse(h)
+        assert c[3, OK, 7] == 2 and c[3, FAILED, 0] == 1 and c[5, FAILED, 15] == 1
         assert t["lane_duration_s"][3, OK] == pytest.approx(0.4)
         assert t["lane_duration_s"][5, FAILED] == pytest.approx(100.0)
         assert t["lane_age_sum"][3] == pytest.approx(2.5)

@@ -14,6 +14,52 @@
     if (ask && !window.confirm(ask)) ev.preventDefault();
   });
 
+  // -- prioritize: the form as JSON to POST /api/prioritize, the answer shown as text --------
+  const ask = document.getElementById("prioritize");
+  if (ask) ask.addEventListener("submit", function (ev) {
+    ev.preventDefault();
+    const form = new FormData(ask);
+    const urls = String(form.get("urls") || "").split("\n").map(function (u) { return u.trim(); })
+      .filter(Boolean);
+    const scope = String(form.get("scope") || "").trim();
+    // Exactly what was typed: one URL, several, or a scope (both given: the server says no).
+    const body = {mode: form.get("mode"), add: form.get("add") === "1"};
+    if (urls.length === 1) body.url = urls[0];
+    else if (urls.length) body.urls = urls;
+    if (scope) body.scope = scope;
+    const summary = document.getElementById("prioritize-summary");
+    const answer = document.getElementById("prioritize-answer");
+    summary.textContent = "Asking…";
+    summary.className = "muted";
+    const csrf = document.querySelector("meta[name=csrf-token]");
+    fetch("/api/prioritize", {
+      method: "POST", body: JSON.stringify(body),
+      headers: {"Content-Type": "application/json", "Accept": "application/json",
+                "X-CSRF-Token": csrf ? csrf.getAttribute("content") : ""},
+    })
+      .then(function (r) {
+        return r.json().catch(function () { return {error: "HTTP " + r.status}; })
+          .then(function (j) { return {ok: r.ok, status: r.status, json: j}; });
+      })
+      .then(function (a) {
+        const j = a.json;
+        if (!a.ok) {
+          summary.textContent = "Refused (" + a.status + "), nothing changed: " + j.error;
+          summary.className = "error";
+        } else {
+          summary.textContent = "matched " + j.matched + ", added " + j.added + ", unknown " +
+            j.unknown_count + ", cleared " + j.cleared;
+          summary.className = "flash";
+        }
+        answer.textContent = JSON.stringify(j, null, 2);
+        answer.hidden = false;
+      })
+      .catch(function (e) {
+        summary.textContent = "No answer from the server: " + e;
+        summary.className = "error";
+      });
+  });
+
   // -- the overview's live part ------------------------------------------------------------
   const live = document.getElementById("live");
   if (live) {
@@ -45,14 +91,35 @@
     return function (u, min, max) { return [0, Math.max(least, (max || 0) * 1.1)]; };
   }
 
+  // A tick as a person reads it, short enough for the axis: 0.25, 12, 950, 10k, 1.2M.
+  function tick(v) {
+    const a = Math.abs(v);
+    if (a >= 1e6) return +(v / 1e6).toFixed(a >= 1e7 ? 0 : 1) + "M";
+    if (a >= 1e4) return +(v / 1e3).toFixed(a >= 1e5 ? 0 : 1) + "k";
+    if (a >= 100 || v === Math.round(v)) return String(Math.round(v));
+    return String(+v.toFixed(a >= 10 ? 1 : 2));
+  }
+
+  const UNITS = {renders_per_s: "renders / s", backlog: "rows due", age_over_ttl: "age ÷ TTL"};
+
   function options(box, lanes) {
+    const key = box.getAttribute("data-series");
     return {
       width: Math.max(240, box.clientWidth - 4), height: 200,
-      scales: {x: {time: true}, y: {range: yRange(box.getAttribute("data-series"))}},
-      series: [{}].concat(lanes.map(function (name, i) {
+      scales: {x: {time: true}, y: {range: yRange(key)}},
+      series: [{}].concat(lanes.map(function (name, i) {  // the lanes' labels
         return {label: name, stroke: PALETTE[i % PALETTE.length], width: 1.5};
       })),
-      axes: [{}, {size: 50}],
+      axes: [
+        {label: "real time (this server's clock)", labelSize: 18, size: 56},
+        {label: UNITS[key], labelSize: 18, values: function (u, splits) {
+          return splits.map(tick);
+        }, size: function (u, values) {
+          // As wide as the longest tick needs: "10k" is never cut to "0k".
+          const longest = Math.max(1, ...(values || []).map(function (s) { return s.length; }));
+          return 14 + 8 * longest;
+        }},
+      ],
       legend: {live: false},
     };
   }
@@ -84,12 +151,12 @@
       const key = box.getAttribute("data-series");
       const data = [h.t].concat(h[key]);
       const had = charts.get(box);
-      if (had && had.lanes.join("\n") === h.lanes.join("\n")) {
+      if (had && had.lanes.join("\n") === h.labels.join("\n")) {
         had.plot.setData(data);
         return;
       }
       if (had) had.plot.destroy();
-      charts.set(box, {plot: new uPlot(options(box, h.lanes), data, box), lanes: h.lanes});
+      charts.set(box, {plot: new uPlot(options(box, h.labels), data, box), lanes: h.labels});
     });
   }
 

@@ -11,6 +11,8 @@ import math
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import numpy as np
@@ -18,10 +20,13 @@ import numpy as np
 from ..api import QueueEngine, Stats
 from ..checks import wall_ms
 from ..errors import EngineError
+from ..policy import LanePolicy
+from ..pool.board import DURATION_BUCKETS, FAILED, LANES, LATENCY_BOUNDS, OK, Board
+from ..pool.supervisor import Pool
 from ..process import is_running
-from . import progress
-from .board import DURATION_BUCKETS, FAILED, OK, Board
-from .supervisor import Pool
+from . import progress, words
+from .lanes import labels, lane_label
+from .states import STALL_WINDOW_S, lane_state, stalled
 
 COLUMNS = ("lane", "queued", "backlog", "in flight", "renders/s", "drains in", "next due",
            "ok p50/95/99", "failed p50/95/99", "age/TTL")
@@ -40,7 +45,8 @@ def shown(lane: Mapping[str, Any], renders: int = 0, failures: int = 0) -> bool:
 def latency(hist: Any, duration_s: Any) -> dict[str, dict[str, Any]]:
     """Render latency of one lane, per outcome (``ok``, ``failed``), from its ``lane_hist`` and
     ``lane_duration_s`` rows: count, sum and p50/p95/p99 in seconds (None: no renders; inf:
-    slower than the last bucket bound ``over_s``, which ``slower`` renders were)."""
+    slower than the last bucket bound ``over_s``, which ``slower`` renders were; ``below_s``:
+    at most the first bound, nothing finer measured)."""
     out = {}
     for key, o in (("ok", OK), ("failed", FAILED)):
         counts = np.asarray(hist[o])
@@ -48,7 +54,8 @@ def latency(hist: Any, duration_s: Any) -> dict[str, dict[str, Any]]:
         out[key] = {"count": int(counts.sum()), "sum_s": round(float(duration_s[o]), 6),
                     **{_q_key(q): None if v is None else round(v, 6)
                        for q, v in zip(progress.QUANTILES, qs, strict=True)},
-                    "over_s": DURATION_BUCKETS[-1], "slower": int(counts[-1])}
+                    "over_s": DURATION_BUCKETS[-1], "slower": int(counts[-1]),
+                    "below_s": LATENCY_BOUNDS[0]}
     return out
 
 
@@ -60,11 +67,15 @@ def _latency_cell(d: dict[str, Any]) -> str:
     return progress.format_latency([d[_q_key(q)] for q in progress.QUANTILES])
 
 
-def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int | None],
-                 per_s: dict[int, float | None], now_ms: int) -> list[dict[str, Any]]:
+def lane_figures(stats: Stats, totals: dict[str, Any], look: progress.QueueLook,
+                 per_s: dict[int, float | None], now_ms: int, policy: LanePolicy,
+                 stalled: AbstractSet[int] = frozenset()) -> list[dict[str, Any]]:
     """One dict of numbers per lane worth showing: the engine's per-lane statistics with the
-    pool's figures added (renders, failures, rate, backlog and the time to drain it, next due,
-    latency). ``per_s``: renders (either outcome) per real second, by lane."""
+    pool's figures added (its label under ``policy``, renders, failures, rate, backlog and the
+    time to drain it, its state and, waiting, when its head should be served; next due,
+    latency). ``per_s``: renders (either outcome) per real second, by lane; ``stalled``: the
+    lanes a watcher found stalled (``states.stalled``)."""
+    pool_per_s = sum(v for v in per_s.values() if v)
     out = []
     for ln in stats["lanes"]:
         i = ln["lane"]
@@ -74,13 +85,19 @@ def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int |
             continue
         backlog = max(0, ln["due"] - ln["in_flight"])
         rate = per_s.get(i)
-        eta = progress.eta_seconds(backlog, rate)
-        due = next_due.get(i)
+        eta = words.eta_seconds(backlog, rate)
+        due = look.next_due.get(i)
+        state = lane_state(backlog, rate, i in stalled)
+        ahead = look.ahead.get(i)
+        head_in = (ahead / pool_per_s if state == "waiting" and ahead is not None
+                   and pool_per_s > 0 else None)
         n_ok = int(totals["lane_renders"][i])
-        out.append({**ln, "backlog": backlog, "renders": renders, "failures": failures,
+        out.append({**ln, "label": lane_label(policy, i), "backlog": backlog,
+                    "renders": renders, "failures": failures,
                     "renders_per_s": None if rate is None else round(rate, 3),
                     "drain_s": None if eta is None or eta == float("inf") else round(eta, 1),
-                    "stalled": eta == float("inf"),
+                    "state": state, "stalled": state == "stalled",
+                    "head_in_s": None if head_in is None else round(head_in, 1),
                     "next_due_ms": due, "next_due_in_s": None if due is None
                     else round((due - now_ms) / 1000, 1),
                     "mean_age_over_ttl": (round(float(totals["lane_age_sum"][i]) / n_ok, 4)
@@ -91,11 +108,24 @@ def lane_figures(stats: Stats, totals: dict[str, Any], next_due: dict[int, int |
 
 def lane_cells(f: dict[str, Any], now_ms: int, age: float | None) -> tuple[str, ...]:
     """A ``lane_figures`` entry as the cells of ``COLUMNS``."""
-    return (f["name"], str(f["queued"]), str(f["backlog"]), str(f["in_flight"]),
-            progress.format_rate(f["renders_per_s"]),
-            progress.format_eta(f["backlog"], f["renders_per_s"]),
-            progress.format_due(f["next_due_ms"], now_ms), _latency_cell(f["latency"]["ok"]),
+    return (f["label"], str(f["queued"]), str(f["backlog"]), str(f["in_flight"]),
+            words.format_rate(f["renders_per_s"]),
+            state_cell(f),
+            words.format_due(f["next_due_ms"], now_ms), _latency_cell(f["latency"]["ok"]),
             _latency_cell(f["latency"]["failed"]), "-" if age is None else f"{age:.2f}")
+
+
+def state_cell(f: dict[str, Any]) -> str:
+    """The "drains in" cell: the time to drain while draining, else the lane's state."""
+    if f["state"] == "draining":
+        return words.format_eta(f["backlog"], f["renders_per_s"])
+    if f["state"] == "waiting":
+        head = f["head_in_s"]
+        if head is None:
+            return "waiting"
+        said = words.format_duration(head)
+        return f"waiting, head in {said if said.startswith('<') else '~' + said}"
+    return "stalled" if f["state"] == "stalled" else "-"
 
 
 def for_json(value: Any) -> Any:
@@ -133,7 +163,7 @@ def pool_report(eng: QueueEngine, board: Board) -> dict[str, Any]:
     per_lane = lane_sums(totals)
     per_s = {ln["lane"]: float(per_lane[ln["lane"]]) / real_s if real_s > 0 else None
              for ln in stats["lanes"]}
-    figures = lane_figures(stats, totals, progress.next_due(eng, now), per_s, now)
+    figures = lane_figures(stats, totals, progress.look_ahead(eng, now), per_s, now, eng.policy)
     return {**stats, "lanes": figures, "pool": pool_figures(board, totals, now)}
 
 
@@ -154,16 +184,16 @@ def print_pool_report(r: dict[str, Any], out: TextIO | None = None, plain: bool 
     p = r["pool"]
     now = p["now_ms"]
     state = "running" if p["supervisor_running"] else "not running (a stale board)"
-    checkpoint = (f", last {progress.format_due(p['checkpoint_ms'], wall_ms())}"
+    checkpoint = (f", last {words.format_due(p['checkpoint_ms'], wall_ms())}"
                   if p["checkpoints"] else "")
     title = (f"{r['name']}: {r['rows']} rows ({r['queued']} queued) of {r['capacity']}, layout"
              f" v{r['layout_version']}\npool: {p['workers']} workers, supervisor pid"
              f" {p['supervisor_pid']} {state}, "
-             f"{progress.format_elapsed(p['elapsed_s'], p['pool_elapsed_s'], p['time_scale'])};"
-             f" {p['renders']} renders ({progress.format_rate(p['renders_per_s'])}/s over the"
+             f"{words.format_elapsed(p['elapsed_s'], p['pool_elapsed_s'], p['time_scale'])};"
+             f" {p['renders']} renders ({words.format_rate(p['renders_per_s'])}/s over the"
              f" run), {p['failures']} failures, {p['restarts']} restarts, {p['checkpoints']}"
-             f" checkpoints{checkpoint}\nper lane (rates over the whole run, latency in"
-             " seconds of real time, next due in pool time):")
+             f" checkpoints{checkpoint}\nper lane (rates over the whole run"
+             + (", next due in pool time):" if p["time_scale"] != 1 else "):"))
     rows = [lane_cells(f, now, f["mean_age_over_ttl"]) for f in r["lanes"]]
     print_table(title, rows, COLUMNS, out, plain)
 
@@ -181,20 +211,25 @@ def lane_rows(pool: Pool, previous: dict[str, Any] | None) -> tuple[list[tuple[s
     per_lane = lane_sums(totals)
     state: dict[str, Any] = {"t": now_real, "per_lane": per_lane, "renders": totals["renders"],
                              "ok": totals["lane_renders"], "age": totals["lane_age_sum"],
-                             "rate": None}
+                             "rate": None, "looks": [] if previous is None else previous["looks"]}
+    looks = state["looks"]  # the watch that tells stalled from waiting (states.stalled)
+    looks.append(_Look(now_real, per_lane, _backlog(stats), idle_worker(pool.board)))
+    while len(looks) > 2 and now_real - looks[1].t >= STALL_WINDOW_S:
+        looks.pop(0)
     if previous is None or now_real - previous["due_t"] >= NEXT_DUE_EVERY_S:
-        state["next_due"], state["due_t"] = progress.next_due(pool.engine, now), now_real
+        state["next_due"], state["due_t"] = progress.look_ahead(pool.engine, now), now_real
     else:
         state["next_due"], state["due_t"] = previous["next_due"], previous["due_t"]
     per_s: dict[int, float | None] = {}
     if previous is not None:
         dt = now_real - previous["t"]
-        per_s = {ln["lane"]: progress.rate(per_lane[ln["lane"]],
+        per_s = {ln["lane"]: words.rate(per_lane[ln["lane"]],
                                            previous["per_lane"][ln["lane"]], dt)
                  for ln in stats["lanes"]}
-        state["rate"] = progress.rate(totals["renders"], previous["renders"], dt)
+        state["rate"] = words.rate(totals["renders"], previous["renders"], dt)
     rows = []
-    for f in lane_figures(stats, totals, state["next_due"], per_s, now):
+    for f in lane_figures(stats, totals, state["next_due"], per_s, now, pool.engine.policy,
+                          stalled(looks)):
         i = f["lane"]
         age = None
         if previous is not None:
@@ -204,12 +239,35 @@ def lane_rows(pool: Pool, previous: dict[str, Any] | None) -> tuple[list[tuple[s
     return rows, state
 
 
+@dataclass(frozen=True)
+class _Look:
+    t: float
+    renders: Any
+    backlog: Any
+    idle: bool
+
+
+def _backlog(stats: Stats) -> Any:
+    """Rows due and not in flight, per lane (indexed by lane number)."""
+    out = np.zeros(LANES, np.int64)
+    for ln in stats["lanes"]:
+        if ln["lane"] < LANES:
+            out[ln["lane"]] = max(0, ln["due"] - ln["in_flight"])
+    return out
+
+
+def idle_worker(board: Board) -> bool:
+    """Whether a worker of the pool has nothing to render right now (capacity to spare)."""
+    return any(w["row"] is None for w in board.workers())
+
+
+
 def headline(pool: Pool, renders_per_s: float | None = None) -> str:
     t = pool.board.totals()
     real_s, pool_s = elapsed_s(pool.board)
     return (f"{pool.engine.name}: {pool.options.workers} workers,"
-            f" {progress.format_elapsed(real_s, pool_s, pool.clock.scale)},"
-            f" {progress.format_rate(renders_per_s)} renders/s, renders {t['renders']},"
+            f" {words.format_elapsed(real_s, pool_s, pool.clock.scale)},"
+            f" {words.format_rate(renders_per_s)} renders/s, renders {t['renders']},"
             f" failures {t['failures']}, restarts {t['restarts']},"
             f" checkpoints {t['checkpoints']}")
 
@@ -288,7 +346,9 @@ class _StalenessReader:
         try:
             if self._store is None:
                 self._store = SnapshotStore.open(self.directory, create=False)
-            self._figures = staleness(self._store, wall_ms(), None, pool.engine.lane_name)
+            policy = pool.engine.policy
+            self._figures = staleness(self._store, wall_ms(), None, policy.lane_name,
+                                      lane_label=lambda lane: lane_label(policy, lane))
         except StoreError:
             self._figures = None  # not made yet by the first render: shown once it is
         spent = time.monotonic() - start
@@ -357,8 +417,10 @@ def print_table(title: str, rows: Sequence[tuple[str, ...]], columns: tuple[str,
               file=out)
 
 
-def print_summary(s: dict[str, Any]) -> None:
-    """The end-of-run report of a pool (``Pool.run``'s summary)."""
+def print_summary(s: dict[str, Any], policy: LanePolicy) -> None:
+    """The end-of-run report of a pool (``Pool.run``'s summary; its lanes named under
+    ``policy``)."""
+    named = labels(policy, len(s["lanes"]))
     print(f"\n{s['renders']} renders, {s['failures']} failures, {s['released']} released at the"
           f" stop, {s['lease_lost']} leases lost, {s['restarts']} restarts;"
           f" invariants: {'hold' if not s['problems'] else s['problems']}")
@@ -371,9 +433,10 @@ def print_summary(s: dict[str, Any]) -> None:
             continue
         lat = latency(hist, s["lane_duration_s"][i])
         age = ln["mean_age_over_ttl"]
-        rows.append((ln["name"], str(ln["queued"]), str(ln["due"]), str(ln["granted"]),
-                     str(ln["renders"]), str(failures), "-" if age is None else f"{age:.2f}",
-                     _latency_cell(lat["ok"]), _latency_cell(lat["failed"])))
+        rows.append((named.get(ln["name"], ln["name"]), str(ln["queued"]), str(ln["due"]),
+                     str(ln["granted"]), str(ln["renders"]), str(failures),
+                     "-" if age is None else f"{age:.2f}", _latency_cell(lat["ok"]),
+                     _latency_cell(lat["failed"])))
     print_table("per lane, over the whole run (age/TTL: how stale a page was when rendered;"
                 " 1.00 = on time)", rows,
                 ("lane", "queued", "due now", "granted", "renders", "failures", "mean age/TTL",

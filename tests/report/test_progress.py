@@ -1,4 +1,4 @@
-"""The arithmetic of progress (engine/pool/progress.py): quantiles from bucket counts, durations,
+"""The arithmetic of progress (engine/report/progress.py): quantiles from bucket counts, durations,
 due times, rates and drain times as a person reads them, and the next due row per lane."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from engine import checkpoint as ck
 from engine.policy import LanePolicy
-from engine.pool import progress
-from engine.pool.board import DURATION_BUCKETS
+from engine.pool.board import DURATION_BUCKETS, LATENCY_BOUNDS, LATENCY_BUCKETS, coarse
+from engine.report import progress, words
 
 NB = len(DURATION_BUCKETS) + 1
 NOW = 1_800_000_000_000
@@ -33,30 +33,71 @@ def _counts(**at: int) -> list[int]:
 # -- quantiles ---------------------------------------------------------------------------------
 
 
+def _q(counts: list[int], q: float) -> float | None:
+    """``quantile`` over the coarse ``DURATION_BUCKETS`` (the arithmetic is the same)."""
+    return progress.quantile(counts, q, DURATION_BUCKETS)
+
+
 def test_a_quantile_interpolates_linearly_inside_its_bucket() -> None:
     # 10 renders in (0.1, 0.25]: the median is half-way through the bucket.
-    assert progress.quantile(_counts(b7=10), 0.5) == pytest.approx(0.175)
+    assert _q(_counts(b7=10), 0.5) == pytest.approx(0.175)
     # 10 in the first bucket, 10 in (0.5, 1.0]: p50 is the top of the first, p75 half-way.
     c = _counts(b0=10, b9=10)
-    assert progress.quantile(c, 0.5) == pytest.approx(0.001)
-    assert progress.quantile(c, 0.75) == pytest.approx(0.75)
-    assert progress.quantile(c, 0.0) == 0.0
+    assert _q(c, 0.5) == pytest.approx(0.001)
+    assert _q(c, 0.75) == pytest.approx(0.75)
+
+
+def test_a_quantile_in_the_first_bucket_is_its_bound_and_reads_under_it() -> None:
+    """Nothing below the first bound is measured: the renders the issue saw as
+    "0.50/0.95/0.99 ms" (interpolated from 0) read "< 1 ms"."""
+    qs = progress.quantiles(_fine(b0=30))
+    assert qs == (LATENCY_BOUNDS[0],) * 3
+    assert progress.format_latency(qs) == "< 1/< 1/< 1 ms"
+    assert progress.format_latency(progress.quantiles(_fine(b0=60, b20=40))).startswith("< 1/")
+
+
+def _fine(**at: int) -> list[int]:
+    c = [0] * LATENCY_BUCKETS
+    for k, n in at.items():
+        c[int(k[1:])] = n
+    return c
+
+
+@given(st.lists(st.floats(0.0012, 59.0), min_size=20, max_size=400),
+       st.sampled_from(progress.QUANTILES))
+def test_a_quantile_of_the_fine_histogram_is_within_its_bucket_of_the_truth(
+        durations: list[float], q: float) -> None:
+    """What the pool records (a render's duration in ``LATENCY_BOUNDS``' bucket) gives back a
+    quantile no further from the sample's own than one bucket's width (15 % at most)."""
+    counts = np.bincount(np.searchsorted(LATENCY_BOUNDS, durations), minlength=LATENCY_BUCKETS)
+    got = progress.quantile(counts, q)
+    assert got is not None
+    truth = sorted(durations)[max(0, math.ceil(q * len(durations)) - 1)]  # the rank-th render
+    assert truth / 1.15 <= got <= truth * 1.15, (got, truth)
+
+
+def test_the_fine_buckets_add_up_to_the_prometheus_buckets() -> None:
+    durations = [0.0005, 0.001, 0.0011, 0.2, 0.25, 0.26, 9.9, 10.0, 29.0, 61.0]
+    fine = np.bincount(np.searchsorted(LATENCY_BOUNDS, durations), minlength=LATENCY_BUCKETS)
+    expected = np.bincount(np.searchsorted(DURATION_BUCKETS, durations), minlength=NB)
+    assert coarse(fine).tolist() == expected.tolist()
+    assert set(DURATION_BUCKETS) <= set(LATENCY_BOUNDS)
 
 
 def test_an_empty_histogram_has_no_quantile_and_the_overflow_bucket_has_no_bound() -> None:
-    assert progress.quantiles([0] * NB) == (None, None, None)
-    p50, p95, p99 = progress.quantiles(_counts(b5=90, b15=10))
+    assert progress.quantiles([0] * NB, bounds=DURATION_BUCKETS) == (None, None, None)
+    p50, p95, p99 = progress.quantiles(_counts(b5=90, b15=10), bounds=DURATION_BUCKETS)
     assert p50 is not None and p50 <= 0.05 and p95 == p99 == math.inf
     assert progress.format_latency((p50, p95, p99)) == f"{p50:.2f}/> 60/> 60 s"
     with pytest.raises(ValueError):
-        progress.quantile([1, 2], 0.5)
+        _q([1, 2], 0.5)
     with pytest.raises(ValueError):
-        progress.quantile(_counts(b0=1), 1.5)
+        _q(_counts(b0=1), 1.5)
 
 
 @given(st.lists(st.integers(0, 10**9), min_size=NB, max_size=NB))
 def test_quantiles_are_ordered_and_lie_within_the_buckets(counts: list[int]) -> None:
-    p50, p95, p99 = progress.quantiles(counts)
+    p50, p95, p99 = progress.quantiles(counts, bounds=DURATION_BUCKETS)
     if sum(counts) == 0:
         assert (p50, p95, p99) == (None, None, None)
         return
@@ -87,43 +128,43 @@ def test_latency_cells_read_as_three_numbers_and_a_unit(qs: Any, cell: str) -> N
     (3599, "1.0 h"), (3.2 * 3600, "3.2 h"), (23.9 * 3600, "23.9 h"), (2.1 * 86400, "2.1 d"),
     (-90, "-2 min"), (math.inf, "forever")])
 def test_durations_read_as_a_person_says_them(seconds: float, text: str) -> None:
-    assert progress.format_duration(seconds) == text
+    assert words.format_duration(seconds) == text
 
 
 def test_due_times_are_relative_with_the_local_clock_or_date_never_epoch_ms() -> None:
-    assert progress.format_due(None, NOW) == "-"
-    assert progress.format_due(NOW, NOW) == "now" == progress.format_due(NOW + 400, NOW)
-    assert progress.format_due(NOW - 3 * MIN, NOW) == "3 min ago"
-    assert progress.format_due(NOW - 5 * DAY, NOW) == "5.0 d ago"
-    assert re.fullmatch(r"in 3\.0 h \(\d\d:\d\d\)", progress.format_due(NOW + 3 * HOUR, NOW))
-    assert re.fullmatch(r"in 12 min \(\d\d:\d\d\)", progress.format_due(NOW + 12 * MIN, NOW))
+    assert words.format_due(None, NOW) == "-"
+    assert words.format_due(NOW, NOW) == "now" == words.format_due(NOW + 400, NOW)
+    assert words.format_due(NOW - 3 * MIN, NOW) == "3 min ago"
+    assert words.format_due(NOW - 5 * DAY, NOW) == "5.0 d ago"
+    assert re.fullmatch(r"in 3\.0 h \(\d\d:\d\d\)", words.format_due(NOW + 3 * HOUR, NOW))
+    assert re.fullmatch(r"in 12 min \(\d\d:\d\d\)", words.format_due(NOW + 12 * MIN, NOW))
     assert re.fullmatch(r"in 2\.0 d \([A-Z][a-z]{2} \d\d( \d{4})?\)",
-                        progress.format_due(NOW + 2 * DAY, NOW))
+                        words.format_due(NOW + 2 * DAY, NOW))
     assert re.fullmatch(r"in 400\.0 d \([A-Z][a-z]{2} \d\d \d{4}\)",
-                        progress.format_due(NOW + 400 * DAY, NOW))
+                        words.format_due(NOW + 400 * DAY, NOW))
     for due in (NOW - HOUR, NOW + HOUR, NOW + 30 * DAY):
-        assert str(due) not in progress.format_due(due, NOW)
-        assert not re.search(r"\d{7,}", progress.format_due(due, NOW))
+        assert str(due) not in words.format_due(due, NOW)
+        assert not re.search(r"\d{7,}", words.format_due(due, NOW))
 
 
 def test_rates_and_drain_times() -> None:
-    assert progress.rate(150, 100, 10.0) == 5.0
-    assert progress.rate(100, 100, 0.0) is None
-    assert [progress.format_rate(r) for r in (None, 0, 0.42, 12.3, 25_000)] == [
+    assert words.rate(150, 100, 10.0) == 5.0
+    assert words.rate(100, 100, 0.0) is None
+    assert [words.format_rate(r) for r in (None, 0, 0.42, 12.3, 25_000)] == [
         "-", "0", "0.4", "12", "25.0k"]
-    assert progress.eta_seconds(0, 0.0) == 0.0
-    assert progress.eta_seconds(100, 4.0) == 25.0
-    assert progress.eta_seconds(100, 0.0) == math.inf
-    assert progress.eta_seconds(100, None) is None
-    assert progress.format_eta(0, 3.0) == "-"
-    assert progress.format_eta(100, None) == "-"
-    assert progress.format_eta(100, 0.0) == "stalled"
-    assert progress.format_eta(720, 1.0) == "12 min"
+    assert words.eta_seconds(0, 0.0) == 0.0
+    assert words.eta_seconds(100, 4.0) == 25.0
+    assert words.eta_seconds(100, 0.0) == math.inf
+    assert words.eta_seconds(100, None) is None
+    assert words.format_eta(0, 3.0) == "-"
+    assert words.format_eta(100, None) == "-"
+    assert words.format_eta(100, 0.0) == "not at this rate"  # not "stalled": states.py says
+    assert words.format_eta(720, 1.0) == "12 min"
 
 
 def test_elapsed_names_pool_time_only_when_the_clock_is_scaled() -> None:
-    assert progress.format_elapsed(720, 720, 1.0) == "up 12 min"
-    assert progress.format_elapsed(60, 60 * 500, 500.0) == "up 1 min (pool time 8.3 h, x500)"
+    assert words.format_elapsed(720, 720, 1.0) == "up 12 min"
+    assert words.format_elapsed(60, 60 * 500, 500.0) == "up 1 min (pool time 8.3 h, x500)"
 
 
 # -- next due per lane -------------------------------------------------------------------------

@@ -64,9 +64,11 @@ class RouteOf:
 
 def staleness(store: SnapshotStore, now_ms: int, routes: Routes | RouteOf | None = None,
               lane_name: Callable[[int], str] | None = None,
-              window_ms: int = HIT_WINDOW_MS) -> dict[str, Any]:
-    """Both readings, overall, per lane (by name when ``lane_name`` is given) and, with
-    ``routes`` (or a kept :class:`RouteOf`, which matches each URL once), per route."""
+              window_ms: int = HIT_WINDOW_MS,
+              lane_label: Callable[[int], str] | None = None) -> dict[str, Any]:
+    """Both readings, overall, per lane (by name when ``lane_name`` is given, each with its
+    ``label`` when ``lane_label`` is) and, with ``routes`` (or a kept :class:`RouteOf`, which
+    matches each URL once), per route."""
     ids, lanes, ratio = store.ratios(now_ms)
     hit_ids, hit_lanes, hit_ratio, served = store.hit_ratios(now_ms - window_ms)
     present = np.unique(np.concatenate([lanes, hit_lanes]))  # lane numbers, sorted
@@ -77,6 +79,10 @@ def staleness(store: SnapshotStore, now_ms: int, routes: Routes | RouteOf | None
                 "refused": int((~served).sum())},
         "lanes": _grouped([name(int(ln)) for ln in present], np.searchsorted(present, lanes),
                           np.searchsorted(present, hit_lanes), ratio, hit_ratio, served)}
+    if lane_label is not None:
+        by_name = {name(int(ln)): lane_label(int(ln)) for ln in present}
+        for g in out["lanes"]:
+            g["label"] = by_name[g["key"]]
     if routes is not None:
         route_of = routes if isinstance(routes, RouteOf) else RouteOf(routes)
         out["routes"] = _grouped(route_of.names, route_of.codes(store, ids),
@@ -109,7 +115,7 @@ def cells(f: dict[str, Any]) -> str:
 
 def table_rows(groups: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     """Rows of the per-lane or per-route staleness table (:data:`COLUMNS`)."""
-    return [(g["key"], str(g["snapshot"]["count"]), cells(g["snapshot"]),
+    return [(g.get("label", g["key"]), str(g["snapshot"]["count"]), cells(g["snapshot"]),
              str(g["served"]["count"]), cells(g["served"]), str(g["refused"])) for g in groups]
 
 

@@ -1,10 +1,11 @@
 """Prometheus metrics of an engine and, when a pool runs over it, of the pool; with a snapshot
-store, its served staleness (``engine.pool.staleness``).
+store, its served staleness (``engine.report.staleness``).
 
 Nothing is counted twice: on every scrape a collector reads the engine's own per-lane counters
 (``Engine.stats``) and the pool board's per-worker counters (``engine.pool.board``) and turns them
 into metric families, so a scrape from ``lanes serve`` in another process sees exactly
-what the pool's processes counted. The lane is a label (its name, e.g. ``submitted/b0``).
+what the pool's processes counted. The lane is a label (its stable id, e.g. ``submitted/b0``);
+``lanes_lane_info`` gives each id its range in words (``ttl="≤ 30 min"``) and the tables' name.
 prometheus_client (the ``metrics`` extra) does the exposition format and the HTTP server.
 """
 
@@ -17,8 +18,9 @@ from typing import Any
 from ..checks import is_int, wall_ms
 from ..corpus.routes import Routes
 from ..errors import EngineError, EngineValueError, SegmentMissing
+from ..pool.board import DURATION_BUCKETS, FAILED, OK, Board, coarse
 from ..store import SnapshotStore
-from .board import DURATION_BUCKETS, FAILED, OK, Board
+from .lanes import lane_label, ttl_range
 from .staleness import RouteOf, staleness
 
 _LANE_GAUGES = (("queued", "rows queued in the lane"),
@@ -77,12 +79,27 @@ class LanesCollector:
             for lane in stats["lanes"]:
                 g.add_metric([lane["name"]], lane["floor_minute"])
             yield g
+            yield self._lane_info(core, stats)
             yield core.GaugeMetricFamily("lanes_rows", "rows ever added", value=stats["rows"])
             if board is not None:
                 yield from self._pool(core, board, stats)
         finally:
             if board is not None:
                 board.close()
+
+    def _lane_info(self, core: Any, stats: dict[str, Any]) -> Any:
+        """``lanes_lane_info{lane, ttl, label} 1``: the readable range beside the stable id.
+        The series keep ``lane`` alone, so a policy edit that moves the bands renames no
+        series; a dashboard joins the words in (``* on(lane) group_left(label)
+        lanes_lane_info``)."""
+        policy = self.engine.policy
+        g = core.GaugeMetricFamily("lanes_lane_info", "the lane's refresh-interval range in"
+                                   " words (ttl) and the name the tables show (label)",
+                                   labels=["lane", "ttl", "label"])
+        for lane in stats["lanes"]:
+            i = lane["lane"]
+            g.add_metric([lane["name"], ttl_range(policy, i) or "", lane_label(policy, i)], 1)
+        return g
 
     def _pool(self, core: Any, board: Board, stats: dict[str, Any]) -> Iterator[Any]:
         t = board.totals()
@@ -103,7 +120,8 @@ class LanesCollector:
         for lane in stats["lanes"]:
             i = lane["lane"]
             for outcome, o in (("success", OK), ("failure", FAILED)):
-                h.add_metric([lane["name"], outcome], _cumulative(t["lane_hist"][i][o]),
+                h.add_metric([lane["name"], outcome],
+                             _cumulative(coarse(t["lane_hist"][i][o])),
                              float(t["lane_duration_s"][i][o]))
         yield h
         c = core.CounterMetricFamily("lanes_pool_lane_renders", "renders per lane",

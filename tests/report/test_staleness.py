@@ -16,8 +16,8 @@ from pool_testlib import make_pool
 
 from engine.corpus.routes import Routes
 from engine.pool.grow import store_routes
-from engine.pool.staleness import NO_ROUTE, staleness
-from engine.pool.view import LiveView
+from engine.report.staleness import NO_ROUTE, staleness
+from engine.report.view import LiveView
 from engine.shm.engine import Engine, wall_ms
 from engine.shm.urls import UrlTable
 from engine.store import SnapshotStore
@@ -59,9 +59,10 @@ def routes(tmp_path: Path) -> Routes:
 
 
 def quantiles(row: str) -> list[float]:
-    """The snapshot p50 / p95 / max of a printed staleness row."""
-    cells = row.split()
-    return [float(cells[2]), float(cells[4]), float(cells[6])]
+    """The snapshot p50 / p95 / max of a printed staleness row (its first cell, a lane's
+    label, may hold spaces: the columns are two apart)."""
+    cells = row.split("  ", 1)[1].split()
+    return [float(cells[1]), float(cells[3]), float(cells[5])]
 
 
 def by_key(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -168,5 +169,6 @@ def test_the_live_view_shows_served_staleness(store: SnapshotStore) -> None:
     text = out.getvalue()
     assert "served staleness per lane" in text and "11 snapshots" in text
     table = text[text.index("served staleness per lane"):]
-    row = next(line for line in table.splitlines() if line.startswith("submitted/b0"))
+    # Lane 1 by its label: the pool runs LanePolicy() (submitted, the first band).
+    row = next(line for line in table.splitlines() if line.startswith("submitted · ≤ 30 min"))
     assert quantiles(row) == pytest.approx([0.55, 0.955, 1.0], abs=0.02)

@@ -7,42 +7,47 @@ other commands (``format_due`` for ``lanes prioritize``) share one wording, and 
 without a pool.
 
 Quantiles follow Prometheus's ``histogram_quantile``: find the bucket holding the q-th render
-and interpolate linearly inside it (from 0 in the first bucket). A quantile that lands in the
-overflow bucket has no upper bound to interpolate to: it is ``math.inf``, shown as "> 60 s".
+and interpolate linearly inside it. The per-lane histograms are fine (``LATENCY_BOUNDS``: no
+bucket past 1 ms is more than 15 % wide), so that is a measurement, not a guess. Where the data
+gives only a bound it says the bound: a quantile in the first bucket is its upper bound, shown
+"< 1 ms" (never 0.50/0.95/0.99 ms interpolated from 0), and one in the overflow bucket is
+``math.inf``, shown "> 60 s".
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from datetime import datetime
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import checkpoint
 from ..keys import PARKED_MS
-from .board import DURATION_BUCKETS
+from ..policy import ONE
+from ..pool.board import LATENCY_BOUNDS
+from .states import ahead_of_heads
 
 if TYPE_CHECKING:
     from ..api import QueueEngine
     from ..corpus.routes import Routes
 
 QUANTILES = (0.5, 0.95, 0.99)
-_MINUTE, _HOUR, _DAY = 60.0, 3600.0, 86400.0
 
 
 # -- latency quantiles -------------------------------------------------------------------------
 
 
 def quantile(counts: Sequence[int] | np.ndarray, q: float,
-             bounds: Sequence[float] = DURATION_BUCKETS) -> float | None:
+             bounds: Sequence[float] = LATENCY_BOUNDS) -> float | None:
     """The ``q`` quantile (0..1) of a histogram, in the bounds' unit.
 
     ``counts[i]`` is the number of observations in bucket ``i`` (as the board keeps them, not
     cumulative): at most ``bounds[i]`` and above ``bounds[i - 1]``; ``counts[len(bounds)]`` holds
     the rest. None when the histogram is empty; ``math.inf`` when the quantile lies in the
-    overflow bucket.
+    overflow bucket; ``bounds[0]`` when it lies in the first (at most that: nothing below it
+    is measured).
     """
     if not 0.0 <= q <= 1.0:
         raise ValueError(f"q must lie in [0, 1], got {q!r}")
@@ -57,21 +62,24 @@ def quantile(counts: Sequence[int] | np.ndarray, q: float,
     i = int(np.searchsorted(cumulative, rank, side="left" if rank > 0 else "right"))
     if i >= len(bounds):
         return math.inf
-    lo = 0.0 if i == 0 else float(bounds[i - 1])
+    if i == 0:
+        return float(bounds[0])
+    lo = float(bounds[i - 1])
     below = 0 if i == 0 else int(cumulative[i - 1])
     inside = int(cumulative[i]) - below
     return lo + (float(bounds[i]) - lo) * (rank - below) / inside
 
 
 def quantiles(counts: Sequence[int] | np.ndarray, qs: Sequence[float] = QUANTILES,
-              bounds: Sequence[float] = DURATION_BUCKETS) -> tuple[float | None, ...]:
+              bounds: Sequence[float] = LATENCY_BOUNDS) -> tuple[float | None, ...]:
     """``quantile`` at each of ``qs`` (p50, p95, p99 by default)."""
     return tuple(quantile(counts, q, bounds) for q in qs)
 
 
-def format_latency(qs: Sequence[float | None], bounds: Sequence[float] = DURATION_BUCKETS
+def format_latency(qs: Sequence[float | None], bounds: Sequence[float] = LATENCY_BOUNDS
                    ) -> str:
-    """Quantiles in seconds as one cell: "0.21/0.80/1.9 s", "4.2/12/38 ms", "0.9/2.1/> 60 s".
+    """Quantiles in seconds as one cell: "0.21/0.80/1.9 s", "4.2/12/38 ms", "0.9/2.1/> 60 s",
+    "< 1/< 1/3.1 ms" (at most the first bound: nothing finer is measured).
 
     The unit is ms when every finite value is below a second; "-" when there were no renders.
     """
@@ -86,6 +94,8 @@ def format_latency(qs: Sequence[float | None], bounds: Sequence[float] = DURATIO
             cells.append("-")
         elif math.isinf(v):
             cells.append(f"> {bounds[-1]:g}")
+        elif v <= bounds[0]:
+            cells.append(f"< {bounds[0] * factor:g}")
         else:
             cells.append(_two_digits(v * factor))
     return "/".join(cells) + f" {unit}"
@@ -100,100 +110,30 @@ def _two_digits(x: float) -> str:
     return f"{x:.0f}"
 
 
-# -- durations, due times, rates ---------------------------------------------------------------
-
-
-def format_duration(seconds: float) -> str:
-    """A duration as a person says it: "45 s", "12 min", "3.2 h", "2.1 d" (negative: "-45 s")."""
-    if not math.isfinite(seconds):
-        return "forever" if seconds > 0 else "-forever"
-    if seconds < 0:
-        return "-" + format_duration(-seconds)
-    if 0 < seconds < 0.5:
-        return "< 1 s"
-    if round(seconds) < _MINUTE:
-        return f"{seconds:.0f} s"
-    if round(seconds / _MINUTE) < _MINUTE:
-        return f"{seconds / _MINUTE:.0f} min"
-    if round(seconds / _HOUR, 1) < 24:
-        return f"{seconds / _HOUR:.1f} h"
-    return f"{seconds / _DAY:.1f} d"
-
-
-def format_due(due_ms: int | None, now_ms: int) -> str:
-    """When a row (or a lane's next row) is due, relative to ``now_ms``, never as raw epoch ms.
-
-    "now" within a second, "3 min ago" for the past, "in 3.2 h (14:05)" for the future: the
-    local wall-clock time when less than a day ahead, else the local date ("in 2.1 d (Dec 01)",
-    the year added when it is not this one). "-" for None.
-    """
-    if due_ms is None:
-        return "-"
-    ahead_s = (due_ms - now_ms) / 1000.0
-    if abs(ahead_s) < 1.0:
-        return "now"
-    if ahead_s < 0:
-        return f"{format_duration(-ahead_s)} ago"
-    local = datetime.fromtimestamp(due_ms / 1000.0).astimezone()
-    if ahead_s < _DAY:
-        when = local.strftime("%H:%M")
-    elif local.year == datetime.fromtimestamp(now_ms / 1000.0).astimezone().year:
-        when = local.strftime("%b %d")
-    else:
-        when = local.strftime("%b %d %Y")
-    return f"in {format_duration(ahead_s)} ({when})"
-
-
-def rate(count: float, previous: float, seconds: float) -> float | None:
-    """Events per second between two looks at a cumulative counter; None over no time."""
-    if not seconds > 0:
-        return None
-    return max(0.0, count - previous) / seconds
-
-
-def format_rate(per_s: float | None) -> str:
-    """"-" (unknown), "0", "0.4", "12", "1.2k" per second."""
-    if per_s is None:
-        return "-"
-    if per_s == 0:
-        return "0"
-    if per_s < 10:
-        return f"{per_s:.1f}"
-    if per_s < 10_000:
-        return f"{per_s:.0f}"
-    return f"{per_s / 1000:.1f}k"
-
-
-def eta_seconds(backlog: int, per_s: float | None) -> float | None:
-    """Seconds to drain ``backlog`` at ``per_s``: 0 when nothing waits, inf at a rate of 0,
-    None when the rate is unknown."""
-    if backlog <= 0:
-        return 0.0
-    if per_s is None:
-        return None
-    return math.inf if per_s <= 0 else backlog / per_s
-
-
-def format_eta(backlog: int, per_s: float | None) -> str:
-    """"-" when nothing waits or the rate is unknown, "stalled" at a rate of 0, else a duration."""
-    eta = eta_seconds(backlog, per_s)
-    if eta is None or eta == 0:
-        return "-"
-    if math.isinf(eta):
-        return "stalled"
-    return format_duration(eta)
-
-
-def format_elapsed(real_s: float, pool_s: float, scale: float) -> str:
-    """How long a pool has run: "up 12 min", or on a scaled clock "up 12 min (pool time 3.2 h,
-    x1000)"."""
-    out = f"up {format_duration(real_s)}"
-    if scale != 1.0:
-        out += f" (pool time {format_duration(pool_s)}, x{scale:g})"
-    return out
-
-
 # -- next due per lane -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueLook:
+    """What one pass over the row table tells the tables: per lane, when its next row falls due
+    (``next_due``) and how many due rows of other lanes are ranked ahead of its head
+    (``ahead``, see ``states.ahead_of_heads``)."""
+
+    next_due: dict[int, int | None]
+    ahead: dict[int, int]
+
+
+def look_ahead(eng: QueueEngine, now_ms: int) -> QueueLook:
+    """``next_due`` and the rows ahead of each lane's head, from one pass over the rows."""
+    _, cols = checkpoint.snapshot(eng)
+    policy, lanes = eng.policy, eng.stats(now_ms=now_ms)["lanes"]
+    total = max([policy.lane_count, *(ln["lane"] + 1 for ln in lanes)])
+    bounds = [(0, 0)] * total
+    for ln in lanes:  # the lanes' interval bounds, which derived weights are made from
+        bounds[ln["lane"]] = (ln["iv_min"], ln["iv_max"])
+    weights = [w / ONE for w in policy.lane_weights_fp(total, bounds)]
+    return QueueLook(_next_due(eng, now_ms, cols),
+                     ahead_of_heads(cols, now_ms, policy.remainder, weights))
 
 
 def next_due(eng: QueueEngine, now_ms: int) -> dict[int, int | None]:
@@ -201,8 +141,12 @@ def next_due(eng: QueueEngine, now_ms: int) -> dict[int, int | None]:
 
     One pass over the row table (``checkpoint.snapshot``, which reads each row's lane from its
     key, so rows an older policy placed are counted where they sit)."""
+    return _next_due(eng, now_ms, checkpoint.snapshot(eng)[1])
+
+
+def _next_due(eng: QueueEngine, now_ms: int, cols: dict[str, np.ndarray]
+              ) -> dict[int, int | None]:
     out: dict[int, int | None] = {ln["lane"]: None for ln in eng.stats(now_ms=now_ms)["lanes"]}
-    _, cols = checkpoint.snapshot(eng)
     future = (cols["due_ms"] > now_ms) & (cols["due_ms"] < PARKED_MS)  # parked: never due
     due, lanes = cols["due_ms"][future], cols["lane"][future]
     if not len(due):
