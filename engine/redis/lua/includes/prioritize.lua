@@ -18,9 +18,10 @@ local function prioritize_row(K, P, now, row, rush)
 end
 
 -- The records of rows nums[1..n] (numbers) as u48s (see `record`), into `out`: one GETRANGE of
--- the span they lie in, read with string.byte, when it is at most SPAN_READ records a row (a
--- scope's rows lie within the table), else one BITFIELD_RO per CHUNK. Both take no Lua string
--- per row: BITFIELD's bit offsets go as numbers, which Redis formats itself.
+-- the span they lie in, read with string.byte, when it is at most SPAN_READ records a row
+-- (rows added together lie close), else one BITFIELD_RO per CHUNK (rows spread over a big table:
+-- a span of megabytes a call costs more). Neither makes a Lua string per row: BITFIELD's bit
+-- offsets go as numbers, which Redis formats itself.
 local SPAN_READ = 32
 local S_GETS = {}
 local function records_of(K, nums, out)
@@ -35,7 +36,8 @@ local function records_of(K, nums, out)
     local span, byte = rcall('GETRANGE', K[3], fmt(lo * RECLEN), fmt(hi * RECLEN + RECLEN - 1)),
       string.byte
     for k = 1, #nums do
-      local a, b, c, d, e, f = byte(span, (nums[k] - lo) * RECLEN + 1, (nums[k] - lo + 1) * RECLEN)
+      local at = (nums[k] - lo) * RECLEN
+      local a, b, c, d, e, f = byte(span, at + 1, at + RECLEN)
       out[k] = (((a * 256 + b) * 256 + c) * 256 + d) * 65536 + e * 256 + f
     end
     return out
@@ -55,7 +57,7 @@ end
 --[[ prioritize_row on each live row of `rows` (members, 8 digits, checked with check_members
 first: any row out of range and nothing changes), a removed row skipped; returns how many were
 made due. The same writes as the loop of prioritize_row, in a few calls per CHUNK rows instead
-of six calls a row (a scope of a million rows: docs/serve.md): the records read at once
+of six calls a row (a scope of a million rows: docs/figures.md): the records read at once
 (records_of), one BITFIELD writes the flags that change, one ZADD XX moves the rows waiting in
 ready (the rows in flight, rare, are found when it changed fewer, and rekeyed in their holder
 entries one by one); the lanes' bounds are widened once for the whole call. A row named twice
