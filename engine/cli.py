@@ -78,12 +78,12 @@ def _stats(args: argparse.Namespace) -> int:
     try:
         if args.prometheus:
             from .pool.metrics import exposition
-            from .store import SnapshotStore
+            from .store import open_store
 
             if args.store is None:
                 sys.stdout.write(exposition(eng, _local(args)))
                 return 0
-            with SnapshotStore.open(args.store, create=False) as store:
+            with open_store(_store_spec(args), create=False) as store:
                 sys.stdout.write(exposition(eng, _local(args), store, _routes(args, eng)))
             return 0
         try:
@@ -151,9 +151,9 @@ def _stats(args: argparse.Namespace) -> int:
 def _staleness(args: argparse.Namespace, eng: Any) -> dict[str, Any]:
     """``--store DIR``'s served staleness, per lane and (when the pool has routes) per route."""
     from .pool.staleness import staleness
-    from .store import SnapshotStore
+    from .store import open_store
 
-    with SnapshotStore.open(args.store, create=False) as store:
+    with open_store(_store_spec(args), create=False) as store:
         return staleness(store, wall_ms(), _routes(args, eng), eng.lane_name)
 
 
@@ -243,7 +243,7 @@ def _prioritize_pages(args: argparse.Namespace) -> int:
     """``lanes prioritize`` by URL list or scope, or with a clear mode: what the server's
     ``POST /api/prioritize`` does, from the command line."""
     from .serve.recache import Ask, Pool, prioritize
-    from .store import SnapshotStore
+    from .store import open_store
 
     if args.mode.startswith("clear-") and args.store is None:
         raise EngineValueError(f"--mode {args.mode} clears snapshots: give the store (--store"
@@ -258,7 +258,7 @@ def _prioritize_pages(args: argparse.Namespace) -> int:
             raise EngineValueError(f"--urls {args.urls}: {e}") from None
         ask = Ask.listed(lines, args.mode, args.add)
     eng, table = _attached(args)
-    store = None if args.store is None else SnapshotStore.open(args.store, create=False)
+    store = None if args.store is None else open_store(_store_spec(args), create=False)
     try:
         result = prioritize(Pool(eng, table, _routes(args, eng), store), ask)
     finally:
@@ -276,6 +276,7 @@ def _serve(args: argparse.Namespace) -> int:
     limits = Limits(header_s=args.header_timeout, idle_s=args.idle_timeout,
                     body_s=args.body_timeout, per_peer=args.max_connections_per_client)
     options = ServeOptions(name=args.name, store=args.store, redis=args.redis,
+                           store_endpoint=args.store_endpoint,
                            local=args.local_name, host=args.host, port=args.port,
                            read_only=args.read_only, token_file=args.token_file,
                            max_stale=args.max_stale, processes=args.processes,
@@ -371,7 +372,7 @@ def _pool(args: argparse.Namespace) -> int:
         pool.refresh = CorpusRefresh(lambda: _read_corpus(args, routes), args.refresh_corpus,
                                      lambda: _attached(args), fit=args.fit_policy)
     server, scraped = None, None
-    view = LiveView(force_plain=args.plain, store=getattr(args, "store", None))
+    view = LiveView(force_plain=args.plain, store=_store_spec(args))
     try:
         if args.metrics_port is not None:
             from .pool.metrics import start_server
@@ -406,17 +407,18 @@ def _command_render(args: argparse.Namespace) -> Any:
 def _browser_render(args: argparse.Namespace) -> Any:
     """``--browser``: Chromium checked and the store opened here, before anything is made."""
     from .pool.browser import BrowserSpec, describe_chromium
-    from .store import SnapshotStore
+    from .store import open_store
 
     if args.store is None:
         raise EngineValueError("--browser needs --store DIR: where the snapshots go")
-    spec = BrowserSpec(args.store, chromium=args.chromium, tabs=args.tabs,
+    store = _store_spec(args)
+    spec = BrowserSpec(store, chromium=args.chromium, tabs=args.tabs,
                        page_timeout_s=args.page_timeout, recycle_after=args.recycle_after,
                        rss_limit_mb=args.browser_rss_mb, js_heap_mb=args.js_heap_mb,
                        keep_scripts=args.keep_scripts,
                        block_types=_listed(args.block_type, BrowserSpec.block_types),
                        block_hosts=_listed(args.block_host, BrowserSpec.block_hosts))
-    SnapshotStore.open(args.store).close()  # an unwritable store is refused here
+    open_store(store).close()  # an unwritable store is refused here
     assert spec.chromium is not None  # resolved by the spec
     print(describe_chromium(spec.chromium), file=sys.stderr, flush=True)
     return spec
@@ -592,6 +594,27 @@ def _corpus_arguments(p: argparse.ArgumentParser, routes: bool) -> None:
                             " wins over the corpus's own interval")
 
 
+def _store_arguments(p: argparse.ArgumentParser, help_: str) -> None:
+    p.add_argument("--store", metavar="DIR|s3://BUCKET/PREFIX",
+                   help=help_ + "; s3://: object storage every host shares, each URL's pointer"
+                        " in the pool's Redis (--redis)")
+    p.add_argument("--store-endpoint", metavar="URL",
+                   help="with --store s3://: an S3-compatible service's endpoint (default"
+                        " AWS; credentials from the AWS environment and config chain)")
+
+
+def _store_spec(args: argparse.Namespace) -> Any:
+    """The ``StoreSpec`` of ``--store`` (with ``--store-endpoint`` and ``--redis``), or None."""
+    from .store import StoreSpec
+
+    if getattr(args, "store", None) is None:
+        return None
+    spec = StoreSpec(args.store, getattr(args, "store_endpoint", None),
+                     getattr(args, "redis", None))
+    spec.check()
+    return spec
+
+
 def _redis_arguments(p: argparse.ArgumentParser, local: bool) -> None:
     p.add_argument("--redis", metavar="URL",
                    help="the queue NAME on this Redis server (redis://, rediss://, unix://,"
@@ -688,7 +711,7 @@ def _browser_arguments(p: Any) -> None:
     from .pool.browser import BLOCKED_HOSTS, BrowserSpec
 
     b = p.add_argument_group("browser render (--browser)")
-    b.add_argument("--store", metavar="DIR", help="the snapshot store (created if missing)")
+    _store_arguments(b, "the snapshot store (created if missing)")
     b.add_argument("--chromium", metavar="PATH", default=BrowserSpec.chromium,
                    help="the browser binary (default: Chromium's headless shell when installed,"
                         " else /usr/bin/chromium)")
@@ -733,8 +756,7 @@ def _stats_arguments(p: argparse.ArgumentParser) -> None:
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--prometheus", action="store_true", help="Prometheus text exposition")
     fmt.add_argument("--plain", action="store_true", help="plain text even on a terminal")
-    p.add_argument("--store", metavar="DIR",
-                   help="the pool's snapshot store: served staleness per lane and per route")
+    _store_arguments(p, "the pool's snapshot store: served staleness per lane and per route")
     _redis_arguments(p, local=True)
 
 
@@ -771,7 +793,7 @@ def _prioritize_arguments(p: argparse.ArgumentParser) -> None:
                         " due now in its own lane; clear-and-*: drop the snapshots first")
     p.add_argument("--add", action="store_true",
                    help="add listed URLs the pool does not know (on its hosts) as submitted")
-    p.add_argument("--store", metavar="DIR", help="the snapshot store (for the clear modes)")
+    _store_arguments(p, "the snapshot store (for the clear modes)")
     _redis_arguments(p, local=False)
 
 
@@ -815,8 +837,7 @@ def _serve_command_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", help="the pool's engine (segment, or with --redis the"
                                            " queue): its dashboard and metrics")
     _serve_arguments(p, DEFAULT_PORT)
-    p.add_argument("--store", metavar="DIR",
-                   help="the snapshot store: GET /render?url=URL and GET /URL")
+    _store_arguments(p, "the snapshot store: GET /render?url=URL and GET /URL")
     p.add_argument("--max-stale", type=float, metavar="F",
                    help="a snapshot older than F x its interval is not served: with NAME the"
                         " origin's own answer is relayed, else 503")

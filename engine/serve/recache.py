@@ -35,7 +35,7 @@ from aiohttp import web
 from ..errors import EngineError, EngineValueError
 from ..pool.ingest import Corpus, normalize_url
 from ..pool.routes import Routes
-from ..store import SnapshotStore
+from ..store.api import Store
 from .auth import Auth
 from .origin import origin_of
 from .source import PoolSource
@@ -124,7 +124,7 @@ class Pool:
     engine: Any
     urls: Any
     routes: Routes | None
-    store: SnapshotStore | None
+    store: Store | None
     _hosts: tuple[int, frozenset[str]] = (-1, frozenset())
 
     def hosts(self, table: Sequence[str] | None = None) -> frozenset[str]:

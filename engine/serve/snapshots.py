@@ -19,16 +19,28 @@ here is what the crawler gets, and must say honestly how old it is:
 Every answer carries ``X-Lanes-Snapshot: served | stale | missing | origin``, so a middleware
 can tell a rendered 404 (``served``) from a URL never rendered (``missing``).
 
-Nothing here waits on the pool: a snapshot is read from the local store. The answers of hot
-URLs are kept in memory, their fixed headers built once, and checked against the store at most
-every ``REVALIDATE_S`` (a new render is served within that); a check that finds the same HTML
-reads no file. Each hit is noted in memory with its age ÷ interval and written to the store's
-hit log in batches, from a thread with its own connection, every ``FLUSH_S``.
+Nothing here waits on the pool: a snapshot is read from the store. The answers of hot URLs are
+kept in memory, their fixed headers built once, and checked against the store at most every
+``REVALIDATE_S`` (a new render, on any host of a shared store, is served within that); a check
+that finds the same HTML reads no body. A shared store's reads wait on the network, so they run
+on threads (``REMOTE_READS``), never on the event loop.
+
+When a body cannot be fetched (the object service is down, a blob is missing) the last copy
+held here is served, with its own ETag and its true Age, and the store is asked again at the
+next revalidation: a whole page whose age is told honestly is what a crawler can use, and an
+error would cost the page its ranking for nothing. With no copy here the answer is 503 with
+``Retry-After`` (``X-Lanes-Snapshot: unavailable``). A body is only ever sent whole: the shared
+store checks every blob against its digest before it is kept.
+
+Each hit is noted in memory with its age ÷ interval and written to the store's hit log in
+batches, from a thread with its own connection, every ``FLUSH_S`` (a shared store's hit log is
+in Redis: every host's hits count together).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import logging
 import time
@@ -43,7 +55,8 @@ from aiohttp import web
 
 from ..checks import wall_ms
 from ..errors import EngineError
-from ..store import Snapshot, SnapshotStore
+from ..store import open_store
+from ..store.api import Snapshot, Store, StoreSpec
 from ..urlnorm import normalize_url
 from . import crawlers
 from .discover import Discovery
@@ -58,6 +71,9 @@ up must cost the log, never the server's memory."""
 log = logging.getLogger(__name__)
 
 REVALIDATE_S: Final = 1.0
+REMOTE_READS: Final = 8
+"""Threads reading a shared store at once, per server process."""
+RETRY_AFTER_S: Final = 5
 CACHE_BYTES: Final = 64 << 20
 """The answers kept in memory, gzip and (once asked for) plain HTML counted, least recently
 used dropped first."""
@@ -77,8 +93,8 @@ _SANDBOX: Final = "sandbox"  # a snapshot opened in a browser runs in no origin:
 class HitLog:
     """Hits noted by the event loop, written to the store's hit log by a thread of its own."""
 
-    def __init__(self, directory: str) -> None:
-        self._store = SnapshotStore.open(directory, create=False)
+    def __init__(self, spec: StoreSpec) -> None:
+        self._store = open_store(spec, create=False)
         self._pending: list[tuple[int, int, int, float, bool, int]] = []
         self._requests: dict[int, list[int]] = {}  # crawler family -> [requests, origin]
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="lanes-serve-hits")
@@ -144,7 +160,7 @@ class HitLog:
 class SnapshotRoutes:
     """The two snapshot routes over ``store``; ``max_stale`` None serves every age."""
 
-    def __init__(self, store: SnapshotStore, hits: HitLog, max_stale: float | None,
+    def __init__(self, store: Store, hits: HitLog, max_stale: float | None,
                  relay: Relay | None = None, discovery: Discovery | None = None,
                  render_on_miss: float = 0.0) -> None:
         self.store = store
@@ -156,6 +172,13 @@ class SnapshotRoutes:
         self._cache: OrderedDict[str, _Answer] = OrderedDict()
         self._bytes = 0  # bytes held by _cache: every answer's gzip, and its HTML once made
         self._normal = _Spellings(NORMAL_BYTES)
+        self._reads = (ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="lanes-serve-reads")
+                       if store.remote else None)
+        self.unavailable = 0  # reads that failed: answered from the copy here, or 503
+
+    def close(self) -> None:
+        if self._reads is not None:
+            self._reads.shutdown(wait=True)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/render", self.by_query, name=f"{SNAPSHOT_ROUTE}-query")
@@ -185,7 +208,13 @@ class SnapshotRoutes:
             except EngineError as e:
                 self.hits.request(bot, False)
                 return _plain(400, f"not an absolute http(s) URL: {_short(str(e))}", "missing")
-        found = self._answer(key)
+        try:
+            found = await self._answer(key)
+        except EngineError as e:
+            self.hits.request(bot, False)
+            log.warning("lanes serve: %s", e)
+            return _plain(503, f"the snapshot of {_short(key)} cannot be read now",
+                          "unavailable", {"Retry-After": str(RETRY_AFTER_S)})
         if found is None:
             missed = await self._missed(request, key)
             if not isinstance(missed, _Answer):
@@ -245,21 +274,38 @@ class SnapshotRoutes:
         deadline = time.monotonic() + self.render_on_miss
         while time.monotonic() < deadline:
             await asyncio.sleep(RENDER_POLL_S)
-            found = self._answer(spelled)
+            found = None
+            with contextlib.suppress(EngineError):  # not readable yet: look again
+                found = await self._answer(spelled)
             if found is not None:
                 return found
         return None
 
-    def _answer(self, key: str) -> _Answer | None:
+    async def _answer(self, key: str) -> _Answer | None:
         """``key``'s answer from memory, checked against the store if it is older than
-        ``REVALIDATE_S``; None when ``key`` was never rendered."""
+        ``REVALIDATE_S``; None when ``key`` was never rendered. A read that fails keeps the
+        answer held here (module docstring), or raises when there is none."""
         now = time.monotonic()
         cache = self._cache
         found = cache.get(key)
         if found is not None and now - found.checked <= REVALIDATE_S:
             cache.move_to_end(key)
             return found
-        snap = self.store.get(key, None if found is None else found.snap)
+        known = None if found is None else found.snap
+        try:
+            if self._reads is None:
+                snap = self.store.get(key, known)
+            else:
+                snap = await asyncio.get_running_loop().run_in_executor(
+                    self._reads, self.store.get, key, known)
+        except EngineError:
+            self.unavailable += 1
+            if found is None:
+                raise
+            log.warning("lanes serve: %s: serving the copy held here", _short(key))
+            found.checked = now
+            return found
+        found = cache.get(key)  # the cache may have moved while the read was out
         if found is not None and snap == found.snap:
             found.checked = now
             cache.move_to_end(key)
