@@ -827,7 +827,7 @@ def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
                    help="open connections one address may hold (more get 429); a trusted"
                         " proxy is exempt")
     _redis_arguments(p, local=True)
-    p.set_defaults(fn=_serve, store=None, max_stale=None, origin_timeout=10.0, origin_per_host=8,
+    p.set_defaults(fn=_serve, store=None, store_endpoint=None, max_stale=None, origin_timeout=10.0, origin_per_host=8,
                    discover=False, discover_rate=60, discover_max=100_000, render_on_miss=0.0)
 
 
