@@ -827,8 +827,9 @@ def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
                    help="open connections one address may hold (more get 429); a trusted"
                         " proxy is exempt")
     _redis_arguments(p, local=True)
-    p.set_defaults(fn=_serve, store=None, store_endpoint=None, max_stale=None, origin_timeout=10.0, origin_per_host=8,
-                   discover=False, discover_rate=60, discover_max=100_000, render_on_miss=0.0)
+    p.set_defaults(fn=_serve, store=None, store_endpoint=None, max_stale=None,
+                   origin_timeout=10.0, origin_per_host=8, discover=False, discover_rate=60,
+                   discover_max=100_000, render_on_miss=0.0)
 
 
 def _serve_command_arguments(p: argparse.ArgumentParser) -> None:
@@ -873,6 +874,45 @@ def _token_arguments(p: argparse.ArgumentParser) -> None:
                    help="replace an existing file (every session of a server reading it ends)")
 
 
+def _store(args: argparse.Namespace) -> int:
+    """``lanes store gc STORE`` and ``lanes store migrate DIR s3://...``."""
+    from .store import StoreSpec, open_store
+
+    if args.action == "gc":
+        with open_store(_store_spec(args), create=False) as store:
+            print(json.dumps(store.gc(args.grace)))
+        return 0
+    from .store.migrate import migrate
+
+    target = StoreSpec(args.target, args.store_endpoint, args.redis)
+    if not target.shared:
+        raise EngineValueError(f"lanes store migrate moves a directory to s3://BUCKET/PREFIX,"
+                               f" got {args.target!r}")
+    with open_store(args.source, create=False) as source, open_store(target) as shared:
+        print(json.dumps(migrate(source, shared, lambda n, of: print(
+            f"lanes store migrate: {n} of {of}", file=sys.stderr, flush=True))))
+    return 0
+
+
+def _store_command_arguments(p: argparse.ArgumentParser) -> None:
+    actions = p.add_subparsers(dest="action", required=True)
+    gc = actions.add_parser("gc", formatter_class=SHOW_DEFAULTS,
+                            help="remove the blobs no pointer names, older than --grace")
+    gc.add_argument("store", help="DIR or s3://BUCKET/PREFIX")
+    gc.add_argument("--grace", type=_period, default=3600, metavar="PERIOD",
+                    help="keep unnamed blobs younger than this (a put in flight names its blob"
+                         " within it; at least 1m)")
+    move = actions.add_parser("migrate", formatter_class=SHOW_DEFAULTS,
+                              help="put every snapshot of a directory store into an S3 store")
+    move.add_argument("source", metavar="DIR")
+    move.add_argument("target", metavar="s3://BUCKET/PREFIX")
+    for q in (gc, move):
+        q.add_argument("--store-endpoint", metavar="URL",
+                       help="an S3-compatible service's endpoint (default AWS)")
+        q.add_argument("--redis", metavar="URL", help="the Redis holding the store's pointers"
+                                                       " (the pool's)")
+
+
 def _serve_metrics_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name")
     _serve_arguments(p, 9464)
@@ -915,6 +955,8 @@ COMMANDS = (
             _serve, _serve_metrics_arguments),
     Command("token", "write a random token for lanes serve --token-file",
             _token, _token_arguments),
+    Command("store", "a snapshot store's upkeep: gc (unnamed blobs), migrate DIR s3://...",
+            _store, _store_command_arguments),
 )
 """Every subcommand: its name, its line in ``lanes --help``, what runs it and what adds its
 arguments. Each imports what it needs when it runs (a base install, without the extras, runs
@@ -958,14 +1000,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 EXTRAS = {"aiohttp": "browser", "defusedxml": "pool", "rich": "pool", "jinja2": "serve",
-          "prometheus_client": "metrics", "redis": "redis", "matplotlib": "plot"}
+          "prometheus_client": "metrics", "redis": "redis", "matplotlib": "plot", "boto3": "s3",
+          "botocore": "s3"}
 """The optional package a command may miss -> the extra that installs it (pyproject.toml)."""
 
 
 def _extra_of(command: str, module: str) -> str | None:
     """The extra to install for ``module`` (None: not an optional package of ours)."""
     extra = EXTRAS.get(module.partition(".")[0])
-    return "serve" if extra is not None and command == "serve" else extra
+    return "serve" if extra not in (None, "s3") and command == "serve" else extra
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
