@@ -31,17 +31,19 @@ def credentials_in_environment() -> None:
 
 
 class S3Server:
-    """moto's S3 API server on ``127.0.0.1:port``; ``endpoint`` is what ``--store-endpoint``
+    """moto's S3 API server on ``host:port`` (loopback by default); ``endpoint`` is what ``--store-endpoint``
     takes."""
 
-    def __init__(self, bucket: str = "lanes-test", port: int | None = None) -> None:
+    def __init__(self, bucket: str = "lanes-test", port: int | None = None,
+                 host: str = "127.0.0.1") -> None:
         self.bucket = bucket
+        self.host = host  # a test host's link address, for hosts in network namespaces
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def _binary(self) -> list[str]:
         found = shutil.which("moto_server", path=os.path.dirname(sys.executable))
@@ -52,7 +54,7 @@ class S3Server:
     def start(self, timeout: float = 20.0) -> S3Server:
         credentials_in_environment()
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-        self.proc = subprocess.Popen([*self._binary(), "-H", "127.0.0.1", "-p", str(self.port)],
+        self.proc = subprocess.Popen([*self._binary(), "-H", self.host, "-p", str(self.port)],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + timeout
