@@ -136,8 +136,10 @@ class HitLog:
         requests = {b: (n, o) for b, (n, o) in self._requests.items()}
         self._requests = {}
         if batch or requests:
-            await asyncio.get_running_loop().run_in_executor(self._thread, self._write, batch,
-                                                             requests)
+            # Shielded: the flush task cancelled at close must not cancel a write still
+            # queued on the thread (its batch would be lost); shutdown waits for it.
+            await asyncio.shield(asyncio.get_running_loop().run_in_executor(
+                self._thread, self._write, batch, requests))
 
     def _write(self, batch: list[tuple[int, int, int, float, bool, int]],
                requests: dict[int, tuple[int, int]]) -> None:

@@ -168,7 +168,11 @@ def serving(spec: StoreSpec) -> Iterator[str]:
     assert p.returncode == 0, err
 
 
+made = [0]
+
+
 def fetch(base: str, url: str) -> tuple[int, dict[str, str], bytes]:
+    made[0] += 1
     u = urllib.parse.urlsplit(base)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     try:
@@ -181,6 +185,7 @@ def fetch(base: str, url: str) -> tuple[int, dict[str, str], bytes]:
 
 def test_two_servers_of_one_store_answer_alike_and_see_a_render_within_a_second(
         shared: ObjectStore) -> None:
+    made[0] = 0
     url = "https://shop.example/p/1"
     shared.put(url, "<p>one</p>", rendered_at_ms=int(time.time() * 1000) - 125_000, **META)
     with serving(shared.spec) as a, serving(shared.spec) as b:
@@ -213,3 +218,8 @@ def test_two_servers_of_one_store_answer_alike_and_see_a_render_within_a_second(
         shared.clear([url])  # clear works across hosts: both stop serving it within a second
         time.sleep(1.2)
         assert fetch(a, url)[0] == fetch(b, url)[0] == 404
+    # Both servers flushed their hit logs into the store's (at their stop, if not before): the
+    # farm's requests are counted together, whichever host answered them.
+    assert sum(n for n, _o in shared.bot_requests().values()) == made[0]
+    served = shared.hit_ratios(0)[3]
+    assert served.all() and len(served) == made[0] - 3  # all but the 503 and the two 404s
