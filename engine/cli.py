@@ -305,8 +305,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
     """The --corpus files and sitemap URLs as one corpus (duplicates dropped and reported)."""
-    from .pool.fetch import FetchLimits
-    from .pool.ingest import read_corpora
+    from .corpus.fetch import FetchLimits
+    from .corpus.read import read_corpora
 
     limits = FetchLimits(timeout_s=args.fetch_timeout, deadline_s=args.fetch_deadline)
     c = read_corpora(args.corpus, base_url=args.base_url, routes=routes, fetch=limits)
@@ -319,8 +319,8 @@ def _read_corpus(args: argparse.Namespace, routes: Any) -> Any:
 
 
 def _pool(args: argparse.Namespace) -> int:
+    from .corpus.routes import Routes
     from .pool import Pool, PoolOptions
-    from .pool.routes import Routes
     from .pool.view import LiveView, print_summary
     from .pool.worker import LOG_FORMAT
 

@@ -164,6 +164,20 @@ def test_only_the_store_package_names_a_store_backend() -> None:
     assert not _reaches(graph, "engine.store.api") & set(STORE_BACKENDS)
 
 
+def test_the_corpus_readers_stand_below_the_pool_and_url_spelling_is_a_leaf() -> None:
+    """``engine.corpus`` reads files and sitemaps for the pool, the server and the command line,
+    so it imports none of them and no backend; ``lanes serve`` spells a URL with
+    ``engine.corpus.urlnorm`` alone, without the readers and their XML parser."""
+    graph = _graph()
+    corpus = [m for m in graph if m.startswith("engine.corpus.")]
+    assert {"engine.corpus.read", "engine.corpus.sitemaps", "engine.corpus.urlnorm"} <= set(corpus)
+    above = ("engine.pool", "engine.serve", "engine.cli", "engine.shm", "engine.redis")
+    reached = set().union(*(_reaches(graph, m) for m in corpus))
+    assert sorted(m for m in reached if m.startswith(above)) == []
+    assert _reaches(graph, "engine.corpus.urlnorm") <= {"engine.errors"}
+    assert "engine.corpus.sitemaps" not in _reaches(graph, "engine.serve.snapshots")
+
+
 def test_the_contract_imports_no_backend_and_the_backends_meet_only_in_the_package() -> None:
     graph = _graph()
     assert not [m for m in _reaches(graph, "engine.api") if _is_backend(m)]

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from ..api import RowUrls
-from .ingest import Corpus
-from .routes import Routes
+from ..corpus.model import Corpus
+from ..corpus.routes import Routes
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..checks import is_int, wall_ms
+from ..corpus.routes import Routes
 from ..errors import EngineError, EngineValueError, SegmentMissing
 from ..store.api import Store
 from .board import DURATION_BUCKETS, FAILED, OK, Board
-from .routes import Routes
 from .staleness import RouteOf, staleness
 
 _LANE_GAUGES = (("queued", "rows queued in the lane"),

@@ -26,7 +26,7 @@ from .board import DURATION_BUCKETS
 
 if TYPE_CHECKING:
     from ..api import QueueEngine
-    from .routes import Routes
+    from ..corpus.routes import Routes
 
 QUANTILES = (0.5, 0.95, 0.99)
 _MINUTE, _HOUR, _DAY = 60.0, 3600.0, 86400.0

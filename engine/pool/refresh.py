@@ -33,10 +33,10 @@ from typing import Any, Final
 import numpy as np
 
 from .. import checkpoint
+from ..corpus.model import Corpus
 from ..errors import CapacityError, EngineValueError
 from ..policy import PROVENANCES, LanePolicy
 from .grow import add_corpus
-from .ingest import Corpus
 from .progress import format_duration
 
 log = logging.getLogger("engine.pool")

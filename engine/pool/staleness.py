@@ -19,8 +19,8 @@ from typing import Any, Final
 
 import numpy as np
 
+from ..corpus.routes import Routes
 from ..store.api import HIT_WINDOW_MS, Store
-from .routes import Routes
 
 QUANTILES: Final = (0.5, 0.95)
 NO_ROUTE: Final = "(no route)"

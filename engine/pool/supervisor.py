@@ -41,6 +41,8 @@ import numpy as np
 from .. import checkpoint, factory
 from ..api import QueueEngine, RowUrls
 from ..checks import is_int, is_number, wall_ms
+from ..corpus.model import Corpus
+from ..corpus.routes import Routes
 from ..errors import (
     EngineError,
     EngineValueError,
@@ -55,9 +57,7 @@ from .failures import FailureLog
 from .grow import Added, add_corpus, add_urls, store_routes
 from .heartbeat import HEARTBEAT_S
 from .hosts import HostGate
-from .ingest import Corpus
 from .render import RenderSpec
-from .routes import Routes
 from .worker import WorkerSpec, worker_main
 
 if TYPE_CHECKING:

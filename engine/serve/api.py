@@ -35,13 +35,13 @@ from aiohttp import web
 from .. import checkpoint
 from ..api import LaneStats, Stats
 from ..checks import wall_ms
+from ..corpus.routes import Routes
 from ..errors import EngineError, EngineValueError
 from ..keys import PARKED_MS
 from ..policy import INTERVALS, ONE, REMAINDERS, SHARE_CLASSES, LanePolicy
 from ..pool import progress
 from ..pool.board import Board
 from ..pool.failures import failure_rows
-from ..pool.routes import Routes
 from ..pool.staleness import RouteOf, staleness
 from ..pool.view import for_json, lane_figures, lane_sums, pool_figures
 from .source import PoolSource

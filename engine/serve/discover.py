@@ -37,9 +37,10 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import numpy as np
 from w3lib.url import canonicalize_url
 
+from ..corpus.model import Corpus
+from ..corpus.routes import Route, Routes
+from ..corpus.urlnorm import normalize_url
 from ..errors import EngineError
-from ..pool.ingest import Corpus, normalize_url
-from ..pool.routes import Route, Routes
 from .origin import origin_of
 
 TRACKING: Final = re.compile(

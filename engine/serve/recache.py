@@ -32,9 +32,10 @@ from typing import Any, Final
 import numpy as np
 from aiohttp import web
 
+from ..corpus.model import Corpus
+from ..corpus.routes import Routes
+from ..corpus.urlnorm import normalize_url
 from ..errors import EngineError, EngineValueError
-from ..pool.ingest import Corpus, normalize_url
-from ..pool.routes import Routes
 from ..store.api import Store
 from .auth import Auth
 from .origin import origin_of

@@ -54,10 +54,10 @@ from typing import Final
 from aiohttp import web
 
 from ..checks import wall_ms
+from ..corpus.urlnorm import normalize_url
 from ..errors import EngineError
 from ..store import open_store
 from ..store.api import Snapshot, Store, StoreSpec
-from ..urlnorm import normalize_url
 from . import crawlers
 from .discover import Discovery
 from .door import SECURITY_HEADERS, SNAPSHOT_ROUTE

@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from ..corpus.routes import Routes
 from ..errors import LayoutMismatch, SegmentMissing
 from ..pool.board import Board
 from ..pool.failures import FailureLog
 from ..pool.parts import attach_engine
-from ..pool.routes import Routes
 from ..store.api import Store
 
 T = TypeVar("T")

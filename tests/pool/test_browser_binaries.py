@@ -20,9 +20,9 @@ import render_site
 from render_site import JSON_LD
 from site_server import SiteServer as SitemapSite
 
+from engine.corpus.read import read_corpora
 from engine.pool import browser
 from engine.pool.browser import DEFAULT_CHROMIUM, HEADLESS_SHELL, BrowserSpec, Chromium
-from engine.pool.ingest import read_corpora
 from engine.pool.page import PageFailed, Tab
 
 DATA_SITE = Path(__file__).resolve().parents[1] / "data" / "site"

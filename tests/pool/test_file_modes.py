@@ -15,9 +15,9 @@ import pytest
 from lanes_testlib import unique_name
 from pool_testlib import files_of
 
+from engine.corpus.routes import Route, Routes
 from engine.pool import Pool, PoolOptions
 from engine.pool.render import RenderSpec
-from engine.pool.routes import Route, Routes
 
 URLS = [f"https://shop.example/{kind}/{i}" for kind in ("ok", "gone", "flaky") for i in range(4)]
 

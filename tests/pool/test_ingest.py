@@ -24,23 +24,18 @@ from hypothesis import strategies as st
 from lanes_testlib import NOW, fresh_engine
 
 from engine import CorpusError, EngineValueError
-from engine.errors import EngineError, EngineTypeError
-from engine.policy import MAX_INTERVAL_S
-from engine.pool.ingest import (
-    CHANGEFREQ_INTERVALS,
-    MAX_SITEMAP_BYTES,
-    SITEMAP_NS,
-    Corpus,
-    read_corpora,
-    read_corpus,
-)
-from engine.urlnorm import (
+from engine.corpus.model import Corpus
+from engine.corpus.read import read_corpora, read_corpus
+from engine.corpus.sitemaps import CHANGEFREQ_INTERVALS, MAX_SITEMAP_BYTES, SITEMAP_NS
+from engine.corpus.urlnorm import (
     _NORMAL_URL,
     MAX_URL_CHARS,
     _normalize_fully,
     normal_url,
     normalize_url,
 )
+from engine.errors import EngineError, EngineTypeError
+from engine.policy import MAX_INTERVAL_S
 
 DAY = 86_400
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -887,7 +882,7 @@ def test_a_urlset_of_root_relative_locs_reads_with_base_url() -> None:
 
 def _opened_paths(monkeypatch: Any) -> list[str]:
     """Record every file the ingest module opens, through open() or gzip.open()."""
-    import engine.pool.ingest as ingest
+    import engine.corpus.sitemaps as ingest
 
     opened: list[str] = []
     real_open, real_gzip_open = open, gzip.open

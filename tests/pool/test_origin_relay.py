@@ -285,7 +285,7 @@ def test_discovery_on_miss_adds_normalised_pages_within_its_rate(tmp_path: Path)
 
 
 def test_discovery_spelling_drops_tracking_and_keeps_what_the_route_says() -> None:
-    from engine.pool.routes import Route
+    from engine.corpus.routes import Route
     from engine.serve.discover import discovery_url
 
     url = "https://Shop.example/p/1?utm_campaign=x&z=1&page=2&fbclid=abc&a=%7e#frag"

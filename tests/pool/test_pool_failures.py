@@ -17,12 +17,12 @@ from pool_testlib import files_of, rendered
 
 from engine import CapacityError, EngineValueError
 from engine import checkpoint as ck
+from engine.corpus.model import Corpus
+from engine.corpus.routes import Route, Routes
 from engine.keys import PARKED_MS
 from engine.pool import Pool, PoolOptions
 from engine.pool.grow import add_corpus
-from engine.pool.ingest import Corpus
 from engine.pool.render import RenderSpec
-from engine.pool.routes import Route, Routes
 from engine.shm.urls import UrlTable
 
 NOW = int(time.time() * 1000)

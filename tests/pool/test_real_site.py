@@ -21,8 +21,8 @@ from lanes_testlib import unique_name
 from pool_testlib import cli, files_of
 from site_server import SiteServer
 
-from engine.pool.ingest import read_corpora
-from engine.pool.routes import Routes
+from engine.corpus.read import read_corpora
+from engine.corpus.routes import Routes
 
 SITE = Path(__file__).resolve().parents[1] / "data" / "site"
 ESCAPE = Path(__file__).resolve().parents[1] / "data" / "escape"

@@ -22,7 +22,7 @@ from lanes_testlib import dispose, unique_name
 from pool_testlib import cli
 
 from engine.checks import wall_ms
-from engine.pool.routes import Route, Routes
+from engine.corpus.routes import Route, Routes
 from engine.store import SnapshotStore
 
 HOUR_S = 3600

@@ -13,9 +13,9 @@ import pytest
 from lanes_testlib import unique_name
 
 from engine import CorpusError, Engine, EngineValueError
+from engine.corpus.model import Corpus
 from engine.keys import PARKED_MS
 from engine.pool import Pool, PoolOptions
-from engine.pool.ingest import Corpus
 from engine.pool.refresh import CorpusRefresh, follow, parse_duration
 from engine.pool.render import RenderSpec
 from engine.redis.urls import RedisUrls

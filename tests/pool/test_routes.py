@@ -1,4 +1,4 @@
-"""Routes (engine/pool/routes.py): per-route intervals from a TOML file, first match wins, on
+"""Routes (engine/corpus/routes.py): per-route intervals from a TOML file, first match wins, on
 the normalised URL; resolution route > stored > default; every bad file refused naming where."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from lanes_testlib import NOW
 
 from engine import CorpusError, EngineValueError
+from engine.corpus.read import read_corpora, read_corpus
+from engine.corpus.routes import Route, Routes
+from engine.corpus.sitemaps import CHANGEFREQ_INTERVALS, MISSING_CHANGEFREQ
 from engine.errors import EngineTypeError
 from engine.policy import MAX_INTERVAL_S
-from engine.pool.ingest import CHANGEFREQ_INTERVALS, MISSING_CHANGEFREQ, read_corpora, read_corpus
-from engine.pool.routes import Route, Routes
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = ROOT / "tests" / "data" / "site"

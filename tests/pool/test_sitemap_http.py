@@ -1,4 +1,4 @@
-"""Sitemaps fetched over HTTP (engine/pool/fetch.py through read_corpus): gzip either way,
+"""Sitemaps fetched over HTTP (engine/corpus/fetch.py through read_corpus): gzip either way,
 indexes on their own host, the protocol's limits enforced while the body streams, timeouts, a
 deadline, bounded redirects; every failure a CorpusError naming the URL and why. And on disk,
 a project site under a subpath resolved by the longest suffix of a child's URL path."""
@@ -14,8 +14,9 @@ import pytest
 from sitemap_server import SitemapServer, sitemapindex, urlset
 
 from engine import CorpusError
-from engine.pool.fetch import FetchLimits
-from engine.pool.ingest import MAX_SITEMAP_BYTES, read_corpora, read_corpus
+from engine.corpus.fetch import FetchLimits
+from engine.corpus.read import read_corpora, read_corpus
+from engine.corpus.sitemaps import MAX_SITEMAP_BYTES
 
 NOW = 1_700_000_000_000
 QUICK = FetchLimits(timeout_s=1.0, deadline_s=10.0)

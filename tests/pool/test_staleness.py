@@ -14,8 +14,8 @@ import pytest
 from lanes_testlib import TEN_LANES, unique_name
 from pool_testlib import make_pool
 
+from engine.corpus.routes import Routes
 from engine.pool.grow import store_routes
-from engine.pool.routes import Routes
 from engine.pool.staleness import NO_ROUTE, staleness
 from engine.pool.view import LiveView
 from engine.shm.engine import Engine, wall_ms

@@ -34,11 +34,11 @@ from pool_testlib import (
 from redis_server import RedisServer, find_server, fresh_queue, module_server
 
 from engine import Engine, checkpoint
+from engine.corpus.routes import Route, Routes
 from engine.errors import CapacityError, EngineValueError, SegmentExists, SegmentMissing
 from engine.keys import PARKED_MS
 from engine.pool import Pool, PoolOptions
 from engine.pool.render import RenderSpec
-from engine.pool.routes import Route, Routes
 from engine.pool.supervisor import remove_local_files
 from engine.redis import queue_keys
 from engine.redis.restore import restore

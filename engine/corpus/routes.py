@@ -25,7 +25,7 @@ A routes file is TOML (see ``examples/routes-shop.toml``)::
     query = ["page"]                      # optional: the query parameters that matter to a
                                           # discovered URL ([]: none); default all but tracking
 
-Patterns are matched against the **whole normalised URL** (``engine.urlnorm.normalize_url``:
+Patterns are matched against the **whole normalised URL** (``engine.corpus.urlnorm.normalize_url``:
 lowercase scheme and host, no default port, non-ASCII percent-encoded), so write them that way.
 A glob is ``fnmatch``-style: ``*`` matches any run of characters *including* ``/``, ``?`` any
 one character (a literal ``?`` included; write ``[?]`` for exactly that), ``[...]`` a class. A

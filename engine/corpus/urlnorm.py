@@ -10,7 +10,7 @@ import re
 from typing import Final
 from urllib.parse import quote, urlsplit
 
-from .errors import EngineTypeError, EngineValueError
+from ..errors import EngineTypeError, EngineValueError
 
 MAX_URL_CHARS: Final = 2047
 """The protocol's "less than 2,048 characters", applied to every source."""
