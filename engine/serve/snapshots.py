@@ -176,6 +176,7 @@ class SnapshotRoutes:
         self._normal = _Spellings(NORMAL_BYTES)
         self._reads = (ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="lanes-serve-reads")
                        if store.remote else None)
+        self._reading: dict[str, asyncio.Future[_Answer | None]] = {}  # keys being read
         self.unavailable = 0  # reads that failed: answered from the copy here, or 503
 
     def close(self) -> None:
@@ -286,31 +287,54 @@ class SnapshotRoutes:
     async def _answer(self, key: str) -> _Answer | None:
         """``key``'s answer from memory, checked against the store if it is older than
         ``REVALIDATE_S``; None when ``key`` was never rendered. A read that fails keeps the
-        answer held here (module docstring), or raises when there is none."""
+        answer held here (module docstring), or raises when there is none.
+
+        A shared store is read on a thread, once per key at a time: the requests for a key
+        that arrive while it is being read wait for that one read (a hot page asked for by
+        many crawlers at once costs one pointer read a second, and one fetch when it
+        changed), so what is served is never older than ``REVALIDATE_S`` on any host."""
         now = time.monotonic()
-        cache = self._cache
-        found = cache.get(key)
+        found = self._cache.get(key)
         if found is not None and now - found.checked <= REVALIDATE_S:
-            cache.move_to_end(key)
+            self._cache.move_to_end(key)
             return found
-        known = None if found is None else found.snap
+        if self._reads is None:
+            return self._kept(key, found, self._read(key, found), now)
+        pending = self._reading.get(key)
+        if pending is None:
+            pending = self._reading[key] = asyncio.ensure_future(self._read_remote(key, found,
+                                                                                   now))
+        return await asyncio.shield(pending)
+
+    async def _read_remote(self, key: str, found: _Answer | None, now: float) -> _Answer | None:
         try:
-            if self._reads is None:
-                snap = self.store.get(key, known)
-            else:
-                snap = await asyncio.get_running_loop().run_in_executor(
-                    self._reads, self.store.get, key, known)
-        except EngineError:
+            snap = await asyncio.get_running_loop().run_in_executor(
+                self._reads, self._read, key, found)
+            return self._kept(key, found, snap, now)
+        finally:
+            del self._reading[key]
+
+    def _read(self, key: str, found: _Answer | None) -> Snapshot | None | EngineError:
+        try:
+            return self.store.get(key, None if found is None else found.snap)
+        except EngineError as e:
+            return e
+
+    def _kept(self, key: str, found: _Answer | None, snap: Snapshot | None | EngineError,
+              now: float) -> _Answer | None:
+        """The answer for what the store said, kept here; a failed read keeps ``found`` (the
+        copy held here) or raises."""
+        if isinstance(snap, EngineError):
             self.unavailable += 1
             if found is None:
-                raise
-            log.warning("lanes serve: %s: serving the copy held here", _short(key))
+                raise snap
+            log.warning("lanes serve: %s: %s; serving the copy held here", _short(key), snap)
             found.checked = now
             return found
-        found = cache.get(key)  # the cache may have moved while the read was out
+        cache = self._cache
+        found = cache.get(key)  # the cache may have moved while a remote read was out
         if found is not None and snap == found.snap:
             found.checked = now
-            cache.move_to_end(key)
             return found
         if found is not None:
             self._drop(key)
