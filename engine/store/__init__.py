@@ -5,6 +5,7 @@ everything else opens a store with :func:`open_store` and speaks :class:`Store`.
 
 from __future__ import annotations
 
+from ..errors import MissingExtra
 from .api import HIT_CAP, HIT_WINDOW_MS, Outcome, Snapshot, Store, StoreSpec
 from .local import DATABASE, SCHEMA_VERSION, SnapshotStore
 
@@ -18,8 +19,10 @@ def open_store(spec: StoreSpec | str, *, create: bool = True) -> Store:
     spec.check()
     if not spec.shared:
         return SnapshotStore.open(spec.address, create=create)
-    from .s3 import ObjectStore
-
+    try:
+        from .s3 import ObjectStore
+    except ModuleNotFoundError as e:  # redis or boto3: both come with the extra
+        raise MissingExtra(e.name or "boto3", "s3") from None
     shared: Store = ObjectStore.open(spec, create=create)  # mypy holds it to the contract
     return shared
 

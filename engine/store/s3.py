@@ -41,7 +41,7 @@ from typing import Any, Final
 import numpy as np
 
 from ..checks import wall_ms
-from ..errors import EngineClosed, EngineTypeError, StoreError
+from ..errors import EngineClosed, EngineTypeError, MissingExtra, StoreError
 from .api import Outcome, Snapshot, StoreSpec, bot_ratios_of, bucket_and_prefix
 from .checks import checked_meta, html_bytes
 from .pointers import Pointers
@@ -92,8 +92,8 @@ class ObjectStore:
         assert spec.redis is not None
         try:
             client = _client(spec.endpoint)
-        except ModuleNotFoundError:
-            raise
+        except ModuleNotFoundError as e:
+            raise MissingExtra(e.name or "boto3", "s3") from None
         except Exception as e:  # botocore's configuration errors: a bad endpoint, region
             raise StoreError(f"cannot open {spec.address}: {e}") from None
         bucket, prefix = bucket_and_prefix(spec.address)
