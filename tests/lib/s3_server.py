@@ -31,8 +31,8 @@ def credentials_in_environment() -> None:
 
 
 class S3Server:
-    """moto's S3 API server on ``host:port`` (loopback by default); ``endpoint`` is what ``--store-endpoint``
-    takes."""
+    """moto's S3 API server on ``host:port`` (loopback by default); ``endpoint`` is what
+    ``--store-endpoint`` takes."""
 
     def __init__(self, bucket: str = "lanes-test", port: int | None = None,
                  host: str = "127.0.0.1") -> None:

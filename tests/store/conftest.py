@@ -53,8 +53,8 @@ def make_spec(store_kind: str, tmp_path: Path,
     yield make
     for spec in made:
         if spec.shared:
-            from engine.store.pointers import Pointers
             from engine.store.api import bucket_and_prefix
+            from engine.store.pointers import Pointers
 
             bucket, prefix = bucket_and_prefix(spec.address)
             assert spec.redis is not None
