@@ -30,7 +30,7 @@ from common import commit, describe, fmt, machine
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = ["bench_engine", "bench_inflight", "bench_constraints", "bench_python_peers",
-           "bench_servers", "bench_redis", "bench_sim"]
+           "bench_servers", "bench_redis", "bench_sim", "bench_store"]
 
 # figure id -> (comparison, value, how the README states the target)
 TARGETS: dict[str, tuple[str, float, str]] = {
@@ -64,6 +64,9 @@ TARGETS: dict[str, tuple[str, float, str]] = {
         "claim_vs_ping": ("<=", 1.5, "≤ 1.5× PING"),
     }.items()},
     "redis.bytes_per_row.n1000000": ("<=", 160, "≤ 160 bytes"),
+    # the shared snapshot store (issue 34)
+    "store.hot_rps.shared_over_local": (">=", 0.8, "≥ 0.8× the local store"),
+    "store.upload_over_render": ("<=", 0.05, "≤ 5 % of a render's wall time"),
 }
 
 

@@ -79,12 +79,12 @@ def _stats(args: argparse.Namespace) -> int:
     try:
         if args.prometheus:
             from .report.metrics import exposition
-            from .store import SnapshotStore
+            from .store import open_store
 
             if args.store is None:
                 sys.stdout.write(exposition(eng, _local(args)))
                 return 0
-            with SnapshotStore.open(args.store, create=False) as store:
+            with open_store(_store_spec(args), create=False) as store:
                 sys.stdout.write(exposition(eng, _local(args), store, _routes(args, eng)))
             return 0
         try:
@@ -154,9 +154,9 @@ def _stats(args: argparse.Namespace) -> int:
 def _staleness(args: argparse.Namespace, eng: Any) -> dict[str, Any]:
     """``--store DIR``'s served staleness, per lane and (when the pool has routes) per route."""
     from .report.staleness import staleness
-    from .store import SnapshotStore
+    from .store import open_store
 
-    with SnapshotStore.open(args.store, create=False) as store:
+    with open_store(_store_spec(args), create=False) as store:
         policy = eng.policy
         return staleness(store, wall_ms(), _routes(args, eng), policy.lane_name,
                          lane_label=lambda lane: lane_label(policy, lane))
@@ -248,7 +248,7 @@ def _prioritize_pages(args: argparse.Namespace) -> int:
     """``lanes prioritize`` by URL list or scope, or with a clear mode: what the server's
     ``POST /api/prioritize`` does, from the command line."""
     from .serve.recache import Ask, Pool, prioritize
-    from .store import SnapshotStore
+    from .store import open_store
 
     if args.mode.startswith("clear-") and args.store is None:
         raise EngineValueError(f"--mode {args.mode} clears snapshots: give the store (--store"
@@ -263,7 +263,7 @@ def _prioritize_pages(args: argparse.Namespace) -> int:
             raise EngineValueError(f"--urls {args.urls}: {e}") from None
         ask = Ask.listed(lines, args.mode, args.add)
     eng, table = _attached(args)
-    store = None if args.store is None else SnapshotStore.open(args.store, create=False)
+    store = None if args.store is None else open_store(_store_spec(args), create=False)
     try:
         result = prioritize(Pool(eng, table, _routes(args, eng), store), ask)
     finally:
@@ -281,6 +281,7 @@ def _serve(args: argparse.Namespace) -> int:
     limits = Limits(header_s=args.header_timeout, idle_s=args.idle_timeout,
                     body_s=args.body_timeout, per_peer=args.max_connections_per_client)
     options = ServeOptions(name=args.name, store=args.store, redis=args.redis,
+                           store_endpoint=args.store_endpoint,
                            local=args.local_name, host=args.host, port=args.port,
                            read_only=args.read_only, token_file=args.token_file,
                            max_stale=args.max_stale, processes=args.processes,
@@ -376,7 +377,7 @@ def _pool(args: argparse.Namespace) -> int:
         pool.refresh = CorpusRefresh(lambda: _read_corpus(args, routes), args.refresh_corpus,
                                      lambda: _attached(args), fit=args.fit_policy)
     server, scraped = None, None
-    view = LiveView(force_plain=args.plain, store=getattr(args, "store", None))
+    view = LiveView(force_plain=args.plain, store=_store_spec(args))
     try:
         if args.metrics_port is not None:
             from .report.metrics import start_server
@@ -419,11 +420,12 @@ def _browser_render(args: argparse.Namespace, routes: Any) -> Any:
     """``--browser``: Chromium checked, the routes' selectors asked of it and the store opened
     here, before anything is made."""
     from .pool.browser import BrowserSpec, check_selectors, describe_chromium
-    from .store import SnapshotStore
+    from .store import open_store
 
     if args.store is None:
         raise EngineValueError("--browser needs --store DIR: where the snapshots go")
-    spec = BrowserSpec(args.store, chromium=args.chromium, tabs=args.tabs,
+    store = _store_spec(args)
+    spec = BrowserSpec(store, chromium=args.chromium, tabs=args.tabs,
                        page_timeout_s=args.page_timeout, recycle_after=args.recycle_after,
                        rss_limit_mb=args.browser_rss_mb, js_heap_mb=args.js_heap_mb,
                        keep_scripts=args.keep_scripts,
@@ -432,7 +434,7 @@ def _browser_render(args: argparse.Namespace, routes: Any) -> Any:
                        routes=None if routes is None else routes.to_json())
     if routes is not None:
         check_selectors(spec, routes)
-    SnapshotStore.open(args.store).close()  # an unwritable store is refused here
+    open_store(store).close()  # an unwritable store is refused here
     assert spec.chromium is not None  # resolved by the spec
     print(describe_chromium(spec.chromium), file=sys.stderr, flush=True)
     return spec
@@ -631,6 +633,27 @@ def _corpus_arguments(p: argparse.ArgumentParser, routes: bool) -> None:
                             " wins over the corpus's own interval")
 
 
+def _store_arguments(p: argparse.ArgumentParser, help_: str) -> None:
+    p.add_argument("--store", metavar="DIR|s3://BUCKET/PREFIX",
+                   help=help_ + "; s3://: object storage every host shares, each URL's pointer"
+                        " in the pool's Redis (--redis)")
+    p.add_argument("--store-endpoint", metavar="URL",
+                   help="with --store s3://: an S3-compatible service's endpoint (default"
+                        " AWS; credentials from the AWS environment and config chain)")
+
+
+def _store_spec(args: argparse.Namespace) -> Any:
+    """The ``StoreSpec`` of ``--store`` (with ``--store-endpoint`` and ``--redis``), or None."""
+    from .store import StoreSpec
+
+    if getattr(args, "store", None) is None:
+        return None
+    spec = StoreSpec(args.store, getattr(args, "store_endpoint", None),
+                     getattr(args, "redis", None))
+    spec.check()
+    return spec
+
+
 def _redis_arguments(p: argparse.ArgumentParser, local: bool) -> None:
     p.add_argument("--redis", metavar="URL",
                    help="the queue NAME on this Redis server (redis://, rediss://, unix://,"
@@ -727,7 +750,7 @@ def _browser_arguments(p: Any) -> None:
     from .pool.browser import BLOCKED_HOSTS, BrowserSpec
 
     b = p.add_argument_group("browser render (--browser)")
-    b.add_argument("--store", metavar="DIR", help="the snapshot store (created if missing)")
+    _store_arguments(b, "the snapshot store (created if missing)")
     b.add_argument("--chromium", metavar="PATH", default=BrowserSpec.chromium,
                    help="the browser binary (default: Chromium's headless shell when installed,"
                         " else /usr/bin/chromium)")
@@ -772,8 +795,7 @@ def _stats_arguments(p: argparse.ArgumentParser) -> None:
     fmt.add_argument("--json", action="store_true")
     fmt.add_argument("--prometheus", action="store_true", help="Prometheus text exposition")
     fmt.add_argument("--plain", action="store_true", help="plain text even on a terminal")
-    p.add_argument("--store", metavar="DIR",
-                   help="the pool's snapshot store: served staleness per lane and per route")
+    _store_arguments(p, "the pool's snapshot store: served staleness per lane and per route")
     _redis_arguments(p, local=True)
 
 
@@ -810,7 +832,7 @@ def _prioritize_arguments(p: argparse.ArgumentParser) -> None:
                         " due now in its own lane; clear-and-*: drop the snapshots first")
     p.add_argument("--add", action="store_true",
                    help="add listed URLs the pool does not know (on its hosts) as submitted")
-    p.add_argument("--store", metavar="DIR", help="the snapshot store (for the clear modes)")
+    _store_arguments(p, "the snapshot store (for the clear modes)")
     _redis_arguments(p, local=False)
 
 
@@ -844,8 +866,9 @@ def _serve_arguments(p: argparse.ArgumentParser, port: int) -> None:
                    help="open connections one address may hold (more get 429); a trusted"
                         " proxy is exempt")
     _redis_arguments(p, local=True)
-    p.set_defaults(fn=_serve, store=None, max_stale=None, origin_timeout=10.0, origin_per_host=8,
-                   discover=False, discover_rate=60, discover_max=100_000, render_on_miss=0.0)
+    p.set_defaults(fn=_serve, store=None, store_endpoint=None, max_stale=None,
+                   origin_timeout=10.0, origin_per_host=8, discover=False, discover_rate=60,
+                   discover_max=100_000, render_on_miss=0.0)
 
 
 def _serve_command_arguments(p: argparse.ArgumentParser) -> None:
@@ -854,8 +877,7 @@ def _serve_command_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", nargs="?", help="the pool's engine (segment, or with --redis the"
                                            " queue): its dashboard and metrics")
     _serve_arguments(p, DEFAULT_PORT)
-    p.add_argument("--store", metavar="DIR",
-                   help="the snapshot store: GET /render?url=URL and GET /URL")
+    _store_arguments(p, "the snapshot store: GET /render?url=URL and GET /URL")
     p.add_argument("--max-stale", type=float, metavar="F",
                    help="a snapshot older than F x its interval is not served: with NAME the"
                         " origin's own answer is relayed, else 503")
@@ -889,6 +911,45 @@ def _token_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="where to write it (mode 0600; an existing file is kept)")
     p.add_argument("--replace", action="store_true",
                    help="replace an existing file (every session of a server reading it ends)")
+
+
+def _store(args: argparse.Namespace) -> int:
+    """``lanes store gc STORE`` and ``lanes store migrate DIR s3://...``."""
+    from .store import StoreSpec, open_store
+
+    if args.action == "gc":
+        with open_store(_store_spec(args), create=False) as store:
+            print(json.dumps(store.gc(args.grace)))
+        return 0
+    from .store.migrate import migrate
+
+    target = StoreSpec(args.target, args.store_endpoint, args.redis)
+    if not target.shared:
+        raise EngineValueError(f"lanes store migrate moves a directory to s3://BUCKET/PREFIX,"
+                               f" got {args.target!r}")
+    with open_store(args.source, create=False) as source, open_store(target) as shared:
+        print(json.dumps(migrate(source, shared, lambda n, of: print(
+            f"lanes store migrate: {n} of {of}", file=sys.stderr, flush=True))))
+    return 0
+
+
+def _store_command_arguments(p: argparse.ArgumentParser) -> None:
+    actions = p.add_subparsers(dest="action", required=True)
+    gc = actions.add_parser("gc", formatter_class=SHOW_DEFAULTS,
+                            help="remove the blobs no pointer names, older than --grace")
+    gc.add_argument("store", help="DIR or s3://BUCKET/PREFIX")
+    gc.add_argument("--grace", type=_period, default=3600, metavar="PERIOD",
+                    help="keep unnamed blobs younger than this (a put in flight names its blob"
+                         " within it; at least 1m)")
+    move = actions.add_parser("migrate", formatter_class=SHOW_DEFAULTS,
+                              help="put every snapshot of a directory store into an S3 store")
+    move.add_argument("source", metavar="DIR")
+    move.add_argument("target", metavar="s3://BUCKET/PREFIX")
+    for q in (gc, move):
+        q.add_argument("--store-endpoint", metavar="URL",
+                       help="an S3-compatible service's endpoint (default AWS)")
+        q.add_argument("--redis", metavar="URL", help="the Redis holding the store's pointers"
+                                                       " (the pool's)")
 
 
 def _serve_metrics_arguments(p: argparse.ArgumentParser) -> None:
@@ -933,6 +994,8 @@ COMMANDS = (
             _serve, _serve_metrics_arguments),
     Command("token", "write a random token for lanes serve --token-file",
             _token, _token_arguments),
+    Command("store", "a snapshot store's upkeep: gc (unnamed blobs), migrate DIR s3://...",
+            _store, _store_command_arguments),
 )
 """Every subcommand: its name, its line in ``lanes --help``, what runs it and what adds its
 arguments. Each imports what it needs when it runs (a base install, without the extras, runs
@@ -976,14 +1039,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 EXTRAS = {"aiohttp": "browser", "defusedxml": "pool", "rich": "pool", "jinja2": "serve",
-          "prometheus_client": "metrics", "redis": "redis", "matplotlib": "plot"}
+          "prometheus_client": "metrics", "redis": "redis", "matplotlib": "plot", "boto3": "s3",
+          "botocore": "s3"}
 """The optional package a command may miss -> the extra that installs it (pyproject.toml)."""
 
 
 def _extra_of(command: str, module: str) -> str | None:
     """The extra to install for ``module`` (None: not an optional package of ours)."""
     extra = EXTRAS.get(module.partition(".")[0])
-    return "serve" if extra is not None and command == "serve" else extra
+    return "serve" if extra not in (None, "s3") and command == "serve" else extra
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

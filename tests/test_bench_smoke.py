@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["bench_engine", "bench_inflight", "bench_constraints", "bench_python_peers",
-           "bench_servers", "bench_redis", "bench_sim"]
+           "bench_servers", "bench_redis", "bench_sim", "bench_store"]
 
 # Figure ids each script must report, measured (or, for server peers, skipped with a reason).
 EXPECTED = {
@@ -67,6 +67,12 @@ EXPECTED = {
     "bench_sim": [f"sim.{p}.c{c}.home" for p in ("today", "default", "floors")
                   for c in (100, 75, 50)]
     + [f"sim.bound.c{c}" for c in (100, 75, 50)],
+    # moto's S3 server and a redis-server it starts (make test installs both): never skipped;
+    # the upload cost needs a browser render, measured at full size only
+    "bench_store": [f"store.{k}" for k in (
+        "hot_rps.local", "hot_rps.shared", "hot_rps.shared_over_local", "cold_p99_ms.shared",
+        "cold_p99_ms.local", "redis_bytes_per_url")]
+    + [f"store.age_over_ttl.h{h}.{k}" for h in (2, 3) for k in ("local", "shared")],
 }
 SERVER_PEERS = [f"servers.{s}.p{p}" for s in ("redis_lua", "redis_zpopmin", "postgres")
                 for p in (1, 2)] + [f"servers.ratio_{s}.p{p}" for s in

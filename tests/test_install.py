@@ -60,7 +60,7 @@ def test_the_base_install_lacks_every_extra(lanes: Path) -> None:
     python = lanes.parent / "python"
     code = ("import importlib.util as u, engine, sys; print(engine.__file__);"
             "print([m for m in ('aiohttp', 'redis', 'rich', 'jinja2', 'defusedxml',"
-            " 'prometheus_client', 'matplotlib', 'playwright') if u.find_spec(m)])")
+            " 'prometheus_client', 'matplotlib', 'playwright', 'boto3') if u.find_spec(m)])")
     out = _run(python, "-c", code, cwd=lanes.parent).stdout.splitlines()
     assert out[0].startswith(str(lanes.parent.parent)) and out[1] == "[]", out
 
@@ -92,3 +92,6 @@ def test_a_command_that_needs_an_extra_names_it(lanes: Path) -> None:
     done = _lanes(lanes, "stats", "some-pool", "--redis", "redis://127.0.0.1:1")
     assert done.returncode == 2
     assert "pip install 'render-lanes[redis]'" in done.stderr, done.stderr
+    done = _lanes(lanes, "store", "gc", "s3://lanes-x/p", "--redis", "redis://127.0.0.1:1")
+    assert done.returncode == 2
+    assert "pip install 'render-lanes[s3]'" in done.stderr, done.stderr

@@ -20,9 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "engine"
 MAX_FUNCTION_LINES = 80
 BACKENDS = ("engine.shm", "engine.redis")
-MAY_NAME_A_BACKEND = {"engine", "engine.factory"}
+MAY_NAME_A_BACKEND = {"engine", "engine.factory", "engine.store.pointers"}
 """The factory, and the package's __init__, which exports ``Engine`` and ``RedisEngine`` (each
-imported when first asked for)."""
+imported when first asked for); and the shared store's pointers, which live in the queue's
+Redis and go through its transport (one retry rule for every Redis call)."""
+STORE_BACKENDS = ("engine.store.local", "engine.store.s3", "engine.store.pointers")
 
 
 def _module_name(path: Path) -> str:
@@ -149,6 +151,17 @@ def test_only_the_factory_names_a_backend() -> None:
     naming = {m: sorted(d for d in deps if _is_backend(d)) for m, deps in graph.items()
               if not _is_backend(m) and m not in MAY_NAME_A_BACKEND}
     assert {m: deps for m, deps in naming.items() if deps} == {}
+
+
+def test_only_the_store_package_names_a_store_backend() -> None:
+    """The pool, the server and the CLI open a store with ``engine.store.open_store`` and speak
+    ``engine.store.api.Store``; the store contract imports no store backend."""
+    graph = _graph()
+    assert set(STORE_BACKENDS) <= set(graph), "a store backend moved: update STORE_BACKENDS"
+    naming = {m: sorted(d for d in deps if d in STORE_BACKENDS) for m, deps in graph.items()
+              if not (m == "engine.store" or m.startswith("engine.store."))}
+    assert {m: deps for m, deps in naming.items() if deps} == {}
+    assert not _reaches(graph, "engine.store.api") & set(STORE_BACKENDS)
 
 
 def test_the_corpus_readers_stand_below_the_pool_and_url_spelling_is_a_leaf() -> None:

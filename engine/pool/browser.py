@@ -51,6 +51,7 @@ from ..checks import is_int, is_number
 from ..corpus.routes import Routes
 from ..corpus.rules import NO_RULES, RESOURCE_TYPES, RouteRules
 from ..errors import CorpusError, EngineError, EngineValueError
+from ..store.api import StoreSpec
 from .cdp import Cdp
 from .page import (
     PRERENDER_HEADER,
@@ -120,8 +121,8 @@ class BrowserSpec:
     """A browser render, as text (picklable, like ``RenderSpec``). Checked when made, in the
     supervisor, so a missing Chromium is refused before any worker starts."""
 
-    store: str
-    """The snapshot store's directory."""
+    store: str | StoreSpec
+    """The snapshot store (a directory, or a spec: ``engine.store.open_store`` opens it)."""
     chromium: str | None = None
     """The browser binary; ``None``: the headless shell when installed, else full Chromium."""
     tabs: int = 4
@@ -156,7 +157,7 @@ class BrowserSpec:
                if not isinstance(h, str) or not h or any(c in h for c in "/*: ")]
         if bad:
             raise EngineValueError(f"blocked host {bad[0]!r} is not a host name")
-        if not isinstance(self.store, str) or not self.store:
+        if not isinstance(self.store, (str, StoreSpec)) or not self.store:
             raise EngineValueError("the browser render needs a snapshot store (--store DIR)")
         object.__setattr__(self, "block_types", tuple(self.block_types))
         object.__setattr__(self, "block_hosts", tuple(h.lower() for h in self.block_hosts))
@@ -389,9 +390,9 @@ class _Tabs:
         self.browser: Chromium | None = None
 
     async def run(self) -> None:
-        from ..store import SnapshotStore
+        from ..store import open_store
 
-        self.store = SnapshotStore.open(self.spec.store)
+        self.store = open_store(self.spec.store)
         try:
             await self._loop()
         finally:

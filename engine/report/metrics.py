@@ -19,7 +19,7 @@ from ..checks import is_int, wall_ms
 from ..corpus.routes import Routes
 from ..errors import EngineError, EngineValueError, SegmentMissing
 from ..pool.board import DURATION_BUCKETS, FAILED, OK, Board, coarse
-from ..store import SnapshotStore
+from ..store.api import Store
 from .lanes import lane_label, ttl_range
 from .staleness import RouteOf, staleness
 
@@ -158,7 +158,7 @@ _STALENESS = (("snapshot", "lanes_snapshot_age_over_interval",
 class StalenessCollector:
     """The store's staleness figures, per lane and per route (with ``routes``)."""
 
-    def __init__(self, store: SnapshotStore, routes: Routes | None = None,
+    def __init__(self, store: Store, routes: Routes | None = None,
                  lane_name: Any = None) -> None:
         self.store = store
         self.routes = None if routes is None else RouteOf(routes)  # URLs matched once
@@ -200,7 +200,7 @@ class StalenessCollector:
             yield from (counts, hits, refused)
 
 
-def registry(eng: Any, local: str | None = None, store: SnapshotStore | None = None,
+def registry(eng: Any, local: str | None = None, store: Store | None = None,
              routes: Routes | None = None) -> Any:
     reg = _client().CollectorRegistry()
     if eng is not None:
@@ -210,7 +210,7 @@ def registry(eng: Any, local: str | None = None, store: SnapshotStore | None = N
     return reg
 
 
-def exposition(eng: Any, local: str | None = None, store: SnapshotStore | None = None,
+def exposition(eng: Any, local: str | None = None, store: Store | None = None,
                routes: Routes | None = None) -> str:
     """The Prometheus text exposition of ``eng`` (and its pool, and ``store``) right now."""
     return generate(registry(eng, local, store, routes))

@@ -20,7 +20,7 @@ from typing import Any, Final
 import numpy as np
 
 from ..corpus.routes import Routes
-from ..store import HIT_WINDOW_MS, SnapshotStore
+from ..store.api import HIT_WINDOW_MS, Store
 
 QUANTILES: Final = (0.5, 0.95)
 NO_ROUTE: Final = "(no route)"
@@ -46,7 +46,7 @@ class RouteOf:
         self._codes = np.full(0, -1, np.int64)  # by id; -1: no route (the last name)
         self._last_id = 0
 
-    def codes(self, store: SnapshotStore, ids: np.ndarray) -> np.ndarray:
+    def codes(self, store: Store, ids: np.ndarray) -> np.ndarray:
         """The route index (into ``names``) of each snapshot id in ``ids``."""
         new = store.urls_after(self._last_id)
         if new:
@@ -62,7 +62,7 @@ class RouteOf:
         return np.where(out >= 0, out, len(self.names) - 1)
 
 
-def staleness(store: SnapshotStore, now_ms: int, routes: Routes | RouteOf | None = None,
+def staleness(store: Store, now_ms: int, routes: Routes | RouteOf | None = None,
               lane_name: Callable[[int], str] | None = None,
               window_ms: int = HIT_WINDOW_MS,
               lane_label: Callable[[int], str] | None = None) -> dict[str, Any]:
@@ -74,7 +74,7 @@ def staleness(store: SnapshotStore, now_ms: int, routes: Routes | RouteOf | None
     present = np.unique(np.concatenate([lanes, hit_lanes]))  # lane numbers, sorted
     name = lane_name or str
     out: dict[str, Any] = {
-        "now_ms": now_ms, "window_s": window_ms // 1000, "directory": store.directory,
+        "now_ms": now_ms, "window_s": window_ms // 1000, "directory": store.address,
         "all": {"snapshot": figures(ratio), "served": figures(hit_ratio[served]),
                 "refused": int((~served).sum())},
         "lanes": _grouped([name(int(ln)) for ln in present], np.searchsorted(present, lanes),

@@ -24,6 +24,7 @@ from ..policy import LanePolicy
 from ..pool.board import DURATION_BUCKETS, FAILED, LANES, LATENCY_BOUNDS, OK, Board
 from ..pool.supervisor import Pool
 from ..process import is_running
+from ..store.api import StoreSpec
 from . import progress, words
 from .lanes import labels, lane_label
 from .states import STALL_WINDOW_S, lane_state, stalled
@@ -277,7 +278,7 @@ class LiveView:
     pool's snapshot store directory) it also shows the served staleness per lane."""
 
     def __init__(self, out: TextIO | None = None, plain_every_s: float = 5.0,
-                 force_plain: bool = False, store: str | None = None) -> None:
+                 force_plain: bool = False, store: str | StoreSpec | None = None) -> None:
         self.out = out or sys.stdout
         self.plain = force_plain or not self.out.isatty()
         self.plain_every_s = plain_every_s
@@ -329,15 +330,15 @@ class _StalenessReader:
     never more than a tenth of the time (reading a million snapshots takes seconds, on the
     supervisor's tick)."""
 
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
+    def __init__(self, store: str | StoreSpec) -> None:
+        self.spec = store
         self._store: Any = None
         self._figures: dict[str, Any] | None = None
         self._next = 0.0
 
     def read(self, pool: Pool) -> dict[str, Any] | None:
         from ..errors import StoreError
-        from ..store import SnapshotStore
+        from ..store import open_store
         from .staleness import staleness
 
         start = time.monotonic()
@@ -345,7 +346,7 @@ class _StalenessReader:
             return self._figures
         try:
             if self._store is None:
-                self._store = SnapshotStore.open(self.directory, create=False)
+                self._store = open_store(self.spec, create=False)
             policy = pool.engine.policy
             self._figures = staleness(self._store, wall_ms(), None, policy.lane_name,
                                       lane_label=lambda lane: lane_label(policy, lane))

@@ -29,7 +29,8 @@ from aiohttp import web
 
 from ..checks import is_int
 from ..errors import EngineValueError
-from ..store import SnapshotStore
+from ..store import open_store
+from ..store.api import Store, StoreSpec
 from . import DEFAULT_PORT as DEFAULT_PORT  # the command line's help reads it there
 from . import auth, crawlers, discover, door, origin, recache
 from .snapshots import HitLog, SnapshotRoutes
@@ -38,7 +39,7 @@ from .source import PoolSource
 T = TypeVar("T")
 
 SOURCE_KEY: Final = web.AppKey("source", PoolSource)
-STORE_KEY: Final = web.AppKey("store", SnapshotStore)
+STORE_KEY: Final = web.AppKey("store", Store)
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class ServeOptions:
     name: str | None = None
     store: str | None = None
     redis: str | None = None
+    store_endpoint: str | None = None
     local: str | None = None
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
@@ -69,8 +71,13 @@ class ServeOptions:
         if self.name is None and self.store is None:
             raise EngineValueError("nothing to serve: give a pool NAME (the dashboard) or"
                                    " --store DIR (the snapshots), or both")
-        if self.name is None and (self.redis is not None or self.local is not None):
-            raise EngineValueError("--redis and --local-name name a pool: give its NAME")
+        spec = self.store_spec()
+        shared = spec is not None and spec.shared
+        if self.name is None and (self.local is not None or self.redis is not None and not shared):
+            raise EngineValueError("--redis and --local-name name a pool: give its NAME (or"
+                                   " --store s3://..., whose pointers --redis holds)")
+        if spec is not None:
+            spec.check()
         if not is_int(self.port) or not 0 <= self.port <= 65535:
             raise EngineValueError(f"--port must lie in [0, 65535], got {self.port!r}")
         if self.max_stale is not None and (self.store is None or not math.isfinite(
@@ -96,6 +103,12 @@ class ServeOptions:
                                    " --origin-per-host in [1, 1024]")
         self.front_door()  # refuses a bad --allowed-host or --trust-proxy
 
+    def store_spec(self) -> StoreSpec | None:
+        """The store to serve (``--store``, ``--store-endpoint``, ``--redis``), or None."""
+        if self.store is None:
+            return None
+        return StoreSpec(self.store, self.store_endpoint, self.redis)
+
     def front_door(self) -> door.Door:
         """A server process's front door (each process makes its own: it counts connections)."""
         return door.Door(self.limits, door.networks(self.trust_proxy),
@@ -110,8 +123,8 @@ class Parts:
     ``figures``, a connection of its own, so a long read never holds the routes' lock."""
 
     source: PoolSource | None
-    store: SnapshotStore | None
-    figures: SnapshotStore | None
+    store: Store | None
+    figures: Store | None
     hits: HitLog | None
     slow: ThreadPoolExecutor
 
@@ -134,17 +147,18 @@ def open_parts(options: ServeOptions) -> Parts:
     opened: list[Any] = []
     try:
         store = figures = None
-        if options.store is not None:
-            store = SnapshotStore.open(options.store)
+        spec = options.store_spec()
+        if spec is not None:
+            store = open_store(spec)
             opened.append(store)
-            figures = SnapshotStore.open(store.directory, create=False)
+            figures = open_store(store.spec, create=False)
             opened.append(figures)
         source = None
         if options.name is not None:
             source = PoolSource(options.name, redis=options.redis, local=options.local,
                                 store=figures)
             opened.append(source)
-        hits = None if store is None else HitLog(store.directory)
+        hits = None if store is None else HitLog(store.spec)
     except BaseException:
         for part in reversed(opened):
             part.close()
@@ -176,6 +190,7 @@ def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts,
         snapshots = SnapshotRoutes(parts.store, parts.hits, options.max_stale, relay, found,
                                    options.render_on_miss)
         snapshots.add_to(app)
+        routes = snapshots
         _serve_counts(app, counts, relay, found)
         hits = parts.hits
 
@@ -184,6 +199,7 @@ def build_app(options: ServeOptions, guard: auth.Auth, parts: Parts,
 
         async def stop_hits(app: web.Application) -> None:
             await hits.close()
+            routes.close()
 
         app.on_startup.append(start_hits)
         app.on_cleanup.append(stop_hits)
@@ -301,7 +317,7 @@ def run(options: ServeOptions, *, seconds: float | None = None,
         try:
             parts = open_parts(options)  # a store or pool that cannot be opened stops us here
             if parts.store is not None and parts.store.created:
-                print(f"lanes serve: {parts.store.directory} held no snapshot store: made an"
+                print(f"lanes serve: {parts.store.address} held no snapshot store: made an"
                       " empty one (every URL is a 404 until a pool renders into it)",
                       file=sys.stderr, flush=True)
             if announce is not None:

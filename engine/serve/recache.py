@@ -39,7 +39,7 @@ from ..corpus.model import Corpus
 from ..corpus.routes import Routes
 from ..corpus.urlnorm import normalize_url
 from ..errors import EngineError, EngineValueError
-from ..store import SnapshotStore
+from ..store.api import Store
 from .auth import Auth
 from .origin import origin_of
 from .source import PoolSource
@@ -128,7 +128,7 @@ class Pool:
     engine: Any
     urls: Any
     routes: Routes | None
-    store: SnapshotStore | None
+    store: Store | None
     _hosts: tuple[int, frozenset[str]] = (-1, frozenset())
 
     def hosts(self, table: Sequence[str] | None = None) -> frozenset[str]:

@@ -19,16 +19,28 @@ here is what the crawler gets, and must say honestly how old it is:
 Every answer carries ``X-Lanes-Snapshot: served | stale | missing | origin``, so a middleware
 can tell a rendered 404 (``served``) from a URL never rendered (``missing``).
 
-Nothing here waits on the pool: a snapshot is read from the local store. The answers of hot
-URLs are kept in memory, their fixed headers built once, and checked against the store at most
-every ``REVALIDATE_S`` (a new render is served within that); a check that finds the same HTML
-reads no file. Each hit is noted in memory with its age ÷ interval and written to the store's
-hit log in batches, from a thread with its own connection, every ``FLUSH_S``.
+Nothing here waits on the pool: a snapshot is read from the store. The answers of hot URLs are
+kept in memory, their fixed headers built once, and checked against the store at most every
+``REVALIDATE_S`` (a new render, on any host of a shared store, is served within that); a check
+that finds the same HTML reads no body. A shared store's reads wait on the network, so they run
+on threads (``REMOTE_READS``), never on the event loop.
+
+When a body cannot be fetched (the object service is down, a blob is missing) the last copy
+held here is served, with its own ETag and its true Age, and the store is asked again at the
+next revalidation: a whole page whose age is told honestly is what a crawler can use, and an
+error would cost the page its ranking for nothing. With no copy here the answer is 503 with
+``Retry-After`` (``X-Lanes-Snapshot: unavailable``). A body is only ever sent whole: the shared
+store checks every blob against its digest before it is kept.
+
+Each hit is noted in memory with its age ÷ interval and written to the store's hit log in
+batches, from a thread with its own connection, every ``FLUSH_S`` (a shared store's hit log is
+in Redis: every host's hits count together).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import logging
 import time
@@ -44,7 +56,8 @@ from aiohttp import web
 from ..checks import wall_ms
 from ..corpus.urlnorm import normalize_url
 from ..errors import EngineError
-from ..store import Snapshot, SnapshotStore
+from ..store import open_store
+from ..store.api import Snapshot, Store, StoreSpec
 from . import crawlers
 from .discover import Discovery
 from .door import SECURITY_HEADERS, SNAPSHOT_ROUTE
@@ -58,6 +71,9 @@ up must cost the log, never the server's memory."""
 log = logging.getLogger(__name__)
 
 REVALIDATE_S: Final = 1.0
+REMOTE_READS: Final = 8
+"""Threads reading a shared store at once, per server process."""
+RETRY_AFTER_S: Final = 5
 CACHE_BYTES: Final = 64 << 20
 """The answers kept in memory, gzip and (once asked for) plain HTML counted, least recently
 used dropped first."""
@@ -77,8 +93,8 @@ _SANDBOX: Final = "sandbox"  # a snapshot opened in a browser runs in no origin:
 class HitLog:
     """Hits noted by the event loop, written to the store's hit log by a thread of its own."""
 
-    def __init__(self, directory: str) -> None:
-        self._store = SnapshotStore.open(directory, create=False)
+    def __init__(self, spec: StoreSpec) -> None:
+        self._store = open_store(spec, create=False)
         self._pending: list[tuple[int, int, int, float, bool, int]] = []
         self._requests: dict[int, list[int]] = {}  # crawler family -> [requests, origin]
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="lanes-serve-hits")
@@ -120,8 +136,10 @@ class HitLog:
         requests = {b: (n, o) for b, (n, o) in self._requests.items()}
         self._requests = {}
         if batch or requests:
-            await asyncio.get_running_loop().run_in_executor(self._thread, self._write, batch,
-                                                             requests)
+            # Shielded: the flush task cancelled at close must not cancel a write still
+            # queued on the thread (its batch would be lost); shutdown waits for it.
+            await asyncio.shield(asyncio.get_running_loop().run_in_executor(
+                self._thread, self._write, batch, requests))
 
     def _write(self, batch: list[tuple[int, int, int, float, bool, int]],
                requests: dict[int, tuple[int, int]]) -> None:
@@ -144,7 +162,7 @@ class HitLog:
 class SnapshotRoutes:
     """The two snapshot routes over ``store``; ``max_stale`` None serves every age."""
 
-    def __init__(self, store: SnapshotStore, hits: HitLog, max_stale: float | None,
+    def __init__(self, store: Store, hits: HitLog, max_stale: float | None,
                  relay: Relay | None = None, discovery: Discovery | None = None,
                  render_on_miss: float = 0.0) -> None:
         self.store = store
@@ -156,6 +174,14 @@ class SnapshotRoutes:
         self._cache: OrderedDict[str, _Answer] = OrderedDict()
         self._bytes = 0  # bytes held by _cache: every answer's gzip, and its HTML once made
         self._normal = _Spellings(NORMAL_BYTES)
+        self._reads = (ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="lanes-serve-reads")
+                       if store.remote else None)
+        self._reading: dict[str, asyncio.Future[_Answer | None]] = {}  # keys being read
+        self.unavailable = 0  # reads that failed: answered from the copy here, or 503
+
+    def close(self) -> None:
+        if self._reads is not None:
+            self._reads.shutdown(wait=True)
 
     def add_to(self, app: web.Application) -> None:
         app.router.add_get("/render", self.by_query, name=f"{SNAPSHOT_ROUTE}-query")
@@ -185,7 +211,13 @@ class SnapshotRoutes:
             except EngineError as e:
                 self.hits.request(bot, False)
                 return _plain(400, f"not an absolute http(s) URL: {_short(str(e))}", "missing")
-        found = self._answer(key)
+        try:
+            found = await self._answer(key)
+        except EngineError as e:
+            self.hits.request(bot, False)
+            log.warning("lanes serve: %s", e)
+            return _plain(503, f"the snapshot of {_short(key)} cannot be read now",
+                          "unavailable", {"Retry-After": str(RETRY_AFTER_S)})
         if found is None:
             missed = await self._missed(request, key)
             if not isinstance(missed, _Answer):
@@ -245,24 +277,64 @@ class SnapshotRoutes:
         deadline = time.monotonic() + self.render_on_miss
         while time.monotonic() < deadline:
             await asyncio.sleep(RENDER_POLL_S)
-            found = self._answer(spelled)
+            found = None
+            with contextlib.suppress(EngineError):  # not readable yet: look again
+                found = await self._answer(spelled)
             if found is not None:
                 return found
         return None
 
-    def _answer(self, key: str) -> _Answer | None:
+    async def _answer(self, key: str) -> _Answer | None:
         """``key``'s answer from memory, checked against the store if it is older than
-        ``REVALIDATE_S``; None when ``key`` was never rendered."""
+        ``REVALIDATE_S``; None when ``key`` was never rendered. A read that fails keeps the
+        answer held here (module docstring), or raises when there is none.
+
+        A shared store is read on a thread, once per key at a time: the requests for a key
+        that arrive while it is being read wait for that one read (a hot page asked for by
+        many crawlers at once costs one pointer read a second, and one fetch when it
+        changed), so what is served is never older than ``REVALIDATE_S`` on any host."""
         now = time.monotonic()
-        cache = self._cache
-        found = cache.get(key)
+        found = self._cache.get(key)
         if found is not None and now - found.checked <= REVALIDATE_S:
-            cache.move_to_end(key)
+            self._cache.move_to_end(key)
             return found
-        snap = self.store.get(key, None if found is None else found.snap)
+        if self._reads is None:
+            return self._kept(key, found, self._read(key, found), now)
+        pending = self._reading.get(key)
+        if pending is None:
+            pending = self._reading[key] = asyncio.ensure_future(self._read_remote(key, found,
+                                                                                   now))
+        return await asyncio.shield(pending)
+
+    async def _read_remote(self, key: str, found: _Answer | None, now: float) -> _Answer | None:
+        try:
+            snap = await asyncio.get_running_loop().run_in_executor(
+                self._reads, self._read, key, found)
+            return self._kept(key, found, snap, now)
+        finally:
+            del self._reading[key]
+
+    def _read(self, key: str, found: _Answer | None) -> Snapshot | None | EngineError:
+        try:
+            return self.store.get(key, None if found is None else found.snap)
+        except EngineError as e:
+            return e
+
+    def _kept(self, key: str, found: _Answer | None, snap: Snapshot | None | EngineError,
+              now: float) -> _Answer | None:
+        """The answer for what the store said, kept here; a failed read keeps ``found`` (the
+        copy held here) or raises."""
+        if isinstance(snap, EngineError):
+            self.unavailable += 1
+            if found is None:
+                raise snap
+            log.warning("lanes serve: %s: %s; serving the copy held here", _short(key), snap)
+            found.checked = now
+            return found
+        cache = self._cache
+        found = cache.get(key)  # the cache may have moved while a remote read was out
         if found is not None and snap == found.snap:
             found.checked = now
-            cache.move_to_end(key)
             return found
         if found is not None:
             self._drop(key)

@@ -26,7 +26,7 @@ from ..errors import LayoutMismatch, SegmentMissing
 from ..pool.board import Board
 from ..pool.failures import FailureLog
 from ..pool.parts import attach_engine
-from ..store import SnapshotStore
+from ..store.api import Store
 
 T = TypeVar("T")
 
@@ -36,7 +36,7 @@ class PoolSource:
     host's pool files named ``local``), and the snapshot store when the server has one."""
 
     def __init__(self, name: str, *, redis: str | None = None, local: str | None = None,
-                 store: SnapshotStore | None = None) -> None:
+                 store: Store | None = None) -> None:
         self.name = name
         self.redis = redis
         self.local = local or name

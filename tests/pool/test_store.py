@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import store as store_module
+from engine.store import api as store_api
+from engine.store import local as store_module
 from engine.errors import EngineClosed, EngineTypeError, EngineValueError, StoreError
 from engine.store import DATABASE, HIT_WINDOW_MS, SnapshotStore
 
@@ -245,7 +246,7 @@ def test_hits_are_logged_and_kept_for_the_window(store: SnapshotStore) -> None:
 
 def test_the_hit_log_keeps_at_most_the_cap(store: SnapshotStore,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "HIT_CAP", 5)
+    monkeypatch.setattr(store_api, "HIT_CAP", 5)
     store.put("https://s.test/a", "x", **META)
     snap = store.get("https://s.test/a")
     assert snap is not None

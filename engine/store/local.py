@@ -31,7 +31,7 @@ hash rewrites nothing: its row's rendered-at and counters move, and it is counte
 Gzip is written with a zero mtime, so the same HTML always makes the same bytes.
 
 The hit log (``hits``) is what ``lanes serve`` appends, in batches, with each hit's age ÷
-interval; it keeps the last ``HIT_WINDOW_MS`` of them, ``HIT_CAP`` at most. Every SQLite
+interval; it keeps the last ``api.HIT_WINDOW_MS`` of them, ``HIT_CAP`` at most. Every SQLite
 connection belongs to the process that opened it: a store is opened in each process after a
 fork (using one across a fork raises :class:`StoreError`; the inherited connection is
 abandoned, never closed, so the parent's locks stay).
@@ -42,7 +42,6 @@ from __future__ import annotations
 import contextlib
 import gzip
 import hashlib
-import math
 import os
 import secrets
 import shutil
@@ -50,28 +49,25 @@ import sqlite3
 import threading
 import urllib.parse
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import numpy as np
 import psutil
 
-from .checks import is_number, wall_ms
-from .errors import EngineClosed, EngineTypeError, EngineValueError, StoreError
+from ..checks import wall_ms
+from ..errors import EngineClosed, EngineTypeError, StoreError
+from . import api
+from .api import Outcome, Snapshot, StoreSpec
+from .checks import checked_meta, html_bytes
 
 APPLICATION_ID: Final = 0x524C_5331  # "RLS1": a database that is not a store is refused
 SCHEMA_VERSION: Final = 2  # PRAGMA user_version; bump when a table changes (and migrate)
 DATABASE: Final = "store.sqlite"
 FILES: Final = "snapshots"
 BUSY_TIMEOUT_S: Final = 10.0
-HIT_WINDOW_MS: Final = 3_600_000
-HIT_CAP: Final = 200_000
-"""The hit log keeps the hits of the last hour, and at most the last ``HIT_CAP`` of them (at
-thousands of hits a second an hour would be millions of rows to read for each figure)."""
 
 _OURS: Final = frozenset({DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm", FILES})
 _TMP: Final = ".tmp-"
-_MAX_URL: Final = 65_536
 
 _SCHEMA_2: Final = """
 CREATE TABLE IF NOT EXISTS bot_hits (  -- requests per crawler family since the store was made
@@ -128,40 +124,6 @@ ON CONFLICT (url) DO UPDATE SET
     unchanged = unchanged + excluded.unchanged
 """
 
-Outcome = Literal["written", "unchanged"]
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One URL's latest snapshot: its metadata and its gzipped HTML (``gz``)."""
-
-    id: int
-    url: str
-    status: int
-    location: str | None
-    rendered_at_ms: int
-    interval_s: int
-    lane: int
-    html_bytes: int
-    gz_bytes: int
-    hash: str
-    render_ms: float
-    renders: int
-    unchanged: int
-    path: str
-    gz: bytes
-
-    def html(self) -> bytes:
-        return gzip.decompress(self.gz)
-
-    def age_s(self, now_ms: int) -> int:
-        """Whole seconds since it was rendered (never negative: clocks of two hosts differ)."""
-        return max(0, (now_ms - self.rendered_at_ms) // 1000)
-
-    def age_over_interval(self, now_ms: int) -> float:
-        return max(0, now_ms - self.rendered_at_ms) / 1000 / self.interval_s
-
-
 def _snapshot(row: Sequence[Any], path: str, gz: bytes) -> Snapshot:
     (id_, url, status, location, at_ms, interval_s, lane, size, gz_size, digest, render_ms,
      renders, unchanged) = row
@@ -170,10 +132,14 @@ def _snapshot(row: Sequence[Any], path: str, gz: bytes) -> Snapshot:
 
 
 class SnapshotStore:
-    """A snapshot store directory, opened in this process (see the module docstring)."""
+    """A snapshot store directory, opened in this process (see the module docstring); the
+    default :class:`~engine.store.api.Store`."""
+
+    remote = False  # a read is a SQLite query and a file: the event loop may wait on it
 
     def __init__(self, directory: str, conn: sqlite3.Connection) -> None:
         self.directory = directory
+        self.spec = StoreSpec(directory)
         self.files = os.path.join(directory, FILES)
         self._conn: sqlite3.Connection | None = conn
         self._pid = os.getpid()
@@ -232,6 +198,10 @@ class SnapshotStore:
                 _ABANDONED.append(self._conn)  # another process's locks: never finalised here
             self._conn = None
 
+    @property
+    def address(self) -> str:
+        return self.directory
+
     def __enter__(self) -> SnapshotStore:
         return self
 
@@ -245,8 +215,8 @@ class SnapshotStore:
             rendered_at_ms: int | None = None) -> Outcome:
         """Store ``html`` as ``url``'s snapshot: ``"written"``, or ``"unchanged"`` when it is
         the HTML already stored (then only the metadata moves)."""
-        data = _html_bytes(html)
-        values = _checked_meta(url, status, location, interval_s, lane, render_ms,
+        data = html_bytes(html)
+        values = checked_meta(url, status, location, interval_s, lane, render_ms,
                                wall_ms() if rendered_at_ms is None else rendered_at_ms)
         digest = hashlib.sha256(data).hexdigest()
         final = self.path_of(url, digest)
@@ -396,7 +366,7 @@ class SnapshotStore:
                  requests: dict[int, tuple[int, int]] | None = None) -> None:
         """Append ``(at_ms, snapshot id, lane, age ÷ interval, served, crawler family)`` hits
         and add ``requests`` (family -> (requests, of which relayed from the origin)) to the
-        per-crawler counts, in one transaction; forget hits older than ``HIT_WINDOW_MS`` or
+        per-crawler counts, in one transaction; forget hits older than ``api.HIT_WINDOW_MS`` or
         past ``HIT_CAP``."""
         if requests:
             with self._transaction("count requests") as db:
@@ -410,9 +380,9 @@ class SnapshotStore:
         with self._transaction("log hits") as db:
             db.executemany("INSERT INTO hits VALUES (?, ?, ?, ?, ?, ?)",
                            [(a, s, ln, r, int(ok), b) for a, s, ln, r, ok, b in hits])
-            db.execute("DELETE FROM hits WHERE at_ms < ?", (newest - HIT_WINDOW_MS,))
+            db.execute("DELETE FROM hits WHERE at_ms < ?", (newest - api.HIT_WINDOW_MS,))
             db.execute("DELETE FROM hits WHERE rowid <= (SELECT max(rowid) FROM hits) - ?",
-                       (HIT_CAP,))
+                       (api.HIT_CAP,))
 
     def hits(self, since_ms: int) -> list[tuple[str, int, float, bool]]:
         """The hits logged since ``since_ms``: ``(url, lane, age ÷ interval, served)``."""
@@ -480,6 +450,11 @@ class SnapshotStore:
                             removed["orphans"] += 1
         return removed
 
+    def gc(self, grace_s: float) -> dict[str, int]:
+        """:meth:`sweep`: a file no row names is removed under the write lock, so no grace
+        is needed here (``grace_s`` is for stores whose writers take no common lock)."""
+        return self.sweep()
+
     def _current_files(self, locked: bool = False) -> set[str]:
         """The file of every row (``locked``: inside a transaction, on its connection)."""
         query = "SELECT url, hash FROM snapshots"
@@ -528,41 +503,6 @@ class SnapshotStore:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
-
-
-# -- checks -----------------------------------------------------------------------------------
-
-def _html_bytes(html: object) -> bytes:
-    if isinstance(html, str):
-        return html.encode("utf-8", "surrogateescape")
-    if isinstance(html, (bytes, bytearray, memoryview)):
-        return bytes(html)
-    raise EngineTypeError(f"a snapshot's HTML is bytes or str, got {type(html).__name__}")
-
-
-def _checked_meta(url: object, status: object, location: object, interval_s: object,
-                  lane: object, render_ms: object, at_ms: object) -> tuple[Any, ...]:
-    if not isinstance(url, str) or not url or len(url) > _MAX_URL or "\x00" in url:
-        raise EngineValueError(f"a snapshot's URL is a non-empty str without NUL, got {url!r}")
-    code = _integer(status, "status", 100, 599)
-    if location is not None and (not isinstance(location, str) or "\n" in location
-                                 or "\r" in location):
-        raise EngineValueError(f"location must be None or a one-line str, got {location!r}")
-    if (not is_number(render_ms) and not isinstance(render_ms, np.floating)) or not (
-            math.isfinite(render_ms) and render_ms >= 0):
-        raise EngineValueError(f"render_ms must be a finite number >= 0, got {render_ms!r}")
-    return (code, location, _integer(at_ms, "rendered_at_ms", 0, 2**62),
-            _integer(interval_s, "interval_s", 1, 2**62), _integer(lane, "lane", 0, 2**31),
-            float(render_ms))
-
-
-def _integer(value: object, what: str, lo: int, hi: int) -> int:
-    """An integer (numpy's too) in [lo, hi]; bools and floats are refused, not coerced."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise EngineValueError(f"{what} must be an int in [{lo}, {hi}], got {value!r}")
-    if not lo <= int(value) <= hi:
-        raise EngineValueError(f"{what} must be an int in [{lo}, {hi}], got {value!r}")
-    return int(value)
 
 
 # -- files and directories --------------------------------------------------------------------
