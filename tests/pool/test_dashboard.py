@@ -182,6 +182,48 @@ def test_every_page_loads_with_no_console_error_and_no_request_elsewhere(setup: 
         keep_shot(png, s)
 
 
+AXIS_ROOM = """async (top) => {
+  // Every series set to ``top`` and drawn: how many pixels each y axis has left once its widest
+  // tick label, the tick and the gap are drawn (negative: a label is cut), with its ticks and
+  // its unit. Drawn again if the page's own refresh replaced the data before it was read.
+  const ctx = document.createElement("canvas").getContext("2d");
+  const charts = Array.from(window.lanesCharts.values());
+  for (let tries = 0; tries < 5; tries++) {
+    charts.forEach((c) => c.plot.setData(
+      [c.plot.data[0]].concat(c.plot.data.slice(1).map((s) => s.map(() => top)))));
+    await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+    if (charts.every((c) => c.plot.data[1][0] === top)) break;
+  }
+  return charts.map((c) => {
+    const y = c.plot.axes[1];
+    ctx.font = y.font[0];
+    const widest = Math.max(...y._values.map((v) => ctx.measureText(v).width));
+    return {room: y._size - y.ticks.size - y.gap - widest, label: y.label, ticks: y._values,
+            top: c.plot.data[1][0]};
+  });
+}"""
+
+
+def test_each_chart_axis_fits_its_numbers_and_names_its_unit(setup: Setup) -> None:
+    """A y axis is as wide as its widest tick, from a fraction to tens of millions (10,000
+    once read "0,000": the axis was too narrow), and every axis says its unit."""
+    w = Watched(setup.browser)
+    try:
+        w.page.goto(setup.url + "/")
+        w.page.wait_for_function("() => window.lanesCharts && window.lanesCharts.size === 3",
+                                 timeout=15_000)
+        for top, unit in ((0.4, ""), (950, ""), (12_345, "k"), (1_234_567, "M"),
+                          (98_765_432, "M")):
+            axes = w.page.evaluate(AXIS_ROOM, top)
+            assert [a["top"] for a in axes] == [top] * 3, axes
+            assert all(a["room"] >= 0 for a in axes), (top, axes)
+            assert all(a["ticks"][-1].endswith(unit) for a in axes), (top, axes)
+            assert {a["label"] for a in axes} == {"renders / s", "rows due", "age ÷ TTL"}
+    finally:
+        w.close()
+    assert w.errors == []
+
+
 def keep_shot(png: Path, s: Setup) -> None:
     """A copy of screenshot ``png`` under $LANES_SHOTS_DIR/{shm,redis}, when that is set."""
     if SHOTS:

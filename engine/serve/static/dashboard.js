@@ -84,6 +84,7 @@
   const boxes = Array.prototype.slice.call(document.querySelectorAll(".chart"));
   if (!boxes.length || typeof uPlot === "undefined") return;
   const charts = new Map();  // box -> {plot, lanes}
+  window.lanesCharts = charts;  // the browser tests read the axes of what was drawn
 
   // From 0 up; age / TTL shows at least 0..1.5 (1.0 = exactly on time), even with no renders.
   function yRange(key) {
@@ -114,10 +115,15 @@
         {label: "real time (this server's clock)", labelSize: 18, size: 56},
         {label: UNITS[key], labelSize: 18, values: function (u, splits) {
           return splits.map(tick);
-        }, size: function (u, values) {
-          // As wide as the longest tick needs: "10k" is never cut to "0k".
-          const longest = Math.max(1, ...(values || []).map(function (s) { return s.length; }));
-          return 14 + 8 * longest;
+        }, size: function (u, values, axisIdx) {
+          // As wide as the widest tick drawn, measured in the axis's own font (the canvas counts
+          // device pixels): "10k" never reads "0k", nor "100M" "00M".
+          const axis = u.axes[axisIdx];
+          u.ctx.font = axis.font[0];
+          const widest = Math.max(0, ...(values || []).map(function (s) {
+            return u.ctx.measureText(s).width;
+          })) / uPlot.pxRatio;
+          return Math.ceil(axis.ticks.size + axis.gap + widest + 4);
         }},
       ],
       legend: {live: false},
