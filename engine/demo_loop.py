@@ -71,6 +71,17 @@ def _lanes(*args: str) -> subprocess.Popen[str]:
                             start_new_session=True)
 
 
+def _first_line(p: subprocess.Popen[str], what: str) -> str:
+    """The first line ``p`` prints (what it says once it has started), the rest drained so a
+    full pipe never stops it; a clear error if it exits first."""
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    if not line.strip():
+        raise RuntimeError(f"{what} exited with status {p.wait()} before it started")
+    threading.Thread(target=p.stdout.read, daemon=True).start()
+    return line
+
+
 def _stop(p: subprocess.Popen[str] | None) -> None:
     if p is None or p.poll() is not None:
         return
@@ -139,9 +150,9 @@ def run_loop(name: str) -> int:
               f" in, {PAGES} of them in a sitemap.")
         pool = _lanes("pool", name, "--corpus", corpus, "--browser", "--tabs", "2",
                       "--workers", "1", "--store", store, "--seconds", "600")
+        _first_line(pool, "lanes pool")  # the queue is made: lanes serve NAME needs it
         serve = _lanes("serve", name, "--store", store, "--discover", "--port", "0")
-        assert serve.stdout is not None
-        base = serve.stdout.readline().split()[-1].rstrip("/")
+        base = _first_line(serve, "lanes serve").split()[-1].rstrip("/")
         print(f"lanes serve: the dashboard at {base}/ while this act runs")
         took = _until("the first renders", lambda: _served(f"{base}/{site}/p/0", "Widget 0"))
         status, h, body = _get(f"{base}/{site}/p/0")
