@@ -128,6 +128,7 @@ typedef struct {
     const _Atomic uint32_t *ir;       /* and rows */
     const _Atomic uint32_t *lane_start; /* and the first position of each lane */
     const rl_policy *p;               /* the policy in force (cached per thread) */
+    Cursor *cursors;                  /* this thread's tls_cursors, found once per pass */
     int late;                         /* the remainder weighs heads' intervals: prefetch them */
     uint32_t lanes;                   /* lanes to consider: up to the highest ever written */
     uint32_t n;                       /* rows granted so far */
@@ -315,7 +316,7 @@ static void ring_hint_advance(Pass *P, Cursor *c) {
 }
 
 static Cursor *lane_open(Pass *P, uint32_t lane) {
-    Cursor *c = &tls_cursors[lane];
+    Cursor *c = &P->cursors[lane];
     if (c->stamp == P->stamp) return c;
     rl_seg *s = P->s;
     c->stamp = P->stamp;
@@ -928,7 +929,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         ivmin[l] = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
         ivmax[l] = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
         uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
-        if (tls_cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
+        if (P->cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
             late_peek(P, l, &h[l], wt[l]);
             if (h[l].state != LATE_NONE) q.at[q.n++] = (uint8_t)l;
             continue;
@@ -977,7 +978,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
                 continue;
             }
         }
-        Cursor *c = &tls_cursors[best]; /* opened: it has a head */
+        Cursor *c = &P->cursors[best]; /* opened: it has a head */
         uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
         if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
         if (need > c->ahead) c->ahead = need;
@@ -1082,7 +1083,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     P.granted_any = P.lease_noted = 0;
     memset(P.cls_granted, 0, sizeof P.cls_granted);
     P.stamp = ++tls_stamp;
-    P.late = 0;
+    P.cursors = tls_cursors;
     memo_reset();
 
     const rl_policy *p = P.p;

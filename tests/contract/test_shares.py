@@ -350,6 +350,24 @@ def test_a_fitted_policy_grants_what_the_reference_grants(fresh, rows, budgets, 
 
 
 @pytest.mark.one_queue(ONE_PASS)
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.sampled_from(["submitted", "discovered"]),
+                            st.sampled_from([600, 1800, 7200, 30 * 3600, 9 * 86400, 200 * 86400]),
+                            st.integers(0, 5 * DAY), st.sampled_from([0, 0, 0, 3])),
+                  min_size=1, max_size=80),
+    budgets=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    step=st.sampled_from([0, MINUTE, HOUR]),
+)
+def test_the_default_policy_grants_what_the_reference_grants(fresh, rows, budgets, step):
+    """``LanePolicy()`` itself: 64 lanes of which the rows use a few, far apart (the Lua pass
+    finds each with one seek past the empty ones), the floors taking from a lane the remainder
+    then weighs past what they took."""
+    with fresh(LanePolicy(), capacity=256) as eng:
+        _claims_agree_with_the_reference(eng, LanePolicy(), rows, budgets, step)
+
+
+@pytest.mark.one_queue(ONE_PASS)
 def _weighed(eng) -> dict[str, tuple[int, int]]:
     """The lanes the derived weights weigh: those written into since the bands took effect."""
     return {ln["name"]: (ln["iv_min"], ln["iv_max"]) for ln in eng.stats(now_ms=NOW)["lanes"]
