@@ -115,22 +115,6 @@ def engine_of(name: str, redis: str | None = None) -> Any:
     return Engine.attach(name) if redis is None else Engine.connect(redis, name)
 
 
-@contextlib.contextmanager
-def serving(*args: str) -> Iterator[str]:
-    """``lanes serve ARGS`` on a free loopback port; yields its base URL (no trailing slash);
-    stopped with SIGTERM and checked to exit 0 at the end."""
-    p = cli("serve", *args, "--port", "0")
-    try:
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        assert line.startswith("lanes serve:"), line + (p.stderr.read() if p.stderr else "")
-        yield line.split()[-1].rstrip("/")
-    finally:
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
-
-
 def fill_store(directory: Path, urls: list[str], lane: int) -> None:
     """Snapshots of ``urls`` in a store at ``directory``, rendered half an interval ago."""
     from engine.store import SnapshotStore

@@ -6,12 +6,14 @@ pool_renders.py at a file lives in conftest.py.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,22 @@ def cli(*args: str, **kw: Any) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": LIB + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([sys.executable, "-m", "engine", *args], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+
+
+@contextlib.contextmanager
+def serving(*args: str) -> Iterator[str]:
+    """``lanes serve ARGS`` on a free loopback port; yields its base URL (no trailing slash);
+    stopped with SIGTERM and checked to exit 0 at the end."""
+    p = cli("serve", *args, "--port", "0")
+    try:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        assert line.startswith("lanes serve:"), line + (p.stderr.read() if p.stderr else "")
+        yield line.split()[-1].rstrip("/")
+    finally:
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
 
 
 def write_csv(tmp_path: Path, n: int) -> Path:

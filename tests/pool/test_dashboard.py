@@ -33,12 +33,11 @@ from dashboard_testlib import (
     fill_store,
     pool_cli,
     routes_toml,
-    serving,
     site,
     wait_for_pool,
 )
 from lanes_testlib import unique_name
-from pool_testlib import cli, wait_for
+from pool_testlib import cli, serving, wait_for
 from redis_server import RedisServer
 
 from engine.keys import PARKED_MS

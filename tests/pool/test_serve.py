@@ -4,7 +4,6 @@ read-only, the dashboard hook and bad starts."""
 
 from __future__ import annotations
 
-import contextlib
 import email.utils
 import gzip
 import http.client
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 from front_door_testlib import cookies
 from lanes_testlib import unique_name
-from pool_testlib import cli, wait_for
+from pool_testlib import cli, serving, wait_for
 
 from engine.shm.engine import Engine, wall_ms
 from engine.store import SnapshotStore
@@ -49,22 +48,6 @@ def fill(directory: Path) -> None:
             s.put(url, p["html"], status=p["status"], location=p.get("location"),
                   interval_s=HOUR_S, lane=p["lane"], render_ms=50.0,
                   rendered_at_ms=NOW - p["age_s"] * 1000)
-
-
-@contextlib.contextmanager
-def serving(*args: str) -> Iterator[str]:
-    """``lanes serve ARGS`` on a free loopback port; yields its base URL; stopped (SIGTERM) and
-    checked to exit 0 at the end."""
-    p = cli("serve", *args, "--port", "0")
-    try:
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        assert line.startswith("lanes serve:"), line + (p.stderr.read() if p.stderr else "")
-        yield line.split()[-1]
-    finally:
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
 
 
 def request(base: str, path: str, method: str = "GET", headers: dict[str, str] | None = None,

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import http.client
 import json
-import signal
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pool_testlib import cli
+from pool_testlib import cli, serving
 
 from engine.errors import StoreError
 from engine.store import SnapshotStore, StoreSpec, open_store
@@ -158,18 +157,10 @@ def test_a_pointer_costs_under_200_bytes_of_redis_beside_its_url(shared: ObjectS
 
 
 @contextlib.contextmanager
-def serving(spec: StoreSpec) -> Iterator[str]:
-    p = cli("serve", "--store", spec.address, "--store-endpoint", str(spec.endpoint),
-            "--redis", str(spec.redis), "--port", "0")
-    try:
-        assert p.stdout is not None
-        line = p.stdout.readline()
-        assert line.startswith("lanes serve:"), line + (p.stderr.read() if p.stderr else "")
-        yield line.split()[-1]
-    finally:
-        p.send_signal(signal.SIGTERM)
-        _out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
+def serving_store(spec: StoreSpec) -> Iterator[str]:
+    with serving("--store", spec.address, "--store-endpoint", str(spec.endpoint),
+                 "--redis", str(spec.redis)) as base:
+        yield base
 
 
 made = [0]
@@ -192,7 +183,7 @@ def test_two_servers_of_one_store_answer_alike_and_see_a_render_within_a_second(
     made[0] = 0
     url = "https://shop.example/p/1"
     shared.put(url, "<p>one</p>", rendered_at_ms=int(time.time() * 1000) - 125_000, **META)
-    with serving(shared.spec) as a, serving(shared.spec) as b:
+    with serving_store(shared.spec) as a, serving_store(shared.spec) as b:
         (sa, ha, body_a), (sb, hb, body_b) = fetch(a, url), fetch(b, url)
         assert (sa, sb) == (200, 200) and body_a == body_b == b"<p>one</p>"
         assert ha["etag"] == hb["etag"] and abs(int(ha["age"]) - int(hb["age"])) <= 1
