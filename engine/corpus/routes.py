@@ -133,6 +133,14 @@ class Route:
         return route_host(self.pattern, self.is_regex)
 
     @property
+    def prefix(self) -> str:
+        """Text every URL the route matches starts with, "" when its pattern opens with a
+        wildcard: where a ``route:NAME`` scope looks in the sorted URL index."""
+        if not self.is_regex:
+            return re.split(r"[*?[]", self.pattern, maxsplit=1)[0]
+        return _regex_prefix(self.pattern)
+
+    @property
     def regex(self) -> str:
         """The pattern as a regex for ``re.fullmatch`` (a glob through ``fnmatch.translate``)."""
         return self.pattern if self.is_regex else fnmatch.translate(self.pattern)
@@ -273,6 +281,19 @@ class Routes:
         """Route names by index, to label ``Corpus.route`` counts."""
         return [r.name for r in self.routes]
 
+    def own_prefix(self, index: int) -> str | None:
+        """A prefix whose URLs are exactly those route ``index`` is the first to match, when
+        there is one: its pattern is ``PREFIX*`` and every route before it starts elsewhere
+        (no URL starts with both prefixes). Then its scope is a prefix scope."""
+        route = self.routes[index]
+        prefix = route.prefix
+        if route.is_regex or not prefix or route.pattern != prefix + "*":
+            return None
+        earlier = (r.prefix for r in self.routes[:index])
+        if any(not p or p.startswith(prefix) or prefix.startswith(p) for p in earlier):
+            return None
+        return prefix
+
 
 _JSON_KEYS: Final = ("name", "pattern", "is_regex", "interval_s", "provenance")
 _JSON_OPTIONAL: Final = ("discover", "query", "rules")  # routes stored by an older pool lack
@@ -312,6 +333,27 @@ class _Matcher:
         else:
             ids = [-1] * len(urls)
         return np.array(ids, np.int16)
+
+
+def _regex_prefix(pattern: str) -> str:
+    """The literal text a regex's every match starts with, read conservatively: up to the first
+    construct that is not a plain or escaped character (a repeat takes back the character it
+    repeats); "" for a pattern with an alternation or flags anywhere."""
+    if re.search(r"(?<!\\)(?:\\\\)*[|]|\(\?[aiLmsux]", pattern):
+        return ""
+    out: list[str] = []
+    i = 1 if pattern.startswith("^") else 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\" and i + 1 < len(pattern) and not pattern[i + 1].isalnum():
+            c, i = pattern[i + 1], i + 1
+        elif c in "\\.^$*+?{}[]|()":
+            if c in "*+?{" and out:
+                out.pop()
+            break
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _route_place(where: str, i: int, table: object) -> str:

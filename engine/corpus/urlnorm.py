@@ -49,6 +49,12 @@ def normalize_url(url: str) -> str:
         raise EngineValueError(str(exc)) from None
 
 
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of a normalised URL."""
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.partition('/')[0].partition('?')[0]}"
+
+
 class BadUrl(ValueError):
     """Why a URL was refused; the caller adds where (``path:line``) or not (normalize_url)."""
 

@@ -136,6 +136,19 @@ class ShardedUrls:
         k = int(shard_of([url.encode()], self._n)[0])
         return self.parts[k].find(url) * self._n + k
 
+    def find_many(self, urls: Sequence[str]) -> IntArray:
+        """The row of each of ``urls`` (-1 where none), one ``find_many`` per shard."""
+        out = np.full(len(urls), -1, np.int64)
+        shard = shard_of([u.encode() for u in urls], self._n)
+        for k in np.unique(shard).tolist():
+            pos = np.flatnonzero(shard == k)
+            local = self.parts[k].find_many([urls[i] for i in pos.tolist()])
+            out[pos] = np.where(local >= 0, local * self._n + k, -1)
+        return out
+
+    def origins(self) -> frozenset[str]:
+        return frozenset().union(*(part.origins() for part in self.parts))
+
     def refresh(self) -> None:
         """Nothing to map: every read goes to the server."""
 

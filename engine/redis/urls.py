@@ -40,6 +40,7 @@ import numpy.typing as npt
 
 from ..api import IntArray, RowUrls, Scoped, UrlsAdded
 from ..checks import check_mode
+from ..corpus.urlnorm import origin_of
 from ..errors import EngineError, EngineValueError
 from .codec import member, now_arg, packed_rows, queue_keys
 from .transport import Transport
@@ -186,6 +187,28 @@ class RedisUrls:
         rows = np.array([int(m[-8:]) for m in found], np.int64)
         return rows, [bytes(m[:-9]).decode() for m in found]
 
+    def origins(self) -> frozenset[str]:
+        """``scheme://host[:port]`` of every URL, read off the index by skipping: one
+        ``ZRANGE ... BYLEX LIMIT 0 1`` per host (and per character following a host), never
+        the URLs themselves."""
+        if int(self._plain("zcard", self._index)) != len(self):
+            self.index()
+
+        def skip(client: Any) -> frozenset[str]:
+            out: set[str] = set()
+            low = b"-"
+            while page := client.zrange(self._index, low, b"+", bylex=True, offset=0, num=1):
+                entry = bytes(page[0])  # URL "\n" row
+                origin = origin_of(entry[:-9].decode()).encode()
+                out.add(origin.decode())
+                # Past every entry that starts as this one does up to the byte after its origin
+                # ("/", "?", ":", or the "\n" of a bare origin); UTF-8 never holds 0xff.
+                low = b"(" + entry[:len(origin) + 1] + b"\xff"
+            return frozenset(out)
+
+        found: frozenset[str] = self.engine.transport.call("ZRANGE BYLEX", skip)
+        return found
+
     def index(self) -> int:
         """Put every URL of the table in the index (``url_index``): a queue made before the
         index has none there. Each entry is a (row, URL) pair, fixed once added, so adding it
@@ -241,6 +264,17 @@ class RedisUrls:
         if row is None:
             raise EngineValueError(f"no row has URL {url!r}")
         return int(row)
+
+    def find_many(self, urls: Sequence[str]) -> IntArray:
+        """The row of each of ``urls``, -1 where the queue holds none: ``HMGET`` of
+        ``URL_CHUNK`` a round trip."""
+        out = np.full(len(urls), -1, np.int64)
+        for start in range(0, len(urls), URL_CHUNK):
+            got = self._plain("hmget", self._url_rows, list(urls[start:start + URL_CHUNK]))
+            for i, row in enumerate(got, start):
+                if row is not None:
+                    out[i] = int(row)
+        return out
 
     def refresh(self) -> None:
         """Nothing to map: every read goes to the server."""

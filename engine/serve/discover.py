@@ -39,9 +39,8 @@ from w3lib.url import canonicalize_url
 
 from ..corpus.model import Corpus
 from ..corpus.routes import Route, Routes
-from ..corpus.urlnorm import normalize_url
+from ..corpus.urlnorm import normalize_url, origin_of
 from ..errors import EngineError
-from .origin import origin_of
 
 TRACKING: Final = re.compile(
     r"utm_[a-z0-9_]*|gclid|gclsrc|gbraid|wbraid|dclid|fbclid|msclkid|yclid|twclid|ttclid|igshid"

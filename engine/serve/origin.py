@@ -28,6 +28,7 @@ from typing import Any, Final
 import aiohttp
 from aiohttp import web
 
+from ..corpus.urlnorm import origin_of
 from ..errors import EngineError
 from .door import SECURITY_HEADERS
 
@@ -36,12 +37,6 @@ RELAYED_HEADERS: Final = ("Content-Type", "Location", "Cache-Control", "Expires"
                           "Retry-After")
 RELAY_MARK: Final = "Prerender (lanes serve)"
 HOSTS_EVERY_S: Final = 10.0
-
-
-def origin_of(url: str) -> str:
-    """``scheme://host[:port]`` of a normalised URL."""
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://{rest.partition('/')[0].partition('?')[0]}"
 
 
 @dataclass
@@ -139,18 +134,14 @@ def _refusal(status: int, text: str, why: str) -> web.Response:
 
 def relay_for(source: Any, timeout_s: float = 10.0, per_host: int = 8) -> Relay:
     """A relay over the pool of ``source`` (a ``PoolSource``): its hosts are those of its URL
-    table, read on the source's thread."""
-
-    seen: list[Any] = [-1, frozenset()]  # rows when last read, their hosts
+    table (``RowUrls.origins``), read on the source's thread."""
 
     def hosts() -> frozenset[str]:
         try:
             table = source.urls()
         except EngineError:  # a pool without a URL table (rows added by hand): no hosts
             return frozenset()
-        if len(table) != seen[0]:  # rows are only ever added: reread when there are more
-            seen[:] = [len(table), frozenset(origin_of(u) for u in table.urls())]
-        known: frozenset[str] = seen[1]
+        known: frozenset[str] = table.origins()
         return known
 
     async def read() -> frozenset[str]:

@@ -10,11 +10,11 @@ What is asked (:class:`Ask`) is checked whole before anything changes: a malform
 the pool does not render, an unknown mode or route, more than ``MAX_URLS`` URLs is refused with
 the reason and changes nothing. Then (:func:`prioritize`, on the pool source's thread):
 
-* the rows of the named pages are found (a list: one lookup each; ``route:NAME``: the routes
-  matched over the URL table; a prefix ``https://host/path*``: the URL table's
-  ``prioritize_prefix``, which a Redis queue answers on its server from a sorted index of its
-  URLs, so a million rows take no URL over the wire, or ``find_prefix`` when the snapshots go
-  first);
+* the rows of the named pages are found (a list: ``find_many``, one ``HMGET`` a thousand on
+  Redis; ``route:NAME``: the URLs under the route's literal prefix, matched against the routes;
+  a prefix ``https://host/path*``: the URL table's ``prioritize_prefix``, which a Redis queue
+  answers on its server from a sorted index of its URLs, so a million rows take no URL over the
+  wire, or ``find_prefix`` when the snapshots go first);
 * ``rush`` puts them in the urgent lane, due now (capped by the policy's urgent share; the
   current snapshot is served until the new one lands); ``wait`` makes them due now in their own
   lane; ``clear-and-rush`` and ``clear-and-wait`` first drop their snapshots from the store, so
@@ -29,7 +29,7 @@ import json
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import numpy as np
@@ -37,11 +37,10 @@ from aiohttp import web
 
 from ..corpus.model import Corpus
 from ..corpus.routes import Routes
-from ..corpus.urlnorm import normalize_url
+from ..corpus.urlnorm import normalize_url, origin_of
 from ..errors import EngineError, EngineValueError
 from ..store.api import Store
 from .auth import Auth
-from .origin import origin_of
 from .source import PoolSource
 
 MODES: Final = ("rush", "wait", "clear-and-rush", "clear-and-wait")
@@ -49,8 +48,6 @@ MAX_URLS: Final = 10_000
 SHOWN_UNKNOWN: Final = 100
 DEFAULT_INTERVAL_S: Final = 86_400
 """The interval of a page added by ``"add": true`` when the pool has no routes."""
-FIND_EACH: Final = 32
-"""Up to this many listed URLs are looked up one by one; more read the URL table once."""
 
 
 @dataclass(frozen=True)
@@ -129,46 +126,41 @@ class Pool:
     urls: Any
     routes: Routes | None
     store: Store | None
-    _hosts: tuple[int, frozenset[str]] = (-1, frozenset())
 
-    def hosts(self, table: Sequence[str] | None = None) -> frozenset[str]:
-        """``scheme://host[:port]`` of every page the pool renders (cached while no row is
-        added)."""
-        n = len(self.urls)
-        if self._hosts[0] != n:
-            table = self.urls.urls() if table is None else table
-            self._hosts = (n, frozenset(origin_of(u) for u in table))
-        return self._hosts[1]
+    def hosts(self) -> frozenset[str]:
+        """``scheme://host[:port]`` of every page the pool renders."""
+        found: frozenset[str] = self.urls.origins()
+        return found
 
 
 def prioritize(pool: Pool, ask: Ask, now_ms: int | None = None) -> dict[str, Any]:
     """Do what ``ask`` says; ``{"matched", "added", "unknown", "cleared"}``."""
     engine_mode = "rush" if ask.mode.endswith("rush") else "wait"
     clearing = ask.mode.startswith("clear-") and pool.store is not None
+    route = None if ask.route is None else _route(pool, ask.route)
+    if route is not None and (own := route[0].own_prefix(route[1])) is not None:
+        ask, route = replace(ask, prefix=own), None  # on Redis, on its server
     if ask.prefix is not None and not clearing:
         # Matched and made due where the URLs are (a Redis queue's server): none read here.
         got = pool.urls.prioritize_prefix(ask.prefix, engine_mode, now_ms)
-        if not got.matched:
+        if not got.matched and ask.route is None:  # a route may have no page yet
             _check_scope(pool, ask.prefix)
         return _answer(ask, got.done, 0, [], 0)
-    table: list[str] | None = None
-    if ask.route is not None or len(ask.urls) > FIND_EACH:
-        table = pool.urls.urls()
     unknown: list[str] = []
-    if ask.route is not None:
-        rows, matched_urls = _route_rows(pool, ask.route, table or [])
+    if route is not None:
+        rows, matched_urls = _route_rows(pool, *route)
     elif ask.prefix is not None:  # the snapshots go first: the URLs are read
         found, matched_urls = pool.urls.find_prefix(ask.prefix)
-        if not matched_urls:
+        if not matched_urls and ask.route is None:
             _check_scope(pool, ask.prefix)
         rows = found.tolist()
     else:
-        hosts = pool.hosts(table)
+        hosts = pool.hosts()
         foreign = [u for u in ask.urls if origin_of(u) not in hosts]
         if foreign:
             raise EngineValueError(f"{len(foreign)} URL(s) on hosts the pool does not render,"
                                    f" such as {foreign[0][:200]}")
-        found = _rows_of(pool, ask.urls, table)
+        found = pool.urls.find_many(ask.urls).tolist()
         rows = [r for r in found if r >= 0]
         matched_urls = [u for u, r in zip(ask.urls, found, strict=True) if r >= 0]
         unknown = [u for u, r in zip(ask.urls, found, strict=True) if r < 0]
@@ -199,28 +191,28 @@ def _check_scope(pool: Pool, prefix: str) -> None:
                                f" {origin_of(prefix)}")
 
 
-def _route_rows(pool: Pool, name: str, table: list[str]) -> tuple[list[int], list[str]]:
-    names = [] if pool.routes is None else pool.routes.names()
-    if name not in names:
+def _route_rows(pool: Pool, routes: Routes, route: int) -> tuple[list[int], list[str]]:
+    """The rows whose first matching route is ``name``: looked for under the text every URL of
+    the route starts with (the sorted index on Redis), the whole table only where its pattern
+    opens with a wildcard."""
+    prefix = routes.routes[route].prefix
+    if prefix:
+        found, urls = pool.urls.find_prefix(prefix)
+    else:
+        urls = pool.urls.urls()
+        found = np.arange(len(urls))
+    # An earlier route may take some of them: the first route that matches a URL is its route.
+    mine = np.flatnonzero(routes.match(urls) == route)
+    return found[mine].tolist(), [urls[i] for i in mine.tolist()]
+
+
+def _route(pool: Pool, name: str) -> tuple[Routes, int]:
+    """The pool's routes and the index of route ``name`` in them."""
+    if pool.routes is None or name not in (names := pool.routes.names()):
+        known = ", ".join(pool.routes.names()) if pool.routes is not None else ""
         raise EngineValueError(f"no route {name[:100]!r}: the pool's routes are"
-                               f" {', '.join(names) or '(none)'}")
-    ids = pool.routes.match(table) if pool.routes is not None else np.empty(0, np.int16)
-    rows = np.flatnonzero(ids == names.index(name)).tolist()
-    return rows, [table[r] for r in rows]
-
-
-def _rows_of(pool: Pool, urls: Sequence[str], table: list[str] | None) -> list[int]:
-    """Each URL's row, -1 where the pool has none."""
-    if table is not None:
-        index = {u: r for r, u in enumerate(table)}
-        return [index.get(u, -1) for u in urls]
-    out = []
-    for u in urls:
-        try:
-            out.append(pool.urls.find(u))
-        except EngineValueError:
-            out.append(-1)
-    return out
+                               f" {known or '(none)'}")
+    return pool.routes, names.index(name)
 
 
 def _add(pool: Pool, urls: list[str], now_ms: int | None) -> list[int]:
@@ -240,7 +232,8 @@ def _add(pool: Pool, urls: list[str], now_ms: int | None) -> list[int]:
                                    " interval")
     corpus = Corpus(list(urls), interval, provenance, np.full(n, now, np.int64), route)
     add_corpus(pool.engine, pool.urls, corpus)
-    return _rows_of(pool, urls, pool.urls.urls() if n > FIND_EACH else None)
+    found: list[int] = pool.urls.find_many(urls).tolist()
+    return found
 
 
 def parse_json(raw: bytes) -> object:

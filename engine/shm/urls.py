@@ -32,6 +32,7 @@ import numpy as np
 from .. import shmfile
 from ..api import BoolArray, IntArray, QueueEngine, RowUrls, Scoped, UrlsAdded
 from ..checks import check_mode
+from ..corpus.urlnorm import origin_of
 from ..errors import (
     CapacityError,
     EngineError,
@@ -45,6 +46,8 @@ SUFFIX = "urls"
 ROUTES_SUFFIX = "routes"
 _MAGIC = b"RLURLS01"
 _HEADER = struct.Struct("<8sQQQ")  # magic, version, rows, blob bytes
+FIND_EACH = 32
+"""``find_many`` looks up to this many URLs one by one; more read the table once."""
 
 
 class _Part:
@@ -64,6 +67,7 @@ class _Part:
         self._offsets = np.frombuffer(buf, np.int64, n + 1, _HEADER.size)
         self._start = off_end
         self._blob = memoryview(buf)[off_end:]
+        self._origins: frozenset[str] | None = None
 
     @staticmethod
     def encode(urls: Sequence[str]) -> bytes:
@@ -93,6 +97,12 @@ class _Part:
 
     def urls(self) -> list[str]:
         return bytes(self._blob[1:-1]).decode().split("\n") if len(self) else []
+
+    def origins(self) -> frozenset[str]:
+        """The origins of this file's URLs, found once (a file never changes)."""
+        if self._origins is None:
+            self._origins = frozenset(origin_of(u) for u in self.urls())
+        return self._origins
 
     def find(self, needle: bytes) -> int:
         """The index of ``needle`` (``\\n<url>\\n``) in this file, or -1."""
@@ -328,6 +338,25 @@ class UrlTable:
                 if at >= 0:
                     return first + at
         raise EngineValueError(f"no row has URL {url!r}")
+
+    def find_many(self, urls: Sequence[str]) -> IntArray:
+        """The row of each of ``urls``, -1 where the table holds none: a few looked for one by
+        one (each ``find`` is a pass over the mapped table), more through one pass."""
+        if len(urls) <= FIND_EACH:
+            return np.array([self._find_or_none(u) for u in urls], np.int64).reshape(-1)
+        index = {u: r for r, u in enumerate(self.urls())}
+        return np.fromiter((index.get(u, -1) for u in urls), np.int64, len(urls))
+
+    def _find_or_none(self, url: str) -> int:
+        try:
+            return self.find(url)
+        except EngineValueError:
+            return -1
+
+    def origins(self) -> frozenset[str]:
+        """``scheme://host[:port]`` of every URL, each file's read once."""
+        self.refresh()
+        return frozenset().union(*(part.origins() for part in self._parts))
 
     def close(self) -> None:
         for part in self._parts:

@@ -128,6 +128,35 @@ def test_a_scope_by_prefix_or_route_rushes_every_page_in_it(pool: Pool) -> None:
         assert status == 200 and out["matched"] == 0  # a scope that matches nothing
 
 
+@pytest.mark.parametrize("pattern, is_regex", [
+    ("https://shop.example/p/*", False),         # looked for under its prefix
+    (r"https://shop\.example/p/\d+", True),
+    ("*/p/*", False),                            # opens with a wildcard: the whole table
+])
+def test_a_route_scope_is_the_rows_whose_first_matching_route_it_is(
+        pool: Pool, pattern: str, is_regex: bool) -> None:
+    """An earlier route takes /p/1 and /p/1x from ``product``: its scope leaves them alone."""
+    from engine.serve.recache import Ask
+    from engine.serve.recache import Pool as Target
+    from engine.serve.recache import prioritize
+
+    routes = Routes((Route("sale", "https://shop.example/p/1*", False, HOUR_S),
+                     Route("product", pattern, is_regex, 24 * HOUR_S),
+                     Route("catalog", "https://shop.example/catalog/*", False, 6 * HOUR_S)))
+    product = [u for u in PRODUCTS if not u.removeprefix("https://shop.example/p/")
+               .startswith("1")]
+    with contextlib.closing(pool.eng.row_urls()) as table:
+        target = Target(pool.eng, table, routes, None)
+        out = prioritize(target, Ask.scoped("route:product"))
+        assert out["matched"] == len(product) == 9
+        state = pool.state()
+        assert sorted(u for u in URLS if state[URLS.index(u)][0] == 0) == sorted(product)
+        assert prioritize(target, Ask.scoped("route:sale"))["matched"] == len(PRODUCTS) - 9
+        # catalog starts where no route before it does: a prefix scope (on Redis, its server)
+        assert (routes.own_prefix(2) is None) is (pattern == "*/p/*")
+        assert prioritize(target, Ask.scoped("route:catalog"))["matched"] == len(CATALOG)
+
+
 def test_clear_modes_drop_the_snapshot_at_once(pool: Pool) -> None:
     with Served(*pool.args()) as srv:
         gone, rushed = PRODUCTS[0], PRODUCTS[1]

@@ -223,6 +223,55 @@ def test_the_combined_matcher_agrees_with_trying_each_route_in_order(
     assert routes.match(urls).tolist() == want
 
 
+# Regex pieces a route is written with: literals, escapes, classes, repeats, groups, anchors.
+_PIECES = ["a", "b/", r"\.", r"\?", ".", "[ab]", "a*", "b+", "a?", "(a|b)", "a{2}", r"\d",
+           "(?:ab)", "$", "|", "x", r"\\"]
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(_PIECES), max_size=6), st.booleans(), st.data())
+def test_every_url_a_route_matches_starts_with_its_prefix(
+        pieces: list[str], anchored: bool, data: st.DataObject) -> None:
+    """``Route.prefix`` is where a ``route:NAME`` scope looks in the sorted URL index: a URL
+    it matches outside the prefix would be missed."""
+    import re
+
+    pattern = ("^" if anchored else "") + "https://s" + "".join(pieces)
+    try:
+        re.compile(pattern)
+    except re.error:
+        return
+    route = Route("r", pattern, True, 60)
+    url = data.draw(st.from_regex(pattern, fullmatch=True))
+    assert url.startswith(route.prefix), (pattern, route.prefix, url)
+    glob = data.draw(st.from_regex(r"https://s\.test/[a-c*?/\[\]]{0,5}", fullmatch=True))
+    as_glob = Route("g", glob, False, 60)
+    url = data.draw(st.from_regex(as_glob.regex, fullmatch=True))
+    assert url.startswith(as_glob.prefix), (glob, as_glob.prefix, url)
+
+
+@settings(max_examples=200)
+@given(urls=st.lists(st.from_regex(r"https://s\.test/[a-c]{0,3}(/[a-c]{0,2}){0,2}",
+                                   fullmatch=True), max_size=30),
+       patterns=st.lists(st.tuples(st.from_regex(r"https://s\.test/[a-c*?/]{0,4}\*?",
+                                                 fullmatch=True), st.booleans()),
+                         min_size=1, max_size=5))
+def test_a_routes_own_prefix_holds_exactly_the_urls_it_is_first_to_match(
+        urls: list[str], patterns: list[tuple[str, bool]]) -> None:
+    """Where ``own_prefix`` gives a prefix, a ``route:NAME`` scope is that prefix's scope."""
+    import fnmatch
+
+    routes = Routes(tuple(
+        Route(f"r{i}", fnmatch.translate(p) if as_regex else p, as_regex, 60)
+        for i, (p, as_regex) in enumerate(patterns)))
+    ids = routes.match(urls).tolist()
+    for i in range(len(routes.routes)):
+        own = routes.own_prefix(i)
+        if own is not None:
+            assert [u for u, r in zip(urls, ids, strict=True) if r == i] == \
+                [u for u in urls if u.startswith(own)]
+
+
 def test_matching_a_large_corpus_is_one_pass(tmp_path: Any) -> None:
     routes = Routes.load(SHOP)
     urls = [f"https://shop.example/{k}/{i}" for i in range(20_000) for k in ("p", "c", "x")]
