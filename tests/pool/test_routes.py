@@ -204,20 +204,28 @@ def test_route_and_routes_check_their_fields() -> None:
         Routes(()).match("https://s.test/")
 
 
-@settings(max_examples=100)
-@given(urls=st.lists(st.from_regex(r"https://s\.test/[a-c]{0,3}(/[a-c]{0,2}){0,2}",
-                                   fullmatch=True), max_size=20),
-       patterns=st.lists(st.tuples(st.from_regex(r"https://s\.test/[a-c*?/]{0,5}",
-                                                 fullmatch=True), st.booleans()),
-                         min_size=1, max_size=6))
-def test_the_combined_matcher_agrees_with_trying_each_route_in_order(
-        urls: list[str], patterns: list[tuple[str, bool]]) -> None:
+SMALL_URLS = st.lists(st.from_regex(r"https://s\.test/[a-c]{0,3}(/[a-c]{0,2}){0,2}",
+                                    fullmatch=True), max_size=30)
+
+
+def small_routes(pattern: str) -> st.SearchStrategy[Routes]:
+    """Routes over ``SMALL_URLS``: globs of ``pattern``'s shape, each also as its regex."""
     import fnmatch
+
+    def build(patterns: list[tuple[str, bool]]) -> Routes:
+        return Routes(tuple(Route(f"r{i}", fnmatch.translate(p) if as_regex else p, as_regex,
+                                  60) for i, (p, as_regex) in enumerate(patterns)))
+
+    return st.lists(st.tuples(st.from_regex(pattern, fullmatch=True), st.booleans()),
+                    min_size=1, max_size=6).map(build)
+
+
+@settings(max_examples=100)
+@given(urls=SMALL_URLS, routes=small_routes(r"https://s\.test/[a-c*?/]{0,5}"))
+def test_the_combined_matcher_agrees_with_trying_each_route_in_order(
+        urls: list[str], routes: Routes) -> None:
     import re
 
-    routes = Routes(tuple(
-        Route(f"r{i}", fnmatch.translate(p) if as_regex else p, as_regex, 60)
-        for i, (p, as_regex) in enumerate(patterns)))
     want = [next((i for i, r in enumerate(routes.routes) if re.fullmatch(r.regex, u)), -1)
             for u in urls]
     assert routes.match(urls).tolist() == want
@@ -251,19 +259,10 @@ def test_every_url_a_route_matches_starts_with_its_prefix(
 
 
 @settings(max_examples=200)
-@given(urls=st.lists(st.from_regex(r"https://s\.test/[a-c]{0,3}(/[a-c]{0,2}){0,2}",
-                                   fullmatch=True), max_size=30),
-       patterns=st.lists(st.tuples(st.from_regex(r"https://s\.test/[a-c*?/]{0,4}\*?",
-                                                 fullmatch=True), st.booleans()),
-                         min_size=1, max_size=5))
+@given(urls=SMALL_URLS, routes=small_routes(r"https://s\.test/[a-c*?/]{0,4}\*?"))
 def test_a_routes_own_prefix_holds_exactly_the_urls_it_is_first_to_match(
-        urls: list[str], patterns: list[tuple[str, bool]]) -> None:
+        urls: list[str], routes: Routes) -> None:
     """Where ``own_prefix`` gives a prefix, a ``route:NAME`` scope is that prefix's scope."""
-    import fnmatch
-
-    routes = Routes(tuple(
-        Route(f"r{i}", fnmatch.translate(p) if as_regex else p, as_regex, 60)
-        for i, (p, as_regex) in enumerate(patterns)))
     ids = routes.match(urls).tolist()
     for i in range(len(routes.routes)):
         own = routes.own_prefix(i)
