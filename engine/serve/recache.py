@@ -21,6 +21,9 @@ the reason and changes nothing. Then (:func:`prioritize`, on the pool source's t
   a crawler gets the origin's own answer until a render lands;
 * a listed URL the pool does not know is added (submitted, its route's interval) when ``add``
   is set, and otherwise reported in ``unknown``.
+
+A URL whose route names two variants has two rows (``engine.corpus.variant_rows``), both found
+by its URL or a scope and both acted on; ``matched`` and ``added`` count rows.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any, Final
 import numpy as np
 from aiohttp import web
 
+from ..corpus import variant_rows
 from ..corpus.model import Corpus
 from ..corpus.routes import Routes
 from ..corpus.urlnorm import normalize_url
@@ -169,9 +173,9 @@ def prioritize(pool: Pool, ask: Ask, now_ms: int | None = None) -> dict[str, Any
             raise EngineValueError(f"{len(foreign)} URL(s) on hosts the pool does not render,"
                                    f" such as {foreign[0][:200]}")
         found = _rows_of(pool, ask.urls, table)
-        rows = [r for r in found if r >= 0]
-        matched_urls = [u for u, r in zip(ask.urls, found, strict=True) if r >= 0]
-        unknown = [u for u, r in zip(ask.urls, found, strict=True) if r < 0]
+        rows = [r for each in found for r in each]
+        matched_urls = [u for u, r in zip(ask.urls, found, strict=True) if r]
+        unknown = [u for u, r in zip(ask.urls, found, strict=True) if not r]
     added = 0
     if unknown and ask.add:
         new_rows = _add(pool, unknown, now_ms)
@@ -209,18 +213,12 @@ def _route_rows(pool: Pool, name: str, table: list[str]) -> tuple[list[int], lis
     return rows, [table[r] for r in rows]
 
 
-def _rows_of(pool: Pool, urls: Sequence[str], table: list[str] | None) -> list[int]:
-    """Each URL's row, -1 where the pool has none."""
-    if table is not None:
-        index = {u: r for r, u in enumerate(table)}
-        return [index.get(u, -1) for u in urls]
-    out = []
-    for u in urls:
-        try:
-            out.append(pool.urls.find(u))
-        except EngineValueError:
-            out.append(-1)
-    return out
+def _rows_of(pool: Pool, urls: Sequence[str], table: list[str] | None) -> list[list[int]]:
+    """Each URL's rows, one per variant (variant_rows.py); [] where the pool has none."""
+    if table is None:
+        return [variant_rows.rows_of(pool.urls, u) for u in urls]
+    index = {u: r for r, u in enumerate(table)}
+    return [[r for k in variant_rows.keys_of(u) if (r := index.get(k, -1)) >= 0] for u in urls]
 
 
 def _add(pool: Pool, urls: list[str], now_ms: int | None) -> list[int]:
@@ -239,8 +237,9 @@ def _add(pool: Pool, urls: list[str], now_ms: int | None) -> list[int]:
             raise EngineValueError(f"{lost[:200]} matches none of the pool's routes: it has no"
                                    " interval")
     corpus = Corpus(list(urls), interval, provenance, np.full(n, now, np.int64), route)
-    add_corpus(pool.engine, pool.urls, corpus)
-    return _rows_of(pool, urls, pool.urls.urls() if n > FIND_EACH else None)
+    add_corpus(pool.engine, pool.urls, corpus, pool.routes)
+    return [r for each in _rows_of(pool, urls, pool.urls.urls() if n > FIND_EACH else None)
+            for r in each]
 
 
 def parse_json(raw: bytes) -> object:

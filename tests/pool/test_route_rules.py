@@ -74,7 +74,8 @@ def routes_file(tmp_path: Path, body: str, match: str = "http://127.0.0.1:*/*",
     ('variants = ["tablet"]', "unknown variant 'tablet' (known: mobile, desktop)"),
     ('variants = ["mobile", "mobile"]', "variants names one twice"),
     ('variants = "mobile"', "variants must be a list"),
-    ('variants = ["desktop", "mobile"]', "one variant per route for now"),
+    ('variants = ["desktop", "mobile", "desktop"]', "variants names one twice"),
+    ('variants = ["desktop", "mobile"]', None),  # a row and a snapshot per variant
 ])
 def test_bad_rules_are_refused_at_load_naming_the_route_and_its_line(
         tmp_path: Path, body: str, why: str | None) -> None:
