@@ -254,3 +254,33 @@ def test_a_pool_with_two_variants_makes_and_keeps_a_row_per_variant(
             RedisUrls(eng).drop()
             eng.drop()
             eng.close()
+
+
+@pytest.mark.parametrize("backend", ["shm", "redis"])
+def test_resuming_with_a_route_that_now_names_two_variants_adds_their_rows(
+        request: pytest.FixtureRequest, tmp_path: Any, backend: str) -> None:
+    from engine.corpus.routes import Routes
+
+    path = tmp_path / "routes.toml"
+    path.write_text('[[route]]\nname = "p"\nmatch = "https://shop.test/p/*"\ninterval = "1h"\n'
+                    'variants = ["mobile", "desktop"]\n')
+    ck = str(tmp_path / "ck.npz")
+    with Engine.create(unique_name(), capacity=64) as eng:
+        for _ in URLS[:3]:
+            eng.add(1_800_000_000_000, 3600)
+        eng.save(ck, urls=URLS[:3])
+    redis = request.getfixturevalue("redis_server").url if backend == "redis" else None
+    name = unique_name()
+    p = Pool.resume(name, ck, RenderSpec(command="true {url}"), PoolOptions(workers=1),
+                    capacity=64, routes=Routes.load(path), redis=redis)
+    try:
+        assert sorted(p.urls.urls()) == sorted([*URLS[:3], *(f"{u} mobile" for u in URLS[:3])])
+        mobile = p.urls.find(f"{URLS[1]} mobile")
+        assert p.engine.due_ms(mobile) == 1_800_000_000_000  # due when its URL is
+    finally:
+        p.close()
+        if redis is not None:
+            eng = Engine.connect(redis, name)
+            RedisUrls(eng).drop()
+            eng.drop()
+            eng.close()
