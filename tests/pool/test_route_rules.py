@@ -104,6 +104,7 @@ def test_the_example_routes_file_loads_and_its_rules_survive_the_stored_json() -
     routes = Routes.load(Path(__file__).resolve().parents[2] / "examples" / "routes-shop.toml")
     product = next(r for r in routes.routes if r.name == "product")
     assert product.rules.require is not None and product.rules.wait_for is not None
+    assert product.rules.variants == ("desktop", "mobile")
     again = Routes.from_json(routes.to_json())
     assert again == routes and [r.rules for r in again.routes] == [r.rules
                                                                   for r in routes.routes]
