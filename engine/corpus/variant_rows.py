@@ -70,10 +70,12 @@ def keys_of(url: str) -> list[str]:
     or clearing all of them without knowing the URL's route."""
     if SEPARATOR in url:
         return [url]
-    return [url, *(f"{url}{SEPARATOR}{v}" for v in VARIANT_NAMES)]
+    # (desktop, first in PLAIN_FIRST, is always a plain URL: no "URL desktop" key exists)
+    return [url, *(f"{url}{SEPARATOR}{v}" for v in VARIANT_NAMES if v != PLAIN_FIRST[0])]
 
 
 def all_keys(urls: Iterable[str]) -> list[str]:
+    """:func:`keys_of` of each URL, in order."""
     return [k for u in urls for k in keys_of(u)]
 
 
