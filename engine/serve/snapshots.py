@@ -276,12 +276,14 @@ class SnapshotRoutes:
         now = time.monotonic()
         missed = self._absent.get(variant_key)
         variant = None
-        if mobile or missed is None or now - missed > REVALIDATE_S:
+        if missed is None or now - missed > REVALIDATE_S:
             variant = await self._answer(variant_key)
             if variant is None:
                 if len(self._absent) >= ABSENT_KEPT:
                     self._absent.clear()
                 self._absent[variant_key] = now
+            else:
+                self._absent.pop(variant_key, None)
         if mobile and variant is not None:
             return variant, True
         plain = await self._answer(url)
