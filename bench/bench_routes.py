@@ -14,6 +14,10 @@
   Nexus 5X: 412 × 732 at 2.625, touch), in alternating order: renders per second of each and
   the cost of a mobile render ÷ a desktop one (desktop renders/s ÷ mobile renders/s, per
   repetition), plus the CPU-seconds per render of each pool's whole process tree.
+* **Two variants** (``--only two``): the same fresh ``/js/N`` pages rendered by a pool whose
+  route says ``variants = ["desktop", "mobile"]`` (two rows, two renders a page) and by one
+  that says ``["desktop"]``, alternating: renders per second of each (snapshots stored, both
+  variants counted) and their ratio, two ÷ one, per repetition.
 * **The marks** (``--before TREE``, a checkout of the code before them, e.g. ``git archive
   main``): every render now carries a marked User-Agent and ``X-Prerender: 1`` on its document
   request (one more DevTools round trip a page); renders/s of this tree ÷ that tree's, routes
@@ -52,10 +56,13 @@ CHECK = 'require = { selectors = ["#price"], absent = ["Loading…"] }\n'
 
 
 def pool_run(site: SiteServer, urls: list[str], tmp: Path, route: str, done: Any,
-             tree: Path | None = None) -> tuple[float, dict[str, Any], str]:
+             tree: Path | None = None, keys: list[str] | None = None
+             ) -> tuple[float, dict[str, Any], str]:
     """Run a pool over ``urls`` with one route (``route``: its rule lines) until ``done(store,
     stderr)``; renders/s after the first wave, the snapshots and the pool's stderr. ``tree``:
-    run that checkout's code instead of this one's (with this tree's built core)."""
+    run that checkout's code instead of this one's (with this tree's built core). ``keys``:
+    the snapshots to look for (default ``urls``; a variant's ``URL mobile`` too)."""
+    keys = urls if keys is None else keys
     store = tmp / f"store-{uuid.uuid4().hex[:6]}"
     routes = tmp / f"routes-{uuid.uuid4().hex[:6]}.toml"
     routes.write_text(f'[[route]]\nname = "site"\nmatch = "{site.url()}/*"\ninterval = "1d"\n'
@@ -73,7 +80,7 @@ def pool_run(site: SiteServer, urls: list[str], tmp: Path, route: str, done: Any
             stdout=subprocess.DEVNULL, stderr=errf, text=True, env=env, cwd=tree or ROOT)
         t0 = time.monotonic()
         try:
-            while not done(stored(store, urls), err.read_text()):
+            while not done(stored(store, keys), err.read_text()):
                 if proc.poll() is not None or time.monotonic() > t0 + 60 + 2 * len(urls):
                     raise RuntimeError(f"lanes pool stopped or stalled: "
                                        f"{err.read_text()[-2000:]}")
@@ -81,7 +88,7 @@ def pool_run(site: SiteServer, urls: list[str], tmp: Path, route: str, done: Any
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
-    snaps = stored(store, urls)
+    snaps = stored(store, keys)
     ends = sorted(s.rendered_at_ms for s in snaps.values())
     first = WORKERS * TABS  # the first wave is the browsers' warm-up
     rate = (len(ends) - first) / max(1e-3, (ends[-1] - ends[first - 1]) / 1000)
@@ -142,6 +149,21 @@ def variants(site: SiteServer, tmp: Path, pages: int, rep: int) -> dict[str, flo
     return out
 
 
+def two_variants(site: SiteServer, tmp: Path, pages: int, rep: int) -> dict[str, float]:
+    """Desktop and mobile against desktop alone, same fresh pages, in alternating order."""
+    out: dict[str, float] = {}
+    order = (("two", '["desktop", "mobile"]'), ("one", '["desktop"]'))
+    for tag, names in order if rep % 2 == 0 else order[::-1]:
+        urls = [site.url(f"/js/{n}?{tag}{rep}") for n in range(pages)]
+        keys = urls + [f"{u} mobile" for u in urls] if tag == "two" else urls
+        rate, snaps, _ = pool_run(site, urls, tmp, f"variants = {names}\n", _all_stored(keys),
+                                  keys=keys)
+        time.sleep(1.5)  # Chromium's crash handler outlives its browser by up to a second
+        assert all("JS content" in s.html().decode() for s in snaps.values())
+        out[f"{tag}.rate"] = rate
+    return out
+
+
 def marks(site: SiteServer, tmp: Path, pages: int, rep: int, before: Path) -> dict[str, float]:
     """This tree and the one before the marks, routes without rules, alternating."""
     out: dict[str, float] = {}
@@ -158,7 +180,8 @@ def main() -> None:
         ap.add_argument("--pages", type=int, default=100),
         ap.add_argument("--reps", type=int, default=3),
         ap.add_argument("--before", type=Path, help="a checkout of the code before the marks"),
-        ap.add_argument("--only", choices=("check", "variants", "marks"), action="append")))
+        ap.add_argument("--only", choices=("check", "variants", "two", "marks"),
+                       action="append")))
     pages, reps = (20, 1) if args.smoke else (args.pages, args.reps)
     tmp = Path(tempfile.mkdtemp(prefix="bench-routes-"))
     parts = args.only or ["check", "variants"] + (["marks"] if args.before else [])
@@ -171,6 +194,8 @@ def main() -> None:
                     got.update(content_check(site, tmp, pages, rep))
                 if "variants" in parts:
                     got.update(variants(site, tmp, pages, rep))
+                if "two" in parts:
+                    got.update(two_variants(site, tmp, pages, rep))
                 if "marks" in parts:
                     assert args.before is not None, "--only marks needs --before TREE"
                     got.update(marks(site, tmp, pages, rep, args.before))
@@ -195,6 +220,15 @@ def main() -> None:
             figure("routes.desktop.cpu", "CPU-s per render, desktop (the pool's process"
                    " tree)", "CPU-s", col["desktop.cpu"]),
             figure("routes.mobile.cpu", "CPU-s per render, mobile", "CPU-s", col["mobile.cpu"]),
+        ]
+    if "two" in parts:
+        figures += [
+            figure("routes.two.rate", "renders/s, two variants (desktop, mobile)",
+                   "renders/s", col["two.rate"], better="higher"),
+            figure("routes.one.rate", "renders/s, one variant (desktop)", "renders/s",
+                   col["one.rate"], better="higher"),
+            figure("routes.two.ratio", "renders/s with two variants / one, same repetition",
+                   "x", ratios(col["two.rate"], col["one.rate"]), better="higher"),
         ]
     if "marks" in parts:
         figures += [

@@ -224,23 +224,28 @@ def _prioritize(args: argparse.Namespace) -> int:
     if given != ["row"] and (given != ["url"] or args.mode not in ("rush", "wait")
                              or args.add or args.store):
         return _prioritize_pages(args)
+    from .corpus import variant_rows
+
     eng = _engine(args)
     try:
         if args.url is not None:
             table = _url_source(args, eng)
             try:
-                row = table.find(args.url)
+                # every variant's row (variant_rows.py); the plain URL's refused when unknown
+                rows = [table.find(args.url), *variant_rows.rows_of(table, [args.url])[0][1:]]
             finally:
                 table.close()
         else:
-            row = args.row
-        eng.prioritize(row, args.mode)
-        info = eng.describe(row)
-        lane = lane_label(eng.policy, info["lane"])
+            rows = [args.row]
+        shown = []
+        for row in rows:
+            eng.prioritize(row, args.mode)
+            info = eng.describe(row)
+            shown.append((row, lane_label(eng.policy, info["lane"]), info["due_ms"]))
     finally:
         eng.close()
-    print(f"row {row}: {args.mode}, now in lane {lane}, due"
-          f" {format_due(info['due_ms'], wall_ms())}")
+    for row, lane, due_ms in shown:
+        print(f"row {row}: {args.mode}, now in lane {lane}, due {format_due(due_ms, wall_ms())}")
     return 0
 
 

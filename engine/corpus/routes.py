@@ -252,8 +252,11 @@ class Routes:
 
     def match(self, urls: Sequence[str]) -> I16Array:
         """The index of the first route matching each URL (int16), -1 where none does. Pass
-        normalised URLs (a Corpus holds only those)."""
-        return self._matcher.match(urls)
+        normalised URLs (a Corpus holds only those); a row key of a variant (``URL mobile``,
+        variant_rows.py) matches as its URL."""
+        if isinstance(urls, (str, bytes)):
+            raise EngineTypeError("match takes a sequence of URLs, not one string")
+        return self._matcher.match([u.partition(" ")[0] for u in urls])
 
     def apply(self, urls: Sequence[str], interval_s: npt.ArrayLike,
               provenance: npt.ArrayLike) -> tuple[IntArray, U8Array, I16Array]:

@@ -8,7 +8,8 @@ three: headers and cookies, waiting for a selector, and above all no half-loaded
 A route in the routes TOML says so with these keys (each optional; what a route leaves out is
 the pool's own setting, ``lanes pool --browser``'s options)::
 
-    variants = ["mobile"]             # render as Googlebot's smartphone sees (pool/variants.py)
+    variants = ["desktop", "mobile"]  # as Googlebot's crawlers see it (pool/variants.py): one
+                                      # row and snapshot per variant (corpus/variant_rows.py)
     wait_for = "#price"               # ready when this selector matches, or "js:EXPR" is true
     headers = { "Accept-Language" = "en" }      # on the page's own document request
     cookies = { consent = "yes" }     # for the page's host; or { value = "yes", domain = "..." }
@@ -217,11 +218,6 @@ def _variants(value: object) -> tuple[str, ...]:
                                f" {', '.join(VARIANT_NAMES)})")
     if len(set(value)) != len(value):
         raise EngineValueError(f"variants names one twice: {value!r}")
-    if len(value) > 1:
-        # One engine row and one snapshot per (URL, variant), and lanes serve choosing by the
-        # crawler, are not built yet: a second variant would be silently not rendered.
-        raise EngineValueError(f"variants {value!r}: one variant per route for now (a row and a"
-                               " snapshot per variant of a URL are not built yet)")
     return tuple(value)
 
 

@@ -48,8 +48,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from ..checks import is_int, is_number
+from ..corpus import variant_rows
 from ..corpus.routes import Routes
 from ..corpus.rules import NO_RULES, RESOURCE_TYPES, RouteRules
+from ..corpus.variant_rows import plain_variant
 from ..errors import CorpusError, EngineError, EngineValueError
 from ..store.api import StoreSpec
 from .cdp import Cdp
@@ -171,9 +173,12 @@ class BrowserSpec:
         """Why a page failed: an HTTP 4xx (but 408, 429) is permanent, the rest transient."""
         return classify(exc)
 
-    def rules(self, route: RouteRules = NO_RULES) -> PageRules:
-        """How a page of ``route`` renders: the route's rules where it has them, else the
+    def rules(self, route: RouteRules = NO_RULES, variant: str | None = None) -> PageRules:
+        """How a page of ``route`` renders as ``variant`` (one of the route's; None: its plain
+        URL's, ``variant_rows.plain_variant``): the route's rules where it has them, else the
         pool's. Its headers go on top of ``X-Prerender: 1`` (and may replace it)."""
+        if variant is None:
+            variant = plain_variant(route.variants)
         given = {k.lower() for k, _ in route.headers}
         headers = [h for h in (PRERENDER_HEADER,) if h[0].lower() not in given]
         return PageRules(
@@ -182,7 +187,7 @@ class BrowserSpec:
             self.block_types if route.block_types is None else route.block_types,
             self.block_hosts if route.block_hosts is None else route.block_hosts,
             route.wait_for, (*headers, *route.headers), route.cookies, route.require,
-            VARIANTS[route.variants[0]] if route.variants else None)
+            None if variant is None else VARIANTS[variant])
 
     def page_timeout(self, route: RouteRules = NO_RULES) -> float:
         return self.page_timeout_s if route.page_timeout_s is None else route.page_timeout_s
@@ -385,7 +390,7 @@ class _Tabs:
     def __init__(self, worker: TabWorker, spec: BrowserSpec) -> None:
         self.worker, self.spec = worker, spec
         self.routes = None if spec.routes is None else Routes.from_json(spec.routes)
-        self.page_rules: dict[RouteRules, PageRules] = {}
+        self.page_rules: dict[tuple[RouteRules, str | None], PageRules] = {}
         self.jobs: dict[asyncio.Task[Snapshot], _Job] = {}
         self.browser: Chromium | None = None
 
@@ -446,19 +451,22 @@ class _Tabs:
             self.jobs[asyncio.get_running_loop().create_task(self._render(job))] = job
         self.worker.give_back(later)
 
-    def _rules(self, route: RouteRules) -> PageRules:
-        """The page rules of a route's pages, made once per route."""
-        if route not in self.page_rules:
-            self.page_rules[route] = self.spec.rules(route)
-        return self.page_rules[route]
+    def _rules(self, route: RouteRules, variant: str | None) -> PageRules:
+        """The page rules of a route's pages as one variant, made once per pair."""
+        if (route, variant) not in self.page_rules:
+            self.page_rules[route, variant] = self.spec.rules(route, variant)
+        return self.page_rules[route, variant]
 
     async def _render(self, job: _Job) -> Snapshot:
+        """Render the row ``job`` claimed: its URL, as the variant its key names (a plain URL:
+        its route's first, ``variant_rows``)."""
         assert self.browser is not None and self.browser.cdp is not None
-        route = NO_RULES if self.routes is None else self.routes.rules_for(job.url)
-        tab = Tab(self.browser.cdp, self._rules(route), self.browser.user_agent)
+        url, variant = variant_rows.split(job.url)
+        route = NO_RULES if self.routes is None else self.routes.rules_for(url)
+        tab = Tab(self.browser.cdp, self._rules(route, variant), self.browser.user_agent)
         timeout = self.spec.page_timeout(route)
         try:
-            snap = await asyncio.wait_for(tab.render(job.url), timeout)
+            snap = await asyncio.wait_for(tab.render(url), timeout)
         except TimeoutError:
             await self._dispose(tab, keep_error=True)
             raise PageTimeout(tab.why_not_ready(timeout)) from None

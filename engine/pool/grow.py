@@ -9,7 +9,8 @@ rows' ids follow the table's last row; on Redis one FCALL adds the new URLs and 
 together, from any host.
 
 The pool's routes (``--routes``) are kept with its URLs (``RowUrls.store_routes``), so rows
-added later get the intervals the pool started with.
+added later get the intervals the pool started with, and a URL whose route names two variants
+gets its row per variant (``engine.corpus.variant_rows``) however it is added.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from ..api import RowUrls
 from ..corpus.model import Corpus
 from ..corpus.routes import Routes
+from ..corpus.variant_rows import extra_rows, with_variants
 
 
 @dataclass(frozen=True)
@@ -46,10 +48,23 @@ def stored_routes(urls: RowUrls) -> Routes | None:
     return None if text is None else Routes.from_json(text)
 
 
-def add_corpus(eng: Any, urls: RowUrls, corpus: Corpus) -> Added:
-    """Add ``corpus``'s new URLs to the pool whose URL table is ``urls`` (``eng.row_urls()``;
-    ``eng`` is kept for the callers that name it)."""
-    return add_urls(urls, corpus.urls, corpus.due_ms, corpus.interval_s, corpus.provenance)
+def add_corpus(eng: Any, urls: RowUrls, corpus: Corpus, routes: Routes | None = None) -> Added:
+    """Add ``corpus``'s new URLs, with a row for each further variant their route names, to the
+    pool whose URL table is ``urls`` (``eng.row_urls()``; ``eng`` is kept for the callers that
+    name it). ``routes``: the pool's (None: the ones stored with its URLs)."""
+    if routes is None:
+        routes = stored_routes(urls)
+    keys, cols = with_variants(corpus.urls, routes, corpus.due_ms, corpus.interval_s,
+                               corpus.provenance)
+    return add_urls(urls, keys, *cols)
+
+
+def add_variant_rows(urls: RowUrls, keys: list[str], routes: Routes | None, due_ms: Any,
+                     interval_s: Any, provenance: Any) -> Added | None:
+    """Add the rows of variants a pool's ``keys`` (its rows' keys, a checkpoint's) lack under
+    ``routes`` (a route that names a second variant since): each due when its URL is."""
+    more, cols = extra_rows(keys, routes, due_ms, interval_s, provenance)
+    return add_urls(urls, more, *cols) if more else None
 
 
 def add_urls(urls: RowUrls, new_urls: list[str], due_ms: Any, interval_s: Any, provenance: Any,

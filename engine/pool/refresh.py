@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import checkpoint
 from ..corpus.model import Corpus
+from ..corpus.variant_rows import SEPARATOR, url_of
 from ..errors import CapacityError, EngineValueError
 from ..policy import PROVENANCES, LanePolicy
 from ..report.words import format_duration
@@ -81,6 +82,11 @@ def follow(eng: Any, urls: Any, corpus: Corpus) -> Refreshed:
     added = add_corpus(eng, urls, corpus.select(fresh)).added if fresh.any() else 0
     want = np.full(len(known), _DISCOVERED, np.int64)
     want[at[~fresh]] = corpus.provenance[~fresh]
+    # a further variant's row (``URL mobile``: corpus/variant_rows.py) follows its URL's
+    variants = [(r, row_of.get(url_of(k), -1)) for r, k in enumerate(known) if SEPARATOR in k]
+    for r, plain in variants:
+        if plain >= 0:
+            want[r] = want[plain]
     rows, cols = checkpoint.snapshot(eng)
     mine = rows < len(known)  # rows added meanwhile (another adder, another host) wait
     rows, prov_now = rows[mine], cols["provenance"][mine]

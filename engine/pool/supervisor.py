@@ -43,6 +43,7 @@ from ..api import QueueEngine, RowUrls
 from ..checks import is_int, is_number, wall_ms
 from ..corpus.model import Corpus
 from ..corpus.routes import Routes
+from ..corpus.variant_rows import with_variants
 from ..errors import (
     EngineError,
     EngineValueError,
@@ -54,7 +55,7 @@ from ..policy import LanePolicy
 from ..process import is_running, process_start_ms
 from .board import Board, Clock
 from .failures import FailureLog
-from .grow import Added, add_corpus, add_urls, store_routes
+from .grow import Added, add_corpus, add_urls, add_variant_rows, store_routes
 from .heartbeat import HEARTBEAT_S
 from .hosts import HostGate
 from .render import RenderSpec
@@ -186,6 +187,10 @@ class Pool:
                           ("provenance", provenance), ("failures", failures)):
             if col is not None and np.ndim(col) == 1 and len(col) != n:
                 raise EngineValueError(f"{what} has {len(col)} entries for {n} URLs")
+        # A route naming two variants: a row per further variant, after the URLs' own rows.
+        urls, (due_ms, interval_s, provenance, failures) = with_variants(
+            urls, routes, due_ms, interval_s, provenance, failures)
+        n = len(urls)
         if redis is not None:
             return cls._on_redis(redis, name, render, options, local, policy, capacity, routes,
                                  (urls, due_ms, interval_s, provenance, failures),
@@ -238,8 +243,10 @@ class Pool:
                     # the rows the URLs have now (over shards, not their saved order)
                     pool.failures.import_(restored, {u: r for r, u in
                                                      enumerate(pool.urls.urls()) if u})
+                add_variant_rows(pool.urls, urls, routes, ck.due_ms, ck.interval_s,
+                                 ck.provenance)
                 if corpus is not None:
-                    pool.added = add_corpus(pool.engine, pool.urls, corpus)
+                    pool.added = add_corpus(pool.engine, pool.urls, corpus, routes)
             except BaseException:
                 pool.urls.drop()  # ours, made just now: deleted again
                 pool.engine.unlink()
@@ -258,8 +265,9 @@ class Pool:
             restored = ck.extra.get("failures")
             if restored:
                 pool.failures.import_(restored, {u: r for r, u in enumerate(urls)})
+            add_variant_rows(pool.urls, urls, routes, ck.due_ms, ck.interval_s, ck.provenance)
             if corpus is not None:
-                pool.added = add_corpus(eng, pool.urls, corpus)
+                pool.added = add_corpus(eng, pool.urls, corpus, routes)
             return pool
         except BaseException:
             _remove(name, eng)

@@ -21,7 +21,7 @@ from ..errors import EngineError, EngineValueError, SegmentMissing
 from ..pool.board import DURATION_BUCKETS, FAILED, OK, Board, coarse
 from ..store.api import Store
 from .lanes import lane_label, ttl_range
-from .staleness import RouteOf, staleness
+from .staleness import RouteOf, VariantOf, staleness
 
 _LANE_GAUGES = (("queued", "rows queued in the lane"),
                 ("due", "backlog: rows due now in the lane"),
@@ -156,26 +156,32 @@ _STALENESS = (("snapshot", "lanes_snapshot_age_over_interval",
 
 
 class StalenessCollector:
-    """The store's staleness figures, per lane and per route (with ``routes``)."""
+    """The store's staleness figures, per lane, per route (with ``routes``) and per variant
+    (where a snapshot has one)."""
 
     def __init__(self, store: Store, routes: Routes | None = None,
                  lane_name: Any = None) -> None:
         self.store = store
         self.routes = None if routes is None else RouteOf(routes)  # URLs matched once
+        self.variants = VariantOf(routes)  # keys looked at once
         self.lane_name = lane_name
         self._last: tuple[float, dict[str, Any]] | None = None
 
     def figures(self) -> dict[str, Any]:
         now = time.monotonic()
         if self._last is None or now - self._last[0] > STALENESS_EVERY_S:
-            self._last = (now, staleness(self.store, wall_ms(), self.routes, self.lane_name))
+            self._last = (now, staleness(self.store, wall_ms(), self.routes, self.lane_name,
+                                         variants=self.variants))
         return self._last[1]
 
     def collect(self) -> Iterator[Any]:
         core = _client().core
         f = self.figures()
-        for by, groups in (("lane", f["lanes"]), ("route", f.get("routes", []))):
-            prefix = "" if by == "lane" else "route_"
+        for by, groups in (("lane", f["lanes"]), ("route", f.get("routes", [])),
+                           ("variant", f.get("variants", []))):
+            if by == "variant" and not groups:
+                continue  # no route names a variant: /metrics as it always was
+            prefix = "" if by == "lane" else f"{by}_"
             for reading, metric, help_ in _STALENESS:
                 g = core.GaugeMetricFamily(metric.replace("lanes_", f"lanes_{prefix}", 1),
                                            f"{help_}, per {by}", labels=[by, "quantile"])

@@ -1,7 +1,8 @@
 """Served staleness: how old, against its interval, what the store holds and what it served.
 
 This is the figure the lanes exist to improve: a snapshot's age ÷ its refresh interval (1.0:
-exactly one interval old). Two readings of it, per lane and per route:
+exactly one interval old). Two readings of it, per lane, per route and, where a route renders
+a page as more than one device (``engine.corpus.variant_rows``), per variant:
 
 * **snapshot**: every snapshot in the store, now (p50 / p95 / max);
 * **served**: the hits ``lanes serve`` answered over the hit log's window (the last hour), each
@@ -19,11 +20,15 @@ from typing import Any, Final
 
 import numpy as np
 
+from ..corpus import variant_rows
 from ..corpus.routes import Routes
+from ..corpus.rules import VARIANT_NAMES
 from ..store.api import HIT_WINDOW_MS, Store
 
 QUANTILES: Final = (0.5, 0.95)
 NO_ROUTE: Final = "(no route)"
+NO_VARIANT: Final = "(none)"
+"""The variant group of a snapshot rendered as Chromium is (its route names no variant)."""
 
 
 def figures(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
@@ -36,18 +41,23 @@ def figures(values: Sequence[float] | np.ndarray) -> dict[str, Any]:
             "max": round(float(a.max()), 4)}
 
 
-class RouteOf:
-    """The route of every snapshot, by snapshot id, matched once per URL: a URL keeps its id,
-    so a kept ``RouteOf`` matches only the snapshots added since its last call."""
+class _ByKey:
+    """A group of every snapshot, by snapshot id, worked out once per key from the key: a key
+    keeps its id, so a kept one looks only at the snapshots added since its last call."""
 
-    def __init__(self, routes: Routes) -> None:
-        self.routes = routes
-        self.names = [*routes.names(), NO_ROUTE]
-        self._codes = np.full(0, -1, np.int64)  # by id; -1: no route (the last name)
+    names: list[str]
+    """The groups; a code of -1 is the last of them."""
+
+    def __init__(self) -> None:
+        self._codes = np.full(0, -1, np.int64)  # by id
         self._last_id = 0
 
+    def of(self, keys: list[str]) -> Sequence[int] | np.ndarray:
+        """The group of each snapshot key (an index into ``names``, -1: the last)."""
+        raise NotImplementedError
+
     def codes(self, store: Store, ids: np.ndarray) -> np.ndarray:
-        """The route index (into ``names``) of each snapshot id in ``ids``."""
+        """The group (an index into ``names``) of each snapshot id in ``ids``."""
         new = store.urls_after(self._last_id)
         if new:
             top = new[-1][0]
@@ -55,20 +65,54 @@ class RouteOf:
                 grown = np.full(top + 1, -1, np.int64)
                 grown[:len(self._codes)] = self._codes
                 self._codes = grown
-            got = self.routes.match([u for _i, u in new])
-            self._codes[[i for i, _u in new]] = got
+            self._codes[[i for i, _u in new]] = self.of([u for _i, u in new])
             self._last_id = top
         out = self._codes[ids] if len(ids) else np.empty(0, np.int64)
         return np.where(out >= 0, out, len(self.names) - 1)
 
 
+class RouteOf(_ByKey):
+    """The route of every snapshot, matched once per URL."""
+
+    def __init__(self, routes: Routes) -> None:
+        super().__init__()
+        self.routes = routes
+        self.names = [*routes.names(), NO_ROUTE]
+
+    def of(self, keys: list[str]) -> np.ndarray:
+        return self.routes.match(keys)
+
+
+class VariantOf(_ByKey):
+    """The variant of every snapshot (``engine.corpus.variant_rows``): a further variant's
+    from its key, a plain URL's from its route (without routes: no variant)."""
+
+    def __init__(self, routes: Routes | None) -> None:
+        super().__init__()
+        self.routes = routes
+        self.names = [*VARIANT_NAMES, NO_VARIANT]
+
+    def of(self, keys: list[str]) -> list[int]:
+        routes = () if self.routes is None else self.routes.routes
+        ids = [-1] * len(keys)
+        if self.routes is not None and any(r.rules.variants for r in routes):
+            ids = self.routes.match(keys).tolist()
+        out = []
+        for key, r in zip(keys, ids, strict=True):
+            v = variant_rows.variant_of(key, routes[r].rules.variants if r >= 0 else ())
+            out.append(-1 if v is None else VARIANT_NAMES.index(v))
+        return out
+
+
 def staleness(store: Store, now_ms: int, routes: Routes | RouteOf | None = None,
               lane_name: Callable[[int], str] | None = None,
               window_ms: int = HIT_WINDOW_MS,
-              lane_label: Callable[[int], str] | None = None) -> dict[str, Any]:
+              lane_label: Callable[[int], str] | None = None,
+              variants: VariantOf | None = None) -> dict[str, Any]:
     """Both readings, overall, per lane (by name when ``lane_name`` is given, each with its
     ``label`` when ``lane_label`` is) and, with ``routes`` (or a kept :class:`RouteOf`, which
-    matches each URL once), per route."""
+    matches each URL once), per route; with routes or ``variants`` (a kept :class:`VariantOf`,
+    which looks at each key once), per variant where a snapshot has one."""
     ids, lanes, ratio = store.ratios(now_ms)
     hit_ids, hit_lanes, hit_ratio, served = store.hit_ratios(now_ms - window_ms)
     present = np.unique(np.concatenate([lanes, hit_lanes]))  # lane numbers, sorted
@@ -87,6 +131,13 @@ def staleness(store: Store, now_ms: int, routes: Routes | RouteOf | None = None,
         route_of = routes if isinstance(routes, RouteOf) else RouteOf(routes)
         out["routes"] = _grouped(route_of.names, route_of.codes(store, ids),
                                  route_of.codes(store, hit_ids), ratio, hit_ratio, served)
+        if variants is None:
+            variants = VariantOf(route_of.routes)
+    if variants is not None:
+        codes, hit_codes = variants.codes(store, ids), variants.codes(store, hit_ids)
+        if (codes < len(VARIANT_NAMES)).any() or (hit_codes < len(VARIANT_NAMES)).any():
+            out["variants"] = _grouped(variants.names, codes, hit_codes, ratio, hit_ratio,
+                                       served)
     return out
 
 

@@ -366,7 +366,8 @@ STALENESS_EVERY_S = 5.0
 
 def staleness_table(f: dict[str, Any], by: str) -> tuple[str, list[tuple[str, ...]],
                                                          tuple[str, ...]]:
-    """The per-lane (``by="lanes"``) or per-route table of ``staleness`` figures."""
+    """The per-lane (``by="lanes"``), per-route or per-variant table of ``staleness``
+    figures."""
     from .staleness import COLUMNS as STALE_COLUMNS
     from .staleness import cells, table_rows
 
@@ -380,9 +381,11 @@ def staleness_table(f: dict[str, Any], by: str) -> tuple[str, list[tuple[str, ..
 
 def print_staleness(f: dict[str, Any], out: TextIO | None = None, plain: bool = False,
                     routes: bool = True) -> None:
-    """The staleness tables: per lane, and per route when the figures have routes."""
-    for by in ("lanes", "routes") if routes and "routes" in f else ("lanes",):
-        print_table(*staleness_table(f, by), out=out, plain=plain)
+    """The staleness tables: per lane, and per route and per variant when the figures have
+    them."""
+    for by in ("lanes", "routes", "variants") if routes else ("lanes",):
+        if by in f:
+            print_table(*staleness_table(f, by), out=out, plain=plain)
 
 
 def render_table(title: str, rows: Sequence[tuple[str, ...]], columns: tuple[str, ...] = COLUMNS

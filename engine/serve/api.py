@@ -43,7 +43,7 @@ from ..pool.board import Board, Clock
 from ..pool.failures import failure_rows
 from ..report import progress
 from ..report.lanes import labels, lane_label
-from ..report.staleness import RouteOf, staleness
+from ..report.staleness import RouteOf, VariantOf, staleness
 from ..report.states import stalled
 from ..report.view import for_json, idle_worker, lane_figures, lane_sums, pool_figures
 from .source import PoolSource
@@ -110,6 +110,7 @@ class Figures:
         self._pending: dict[str, asyncio.Future[Any]] = {}
         self._task: asyncio.Task[None] | None = None
         self._route_of: RouteOf | None = None
+        self._variant_of: VariantOf | None = None
         self._row_routes: tuple[Routes, Any] | None = None
 
     # -- running ---------------------------------------------------------------------------------
@@ -214,12 +215,14 @@ class Figures:
         store = self.parts.store
         if store is None:
             return None
-        if self._route_of is None:
+        if self._variant_of is None:
             routes = self.parts.routes()
             self._route_of = None if routes is None else RouteOf(routes)  # URLs matched once
+            self._variant_of = VariantOf(routes)  # keys looked at once
         policy = self.parts.engine.policy
         return staleness(store, wall_ms(), self._route_of, policy.lane_name,
-                         lane_label=lambda lane: lane_label(policy, lane))
+                         lane_label=lambda lane: lane_label(policy, lane),
+                         variants=self._variant_of)
 
     def crawlers(self) -> list[dict[str, Any]] | None:
         """Freshness per crawler family (``lanes serve --store``), or None."""

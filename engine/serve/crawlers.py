@@ -60,6 +60,14 @@ def family(agent: str | None) -> int:
 _OTHER: Final = FAMILIES.index("other-bot")
 
 
+def wants_mobile(agent: str | None) -> bool:
+    """Whether a User-Agent is a phone's, to be served a page's mobile variant: Googlebot
+    Smartphone, bingbot's and other crawlers' mobile agents, a person's phone. The crawler list
+    names no device, so this is the rule MDN gives ("Mobi" anywhere in the User-Agent), which
+    each of them carries ("Mobile Safari/", "Mobile/15E148", "Googlebot-Mobile")."""
+    return agent is not None and "Mobi" in agent
+
+
 def figures(store: Any, now_ms: int) -> list[dict[str, Any]]:
     """Per crawler family that made a request: requests since the store began (of which
     relayed from the origin), snapshot hits over the last hour, the mean age ÷ interval of

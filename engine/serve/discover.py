@@ -37,6 +37,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import numpy as np
 from w3lib.url import canonicalize_url
 
+from ..corpus import variant_rows
 from ..corpus.model import Corpus
 from ..corpus.routes import Route, Routes
 from ..corpus.urlnorm import normalize_url, origin_of
@@ -180,16 +181,12 @@ class Discovery:
             now = int(time.time() * 1000)
             corpus = Corpus(list(chosen), np.array(list(chosen.values()), np.int64),
                             np.ones(n, np.uint8), np.full(n, now, np.int64))
-            added = add_corpus(eng, self.source.urls(), corpus)
+            added = add_corpus(eng, self.source.urls(), corpus, routes)
             out["added"] += added.added
             out["known"] += added.known
         if rush:
             table = self.source.urls()
-            rows = []
-            for url in rush:
-                try:
-                    rows.append(table.find(url))
-                except EngineError:
-                    continue  # refused above (a route, the cap): nothing to rush
+            # each row of its variants; none if refused above (a route, the cap)
+            rows = [r for each in variant_rows.rows_of(table, rush) for r in each]
             out["rushed"] += eng.prioritize_many(np.array(rows, np.int64), "rush")
         return out

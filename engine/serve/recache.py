@@ -21,6 +21,9 @@ the reason and changes nothing. Then (:func:`prioritize`, on the pool source's t
   a crawler gets the origin's own answer until a render lands;
 * a listed URL the pool does not know is added (submitted, its route's interval) when ``add``
   is set, and otherwise reported in ``unknown``.
+
+A URL whose route names two variants has two rows (``engine.corpus.variant_rows``), both found
+by its URL or a scope and both acted on; ``matched`` and ``added`` count rows.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from typing import Any, Final
 import numpy as np
 from aiohttp import web
 
+from ..corpus import variant_rows
 from ..corpus.model import Corpus
 from ..corpus.routes import Routes
 from ..corpus.urlnorm import normalize_url, origin_of
@@ -160,10 +164,10 @@ def prioritize(pool: Pool, ask: Ask, now_ms: int | None = None) -> dict[str, Any
         if foreign:
             raise EngineValueError(f"{len(foreign)} URL(s) on hosts the pool does not render,"
                                    f" such as {foreign[0][:200]}")
-        found = pool.urls.find_many(ask.urls).tolist()
-        rows = [r for r in found if r >= 0]
-        matched_urls = [u for u, r in zip(ask.urls, found, strict=True) if r >= 0]
-        unknown = [u for u, r in zip(ask.urls, found, strict=True) if r < 0]
+        found = variant_rows.rows_of(pool.urls, ask.urls)
+        rows = [r for each in found for r in each]
+        matched_urls = [u for u, r in zip(ask.urls, found, strict=True) if r]
+        unknown = [u for u, r in zip(ask.urls, found, strict=True) if not r]
     added = 0
     if unknown and ask.add:
         new_rows = _add(pool, unknown, now_ms)
@@ -231,9 +235,8 @@ def _add(pool: Pool, urls: list[str], now_ms: int | None) -> list[int]:
             raise EngineValueError(f"{lost[:200]} matches none of the pool's routes: it has no"
                                    " interval")
     corpus = Corpus(list(urls), interval, provenance, np.full(n, now, np.int64), route)
-    add_corpus(pool.engine, pool.urls, corpus)
-    found: list[int] = pool.urls.find_many(urls).tolist()
-    return found
+    add_corpus(pool.engine, pool.urls, corpus, pool.routes)
+    return [r for each in variant_rows.rows_of(pool.urls, urls) for r in each]
 
 
 def parse_json(raw: bytes) -> object:

@@ -16,6 +16,10 @@ here is what the crawler gets, and must say honestly how old it is:
 * without a pool, or for a URL on no host of the pool, a URL never rendered is **404** and a
   too-stale snapshot **503** with ``Retry-After`` (a status that says "try later").
 
+A URL whose route renders it as two variants has two snapshots (``engine.corpus.variant_rows``):
+a crawler on a phone (:func:`engine.serve.crawlers.wants_mobile`) gets the mobile one, any other
+the desktop one, either the other one while its own is missing, with ``Vary: User-Agent``.
+
 Every answer carries ``X-Lanes-Snapshot: served | stale | missing | origin``, so a middleware
 can tell a rendered 404 (``served``) from a URL never rendered (``missing``).
 
@@ -54,6 +58,7 @@ from typing import Final
 from aiohttp import web
 
 from ..checks import wall_ms
+from ..corpus import variant_rows
 from ..corpus.urlnorm import normalize_url
 from ..errors import EngineError
 from ..store import open_store
@@ -83,6 +88,8 @@ piece by piece (``STREAM_PIECE`` at a time), never whole in memory: a 20 MB page
 KB, so without this a few such requests would hold many times the answer budget."""
 STREAM_PIECE: Final = 256 << 10
 RENDER_POLL_S: Final = 0.1
+ABSENT_KEPT: Final = 100_000
+"""Variant keys remembered as missing, at most (then forgotten at once, as ``_Spellings``)."""
 NORMAL_BYTES: Final = 4 << 20
 """The requested spellings of URLs whose store spelling is kept (bots repeat URLs; only good
 ones are kept, counted by their length, so a flood of distinct bad URLs costs nothing)."""
@@ -177,6 +184,7 @@ class SnapshotRoutes:
         self._reads = (ThreadPoolExecutor(REMOTE_READS, thread_name_prefix="lanes-serve-reads")
                        if store.remote else None)
         self._reading: dict[str, asyncio.Future[_Answer | None]] = {}  # keys being read
+        self._absent: dict[str, float] = {}  # variant key -> monotonic time it was missing
         self.unavailable = 0  # reads that failed: answered from the copy here, or 503
 
     def close(self) -> None:
@@ -212,7 +220,8 @@ class SnapshotRoutes:
                 self.hits.request(bot, False)
                 return _plain(400, f"not an absolute http(s) URL: {_short(str(e))}", "missing")
         try:
-            found = await self._answer(key)
+            found, varies = await self._chosen(key, crawlers.wants_mobile(
+                request.headers.get("User-Agent")))
         except EngineError as e:
             self.hits.request(bot, False)
             log.warning("lanes serve: %s", e)
@@ -223,7 +232,7 @@ class SnapshotRoutes:
             if not isinstance(missed, _Answer):
                 self.hits.request(bot, missed.headers.get("X-Lanes-Snapshot") == "origin")
                 return missed
-            found = missed
+            found, varies = missed, False
         snap = found.snap
         now = wall_ms()
         ratio = snap.age_over_interval(now)
@@ -241,6 +250,8 @@ class SnapshotRoutes:
         self.hits.request(bot, False)
         headers = {**found.fixed, "Age": str(snap.age_s(now)),
                    "X-Lanes-Age-Over-Interval": f"{ratio:.3f}"}
+        if varies:
+            headers["Vary"] = "Accept-Encoding, User-Agent"
         if _matches(request.headers.get("If-None-Match"), found.etag):
             del headers["Content-Type"]
             return web.Response(status=304, headers=headers)
@@ -254,6 +265,29 @@ class SnapshotRoutes:
             self._bytes += len(html)
             self._evict()
         return web.Response(status=snap.status, body=html, headers=headers)
+
+    async def _chosen(self, url: str, mobile: bool) -> tuple[_Answer | None, bool]:
+        """The answer for a crawler on a phone (``mobile``) or not: the URL's mobile variant or
+        its plain URL (desktop, or its route's only render), the other when that one is
+        missing; and whether the URL has a variant (the answer then carries ``Vary:
+        User-Agent``). Most URLs have no variant and every request asks, so a variant key's
+        miss is kept for ``REVALIDATE_S`` like an answer."""
+        variant_key = variant_rows.mobile_key(url)
+        now = time.monotonic()
+        missed = self._absent.get(variant_key)
+        variant = None
+        if missed is None or now - missed > REVALIDATE_S:
+            variant = await self._answer(variant_key)
+            if variant is None:
+                if len(self._absent) >= ABSENT_KEPT:
+                    self._absent.clear()
+                self._absent[variant_key] = now
+            else:
+                self._absent.pop(variant_key, None)
+        if mobile and variant is not None:
+            return variant, True
+        plain = await self._answer(url)
+        return (plain if plain is not None else variant), variant is not None
 
     async def _missed(self, request: web.Request, key: str) -> _Answer | web.StreamResponse:
         """A URL with no snapshot: its snapshot after all (``--render-on-miss``), or the
@@ -346,8 +380,12 @@ class SnapshotRoutes:
         return found
 
     def forget(self, urls: Sequence[str]) -> None:
-        """Drop the answers of ``urls`` (store spellings; none named: every answer)."""
-        for key in urls or list(self._cache):
+        """Drop the answers of ``urls``, every variant's (store spellings; none named: every
+        answer)."""
+        if not urls:
+            self._absent.clear()
+        for key in variant_rows.all_keys(urls) or list(self._cache):
+            self._absent.pop(key, None)
             if key in self._cache:
                 self._drop(key)
 

@@ -13,6 +13,8 @@ What every store promises:
 * ``put`` is atomic: a reader sees the URL's previous snapshot or the new one, never part of
   one, whatever is killed when; the HTML already stored for the URL is ``"unchanged"`` and
   rewrites no body;
+* a snapshot is keyed by its row's key: a URL, or ``URL VARIANT`` for a further variant of a
+  URL (``engine.corpus.variant_rows``); clearing a URL clears all of them;
 * ``get`` returns a whole snapshot or None (never rendered, or cleared), or raises
   :class:`~engine.errors.StoreError` when the body cannot be read now: never a torn body;
 * a URL keeps its ``id`` until it is cleared (hits name snapshots by id);
@@ -164,7 +166,8 @@ class Store(Protocol):
         ...
 
     def clear(self, urls: Sequence[str]) -> int:
-        """Drop the snapshots of ``urls`` (those it has): how many went."""
+        """Drop the snapshots of ``urls`` (those it has), each URL's of every variant: how many
+        went."""
         ...
 
     def ages(self) -> list[tuple[str, int, int, int]]:

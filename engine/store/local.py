@@ -55,6 +55,7 @@ import numpy as np
 import psutil
 
 from ..checks import wall_ms
+from ..corpus.variant_rows import all_keys
 from ..errors import EngineClosed, EngineTypeError, StoreError
 from . import api
 from .api import Outcome, Snapshot, StoreSpec
@@ -258,13 +259,15 @@ class SnapshotStore:
         return old
 
     def clear(self, urls: Sequence[str]) -> int:
-        """Drop the snapshots of ``urls`` (those it has; the rest are ignored): how many went.
+        """Drop the snapshots of ``urls`` (those it has; the rest are ignored), every variant's
+        of each (``variant_rows.keys_of``): how many went.
 
         Crash-safe as :meth:`put` is: the rows go in one transaction, then each file under the
         write lock unless a concurrent render put the URL back on it; a kill in between leaves
         orphan files (swept), never a row without its file."""
         if isinstance(urls, str) or not all(isinstance(u, str) for u in urls):
             raise EngineTypeError("clear takes a sequence of URL strings")
+        urls = all_keys(urls)
         gone: list[tuple[str, str]] = []
         for start in range(0, len(urls), 10_000):  # a transaction of bounded size
             batch = list(urls[start:start + 10_000])

@@ -41,6 +41,7 @@ from typing import Any, Final
 import numpy as np
 
 from ..checks import wall_ms
+from ..corpus.variant_rows import all_keys
 from ..errors import EngineClosed, EngineTypeError, MissingExtra, StoreError
 from .api import Outcome, Snapshot, StoreSpec, bot_ratios_of, bucket_and_prefix
 from .checks import checked_meta, html_bytes
@@ -170,12 +171,13 @@ class ObjectStore:
             self.uploaded += 1
 
     def clear(self, urls: Sequence[str]) -> int:
-        """Drop the pointers of ``urls``: every host's server stops serving them within its
-        revalidation (a second); the blobs go with ``gc``."""
+        """Drop the pointers of ``urls``, every variant's of each (``variant_rows.keys_of``):
+        every host's server stops serving them within its revalidation (a second); the blobs
+        go with ``gc``."""
         if isinstance(urls, str) or not all(isinstance(u, str) for u in urls):
             raise EngineTypeError("clear takes a sequence of URL strings")
         self._live()
-        urls = list(urls)
+        urls = all_keys(urls)
         return sum(self.pointers.delete(urls[i:i + 10_000]) for i in range(0, len(urls), 10_000))
 
     # -- reading --------------------------------------------------------------------------------

@@ -216,3 +216,71 @@ def test_a_fitting_refresh_fits_the_lane_weights_to_the_rows_it_leaves(pool: Poo
     assert now.weights == {  # 5 and 6 days share no lane with 7 (the bands are sqrt(2) apart)
         name(now.lane_for("submitted", 3600)): 4.0,
         name(now.lane_for("submitted", 7 * 86400)): spread_weight_fp(6 * 86400, 7 * 86400) / ONE}
+
+
+@pytest.mark.parametrize("backend", ["shm", "redis"])
+def test_a_pool_with_two_variants_makes_and_keeps_a_row_per_variant(
+        request: pytest.FixtureRequest, tmp_path: Any, backend: str) -> None:
+    """``Pool.create`` gives each URL of a two-variant route its ``URL mobile`` row; a refresh
+    adds a new URL's two rows and keeps the variant rows' provenance their URL's."""
+    from engine.corpus.routes import Routes
+
+    path = tmp_path / "routes.toml"
+    path.write_text('[[route]]\nname = "p"\nmatch = "https://shop.test/p/*"\ninterval = "1h"\n'
+                    'variants = ["desktop", "mobile"]\n')
+    routes = Routes.load(path)
+    c = _corpus(URLS[:2] + ["https://shop.test/about"])
+    redis = request.getfixturevalue("redis_server").url if backend == "redis" else None
+    name = unique_name()
+    p = Pool.create(name, c.urls, c.due_ms, c.interval_s, c.provenance,
+                    RenderSpec(command="true {url}"), PoolOptions(workers=1), capacity=64,
+                    routes=routes, redis=redis)
+    try:
+        mobile = [f"{u} mobile" for u in URLS[:2]]
+        assert sorted(p.urls.urls()) == sorted([*c.urls, *mobile])
+        assert p.engine.stats()["rows"] == 5
+        same = follow(p.engine, p.urls, c)
+        assert (same.added, same.discovered, same.submitted) == (0, 0, 0)
+        more = follow(p.engine, p.urls, _corpus([*c.urls, URLS[2]]))
+        assert more.added == 2 and f"{URLS[2]} mobile" in p.urls.urls()
+        assert {_prov(p, u) for u in p.urls.urls()} == {"submitted"}
+        less = follow(p.engine, p.urls, _corpus([*c.urls[1:], URLS[2]]))  # the first leaves
+        assert less.discovered == 2
+        assert _prov(p, f"{URLS[0]} mobile") == _prov(p, URLS[0]) == "discovered"
+    finally:
+        p.close()
+        if redis is not None:
+            eng = Engine.connect(redis, name)
+            RedisUrls(eng).drop()
+            eng.drop()
+            eng.close()
+
+
+@pytest.mark.parametrize("backend", ["shm", "redis"])
+def test_resuming_with_a_route_that_now_names_two_variants_adds_their_rows(
+        request: pytest.FixtureRequest, tmp_path: Any, backend: str) -> None:
+    from engine.corpus.routes import Routes
+
+    path = tmp_path / "routes.toml"
+    path.write_text('[[route]]\nname = "p"\nmatch = "https://shop.test/p/*"\ninterval = "1h"\n'
+                    'variants = ["mobile", "desktop"]\n')
+    ck = str(tmp_path / "ck.npz")
+    with Engine.create(unique_name(), capacity=64) as eng:
+        for _ in URLS[:3]:
+            eng.add(1_800_000_000_000, 3600)
+        eng.save(ck, urls=URLS[:3])
+    redis = request.getfixturevalue("redis_server").url if backend == "redis" else None
+    name = unique_name()
+    p = Pool.resume(name, ck, RenderSpec(command="true {url}"), PoolOptions(workers=1),
+                    capacity=64, routes=Routes.load(path), redis=redis)
+    try:
+        assert sorted(p.urls.urls()) == sorted([*URLS[:3], *(f"{u} mobile" for u in URLS[:3])])
+        mobile = p.urls.find(f"{URLS[1]} mobile")
+        assert p.engine.due_ms(mobile) == 1_800_000_000_000  # due when its URL is
+    finally:
+        p.close()
+        if redis is not None:
+            eng = Engine.connect(redis, name)
+            RedisUrls(eng).drop()
+            eng.drop()
+            eng.close()

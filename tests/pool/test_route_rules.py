@@ -74,7 +74,8 @@ def routes_file(tmp_path: Path, body: str, match: str = "http://127.0.0.1:*/*",
     ('variants = ["tablet"]', "unknown variant 'tablet' (known: mobile, desktop)"),
     ('variants = ["mobile", "mobile"]', "variants names one twice"),
     ('variants = "mobile"', "variants must be a list"),
-    ('variants = ["desktop", "mobile"]', "one variant per route for now"),
+    ('variants = ["desktop", "mobile", "desktop"]', "variants names one twice"),
+    ('variants = ["desktop", "mobile"]', None),  # a row and a snapshot per variant
 ])
 def test_bad_rules_are_refused_at_load_naming_the_route_and_its_line(
         tmp_path: Path, body: str, why: str | None) -> None:
@@ -103,6 +104,7 @@ def test_the_example_routes_file_loads_and_its_rules_survive_the_stored_json() -
     routes = Routes.load(Path(__file__).resolve().parents[2] / "examples" / "routes-shop.toml")
     product = next(r for r in routes.routes if r.name == "product")
     assert product.rules.require is not None and product.rules.wait_for is not None
+    assert product.rules.variants == ("desktop", "mobile")
     again = Routes.from_json(routes.to_json())
     assert again == routes and [r.rules for r in again.routes] == [r.rules
                                                                   for r in routes.routes]

@@ -154,6 +154,50 @@ def test_lanes_stats_prometheus_with_a_store_has_route_figures(
                     (("lane", "submitted/b0"), ("quantile", "0.5")))] == pytest.approx(0.5)
     assert samples[("lanes_refused_stale_hits", (("lane", "cold"),))] == 1
     assert ("lanes_lane_queued", (("lane", "cold"),)) in samples
+    assert not any(n.startswith("lanes_variant_") for n, _ in samples)  # no route names one
+
+
+def test_stats_show_staleness_per_variant_where_a_route_names_two(
+        store: SnapshotStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The products rendered as desktop (their plain URLs) and mobile (``URL mobile``, one
+    interval old each): a variant column in the JSON, a table and a metric label; the lanes and
+    routes count both. Without a route naming variants none of them shows (above)."""
+    f = tmp_path / "variants.toml"
+    f.write_text('[[route]]\nname = "product"\nmatch = "https://shop.example/p/*"\n'
+                 'interval = "1h"\nvariants = ["desktop", "mobile"]\n')
+    for i in range(1, 6):
+        store.put(f"https://shop.example/p/{i} mobile", f"<p>{i} phone</p>", status=200,
+                  location=None, interval_s=3600, lane=1, render_ms=10.0,
+                  rendered_at_ms=NOW - HOUR_MS)
+    phone = store.get("https://shop.example/p/1 mobile")
+    assert phone is not None
+    store.log_hits([(NOW - 500, phone.id, 1, 1.0, True, 0)])
+    routes = Routes.load(f)
+    per = by_key(staleness(store, NOW, routes)["variants"])
+    assert set(per) == {"desktop", "mobile", "(none)"}  # the category has no variant
+    assert (per["mobile"]["snapshot"]["count"], per["mobile"]["snapshot"]["max"]) == (5, 1.0)
+    assert per["mobile"]["served"]["count"] == 1 and per["desktop"]["served"]["count"] == 2
+    assert per["desktop"]["snapshot"]["count"] == 10 and per["(none)"]["refused"] == 1
+    name = unique_name()
+    eng = Engine.create(name, 64, TEN_LANES)
+    table = UrlTable.create(name, [], eng)
+    store_routes(table, routes)
+    try:
+        out = run_stats(capsys, name, "--store", store.directory, "--plain")
+        assert "served staleness per variant" in out
+        row = next(line for line in out.splitlines() if line.startswith("mobile"))
+        assert row.split()[1] == "5"
+        out = run_stats(capsys, name, "--store", store.directory, "--prometheus")
+    finally:
+        table.drop()
+        eng.unlink()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for fam in text_string_to_metric_families(out) for s in fam.samples}
+    assert samples[("lanes_variant_snapshots", (("variant", "mobile"),))] == 5
+    assert samples[("lanes_variant_served_hits", (("variant", "desktop"),))] == 2
+    assert samples[("lanes_route_snapshots", (("route", "product"),))] == 15
 
 
 def test_the_live_view_shows_served_staleness(store: SnapshotStore) -> None:

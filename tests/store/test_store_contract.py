@@ -114,6 +114,22 @@ def test_clear_drops_the_named_snapshots_only(store: Store) -> None:
     assert [u for u, *_ in store.ages()] == ["https://s.test/c"]
 
 
+def test_each_variant_of_a_url_is_a_snapshot_of_its_own_and_clearing_the_url_drops_all(
+        store: Store) -> None:
+    """Keyed by (URL, variant): ``URL mobile`` beside the URL (engine/corpus/variant_rows.py)."""
+    url = "https://s.test/p"
+    store.put(url, "desktop", **META)
+    store.put(f"{url} mobile", "phone", **META)
+    store.put("https://s.test/other mobile", "other", **META)
+    desktop, phone = store.get(url), store.get(f"{url} mobile")
+    assert desktop is not None and phone is not None and desktop.id != phone.id
+    assert (desktop.html(), phone.html()) == (b"desktop", b"phone")
+    assert store.clear([url]) == 2  # the URL's every variant
+    assert store.get(url) is None and store.get(f"{url} mobile") is None
+    assert [u for u, *_ in store.ages()] == ["https://s.test/other mobile"]
+    assert store.clear(["https://s.test/other mobile"]) == 1  # a variant alone, by its key
+
+
 def test_a_second_opener_sees_every_write_at_once(store: Store) -> None:
     other = open_store(store.spec, create=False)
     try:
