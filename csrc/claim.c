@@ -677,21 +677,35 @@ static void credit_absorb(rl_seg *s, uint32_t cls, uint32_t got) {
 
 /* ---- the pass ---- */
 
+/* The lanes a remainder weighs: those a row was ever put in (lanes_used, set before the row is
+ * visible), from lane 1 when urgent is capped: the others are not read at all. */
+static uint64_t remainder_lanes(const Pass *P, int skip_urgent) {
+    uint64_t used = atomic_load(&P->s->h->lanes_used) & ~(uint64_t)(skip_urgent ? 1 : 0);
+    return P->lanes < RL_MAX_LANES ? used & ((1ull << P->lanes) - 1) : used;
+}
+
+/* Each grant to the lane whose head is due first, ties to the lower lane. A head changes only
+ * when its lane is taken from, so each lane is opened and peeked once, its head's due kept
+ * here, and after a grant only the winner is peeked again (a lane found empty stays out). */
 static void remainder_edf(Pass *P, int skip_urgent) {
-    while (P->n < P->budget) {
-        int best = -1;
-        uint64_t best_due = 0;
-        for (uint32_t l = skip_urgent ? 1 : 0; l < P->lanes; l++) {
-            Cursor *c = lane_open(P, l);
-            if (!lane_peek(P, c)) continue;
-            uint64_t due = rl_key_due(c->peek.key);
-            if (best < 0 || due < best_due) {
-                best = (int)l;
-                best_due = due;
-            }
+    uint64_t due[RL_MAX_LANES], live = 0;
+    for (uint64_t m = remainder_lanes(P, skip_urgent); m; m &= m - 1) {
+        uint32_t l = (uint32_t)__builtin_ctzll(m);
+        Cursor *c = lane_open(P, l);
+        if (!lane_peek(P, c)) continue;
+        due[l] = rl_key_due(c->peek.key);
+        live |= 1ull << l;
+    }
+    while (P->n < P->budget && live) {
+        uint32_t best = (uint32_t)__builtin_ctzll(live);
+        for (uint64_t m = live & (live - 1); m; m &= m - 1) {
+            uint32_t l = (uint32_t)__builtin_ctzll(m);
+            if (due[l] < due[best]) best = l;
         }
-        if (best < 0) break;
-        lane_take(P, (uint32_t)best, 1); /* a lost race exhausts the lane or grants; no spin */
+        lane_take(P, best, 1); /* a lost race exhausts the lane or grants; no spin */
+        Cursor *c = &P->cursors[best];
+        if (P->n < P->budget && lane_peek(P, c)) due[best] = rl_key_due(c->peek.key);
+        else live &= ~(1ull << best);
     }
 }
 
@@ -912,13 +926,9 @@ static void lane_weights(const Pass *P, uint32_t first, uint32_t *wt) {
 static void remainder_lateness(Pass *P, int skip_urgent) {
     LateHead h[RL_MAX_LANES];
     uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES], wt[RL_MAX_LANES];
-    uint32_t first = skip_urgent ? 1 : 0;
     LaneHeap q = {.n = 0}; /* the lanes that may have a head */
-    /* the lanes a row was ever put in (lanes_used, set before the row is visible): the others
-     * are not read at all, so a 64-lane layout of which a few lanes are used pays for those */
-    uint64_t used = atomic_load(&P->s->h->lanes_used) & ~((1ull << first) - 1);
-    if (P->lanes < RL_MAX_LANES) used &= (1ull << P->lanes) - 1;
-    lane_weights(P, first, wt);
+    uint64_t used = remainder_lanes(P, skip_urgent); /* a 64-lane layout pays for those used */
+    lane_weights(P, skip_urgent ? 1 : 0, wt);
     /* heads remembered from this thread's last pass hold only while no lapsed lease waits for
      * the sweep (HeadMemo); a lane's is read only when its bound decides nothing */
     uint64_t lmin = atomic_load(&P->s->h->lease_min);
