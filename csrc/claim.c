@@ -685,27 +685,38 @@ static uint64_t remainder_lanes(const Pass *P, int skip_urgent) {
 }
 
 /* Each grant to the lane whose head is due first, ties to the lower lane. A head changes only
- * when its lane is taken from, so each lane is opened and peeked once, its head's due kept
- * here, and after a grant only the winner is peeked again (a lane found empty stays out). */
+ * when its lane is taken from, and only to a later one (a lane's heads come in key order), so
+ * each lane is opened and peeked once, the lanes kept sorted by (head's due, lane), and after a
+ * grant only the winner, first, is peeked again and moved back into place (or dropped, empty). */
 static void remainder_edf(Pass *P, int skip_urgent) {
-    uint64_t due[RL_MAX_LANES], live = 0;
+    uint64_t due[RL_MAX_LANES];
+    uint8_t at[RL_MAX_LANES];
+    uint32_t n = 0;
     for (uint64_t m = remainder_lanes(P, skip_urgent); m; m &= m - 1) {
-        uint32_t l = (uint32_t)__builtin_ctzll(m);
+        uint32_t l = (uint32_t)__builtin_ctzll(m), i = n++;
         Cursor *c = lane_open(P, l);
-        if (!lane_peek(P, c)) continue;
-        due[l] = rl_key_due(c->peek.key);
-        live |= 1ull << l;
-    }
-    while (P->n < P->budget && live) {
-        uint32_t best = (uint32_t)__builtin_ctzll(live);
-        for (uint64_t m = live & (live - 1); m; m &= m - 1) {
-            uint32_t l = (uint32_t)__builtin_ctzll(m);
-            if (due[l] < due[best]) best = l;
+        if (!lane_peek(P, c)) {
+            n--;
+            continue;
         }
+        due[l] = rl_key_due(c->peek.key);
+        for (; i > 0 && due[at[i - 1]] > due[l]; i--) at[i] = at[i - 1]; /* lanes come in order */
+        at[i] = (uint8_t)l;
+    }
+    while (P->n < P->budget && n) {
+        uint32_t best = at[0], i = 0;
         lane_take(P, best, 1); /* a lost race exhausts the lane or grants; no spin */
         Cursor *c = &P->cursors[best];
-        if (P->n < P->budget && lane_peek(P, c)) due[best] = rl_key_due(c->peek.key);
-        else live &= ~(1ull << best);
+        if (P->n >= P->budget) return;
+        if (!lane_peek(P, c)) {
+            memmove(at, at + 1, --n);
+            continue;
+        }
+        due[best] = rl_key_due(c->peek.key);
+        for (; i + 1 < n && (due[at[i + 1]] < due[best] ||
+                             (due[at[i + 1]] == due[best] && at[i + 1] < best)); i++)
+            at[i] = at[i + 1];
+        at[i] = (uint8_t)best;
     }
 }
 
