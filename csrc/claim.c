@@ -84,6 +84,8 @@ typedef struct {
                             * entries that use no window (tombstones, stale, in flight) */
     uint32_t pf;           /* rows of entries [.., pf) have been prefetched */
     uint32_t ahead;        /* how far ahead to prefetch: a peek needs few, a take its want */
+    int iv_pf;             /* prefetch the rows' intervals too: a lateness pass may read a
+                            * head's (head_interval), the lane holding more than one */
     uint32_t start;        /* index position the scan began at */
     uint32_t stale_run;    /* entries [start, stale_run) were all stale, tombstones or in flight:
                             * the next skip hint */
@@ -170,7 +172,7 @@ static inline void rows_prefetch(const Pass *P, Cursor *c) {
         if (atomic_load_explicit(&P->ik[k], memory_order_relaxed) & RL_TOMB) continue;
         uint32_t r = atomic_load_explicit(&P->ir[k], memory_order_relaxed);
         rl_prefetch_w(&P->s->rows[r < P->used ? r : 0]); /* a grant CASes its lease */
-        if (P->late) /* remainder_lateness reads the interval of a head it cannot rank by bounds */
+        if (c->iv_pf)
             __builtin_prefetch(&P->s->intervals[r < P->used ? r : 0], 0, 3);
     }
     c->pf = k;
@@ -367,6 +369,8 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     }
     c->pos = c->start = c->stale_run = c->pf = lo;
     c->ahead = PREFETCH_LOW; /* until a take asks for more (lane_take) */
+    c->iv_pf = P->late && atomic_load_explicit(&s->lanes[lane].iv_min, memory_order_relaxed) !=
+                              atomic_load_explicit(&s->lanes[lane].iv_max, memory_order_relaxed);
     c->end = (P->count - lo > P->window) ? lo + P->window : P->count;
 #ifdef RL_BENCH
     if (BENCH(RL_BENCH_TWO_SIDED)) { /* the range's other end: the last due entry of the lane */
@@ -735,9 +739,10 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * downward by rl_publish before a row is visible), so its lateness is at most weight x
  * (now - floor) / iv_min. When that decides nothing, it is weighed exactly by its head as this
  * thread's last pass left it (HeadMemo), while that still holds, and opened only when that does
- * not hold or it wins. An opened lane's head is weighed exactly at once: its interval was
- * prefetched with its rows (reading it later, only when a bound on it decided nothing, cost a
- * second step on nearly every grant: docs/design.md §3). The lanes are a max-heap by their most
+ * not hold or it wins. An opened lane's head is weighed exactly at once: its interval is the
+ * lane's one where its bounds have met, else prefetched with its rows (reading it later, only
+ * when a bound on it decided nothing, cost a second step on nearly every grant: docs/design.md
+ * §3). The lanes are a max-heap by their most
  * lateness: the top takes the grant when its least beats the most of its larger child (the
  * runner-up); otherwise whichever of the two is a bound is weighed (by its memo, or opened), which
  * changes no choice and only lowers its most. The winner keeps the grants while its next head
@@ -781,6 +786,17 @@ static inline void late_set(LateHead *h, uint32_t w, uint64_t dt) {
     h->v = (double)w * (double)dt / h->iv;
 }
 
+/* The interval of lane l's head `row` (0 counts as 1 s): the lane's one interval when its bounds
+ * have met, else the row's, a cache line of its own. The bounds are read after the head was:
+ * rl_publish widens them before a row is visible, so they take the head in. */
+static inline uint32_t head_interval(const Pass *P, uint32_t l, uint32_t row) {
+    const rl_lane *ln = &P->s->lanes[l];
+    uint32_t lo = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
+    if (lo && lo == atomic_load_explicit(&ln->iv_max, memory_order_acquire)) return lo;
+    uint32_t iv = atomic_load_explicit(&P->s->intervals[row], memory_order_relaxed);
+    return iv ? iv : 1;
+}
+
 /* A lane's head as this thread's last lateness pass that opened the lane left it: the first
  * claimable row it would have granted next. A later pass of the same index generation, when
  * the lane's bound decides nothing, weighs the lane exactly from it instead of opening it (its
@@ -812,8 +828,7 @@ static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
     if ((word & RL_WORD_FLIGHT) || RL_WORD_KEY(word) != m->key ||
         !lease_claimable(P, atomic_load_explicit(&r->lease, memory_order_acquire)))
         return 0;
-    uint32_t iv = atomic_load_explicit(&P->s->intervals[m->row], memory_order_relaxed);
-    h->iv = iv ? iv : 1;
+    h->iv = head_interval(P, l, m->row);
     h->state = LATE_MEMO;
     late_set(h, w, (uint64_t)P->now - due);
     return 1;
@@ -835,18 +850,19 @@ static inline int late_surely_beats(const LateHead *h, uint32_t a, uint32_t b) {
     return h[a].state != LATE_BOUND && late_beats_d(h, a, b); /* a bound's least is 0 */
 }
 
-/* Open lane l (if it is not) and weigh its head exactly (w: the lane's weight). */
-static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w) {
-    Cursor *c = lane_open(P, l);
-    if (!lane_peek(P, c)) {
-        h->state = LATE_NONE;
-        return;
-    }
+/* Weigh lane l's peeked head exactly (w: the lane's weight). */
+static inline void late_head(const Pass *P, uint32_t l, const Cursor *c, LateHead *h, uint32_t w) {
     uint64_t due = rl_key_due(c->peek.key);
-    uint32_t iv = atomic_load_explicit(&P->s->intervals[c->peek.row], memory_order_relaxed);
-    h->iv = iv ? iv : 1;
+    h->iv = head_interval(P, l, c->peek.row);
     h->state = LATE_EXACT;
     late_set(h, w, (uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
+}
+
+/* Open lane l (if it is not) and weigh its head exactly. */
+static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w) {
+    Cursor *c = lane_open(P, l);
+    if (lane_peek(P, c)) late_head(P, l, c, h, w);
+    else h->state = LATE_NONE;
 }
 
 /* The lanes a lateness pass weighs, as a binary max-heap by v (their most lateness), ties to
@@ -1005,24 +1021,27 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         if (need > c->ahead) c->ahead = need;
         /* Heads of the lane come in due order, so the lane surely keeps winning while its head
          * is due before `sure`: weight x (now - due) / iv_max > the runner-up's most, i.e.
-         * now - due > q = floor(run.late x iv_max / (weight x run.iv)). Past it, weigh it. */
+         * now - due > q = floor(run.late x iv_max / (weight x run.iv)). Past it, weigh it.
+         * q from run's v, rounded up past the doubles' error: a `sure` too early only weighs
+         * a head sooner, and saves a 128-bit division. */
         uint64_t sure = UINT64_MAX;
         if (run >= 0) {
             sure = 0;
             if (ivmax[best] && wt[best]) {
-                unsigned __int128 q = h[run].late * ivmax[best] /
-                                      ((unsigned __int128)wt[best] * h[run].iv);
-                if (q + 1 < (unsigned __int128)P->now) sure = (uint64_t)P->now - (uint64_t)q - 1;
+                double q = h[run].v * ivmax[best] / wt[best] * (1 + 1e-12) + 1;
+                if (q + 1 < (double)P->now) sure = (uint64_t)P->now - (uint64_t)q - 1;
             }
         }
         for (;;) {
             lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
             if (P->n >= P->budget) return;
-            if (lane_peek(P, c) && rl_key_due(c->peek.key) < sure) continue;
-            late_peek(P, (uint32_t)best, &h[best], wt[best]);
-            if (h[best].state == LATE_NONE ||
-                (run >= 0 && !late_surely_beats(h, (uint32_t)best, (uint32_t)run)))
-                break; /* decide again */
+            if (!lane_peek(P, c)) {
+                h[best].state = LATE_NONE;
+                break;
+            }
+            if (rl_key_due(c->peek.key) < sure) continue;
+            late_head(P, (uint32_t)best, c, &h[best], wt[best]);
+            if (run >= 0 && !late_surely_beats(h, (uint32_t)best, (uint32_t)run)) break; /* again */
         }
         if (h[best].state == LATE_NONE) heap_remove(&q, h, 0);
         else heap_down(&q, h, 0); /* its lateness moved (the top's may rise: it stays the top) */
