@@ -741,8 +741,8 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * thread's last pass left it (HeadMemo), while that still holds, and opened only when that does
  * not hold or it wins. An opened lane's head is weighed exactly at once: its interval is the
  * lane's one where its bounds have met, else prefetched with its rows (reading it later, only
- * when a bound on it decided nothing, cost a second step on nearly every grant: docs/design.md
- * §3). The lanes are a max-heap by their most
+ * when a bound on it decided nothing, cost a second step on nearly every grant:
+ * docs/design.md §3). The lanes are a max-heap by their most
  * lateness: the top takes the grant when its least beats the most of its larger child (the
  * runner-up); otherwise whichever of the two is a bound is weighed (by its memo, or opened), which
  * changes no choice and only lowers its most. The winner keeps the grants while its next head
