@@ -8,7 +8,9 @@ weights, edf), a process of its own fills an engine with rows of the production 
 another owner hold 128 of them, makes 20 claims, then ``--claims`` bare claim(16) calls, each
 followed by complete_many, under ``valgrind --tool=callgrind --toggle-collect=rl_claim`` (only
 instructions inside rl_claim and what it calls are counted). Prints instructions per claim and
-each remainder over lane order. Needs valgrind.
+each remainder over lane order; with ``--out``, also each step's share (the instructions of
+each function of the pass, inlined code counted in its caller, from callgrind_annotate).
+Needs valgrind.
 """
 
 from __future__ import annotations
@@ -47,7 +49,22 @@ def child(policy: str, rows: int, claims: int) -> None:
         drop(eng)
 
 
-def count(policy: str, rows: int, claims: int) -> int:
+def steps(cg_out: str, per: int) -> dict[str, int]:
+    """Instructions a claim in each function of rl_claim's pass (self, not inclusive), as
+    ``file:function`` (functions inlined into another counted in it, by the file they are in)."""
+    text = subprocess.run(["callgrind_annotate", "--auto=no", "--show-percs=no", cg_out],
+                          capture_output=True, text=True, check=True).stdout
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^\s*([\d,]+)\s+(\S+:[\w.]+)", line)
+        if m and "PROGRAM TOTALS" not in line:
+            name = m.group(2).rsplit("/", 1)[-1] if "csrc/" not in m.group(2) else \
+                "csrc/" + m.group(2).split("csrc/", 1)[1]
+            out[name] = out.get(name, 0) + int(m.group(1).replace(",", "")) / per
+    return {k: round(v) for k, v in sorted(out.items(), key=lambda kv: -kv[1]) if v >= 10}
+
+
+def count(policy: str, rows: int, claims: int, profile: dict[str, dict[str, int]]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cmd = ["valgrind", "--tool=callgrind", "--toggle-collect=rl_claim",
                f"--callgrind-out-file={tmp}/cg.out", sys.executable, __file__, "--child",
@@ -56,6 +73,7 @@ def count(policy: str, rows: int, claims: int) -> int:
         m = re.search(r"Collected : (\d+)", res.stderr)
         if not m:
             raise RuntimeError(f"callgrind printed no count:\n{res.stderr[-2000:]}")
+        profile[policy] = steps(f"{tmp}/cg.out", 20 + claims)
         return int(m.group(1))
 
 
@@ -72,7 +90,8 @@ def main() -> None:
     if not shutil.which("valgrind"):
         raise SystemExit("valgrind is not installed")
     started = time.time()
-    per = {p: count(p, args.rows, args.claims) / (20 + args.claims) for p in POLICIES}
+    profile: dict[str, dict[str, int]] = {}
+    per = {p: count(p, args.rows, args.claims, profile) / (20 + args.claims) for p in POLICIES}
     for p in POLICIES:
         print(f"{p}: {per[p]:,.0f} instructions a claim(16), {per[p] / per['lane_order']:.2f}x"
               " lane order")
@@ -84,7 +103,8 @@ def main() -> None:
             "commit": commit, "rows": args.rows, "claims": args.claims,
             "seconds": round(time.time() - started),
             "instructions_per_claim": per,
-            "over_lane_order": {p: per[p] / per["lane_order"] for p in POLICIES}}, indent=1))
+            "over_lane_order": {p: per[p] / per["lane_order"] for p in POLICIES},
+            "steps_per_claim": profile}, indent=1))
 
 
 if __name__ == "__main__":

@@ -84,6 +84,8 @@ typedef struct {
                             * entries that use no window (tombstones, stale, in flight) */
     uint32_t pf;           /* rows of entries [.., pf) have been prefetched */
     uint32_t ahead;        /* how far ahead to prefetch: a peek needs few, a take its want */
+    int iv_pf;             /* prefetch the rows' intervals too: a lateness pass may read a
+                            * head's (head_interval), the lane holding more than one */
     uint32_t start;        /* index position the scan began at */
     uint32_t stale_run;    /* entries [start, stale_run) were all stale, tombstones or in flight:
                             * the next skip hint */
@@ -170,7 +172,7 @@ static inline void rows_prefetch(const Pass *P, Cursor *c) {
         if (atomic_load_explicit(&P->ik[k], memory_order_relaxed) & RL_TOMB) continue;
         uint32_t r = atomic_load_explicit(&P->ir[k], memory_order_relaxed);
         rl_prefetch_w(&P->s->rows[r < P->used ? r : 0]); /* a grant CASes its lease */
-        if (P->late) /* remainder_lateness reads the interval of a head it cannot rank by bounds */
+        if (c->iv_pf)
             __builtin_prefetch(&P->s->intervals[r < P->used ? r : 0], 0, 3);
     }
     c->pf = k;
@@ -367,6 +369,8 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     }
     c->pos = c->start = c->stale_run = c->pf = lo;
     c->ahead = PREFETCH_LOW; /* until a take asks for more (lane_take) */
+    c->iv_pf = P->late && atomic_load_explicit(&s->lanes[lane].iv_min, memory_order_relaxed) !=
+                              atomic_load_explicit(&s->lanes[lane].iv_max, memory_order_relaxed);
     c->end = (P->count - lo > P->window) ? lo + P->window : P->count;
 #ifdef RL_BENCH
     if (BENCH(RL_BENCH_TWO_SIDED)) { /* the range's other end: the last due entry of the lane */
@@ -677,21 +681,46 @@ static void credit_absorb(rl_seg *s, uint32_t cls, uint32_t got) {
 
 /* ---- the pass ---- */
 
+/* The lanes a remainder weighs: those a row was ever put in (lanes_used, set before the row is
+ * visible), from lane 1 when urgent is capped: the others are not read at all. */
+static uint64_t remainder_lanes(const Pass *P, int skip_urgent) {
+    uint64_t used = atomic_load(&P->s->h->lanes_used) & ~(uint64_t)(skip_urgent ? 1 : 0);
+    return P->lanes < RL_MAX_LANES ? used & ((1ull << P->lanes) - 1) : used;
+}
+
+/* Each grant to the lane whose head is due first, ties to the lower lane. A head changes only
+ * when its lane is taken from, and only to a later one (a lane's heads come in key order), so
+ * each lane is opened and peeked once, the lanes kept sorted by (head's due, lane), and after a
+ * grant only the winner, first, is peeked again and moved back into place (or dropped, empty). */
 static void remainder_edf(Pass *P, int skip_urgent) {
-    while (P->n < P->budget) {
-        int best = -1;
-        uint64_t best_due = 0;
-        for (uint32_t l = skip_urgent ? 1 : 0; l < P->lanes; l++) {
-            Cursor *c = lane_open(P, l);
-            if (!lane_peek(P, c)) continue;
-            uint64_t due = rl_key_due(c->peek.key);
-            if (best < 0 || due < best_due) {
-                best = (int)l;
-                best_due = due;
-            }
+    uint64_t due[RL_MAX_LANES];
+    uint8_t at[RL_MAX_LANES];
+    uint32_t n = 0;
+    for (uint64_t m = remainder_lanes(P, skip_urgent); m; m &= m - 1) {
+        uint32_t l = (uint32_t)__builtin_ctzll(m), i = n++;
+        Cursor *c = lane_open(P, l);
+        if (!lane_peek(P, c)) {
+            n--;
+            continue;
         }
-        if (best < 0) break;
-        lane_take(P, (uint32_t)best, 1); /* a lost race exhausts the lane or grants; no spin */
+        due[l] = rl_key_due(c->peek.key);
+        for (; i > 0 && due[at[i - 1]] > due[l]; i--) at[i] = at[i - 1]; /* lanes come in order */
+        at[i] = (uint8_t)l;
+    }
+    while (P->n < P->budget && n) {
+        uint32_t best = at[0], i = 0;
+        lane_take(P, best, 1); /* a lost race exhausts the lane or grants; no spin */
+        Cursor *c = &P->cursors[best];
+        if (P->n >= P->budget) return;
+        if (!lane_peek(P, c)) {
+            memmove(at, at + 1, --n);
+            continue;
+        }
+        due[best] = rl_key_due(c->peek.key);
+        for (; i + 1 < n && (due[at[i + 1]] < due[best] ||
+                             (due[at[i + 1]] == due[best] && at[i + 1] < best)); i++)
+            at[i] = at[i + 1];
+        at[i] = (uint8_t)best;
     }
 }
 
@@ -710,9 +739,10 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * downward by rl_publish before a row is visible), so its lateness is at most weight x
  * (now - floor) / iv_min. When that decides nothing, it is weighed exactly by its head as this
  * thread's last pass left it (HeadMemo), while that still holds, and opened only when that does
- * not hold or it wins. An opened lane's head is weighed exactly at once: its interval was
- * prefetched with its rows (reading it later, only when a bound on it decided nothing, cost a
- * second step on nearly every grant: docs/design.md §3). The lanes are a max-heap by their most
+ * not hold or it wins. An opened lane's head is weighed exactly at once: its interval is the
+ * lane's one where its bounds have met, else prefetched with its rows (reading it later, only
+ * when a bound on it decided nothing, cost a second step on nearly every grant:
+ * docs/design.md §3). The lanes are a max-heap by their most
  * lateness: the top takes the grant when its least beats the most of its larger child (the
  * runner-up); otherwise whichever of the two is a bound is weighed (by its memo, or opened), which
  * changes no choice and only lowers its most. The winner keeps the grants while its next head
@@ -756,6 +786,17 @@ static inline void late_set(LateHead *h, uint32_t w, uint64_t dt) {
     h->v = (double)w * (double)dt / h->iv;
 }
 
+/* The interval of lane l's head `row` (0 counts as 1 s): the lane's one interval when its bounds
+ * have met, else the row's, a cache line of its own. The bounds are read after the head was:
+ * rl_publish widens them before a row is visible, so they take the head in. */
+static inline uint32_t head_interval(const Pass *P, uint32_t l, uint32_t row) {
+    const rl_lane *ln = &P->s->lanes[l];
+    uint32_t lo = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
+    if (lo && lo == atomic_load_explicit(&ln->iv_max, memory_order_acquire)) return lo;
+    uint32_t iv = atomic_load_explicit(&P->s->intervals[row], memory_order_relaxed);
+    return iv ? iv : 1;
+}
+
 /* A lane's head as this thread's last lateness pass that opened the lane left it: the first
  * claimable row it would have granted next. A later pass of the same index generation, when
  * the lane's bound decides nothing, weighs the lane exactly from it instead of opening it (its
@@ -787,8 +828,7 @@ static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
     if ((word & RL_WORD_FLIGHT) || RL_WORD_KEY(word) != m->key ||
         !lease_claimable(P, atomic_load_explicit(&r->lease, memory_order_acquire)))
         return 0;
-    uint32_t iv = atomic_load_explicit(&P->s->intervals[m->row], memory_order_relaxed);
-    h->iv = iv ? iv : 1;
+    h->iv = head_interval(P, l, m->row);
     h->state = LATE_MEMO;
     late_set(h, w, (uint64_t)P->now - due);
     return 1;
@@ -810,18 +850,19 @@ static inline int late_surely_beats(const LateHead *h, uint32_t a, uint32_t b) {
     return h[a].state != LATE_BOUND && late_beats_d(h, a, b); /* a bound's least is 0 */
 }
 
-/* Open lane l (if it is not) and weigh its head exactly (w: the lane's weight). */
-static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w) {
-    Cursor *c = lane_open(P, l);
-    if (!lane_peek(P, c)) {
-        h->state = LATE_NONE;
-        return;
-    }
+/* Weigh lane l's peeked head exactly (w: the lane's weight). */
+static inline void late_head(const Pass *P, uint32_t l, const Cursor *c, LateHead *h, uint32_t w) {
     uint64_t due = rl_key_due(c->peek.key);
-    uint32_t iv = atomic_load_explicit(&P->s->intervals[c->peek.row], memory_order_relaxed);
-    h->iv = iv ? iv : 1;
+    h->iv = head_interval(P, l, c->peek.row);
     h->state = LATE_EXACT;
     late_set(h, w, (uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
+}
+
+/* Open lane l (if it is not) and weigh its head exactly. */
+static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w) {
+    Cursor *c = lane_open(P, l);
+    if (lane_peek(P, c)) late_head(P, l, c, h, w);
+    else h->state = LATE_NONE;
 }
 
 /* The lanes a lateness pass weighs, as a binary max-heap by v (their most lateness), ties to
@@ -912,13 +953,9 @@ static void lane_weights(const Pass *P, uint32_t first, uint32_t *wt) {
 static void remainder_lateness(Pass *P, int skip_urgent) {
     LateHead h[RL_MAX_LANES];
     uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES], wt[RL_MAX_LANES];
-    uint32_t first = skip_urgent ? 1 : 0;
     LaneHeap q = {.n = 0}; /* the lanes that may have a head */
-    /* the lanes a row was ever put in (lanes_used, set before the row is visible): the others
-     * are not read at all, so a 64-lane layout of which a few lanes are used pays for those */
-    uint64_t used = atomic_load(&P->s->h->lanes_used) & ~((1ull << first) - 1);
-    if (P->lanes < RL_MAX_LANES) used &= (1ull << P->lanes) - 1;
-    lane_weights(P, first, wt);
+    uint64_t used = remainder_lanes(P, skip_urgent); /* a 64-lane layout pays for those used */
+    lane_weights(P, skip_urgent ? 1 : 0, wt);
     /* heads remembered from this thread's last pass hold only while no lapsed lease waits for
      * the sweep (HeadMemo); a lane's is read only when its bound decides nothing */
     uint64_t lmin = atomic_load(&P->s->h->lease_min);
@@ -984,24 +1021,27 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         if (need > c->ahead) c->ahead = need;
         /* Heads of the lane come in due order, so the lane surely keeps winning while its head
          * is due before `sure`: weight x (now - due) / iv_max > the runner-up's most, i.e.
-         * now - due > q = floor(run.late x iv_max / (weight x run.iv)). Past it, weigh it. */
+         * now - due > q = floor(run.late x iv_max / (weight x run.iv)). Past it, weigh it.
+         * q from run's v, rounded up past the doubles' error: a `sure` too early only weighs
+         * a head sooner, and saves a 128-bit division. */
         uint64_t sure = UINT64_MAX;
         if (run >= 0) {
             sure = 0;
             if (ivmax[best] && wt[best]) {
-                unsigned __int128 q = h[run].late * ivmax[best] /
-                                      ((unsigned __int128)wt[best] * h[run].iv);
-                if (q + 1 < (unsigned __int128)P->now) sure = (uint64_t)P->now - (uint64_t)q - 1;
+                double q = h[run].v * ivmax[best] / wt[best] * (1 + 1e-12) + 1;
+                if (q + 1 < (double)P->now) sure = (uint64_t)P->now - (uint64_t)q - 1;
             }
         }
         for (;;) {
             lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
             if (P->n >= P->budget) return;
-            if (lane_peek(P, c) && rl_key_due(c->peek.key) < sure) continue;
-            late_peek(P, (uint32_t)best, &h[best], wt[best]);
-            if (h[best].state == LATE_NONE ||
-                (run >= 0 && !late_surely_beats(h, (uint32_t)best, (uint32_t)run)))
-                break; /* decide again */
+            if (!lane_peek(P, c)) {
+                h[best].state = LATE_NONE;
+                break;
+            }
+            if (rl_key_due(c->peek.key) < sure) continue;
+            late_head(P, (uint32_t)best, c, &h[best], wt[best]);
+            if (run >= 0 && !late_surely_beats(h, (uint32_t)best, (uint32_t)run)) break; /* again */
         }
         if (h[best].state == LATE_NONE) heap_remove(&q, h, 0);
         else heap_down(&q, h, 0); /* its lateness moved (the top's may rise: it stays the top) */
