@@ -412,6 +412,11 @@ def _command_render(args: argparse.Namespace, routes: Any) -> Any:
     from .pool.render import RenderSpec
 
     ruled = [] if routes is None else [r.name for r in routes.routes if r.rules != NO_RULES]
+    twice = [] if routes is None else [r.name for r in routes.routes if len(r.rules.variants) > 1]
+    if twice:  # each page would be a row per variant, every one rendered the same way
+        raise EngineValueError(f"route(s) {', '.join(twice)} name two variants, which only"
+                               " --browser renders (a render command would get each URL as"
+                               " 'URL mobile' too): drop variants or use --browser")
     if ruled:
         print(f"note: route(s) {', '.join(ruled)} set rules for the browser render; a render"
               " command does not apply them", file=sys.stderr)

@@ -135,6 +135,19 @@ def test_lanes_pool_refuses_such_a_selector_before_it_makes_anything(tmp_path: P
     assert not store.exists() and not os.path.exists(shm_path(name))
 
 
+def test_a_render_command_refuses_a_route_of_two_variants_before_it_makes_anything(
+        tmp_path: Path) -> None:
+    """Only the browser renders a variant: a command would get 'URL mobile' as its URL."""
+    name = f"rl-rules-{uuid.uuid4().hex[:10]}"
+    path = routes_file(tmp_path, 'variants = ["desktop", "mobile"]')
+    p = cli("pool", name, "--command", "true {url}", "--routes", str(path),
+            "--corpus", str(write_corpus(tmp_path / "c.csv", ["http://127.0.0.1:9/p/1"])))
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 2, err
+    assert "route(s) product name two variants, which only --browser renders" in err
+    assert not os.path.exists(shm_path(name))
+
+
 # -- what each rule does to a render ---------------------------------------------------------------
 
 
