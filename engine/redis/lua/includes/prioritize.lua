@@ -17,46 +17,35 @@ local function prioritize_row(K, P, now, row, rush)
   return 1
 end
 
---[[ The records of rows nums[1..n] (numbers) as u48s (see `record`), into `out`, and into
-`order` the positions 1..n grouped by BUCKET of row ids. A bucket holding DENSE rows or more is
-read with one GETRANGE of the span they lie in, decoded with string.byte; the rest with one
-BITFIELD_RO per CHUNK. A scope's rows come in URL order, and rows added together (a sitemap, a
-path's pages) lie close: most of a page falls in few buckets, where a GETRANGE costs one call
-for hundreds of rows and BITFIELD_RO three arguments a row (one formatted as a number), and
-the ZADD that follows walks the skiplist where the last one left it (bench_recache: a scope of
-1,000,000 rows, docs/figures.md). Rows spread over a big table cost what BITFIELD_RO costs. ]]
+--[[ The records of rows nums[1..n] (numbers) as u48s (see `record`), into `out`. Rows are
+counted per BUCKET of row ids; a bucket holding DENSE of them or more is read whole with one
+GETRANGE (6 KB) and decoded with string.byte, the rest with one BITFIELD_RO per CHUNK. A
+scope's rows come in URL order, and rows added together (a sitemap, a path's pages) lie close:
+most of a page falls in a few buckets, where BITFIELD_RO costs three arguments a row, one a
+number Redis formats with %.17g (bench_recache, docs/figures.md: 13 % fewer instructions for
+a scope). Rows spread thin over a big table cost what BITFIELD_RO costs. ]]
 local BUCKET, DENSE = 1024, 4
 local S_SPARSE, S_GETS = {}, {}
-local function records_of(K, nums, out, order)
-  -- Per bucket (keyed by its first row id): how many rows, their lowest and highest.
-  local count, lo, hi = {}, {}, {}
+local function records_of(K, nums, out)
+  local count = {} -- per bucket (keyed by its first row id), how many rows
   for k = 1, #nums do
     local r = nums[k]
     local b = r - r % BUCKET
-    local c = count[b]
-    if c then
-      count[b] = c + 1
-      if r < lo[b] then lo[b] = r elseif r > hi[b] then hi[b] = r end
-    else
-      count[b], lo[b], hi[b] = 1, r, r
-    end
+    count[b] = (count[b] or 0) + 1
   end
-  local at, spans = 1, {}
+  local spans = {}
   for b, c in pairs(count) do
-    count[b], at = at, at + c -- from here on: the bucket's next place in `order`
     if c >= DENSE then
-      spans[b] = rcall('GETRANGE', K[3], fmt(lo[b] * RECLEN), fmt(hi[b] * RECLEN + RECLEN - 1))
+      spans[b] = rcall('GETRANGE', K[3], fmt(b * RECLEN), fmt((b + BUCKET) * RECLEN - 1))
     end
   end
   local sparse, byte = cleared(S_SPARSE), string.byte
   for k = 1, #nums do
     local r = nums[k]
     local b = r - r % BUCKET
-    local slot = count[b]
-    order[slot], count[b] = k, slot + 1
     local span = spans[b]
     if span then
-      local o = (r - lo[b]) * RECLEN
+      local o = (r - b) * RECLEN
       local x1, x2, x3, x4, x5, x6 = byte(span, o + 1, o + RECLEN)
       out[k] = (((x1 * 256 + x2) * 256 + x3) * 256 + x4) * 65536 + x5 * 256 + x6
     else
@@ -72,7 +61,7 @@ local function records_of(K, nums, out, order)
     local got = rcall('BITFIELD_RO', K[3], unpack(gets))
     for q = i, j do out[sparse[q]] = got[q - i + 1] end
   end
-  return out, order
+  return out
 end
 
 --[[ prioritize_row on each live row of `rows` (members, 8 digits, checked with check_members
@@ -83,12 +72,12 @@ of six calls a row (a scope of a million rows: docs/figures.md): the records rea
 ready (the rows in flight, rare, are found when it changed fewer, and rekeyed in their holder
 entries one by one); the lanes' bounds are widened once for the whole call. A row named twice
 is counted twice, as the loop counts it (the second time writes what the first wrote). ]]
-local S_NUMS, S_RECS, S_ORDER, S_MOVE, S_SETS = {}, {}, {}, {}, {} -- prioritize_rows
+local S_NUMS, S_RECS, S_MOVE, S_SETS = {}, {}, {}, {} -- prioritize_rows
 local function prioritize_rows(K, P, now, rows, rush)
   check_members(P, rows)
   local nums = cleared(S_NUMS)
   for k = 1, #rows do nums[k] = tonumber(rows[k]) end
-  local recs, order = records_of(K, nums, cleared(S_RECS), cleared(S_ORDER))
+  local recs = records_of(K, nums, cleared(S_RECS))
   local urgent = rush and F_URGENT or 0
   -- Per record without its urgency and liveness (all a lane depends on): the lane; per lane its
   -- key, formatted once. A scope's rows share a few intervals, so most rows cost no lane_for.
@@ -96,8 +85,7 @@ local function prioritize_rows(K, P, now, rows, rush)
   for i = 1, #rows, CHUNK do
     local j = math.min(i + CHUNK - 1, #rows)
     local move, sets, m, s = cleared(S_MOVE), cleared(S_SETS), 0, 0
-    for q = i, j do
-      local k = order[q]
+    for k = i, j do
       local v = recs[k]
       local flags = v % 256
       if flags % 8 >= F_LIVE then
