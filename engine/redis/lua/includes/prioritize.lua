@@ -22,8 +22,8 @@ counted per BUCKET of row ids; a bucket holding DENSE of them or more is read wh
 GETRANGE (6 KB) and decoded with string.byte, the rest with one BITFIELD_RO per CHUNK. A
 scope's rows come in URL order, and rows added together (a sitemap, a path's pages) lie close:
 most of a page falls in a few buckets, where BITFIELD_RO costs three arguments a row, one a
-number Redis formats with %.17g (bench_recache, docs/figures.md: 13 % fewer instructions for
-a scope). Rows spread thin over a big table cost what BITFIELD_RO costs. ]]
+number Redis formats with %.17g (bench/profile_recache.py: a scope costs the server 0.87x the
+instructions). Rows spread thin over a big table cost what BITFIELD_RO costs. ]]
 local BUCKET, DENSE = 1024, 4
 local S_SPARSE, S_GETS = {}, {}
 local function records_of(K, nums, out)
