@@ -11,9 +11,12 @@ On Redis (a redis-server this script starts on a unix socket) the scope is match
 on the server (``lanes_prioritize_prefix`` over the URL index); side by side in each run, the
 same scope the way a clear mode takes it, every URL read over the wire first
 (``find_prefix``, then ``prioritize_many``), and their ratio; and the server's CPU seconds for
-the scope (main thread, ``INFO cpu``), which a loaded machine does not inflate as it does the
-wall time, with the share of it in ZADD. Also the memory of the URL index
-(``MEMORY USAGE``) per row, beside that of the two URL hashes.
+the scope (main thread, ``INFO cpu``), which a loaded machine inflates less than the
+wall time, with the shares of it in ZADD and in reading the records, and the scope's median and
+longest FCALL (``SLOWLOG``: how long every other client waited). Then the scope over all rows on
+a queue over 3 shards of a local Redis Cluster, the shards worked in parallel. Also the memory
+of the URL index (``MEMORY USAGE``) per row, beside that of the two URL hashes. The server's
+instructions for a scope, which a loaded machine does not move: ``profile_recache.py``.
 """
 
 from __future__ import annotations
