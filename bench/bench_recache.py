@@ -11,9 +11,12 @@ On Redis (a redis-server this script starts on a unix socket) the scope is match
 on the server (``lanes_prioritize_prefix`` over the URL index); side by side in each run, the
 same scope the way a clear mode takes it, every URL read over the wire first
 (``find_prefix``, then ``prioritize_many``), and their ratio; and the server's CPU seconds for
-the scope (main thread, ``INFO cpu``), which a loaded machine does not inflate as it does the
-wall time, with the share of it in ZADD. Also the memory of the URL index
-(``MEMORY USAGE``) per row, beside that of the two URL hashes.
+the scope (main thread, ``INFO cpu``), which a loaded machine inflates less than the
+wall time, with the shares of it in ZADD and in reading the records, and the scope's median and
+longest FCALL (``SLOWLOG``: how long every other client waited). Then the scope over all rows on
+a queue over 3 shards of a local Redis Cluster, the shards worked in parallel. Also the memory
+of the URL index (``MEMORY USAGE``) per row, beside that of the two URL hashes. The server's
+instructions for a scope, which a loaded machine does not move: ``profile_recache.py``.
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ from common import ROOT, figure, finish, parse_args, ratios, skipped
 import engine
 from engine import factory
 from engine.checks import wall_ms
+from engine.redis.urls import PREFIX_PAGE
 from engine.serve.recache import Ask, Pool, prioritize
 
 FULL = {"rows": 1_000_000, "runs": 3}
 SMOKE = {"rows": 20_000, "runs": 1}
+SHARDS = 3
+"""Shards of the sharded run: a local Redis Cluster needs 3 primaries."""
 SCOPES = {"half": "https://shop.example/catalog/*", "all": "https://shop.example/*"}
 
 
@@ -40,26 +46,35 @@ def _urls(n: int) -> list[str]:
     return [f"https://shop.example/{'catalog' if i % 2 else 'p'}/{i}" for i in range(n)]
 
 
-def _timed(eng: Any, table: Any, runs: int, probe: Callable[[], Probe] | None = None
-           ) -> dict[str, list[float]]:
+def _timed(eng: Any, table: Any, runs: int, probe: Callable[[], Probe] | None = None,
+           slowest: Callable[[], list[float]] | None = None) -> dict[str, list[float]]:
     """Seconds per scope and run. With ``probe`` (Redis), for the scope over all rows also the
-    server's CPU seconds (what it takes of a core, whatever else the machine runs) and the
-    share of its FCALLs' time spent in ZADD (moving the rows in ready), and that scope read
-    over the wire, right after the one on the server."""
+    server's CPU seconds (what it takes of a core, whatever else the machine runs), the
+    shares of its FCALLs' time spent in ZADD (moving the rows in ready) and in reading the
+    records, the median and longest FCALL of the scope (``slowest``: the milliseconds of each
+    since the last call, from SLOWLOG: how long the server held every other client at once),
+    and that scope read over the wire, right after the one on the server."""
     pool = Pool(eng, table, None, None)
-    extra = ["wire", "cpu", "zadd"] if probe is not None else []
+    extra = ["wire", "cpu", "zadd", "read", "fcall_ms", "fcall_max_ms"] if probe else []
     out: dict[str, list[float]] = {k: [] for k in [*SCOPES, *extra]}
     for _ in range(runs):
         for key, scope in SCOPES.items():
-            before = probe() if probe is not None else Probe(0, 0, 0)
+            if slowest is not None and key == "all":
+                slowest()  # emptied: what it holds next is this scope's
+            before = probe() if probe is not None else Probe(0, 0, 0, 0)
             t = time.perf_counter()
             prioritize(pool, Ask.scoped(scope, "wait"))
             out[key].append(time.perf_counter() - t)
             if probe is not None and key == "all":
                 after = probe()
+                fcalls = max(1.0, after.fcall_us - before.fcall_us)
                 out["cpu"].append(after.cpu_s - before.cpu_s)
-                out["zadd"].append((after.zadd_us - before.zadd_us)
-                                   / max(1.0, after.fcall_us - before.fcall_us))
+                out["zadd"].append((after.zadd_us - before.zadd_us) / fcalls)
+                out["read"].append((after.read_us - before.read_us) / fcalls)
+                if slowest is not None:
+                    each = slowest()
+                    out["fcall_ms"].append(float(np.median(each)))
+                    out["fcall_max_ms"].append(max(each))
         if probe is not None:
             t = time.perf_counter()
             rows, _ = table.find_prefix(SCOPES["all"][:-1])
@@ -70,10 +85,12 @@ def _timed(eng: Any, table: Any, runs: int, probe: Callable[[], Probe] | None = 
 
 class Probe(NamedTuple):
     """A Redis server's counters: main-thread CPU seconds, and the microseconds spent in ZADD
-    (within the functions too) and in FCALL (``INFO cpu``, ``INFO commandstats``)."""
+    (within the functions too), in the reads of records (GETRANGE, BITFIELD_RO) and in FCALL
+    (``INFO cpu``, ``INFO commandstats``)."""
 
     cpu_s: float
     zadd_us: float
+    read_us: float
     fcall_us: float
 
 
@@ -101,25 +118,69 @@ def on_redis(n: int, runs: int) -> tuple[dict[str, list[float]], dict[str, float
         eng = engine.open("bench-recache", srv.url, create=True, capacity=n + 16)
         try:
             table = eng.row_urls()
-            urls = _urls(n)
-            for start in range(0, n, 10_000):
-                part = urls[start:start + 10_000]
-                table.add(part, np.full(len(part), wall_ms() + 3_600_000),
-                          np.full(len(part), 86_400), "submitted")
+            _fill(table, n)
             client = eng.transport.live()
 
             def probe() -> Probe:
                 cpu, calls = client.info("cpu"), client.info("commandstats")
+
+                def usec(cmd: str) -> float:
+                    return float(calls.get(f"cmdstat_{cmd}", {}).get("usec", 0))
+
                 return Probe(float(cpu["used_cpu_user_main_thread"]
-                                   + cpu["used_cpu_sys_main_thread"]),
-                             float(calls.get("cmdstat_zadd", {}).get("usec", 0)),
-                             float(calls.get("cmdstat_fcall", {}).get("usec", 0)))
+                                   + cpu["used_cpu_sys_main_thread"]), usec("zadd"),
+                             usec("getrange") + usec("bitfield_ro"), usec("fcall"))
+
+            # Every FCALL into the slow log (up to 1,024 kept: a scope of 1,000,000 rows makes
+            # 201), read and emptied after each scope.
+            client.config_set("slowlog-log-slower-than", 0)
+            client.config_set("slowlog-max-len", 1024)
+            client.slowlog_reset()
+
+            def slowest() -> list[float]:
+                got = [e["duration"] / 1000 for e in client.slowlog_get(1024)
+                       if bytes(e["command"]).startswith(b"FCALL lanes_prioritize_prefix")]
+                client.slowlog_reset()
+                return got or [0.0]
 
             by_key = pool_keys(eng.name)
             memory = {what: int(client.memory_usage(key, samples=0)) / n
                       for what, key in (("index", by_key[3]), ("urls", by_key[0]),
                                         ("url_rows", by_key[1]))}
-            return _timed(eng, table, runs, probe), memory
+            return _timed(eng, table, runs, probe, slowest), memory
+        finally:
+            eng.row_urls().drop()
+            eng.drop()
+
+
+def _fill(table: Any, n: int) -> None:
+    """Add the ROWS URLs as a pool adds them, due in an hour, daily."""
+    urls = _urls(n)
+    for start in range(0, n, 10_000):
+        part = urls[start:start + 10_000]
+        table.add(part, np.full(len(part), wall_ms() + 3_600_000), np.full(len(part), 86_400),
+                  "submitted")
+
+
+def on_shards(n: int, runs: int) -> list[float]:
+    """Seconds of the scope over all rows on a queue over SHARDS shards, each on its own
+    primary of a local Redis Cluster: the shards are worked in parallel from the client."""
+    sys.path.insert(0, str(ROOT / "tests" / "lib"))
+    from redis_server import LocalCluster
+
+    with LocalCluster(SHARDS) as cluster:
+        # A bound per shard; the URLs' hashes fill the shards a little unevenly.
+        eng = engine.open("bench-recache", cluster.url, create=True, capacity=2 * n,
+                          shards=SHARDS)
+        try:
+            table = eng.row_urls()
+            _fill(table, n)
+            pool, out = Pool(eng, table, None, None), []
+            for _ in range(runs):
+                t = time.perf_counter()
+                prioritize(pool, Ask.scoped(SCOPES["all"], "wait"))
+                out.append(time.perf_counter() - t)
+            return out
         finally:
             eng.row_urls().drop()
             eng.drop()
@@ -155,6 +216,15 @@ def main() -> None:
         figures.append(figure("recache.redis.scope_all_zadd_share", "Redis: the share of the"
                               " scope's FCALL time spent in ZADD (the rest: the Lua that reads"
                               " the pages and the records)", "x", red["zadd"]))
+        figures.append(figure("recache.redis.scope_all_read_share", "Redis: the share of the"
+                              " scope's FCALL time spent reading the rows' records (GETRANGE,"
+                              " BITFIELD_RO)", "x", red["read"]))
+        figures.append(figure("recache.redis.scope_all_fcall_median_ms", "Redis: the scope's"
+                              f" FCALLs ({PREFIX_PAGE:,} URLs each), median", "ms",
+                              red["fcall_ms"]))
+        figures.append(figure("recache.redis.scope_all_fcall_max_ms", "Redis: the scope's"
+                              " longest FCALL (the server held every other client that long)",
+                              "ms", red["fcall_max_ms"]))
         figures.append(figure("recache.redis.wire_all_s", f"Redis: the scope over all {n:,}"
                               " rows with every URL read over the wire (find_prefix, then"
                               " prioritize_many)", "s", red["wire"]))
@@ -164,6 +234,13 @@ def main() -> None:
         figures.append(figure("recache.redis_over_shm.scope_all", "a scope over all rows:"
                               " Redis ÷ shared memory, same run", "x",
                               ratios(red["all"], shm["all"])))
+        sharded = on_shards(n, runs)
+        figures.append(figure("recache.redis_sharded.scope_all_s", f"Redis over {SHARDS} shards"
+                              f" (a local cluster, {SHARDS} primaries): a scope over all {n:,}"
+                              " rows, the shards in parallel", "s", sharded, note=goal))
+        figures.append(figure("recache.redis_sharded_over_shm.scope_all", f"a scope over all"
+                              f" rows: Redis over {SHARDS} shards ÷ shared memory, same run", "x",
+                              ratios(sharded, shm["all"])))
         for what, per_row in memory.items():
             figures.append(figure(f"recache.redis.{what}_bytes_per_row", f"Redis: MEMORY USAGE"
                                   f" of the {what} key ÷ rows", "bytes", [per_row]))

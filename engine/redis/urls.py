@@ -51,7 +51,9 @@ atomic; a failed add leaves whole chunks, and adding the corpus again adds the r
 SCAN_COUNT = 10_000
 """Entries per HSCAN step of ``urls()`` and ``index()``."""
 PREFIX_PAGE = 5000
-"""URLs per FCALL of ``prioritize_prefix``: some milliseconds of the server each."""
+"""URLs per FCALL of ``prioritize_prefix``: tens of milliseconds of the server each (every other
+client waits that long: bench_recache); pages of 2,000 to 20,000 cost the server the same
+instructions a row (callgrind), so the page is sized for the wait."""
 
 
 def pool_keys(name: str) -> tuple[str, str, str, str]:

@@ -467,17 +467,19 @@ def test_at_most_one_live_lease_per_row(fresh, ops):
 
 
 def test_prioritize_many_of_rows_far_apart_and_named_twice_is_prioritize_on_each(eng):
-    """Rows spread over the table (read one by one on Redis, not as one span) and a row named
-    twice (counted twice, as a loop of prioritize counts it)."""
-    rows = eng.add_many(np.full(300, NOW + DAY), np.full(300, 7200)).tolist()
-    picked = [rows[0], rows[150], rows[299], rows[0]]
+    """Rows spread over the table, some alone in their stretch of it and some close together
+    (on Redis read one by one, and as one span), and a row named twice (counted twice, as a
+    loop of prioritize counts it)."""
+    rows = eng.add_many(np.full(2100, NOW + DAY), np.full(2100, 7200)).tolist()
+    picked = [rows[0], rows[1050], rows[2099], rows[0], *rows[1100:1105]]
     before = eng.describe(rows[1])
-    assert eng.prioritize_many(np.array(picked), "rush", now_ms=NOW) == 4
+    assert eng.prioritize_many(np.array(picked), "rush", now_ms=NOW) == 9
     for r in set(picked):
         d = eng.describe(r)
         assert d["lane"] == 0 and d["due_ms"] == NOW and d["urgent"] is True
     assert eng.describe(rows[1]) == before
-    assert eng.prioritize_many(np.array(picked[:3]), "wait", now_ms=NOW + 1) == 3
+    once = [r for i, r in enumerate(picked) if i != 3]
+    assert eng.prioritize_many(np.array(once), "wait", now_ms=NOW + 1) == 8
     assert all(eng.describe(r)["urgent"] is False and eng.describe(r)["due_ms"] == NOW + 1
                for r in picked)
     assert eng.verify() == []

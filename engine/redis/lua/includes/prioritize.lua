@@ -17,39 +17,49 @@ local function prioritize_row(K, P, now, row, rush)
   return 1
 end
 
--- The records of rows nums[1..n] (numbers) as u48s (see `record`), into `out`: one GETRANGE of
--- the span they lie in, read with string.byte, when it is at most SPAN_READ records a row
--- (rows added together lie close), else one BITFIELD_RO per CHUNK (rows spread over a big table:
--- a span of megabytes a call costs more). Neither makes a Lua string per row: BITFIELD's bit
--- offsets go as numbers, which Redis formats itself.
-local SPAN_READ = 32
-local S_GETS = {}
+--[[ The records of rows nums[1..n] (numbers) as u48s (see `record`), into `out`. Rows are
+counted per BUCKET of row ids; a bucket holding DENSE of them or more is read whole with one
+GETRANGE (6 KB) and decoded with string.byte, the rest with one BITFIELD_RO per CHUNK. A
+scope's rows come in URL order, and rows added together (a sitemap, a path's pages) lie close:
+most of a page falls in a few buckets, where BITFIELD_RO costs three arguments a row, one a
+number Redis formats with %.17g (bench/profile_recache.py: a scope costs the server 0.87x the
+instructions). Rows spread thin over a big table cost what BITFIELD_RO costs. ]]
+local BUCKET, DENSE = 1024, 4
+local S_SPARSE, S_GETS = {}, {}
 local function records_of(K, nums, out)
-  local lo, hi = math.huge, -1
+  local count = {} -- per bucket (keyed by its first row id), how many rows
   for k = 1, #nums do
     local r = nums[k]
-    if r < lo then lo = r end
-    if r > hi then hi = r end
+    local b = r - r % BUCKET
+    count[b] = (count[b] or 0) + 1
   end
-  if hi < 0 then return out end
-  if hi - lo + 1 <= SPAN_READ * #nums then
-    local span, byte = rcall('GETRANGE', K[3], fmt(lo * RECLEN), fmt(hi * RECLEN + RECLEN - 1)),
-      string.byte
-    for k = 1, #nums do
-      local at = (nums[k] - lo) * RECLEN
-      local a, b, c, d, e, f = byte(span, at + 1, at + RECLEN)
-      out[k] = (((a * 256 + b) * 256 + c) * 256 + d) * 65536 + e * 256 + f
+  local spans = {}
+  for b, c in pairs(count) do
+    if c >= DENSE then
+      spans[b] = rcall('GETRANGE', K[3], fmt(b * RECLEN), fmt((b + BUCKET) * RECLEN - 1))
     end
-    return out
   end
-  for i = 1, #nums, CHUNK do
-    local j, gets = math.min(i + CHUNK - 1, #nums), cleared(S_GETS)
-    for k = i, j do
-      gets[3 * (k - i) + 1], gets[3 * (k - i) + 2], gets[3 * (k - i) + 3] = 'GET', 'u48',
-        nums[k] * RECLEN * 8
+  local sparse, byte = cleared(S_SPARSE), string.byte
+  for k = 1, #nums do
+    local r = nums[k]
+    local b = r - r % BUCKET
+    local span = spans[b]
+    if span then
+      local o = (r - b) * RECLEN
+      local x1, x2, x3, x4, x5, x6 = byte(span, o + 1, o + RECLEN)
+      out[k] = (((x1 * 256 + x2) * 256 + x3) * 256 + x4) * 65536 + x5 * 256 + x6
+    else
+      sparse[#sparse + 1] = k
+    end
+  end
+  for i = 1, #sparse, CHUNK do
+    local j, gets = math.min(i + CHUNK - 1, #sparse), cleared(S_GETS)
+    for q = i, j do
+      gets[3 * (q - i) + 1], gets[3 * (q - i) + 2], gets[3 * (q - i) + 3] = 'GET', 'u48',
+        nums[sparse[q]] * RECLEN * 8
     end
     local got = rcall('BITFIELD_RO', K[3], unpack(gets))
-    for k = i, j do out[k] = got[k - i + 1] end
+    for q = i, j do out[sparse[q]] = got[q - i + 1] end
   end
   return out
 end
