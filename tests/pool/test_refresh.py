@@ -37,7 +37,11 @@ def pool(request: pytest.FixtureRequest) -> Any:
                     RenderSpec(command="true {url}"), PoolOptions(workers=1), capacity=64,
                     redis=redis)
     yield p
-    p.close()  # on Redis the queue outlives its pools: dropped here
+    _close(p, redis, name)
+
+
+def _close(pool: Pool, redis: str | None, name: str) -> None:
+    pool.close()  # on Redis the queue outlives its pools: dropped here
     if redis is not None:
         eng = Engine.connect(redis, name)
         RedisUrls(eng).drop()
@@ -248,12 +252,7 @@ def test_a_pool_with_two_variants_makes_and_keeps_a_row_per_variant(
         assert less.discovered == 2
         assert _prov(p, f"{URLS[0]} mobile") == _prov(p, URLS[0]) == "discovered"
     finally:
-        p.close()
-        if redis is not None:
-            eng = Engine.connect(redis, name)
-            RedisUrls(eng).drop()
-            eng.drop()
-            eng.close()
+        _close(p, redis, name)
 
 
 @pytest.mark.parametrize("backend", ["shm", "redis"])
@@ -278,9 +277,4 @@ def test_resuming_with_a_route_that_now_names_two_variants_adds_their_rows(
         mobile = p.urls.find(f"{URLS[1]} mobile")
         assert p.engine.due_ms(mobile) == 1_800_000_000_000  # due when its URL is
     finally:
-        p.close()
-        if redis is not None:
-            eng = Engine.connect(redis, name)
-            RedisUrls(eng).drop()
-            eng.drop()
-            eng.close()
+        _close(p, redis, name)
