@@ -88,8 +88,9 @@ piece by piece (``STREAM_PIECE`` at a time), never whole in memory: a 20 MB page
 KB, so without this a few such requests would hold many times the answer budget."""
 STREAM_PIECE: Final = 256 << 10
 RENDER_POLL_S: Final = 0.1
-ABSENT_KEPT: Final = 100_000
-"""Variant keys remembered as missing, at most (then forgotten at once, as ``_Spellings``)."""
+ABSENT_KEPT: Final = 20_000
+"""Variant keys remembered as missing, at most (then forgotten at once, as ``_Spellings``):
+about 4 MB at 200 bytes an entry, what a flood of distinct URLs can make this hold."""
 NORMAL_BYTES: Final = 4 << 20
 """The requested spellings of URLs whose store spelling is kept (bots repeat URLs; only good
 ones are kept, counted by their length, so a flood of distinct bad URLs costs nothing)."""
