@@ -196,9 +196,9 @@ def _check_scope(pool: Pool, prefix: str) -> None:
 
 
 def _route_rows(pool: Pool, routes: Routes, route: int) -> tuple[list[int], list[str]]:
-    """The rows whose first matching route is ``name``: looked for under the text every URL of
-    the route starts with (the sorted index on Redis), the whole table only where its pattern
-    opens with a wildcard."""
+    """The rows whose first matching route is ``routes.routes[route]``: looked for under the
+    text every URL of that route starts with (the sorted index on Redis), the whole table only
+    where its pattern opens with a wildcard."""
     prefix = routes.routes[route].prefix
     if prefix:
         found, urls = pool.urls.find_prefix(prefix)
