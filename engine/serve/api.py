@@ -35,6 +35,7 @@ from aiohttp import web
 from .. import checkpoint
 from ..api import LaneStats, Stats
 from ..checks import wall_ms
+from ..corpus import variant_rows
 from ..corpus.routes import Routes
 from ..errors import EngineError, EngineValueError
 from ..keys import PARKED_MS
@@ -356,10 +357,16 @@ class Figures:
         assert row is not None and url is not None
         info = eng.describe(row)
         routes = self.parts.routes()
-        route = None
+        route, variant, siblings = None, None, []
         if routes is not None:
             i = int(routes.match([url])[0])
             route = None if i < 0 else routes.routes[i].name
+            variants = () if i < 0 else routes.routes[i].rules.variants
+            if len(variants) > 1:  # the same page's other rows (variant_rows.py)
+                variant = variant_rows.variant_of(url, variants)
+                page = variant_rows.url_of(url)
+                siblings = [(variant_rows.variant_of(k, variants), k) for k in
+                            variant_rows.keys_of(page) if k != url]
         log = self.parts.failures()
         failure = None
         if log is not None:
@@ -369,7 +376,8 @@ class Figures:
                 failure["park_requested"] = bool(log.parking([row]))
         due = info["due_ms"]
         clock = self._clock()
-        return {**info, "url": url, "route": route, "failure": failure,
+        return {**info, "url": url, "route": route, "variant": variant, "siblings": siblings,
+                "failure": failure,
                 "pool_now_ms": wall_ms() if clock is None else clock.now_ms(),
                 "pool_clock": "" if clock is None or clock.scale == 1.0 else
                 f" (pool time, x{clock.scale:g})",

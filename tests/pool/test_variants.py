@@ -97,3 +97,37 @@ def test_a_pool_renders_each_variant_and_serve_answers_each_crawler_with_its_own
             assert (status, html, h["vary"]) == (200, "<p>one page</p>", "Accept-Encoding")
         status, h, _ = get(base, "https://shop.example/never", GOOGLEBOT_SMARTPHONE)
         assert (status, h["x-lanes-snapshot"]) == (404, "missing")
+
+
+def test_a_variant_rows_page_names_its_variant_and_links_its_other_row(tmp_path: Path) -> None:
+    """The dashboard's URL page of a row of a two-variant route says which variant it renders
+    and leads to the same page's other row."""
+    import numpy as np
+
+    from engine.corpus.routes import Routes
+    from engine.pool import Pool, PoolOptions
+    from engine.pool.render import RenderSpec
+
+    routes = tmp_path / "routes.toml"
+    routes.write_text('[[route]]\nname = "p"\nmatch = "https://shop.example/p/*"\n'
+                      'interval = "1h"\nvariants = ["desktop", "mobile"]\n')
+    urls = ["https://shop.example/p/1", "https://shop.example/about"]
+    name = f"rl-variants-{uuid.uuid4().hex[:10]}"
+    pool = Pool.create(name, urls, np.full(2, 1_800_000_000_000), np.full(2, 3600),
+                       np.zeros(2, np.uint8), RenderSpec(command="true {url}"),
+                       PoolOptions(workers=1), capacity=16, routes=Routes.load(routes))
+    try:
+        with serving(name) as base:
+            def page(key: str) -> str:
+                with urllib.request.urlopen(
+                        f"{base}/url?url={urllib.parse.quote(key, safe='')}", timeout=10) as r:
+                    return str(r.read().decode())
+
+            mobile = page(f"{urls[0]} mobile")
+            assert "<dt>variant</dt><dd>mobile · its <a href=\"/url?url=https%3A//shop.example" \
+                   "/p/1\">desktop</a> row</dd>" in mobile
+            assert "<dt>variant</dt><dd>desktop · its <a" in page(urls[0])
+            assert "<dt>variant</dt>" not in page(urls[1])  # a route without variants
+    finally:
+        pool.close()
+    assert not Path(shm_path(name)).exists()
