@@ -2,16 +2,19 @@
 
     .venv/bin/python bench/bench_recache.py [--smoke] [--out FILE] [--runs N]
 
-A pool at rest of ROWS rows (half under ``/catalog/``), its URL table published or added as a
-pool does, and :func:`engine.serve.recache.prioritize` called as the server's pool thread calls
-it, for a scope over half the rows and one over all of them, mode ``wait`` (a re-run finds the
-rows due already, which costs the same). Goal: 1,000,000 rows within 2 s on both backends.
+A pool at rest of ROWS rows (half under ``/catalog/``): each run a new one, its rows added as a
+pool adds them, daily, due at times spread over the next day as a pool's are once it has rendered
+for a day, its URL table published or added as a pool does. Then
+:func:`engine.serve.recache.prioritize` called as the server's pool thread calls it, for a scope
+over all rows, mode ``wait``, twice: the pool at rest (every row moved from wherever its due
+time put it), then a re-run (every row found due already, side by side in ``ready``). Goal:
+1,000,000 rows within 2 s on both backends.
 
 On Redis (a redis-server this script starts on a unix socket) the scope is matched and made due
 on the server (``lanes_prioritize_prefix`` over the URL index); side by side in each run, the
 same scope the way a clear mode takes it, every URL read over the wire first
 (``find_prefix``, then ``prioritize_many``), and their ratio; and the server's CPU seconds for
-the scope (main thread, ``INFO cpu``), which a loaded machine inflates less than the
+the scope at rest (main thread, ``INFO cpu``), which a loaded machine inflates less than the
 wall time, with the shares of it in ZADD and in reading the records, and the scope's median and
 longest FCALL (``SLOWLOG``: how long every other client waited). Then the scope over all rows on
 a queue over 3 shards of a local Redis Cluster, the shards worked in parallel. Also the memory
@@ -31,6 +34,7 @@ from common import ROOT, figure, finish, parse_args, ratios, skipped
 
 import engine
 from engine import factory
+from engine.api import IntArray
 from engine.checks import wall_ms
 from engine.redis.urls import PREFIX_PAGE
 from engine.serve.recache import Ask, Pool, prioritize
@@ -40,46 +44,56 @@ SMOKE = {"rows": 20_000, "runs": 1}
 SHARDS = 3
 """Shards of the sharded run: a local Redis Cluster needs 3 primaries."""
 SCOPES = {"half": "https://shop.example/catalog/*", "all": "https://shop.example/*"}
+"""The scopes (profile_recache takes "all"): here the scope over all rows is timed."""
+RUNS = ("rest", "rerun")
+"""The scope over all rows on a pool at rest, then again on the same pool."""
 
 
 def _urls(n: int) -> list[str]:
     return [f"https://shop.example/{'catalog' if i % 2 else 'p'}/{i}" for i in range(n)]
 
 
-def _timed(eng: Any, table: Any, runs: int, probe: Callable[[], Probe] | None = None,
-           slowest: Callable[[], list[float]] | None = None) -> dict[str, list[float]]:
-    """Seconds per scope and run. With ``probe`` (Redis), for the scope over all rows also the
-    server's CPU seconds (what it takes of a core, whatever else the machine runs), the
+def _timed(fresh: Callable[[], tuple[Any, Any, Callable[[], None]]], runs: int,
+           probe: Callable[[Any], Probe] | None = None,
+           slowest: Callable[[Any], list[float]] | None = None) -> dict[str, list[float]]:
+    """Seconds of the scope over all rows per run, on a pool at rest (``fresh``: a new engine,
+    its table and what drops them) and re-run. With ``probe`` (Redis), for the scope at rest
+    also the server's CPU seconds (what it takes of a core, whatever else the machine runs), the
     shares of its FCALLs' time spent in ZADD (moving the rows in ready) and in reading the
     records, the median and longest FCALL of the scope (``slowest``: the milliseconds of each
     since the last call, from SLOWLOG: how long the server held every other client at once),
-    and that scope read over the wire, right after the one on the server."""
-    pool = Pool(eng, table, None, None)
+    and that scope read over the wire after the re-run."""
     extra = ["wire", "cpu", "zadd", "read", "fcall_ms", "fcall_max_ms"] if probe else []
-    out: dict[str, list[float]] = {k: [] for k in [*SCOPES, *extra]}
+    out: dict[str, list[float]] = {k: [] for k in [*RUNS, *extra]}
     for _ in range(runs):
-        for key, scope in SCOPES.items():
-            if slowest is not None and key == "all":
-                slowest()  # emptied: what it holds next is this scope's
-            before = probe() if probe is not None else Probe(0, 0, 0, 0)
-            t = time.perf_counter()
-            prioritize(pool, Ask.scoped(scope, "wait"))
-            out[key].append(time.perf_counter() - t)
-            if probe is not None and key == "all":
-                after = probe()
-                fcalls = max(1.0, after.fcall_us - before.fcall_us)
-                out["cpu"].append(after.cpu_s - before.cpu_s)
-                out["zadd"].append((after.zadd_us - before.zadd_us) / fcalls)
-                out["read"].append((after.read_us - before.read_us) / fcalls)
-                if slowest is not None:
-                    each = slowest()
-                    out["fcall_ms"].append(float(np.median(each)))
-                    out["fcall_max_ms"].append(max(each))
-        if probe is not None:
-            t = time.perf_counter()
-            rows, _ = table.find_prefix(SCOPES["all"][:-1])
-            eng.prioritize_many(rows, "wait")
-            out["wire"].append(time.perf_counter() - t)
+        eng, table, drop = fresh()
+        try:
+            pool = Pool(eng, table, None, None)
+            for key in RUNS:
+                if slowest is not None and key == "rest":
+                    slowest(eng)  # emptied: what it holds next is this scope's
+                before = probe(eng) if probe is not None else Probe(0, 0, 0, 0)
+                t = time.perf_counter()
+                got = prioritize(pool, Ask.scoped(SCOPES["all"], "wait"))
+                out[key].append(time.perf_counter() - t)
+                assert got["matched"] == len(table), got
+                if probe is not None and key == "rest":
+                    after = probe(eng)
+                    fcalls = max(1.0, after.fcall_us - before.fcall_us)
+                    out["cpu"].append(after.cpu_s - before.cpu_s)
+                    out["zadd"].append((after.zadd_us - before.zadd_us) / fcalls)
+                    out["read"].append((after.read_us - before.read_us) / fcalls)
+                    if slowest is not None:
+                        each = slowest(eng)
+                        out["fcall_ms"].append(float(np.median(each)))
+                        out["fcall_max_ms"].append(max(each))
+            if probe is not None:
+                t = time.perf_counter()
+                rows, _ = table.find_prefix(SCOPES["all"][:-1])
+                eng.prioritize_many(rows, "wait")
+                out["wire"].append(time.perf_counter() - t)
+        finally:
+            drop()
     return out
 
 
@@ -94,18 +108,25 @@ class Probe(NamedTuple):
     fcall_us: float
 
 
+def _dues(n: int, seed: int) -> IntArray:
+    """Due times of a pool at rest: its rows rendered through a day, each due a day later."""
+    return wall_ms() + np.random.default_rng(seed).integers(60_000, 86_400_000, n)
+
+
 def on_shm(n: int, runs: int) -> dict[str, list[float]]:
-    name = f"bench-recache-{n}"
-    eng = engine.open(name, create=True, capacity=n + 16)
-    try:
-        eng.add_many(np.full(n, wall_ms() + 3_600_000), np.full(n, 86_400), "submitted")
+    name, seed = f"bench-recache-{n}", iter(range(runs))
+
+    def fresh() -> tuple[Any, Any, Callable[[], None]]:
+        eng = engine.open(name, create=True, capacity=n + 16)
+        eng.add_many(_dues(n, next(seed)), np.full(n, 86_400), "submitted")
         table = factory.publish_urls(eng, _urls(n))
-        try:
-            return _timed(eng, table, runs)
-        finally:
+
+        def drop() -> None:
             table.drop()
-    finally:
-        eng.unlink()
+            eng.unlink()
+        return eng, table, drop
+
+    return _timed(fresh, runs)
 
 
 def on_redis(n: int, runs: int) -> tuple[dict[str, list[float]], dict[str, float]]:
@@ -114,76 +135,83 @@ def on_redis(n: int, runs: int) -> tuple[dict[str, list[float]], dict[str, float
 
     from engine.redis.urls import pool_keys
 
+    memory: dict[str, float] = {}
     with RedisServer() as srv:
-        eng = engine.open("bench-recache", srv.url, create=True, capacity=n + 16)
-        try:
+        seed = iter(range(runs))
+
+        def fresh() -> tuple[Any, Any, Callable[[], None]]:
+            eng = engine.open("bench-recache", srv.url, create=True, capacity=n + 16)
             table = eng.row_urls()
-            _fill(table, n)
+            _fill(table, n, next(seed))
+            if not memory:
+                client, by_key = eng.transport.live(), pool_keys(eng.name)
+                memory.update({what: int(client.memory_usage(key, samples=0)) / n
+                               for what, key in (("index", by_key[3]), ("urls", by_key[0]),
+                                                 ("url_rows", by_key[1]))})
+
+            def drop() -> None:
+                table.drop()
+                eng.drop()
+            return eng, table, drop
+
+        def probe(eng: Any) -> Probe:
             client = eng.transport.live()
+            cpu, calls = client.info("cpu"), client.info("commandstats")
 
-            def probe() -> Probe:
-                cpu, calls = client.info("cpu"), client.info("commandstats")
+            def usec(cmd: str) -> float:
+                return float(calls.get(f"cmdstat_{cmd}", {}).get("usec", 0))
 
-                def usec(cmd: str) -> float:
-                    return float(calls.get(f"cmdstat_{cmd}", {}).get("usec", 0))
+            return Probe(float(cpu["used_cpu_user_main_thread"]
+                               + cpu["used_cpu_sys_main_thread"]), usec("zadd"),
+                         usec("getrange") + usec("bitfield_ro"), usec("fcall"))
 
-                return Probe(float(cpu["used_cpu_user_main_thread"]
-                                   + cpu["used_cpu_sys_main_thread"]), usec("zadd"),
-                             usec("getrange") + usec("bitfield_ro"), usec("fcall"))
+        # Every FCALL into the slow log (up to 1,024 kept: a scope of 1,000,000 rows makes
+        # 201), read and emptied after each scope.
+        client = srv.client()
+        client.config_set("slowlog-log-slower-than", 0)
+        client.config_set("slowlog-max-len", 1024)
 
-            # Every FCALL into the slow log (up to 1,024 kept: a scope of 1,000,000 rows makes
-            # 201), read and emptied after each scope.
-            client.config_set("slowlog-log-slower-than", 0)
-            client.config_set("slowlog-max-len", 1024)
+        def slowest(eng: Any) -> list[float]:
+            client = eng.transport.live()
+            got = [e["duration"] / 1000 for e in client.slowlog_get(1024)
+                   if bytes(e["command"]).startswith(b"FCALL lanes_prioritize_prefix")]
             client.slowlog_reset()
+            return got or [0.0]
 
-            def slowest() -> list[float]:
-                got = [e["duration"] / 1000 for e in client.slowlog_get(1024)
-                       if bytes(e["command"]).startswith(b"FCALL lanes_prioritize_prefix")]
-                client.slowlog_reset()
-                return got or [0.0]
-
-            by_key = pool_keys(eng.name)
-            memory = {what: int(client.memory_usage(key, samples=0)) / n
-                      for what, key in (("index", by_key[3]), ("urls", by_key[0]),
-                                        ("url_rows", by_key[1]))}
-            return _timed(eng, table, runs, probe, slowest), memory
-        finally:
-            eng.row_urls().drop()
-            eng.drop()
+        return _timed(fresh, runs, probe, slowest), memory
 
 
-def _fill(table: Any, n: int) -> None:
-    """Add the ROWS URLs as a pool adds them, due in an hour, daily."""
-    urls = _urls(n)
+def _fill(table: Any, n: int, seed: int) -> None:
+    """Add the ROWS URLs as a pool adds them, daily, due as a pool at rest is (``_dues``)."""
+    urls, dues = _urls(n), _dues(n, seed)
     for start in range(0, n, 10_000):
         part = urls[start:start + 10_000]
-        table.add(part, np.full(len(part), wall_ms() + 3_600_000), np.full(len(part), 86_400),
-                  "submitted")
+        table.add(part, dues[start:start + 10_000], np.full(len(part), 86_400), "submitted")
 
 
-def on_shards(n: int, runs: int) -> list[float]:
-    """Seconds of the scope over all rows on a queue over SHARDS shards, each on its own
-    primary of a local Redis Cluster: the shards are worked in parallel from the client."""
+def on_shards(n: int, runs: int) -> dict[str, list[float]]:
+    """Seconds of the scope over all rows (at rest, then re-run) on a queue over SHARDS shards,
+    each on its own primary of a local Redis Cluster: the shards are worked in parallel from
+    the client."""
     sys.path.insert(0, str(ROOT / "tests" / "lib"))
     from redis_server import LocalCluster
 
     with LocalCluster(SHARDS) as cluster:
-        # A bound per shard; the URLs' hashes fill the shards a little unevenly.
-        eng = engine.open("bench-recache", cluster.url, create=True, capacity=2 * n,
-                          shards=SHARDS)
-        try:
+        seed = iter(range(runs))
+
+        def fresh() -> tuple[Any, Any, Callable[[], None]]:
+            # A bound per shard; the URLs' hashes fill the shards a little unevenly.
+            eng = engine.open("bench-recache", cluster.url, create=True, capacity=2 * n,
+                              shards=SHARDS)
             table = eng.row_urls()
-            _fill(table, n)
-            pool, out = Pool(eng, table, None, None), []
-            for _ in range(runs):
-                t = time.perf_counter()
-                prioritize(pool, Ask.scoped(SCOPES["all"], "wait"))
-                out.append(time.perf_counter() - t)
-            return out
-        finally:
-            eng.row_urls().drop()
-            eng.drop()
+            _fill(table, n, next(seed))
+
+            def drop() -> None:
+                table.drop()
+                eng.drop()
+            return eng, table, drop
+
+        return _timed(fresh, runs)
 
 
 def main() -> None:
@@ -193,11 +221,13 @@ def main() -> None:
     runs, n = args.runs or cfg["runs"], cfg["rows"]
     goal = "goal: 1,000,000 rows within 2 s"
     figures = []
+    rest = f"a scope over all {n:,} rows of a pool at rest"
+    again = f"the same scope again (its {n:,} rows due already)"
     shm = on_shm(n, runs)
-    for key in SCOPES:
-        rows = n // (2 if key == "half" else 1)
-        figures.append(figure(f"recache.shm.scope_{key}_s", f"shared memory: a scope over"
-                              f" {rows:,} of {n:,} rows", "s", shm[key], note=goal))
+    figures.append(figure("recache.shm.scope_all_s", f"shared memory: {rest}", "s", shm["rest"],
+                          note=goal))
+    figures.append(figure("recache.shm.scope_rerun_s", f"shared memory: {again}", "s",
+                          shm["rerun"]))
     sys.path.insert(0, str(ROOT / "tests" / "lib"))
     from redis_server import find_server
 
@@ -205,13 +235,12 @@ def main() -> None:
         figures.append(skipped("recache.redis.scope_all_s", "Redis: a scope", "no redis-server"))
     else:
         red, memory = on_redis(n, runs)
-        for key in SCOPES:
-            rows = n // (2 if key == "half" else 1)
-            figures.append(figure(f"recache.redis.scope_{key}_s", f"Redis: a scope over"
-                                  f" {rows:,} of {n:,} rows, matched on the server", "s",
-                                  red[key], note=goal))
+        figures.append(figure("recache.redis.scope_all_s", f"Redis: {rest}, matched on the"
+                              " server", "s", red["rest"], note=goal))
+        figures.append(figure("recache.redis.scope_rerun_s", f"Redis: {again}", "s",
+                              red["rerun"]))
         figures.append(figure("recache.redis.scope_all_server_cpu_s", f"Redis: the server's"
-                              f" CPU seconds for the scope over all {n:,} rows", "s", red["cpu"],
+                              f" CPU seconds for {rest}", "s", red["cpu"],
                               note=goal + " (the wall time on a quiet machine)"))
         figures.append(figure("recache.redis.scope_all_zadd_share", "Redis: the share of the"
                               " scope's FCALL time spent in ZADD (the rest: the Lua that reads"
@@ -226,21 +255,23 @@ def main() -> None:
                               " longest FCALL (the server held every other client that long)",
                               "ms", red["fcall_max_ms"]))
         figures.append(figure("recache.redis.wire_all_s", f"Redis: the scope over all {n:,}"
-                              " rows with every URL read over the wire (find_prefix, then"
-                              " prioritize_many)", "s", red["wire"]))
+                              " rows due already with every URL read over the wire"
+                              " (find_prefix, then prioritize_many)", "s", red["wire"]))
         figures.append(figure("recache.redis.wire_over_server", "Redis: URLs over the wire ÷"
-                              " matched on the server, same scope, same run", "x",
-                              ratios(red["wire"], red["all"]), better="higher"))
-        figures.append(figure("recache.redis_over_shm.scope_all", "a scope over all rows:"
-                              " Redis ÷ shared memory, same run", "x",
-                              ratios(red["all"], shm["all"])))
+                              " matched on the server, same rows due already, same run", "x",
+                              ratios(red["wire"], red["rerun"]), better="higher"))
+        figures.append(figure("recache.redis_over_shm.scope_all", "a scope over all rows at"
+                              " rest: Redis ÷ shared memory", "x",
+                              ratios(red["rest"], shm["rest"])))
         sharded = on_shards(n, runs)
         figures.append(figure("recache.redis_sharded.scope_all_s", f"Redis over {SHARDS} shards"
-                              f" (a local cluster, {SHARDS} primaries): a scope over all {n:,}"
-                              " rows, the shards in parallel", "s", sharded, note=goal))
+                              f" (a local cluster, {SHARDS} primaries): {rest}, the shards in"
+                              " parallel", "s", sharded["rest"], note=goal))
+        figures.append(figure("recache.redis_sharded.scope_rerun_s", f"Redis over {SHARDS}"
+                              f" shards: {again}", "s", sharded["rerun"]))
         figures.append(figure("recache.redis_sharded_over_shm.scope_all", f"a scope over all"
-                              f" rows: Redis over {SHARDS} shards ÷ shared memory, same run", "x",
-                              ratios(sharded, shm["all"])))
+                              f" rows at rest: Redis over {SHARDS} shards ÷ shared memory", "x",
+                              ratios(sharded["rest"], shm["rest"])))
         for what, per_row in memory.items():
             figures.append(figure(f"recache.redis.{what}_bytes_per_row", f"Redis: MEMORY USAGE"
                                   f" of the {what} key ÷ rows", "bytes", [per_row]))

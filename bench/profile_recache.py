@@ -82,7 +82,7 @@ def main() -> None:
         time.sleep(1)
         eng = engine.open("bench-recache", f"unix://{sock}", create=True, capacity=n + 16)
         table = eng.row_urls()
-        _fill(table, n)
+        _fill(table, n, 0)
         client = eng.transport.live()
         payloads = {"after": library.library_source(), "before": payload_at(args.before)}
         counted: dict[str, list[float]] = {"after": [], "before": []}
