@@ -1,9 +1,11 @@
-"""bench_constraints on two trees taken in turns: this one and another checkout (``--before``,
-with its own .venv built), so a change to the claim pass is timed side by side on a busy machine.
+"""bench_constraints (or ``--script``) on two trees taken in turns: this one and another checkout
+(``--before``, with its own .venv built), so a change to the claim pass is timed side by side on
+a busy machine.
 
-    .venv/bin/python bench/bench_trees.py --before /work/main [--only d,e,f] [--runs 6] [--out FILE]
+    .venv/bin/python bench/bench_trees.py --before /work/main [--script bench_inflight]
+        [--only d,e,f] [--runs 6] [--out FILE]
 
-Each run is ``bench_constraints.py --only PARTS`` in a process of its own, under each tree's
+Each run is ``SCRIPT.py --only PARTS`` in a process of its own, under each tree's
 interpreter and from each tree's directory; the trees alternate, the first flipped every run.
 Every figure is reported per tree (``.before``, ``.after``) as the median of the runs' medians,
 with their range.
@@ -23,11 +25,11 @@ from common import figure, finish, parse_args
 HERE = Path(__file__).resolve().parent
 
 
-def one_run(tree: Path, only: str, smoke: bool) -> dict[str, dict]:
-    """The figures of one bench_constraints run on ``tree``, by id."""
+def one_run(tree: Path, script: str, only: str, smoke: bool) -> dict[str, dict]:
+    """The figures of one run of ``script`` on ``tree``, by id."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
-        cmd = [str(tree / ".venv" / "bin" / "python"), "bench/bench_constraints.py", "--only",
+        cmd = [str(tree / ".venv" / "bin" / "python"), f"bench/{script}.py", "--only",
                only, "--out", str(out)] + (["--smoke"] if smoke else [])
         subprocess.run(cmd, cwd=tree, check=True, stdout=subprocess.DEVNULL)
         return {f["id"]: f for f in json.loads(out.read_text())["figures"] if "median" in f}
@@ -41,7 +43,9 @@ def commit(tree: Path) -> str:
 def main() -> None:
     def extra(ap):  # type: ignore[no-untyped-def]
         ap.add_argument("--before", type=Path, required=True, help="the other tree (built)")
-        ap.add_argument("--only", default="d,e,f", help="bench_constraints parts (default d,e,f)")
+        ap.add_argument("--script", default="bench_constraints", help="the benchmark (default"
+                        " bench_constraints; it must take --only)")
+        ap.add_argument("--only", default="d,e,f", help="its parts (default d,e,f)")
         ap.add_argument("--runs", type=int, default=6, help="runs per tree (default 6)")
 
     args = parse_args(__doc__, extra)
@@ -53,7 +57,7 @@ def main() -> None:
     runs: dict[str, list[dict[str, dict]]] = {"before": [], "after": []}
     for k in range(1 if args.smoke else args.runs):
         for side in (("before", "after") if k % 2 == 0 else ("after", "before")):
-            runs[side].append(one_run(trees[side], args.only, args.smoke))
+            runs[side].append(one_run(trees[side], args.script, args.only, args.smoke))
     names = {side: commit(tree) for side, tree in trees.items()}
     figs = []
     for fid, f in runs["after"][0].items():
@@ -62,8 +66,8 @@ def main() -> None:
             if vals:
                 figs.append(figure(f"{fid}.{side}", f"{f['label']} ({names[side]}): the median"
                                    " of each run's median", f["unit"], vals, f["better"]))
-    finish(f"bench_trees --only {args.only}: {names['before']} (before) and {names['after']}"
-           " (after) alternated", args, figs, started)
+    finish(f"bench_trees {args.script} --only {args.only}: {names['before']} (before) and"
+           f" {names['after']} (after) alternated", args, figs, started)
 
 
 if __name__ == "__main__":
