@@ -473,6 +473,12 @@ def part_expiry(c: dict[str, Any], figs: list[dict[str, Any]]) -> None:
     for key in ("held", "lapsed", "next", "steady"):
         figs.append(ratio(f"inflight.expiry.{key}_ratio", f"{labels[key]} / nothing in flight",
                           series[key], series["base"], out[key]))
+    # A round of the steady pool either sweeps on nearly every claim or on almost none: the
+    # share of rounds that cost over 10x nothing in flight says which, where a median may not.
+    swept = [a.us > 10 * b.us for a, b in zip(series["steady"], series["base"], strict=True)]
+    figs.append(figure("inflight.expiry.steady_slow_rounds", f"share of rounds where"
+                       f" {labels['steady']} costs over 10x nothing in flight", "x",
+                       [sum(swept) / len(swept)]))
     # Where a lapse is paid for need not be the first claim after it (a sweep may run later):
     # the slowest single claim of the 1 + k after the lapse, beside the slowest of k with
     # nothing in flight (each includes any merge a claim runs).
