@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_recache.py [--smoke] [--out FILE] [--runs N]
 
-A pool at rest of ROWS rows (half under ``/catalog/``): each run a new one, its rows added as a
+A pool at rest of ROWS rows: each run a new one, its rows added as a
 pool adds them, daily, due at times spread over the next day as a pool's are once it has rendered
 for a day, its URL table published or added as a pool does. Then
 :func:`engine.serve.recache.prioritize` called as the server's pool thread calls it, for a scope
@@ -43,8 +43,8 @@ FULL = {"rows": 1_000_000, "runs": 3}
 SMOKE = {"rows": 20_000, "runs": 1}
 SHARDS = 3
 """Shards of the sharded run: a local Redis Cluster needs 3 primaries."""
-SCOPES = {"half": "https://shop.example/catalog/*", "all": "https://shop.example/*"}
-"""The scopes (profile_recache takes "all"): here the scope over all rows is timed."""
+SCOPE = "https://shop.example/*"
+"""The scope timed: every row."""
 RUNS = ("rest", "rerun")
 """The scope over all rows on a pool at rest, then again on the same pool."""
 
@@ -74,7 +74,7 @@ def _timed(fresh: Callable[[], tuple[Any, Any, Callable[[], None]]], runs: int,
                     slowest(eng)  # emptied: what it holds next is this scope's
                 before = probe(eng) if probe is not None else Probe(0, 0, 0, 0)
                 t = time.perf_counter()
-                got = prioritize(pool, Ask.scoped(SCOPES["all"], "wait"))
+                got = prioritize(pool, Ask.scoped(SCOPE, "wait"))
                 out[key].append(time.perf_counter() - t)
                 assert got["matched"] == len(table), got
                 if probe is not None and key == "rest":
@@ -89,7 +89,7 @@ def _timed(fresh: Callable[[], tuple[Any, Any, Callable[[], None]]], runs: int,
                         out["fcall_max_ms"].append(max(each))
             if probe is not None:
                 t = time.perf_counter()
-                rows, _ = table.find_prefix(SCOPES["all"][:-1])
+                rows, _ = table.find_prefix(SCOPE[:-1])
                 eng.prioritize_many(rows, "wait")
                 out["wire"].append(time.perf_counter() - t)
         finally:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_recache import SCOPES, _fill
+from bench_recache import SCOPE, _fill
 from common import ROOT, figure, finish, parse_args, ratios, skipped
 
 import engine
@@ -88,12 +88,12 @@ def main() -> None:
         counted: dict[str, list[float]] = {"after": [], "before": []}
         for k, which in enumerate(["after", "before", "after"]):
             client.execute_command("FUNCTION", "LOAD", "REPLACE", payloads[which])
-            got = table.prioritize_prefix(SCOPES["all"][:-1], "wait")  # warm, and checked
+            got = table.prioritize_prefix(SCOPE[:-1], "wait")  # warm, and checked
             assert got.matched == n and got.done == n, got
             control = ["callgrind_control", str(server.pid)]
             subprocess.run([*control, "-z"], check=True, capture_output=True)
             subprocess.run([*control, "-i", "on"], check=True, capture_output=True)
-            table.prioritize_prefix(SCOPES["all"][:-1], "wait")
+            table.prioritize_prefix(SCOPE[:-1], "wait")
             subprocess.run([*control, "-i", "off"], check=True, capture_output=True)
             subprocess.run([*control, "-d", f"run{k}"], check=True, capture_output=True)
             dump = max(work.glob("cg.out*"), key=os.path.getmtime)
