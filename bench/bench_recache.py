@@ -2,13 +2,12 @@
 
     .venv/bin/python bench/bench_recache.py [--smoke] [--out FILE] [--runs N]
 
-A pool at rest of ROWS rows: each run a new one, its rows added as a
-pool adds them, daily, due at times spread over the next day as a pool's are once it has rendered
-for a day, its URL table published or added as a pool does. Then
-:func:`engine.serve.recache.prioritize` called as the server's pool thread calls it, for a scope
-over all rows, mode ``wait``, twice: the pool at rest (every row moved from wherever its due
-time put it), then a re-run (every row found due already, side by side in ``ready``). Goal:
-1,000,000 rows within 2 s on both backends.
+A pool at rest of ROWS rows, a new one each run: its rows added as a pool adds them, daily, due
+at times spread over the next day as a pool's are once it has rendered for a day, its URL table
+published or added as a pool does. Then :func:`engine.serve.recache.prioritize` called as the
+server's pool thread calls it, for a scope over all rows, mode ``wait``, twice: the pool at rest
+(every row moved from wherever its due time put it), then a re-run (every row found due
+already, side by side in ``ready``). Goal: 1,000,000 rows within 2 s on both backends.
 
 On Redis (a redis-server this script starts on a unix socket) the scope is matched and made due
 on the server (``lanes_prioritize_prefix`` over the URL index); side by side in each run, the
