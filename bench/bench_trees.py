@@ -5,7 +5,7 @@ a busy machine.
     .venv/bin/python bench/bench_trees.py --before /work/main [--script bench_inflight]
         [--only d,e,f] [--runs 6] [--out FILE]
 
-Each run is ``SCRIPT.py --only PARTS`` in a process of its own, under each tree's
+Each run is the script with ``--only PARTS`` in a process of its own, under each tree's
 interpreter and from each tree's directory; the trees alternate, the first flipped every run.
 Every figure is reported per tree (``.before``, ``.after``) as the median of the runs' medians,
 with their range.
