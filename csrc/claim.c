@@ -695,7 +695,8 @@ static uint64_t remainder_lanes(const Pass *P, int skip_urgent) {
 /* Each grant to the lane whose head is due first, ties to the lower lane. A head changes only
  * when its lane is taken from, and only to a later one (a lane's heads come in key order), so
  * each lane is opened and peeked once, the lanes kept sorted by (head's due, lane), and after a
- * grant only the winner, first, is peeked again and moved back into place (or dropped, empty). */
+ * grant only the winner, first, is peeked again and moved back into place (or dropped, empty).
+ * Each lane prefetches as a take of one row would (lane_take), set once, not on every grant. */
 static void remainder_edf(Pass *P, int skip_urgent) {
     uint64_t due[RL_MAX_LANES];
     uint8_t at[RL_MAX_LANES];
@@ -707,14 +708,15 @@ static void remainder_edf(Pass *P, int skip_urgent) {
             n--;
             continue;
         }
+        if (c->ahead < 1 + PREFETCH_LOW) c->ahead = 1 + PREFETCH_LOW;
         due[l] = rl_key_due(c->peek.key);
         for (; i > 0 && due[at[i - 1]] > due[l]; i--) at[i] = at[i - 1]; /* lanes come in order */
         at[i] = (uint8_t)l;
     }
     while (P->n < P->budget && n) {
         uint32_t best = at[0], i = 0;
-        lane_take(P, best, 1); /* a lost race exhausts the lane or grants; no spin */
         Cursor *c = &P->cursors[best];
+        lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
         if (P->n >= P->budget) return;
         if (!lane_peek(P, c)) {
             memmove(at, at + 1, --n);
