@@ -516,10 +516,8 @@ static void idx_advance(Pass *P, Cursor *c) {
     }
 }
 
-/* Peek the lane's next claimable candidate in EDF order; 0 when the lane has none left. */
-static int lane_peek(Pass *P, Cursor *c) {
-    if (!c || c->done) return 0;
-    if (c->have_peek) return 1;
+/* Find the lane's next claimable candidate in EDF order (none peeked); 0 when none is left. */
+static int lane_peek_next(Pass *P, Cursor *c) {
     for (;;) {
         idx_advance(P, c);
         int has_ring = c->ri < c->rn;
@@ -560,6 +558,12 @@ static int lane_peek(Pass *P, Cursor *c) {
         c->have_peek = 1;
         return 1;
     }
+}
+
+/* Peek the lane's next claimable candidate in EDF order; 0 when the lane has none left. Inline
+ * where one is peeked already: a lateness pass peeks a head to weigh it, then takes it. */
+static inline int lane_peek(Pass *P, Cursor *c) {
+    return c && !c->done && (c->have_peek || lane_peek_next(P, c));
 }
 
 /* Lease the peeked candidate; 1 on a grant. */
@@ -691,7 +695,8 @@ static uint64_t remainder_lanes(const Pass *P, int skip_urgent) {
 /* Each grant to the lane whose head is due first, ties to the lower lane. A head changes only
  * when its lane is taken from, and only to a later one (a lane's heads come in key order), so
  * each lane is opened and peeked once, the lanes kept sorted by (head's due, lane), and after a
- * grant only the winner, first, is peeked again and moved back into place (or dropped, empty). */
+ * grant only the winner, first, is peeked again and moved back into place (or dropped, empty).
+ * Each lane prefetches as a take of one row would (lane_take), set once, not on every grant. */
 static void remainder_edf(Pass *P, int skip_urgent) {
     uint64_t due[RL_MAX_LANES];
     uint8_t at[RL_MAX_LANES];
@@ -703,14 +708,15 @@ static void remainder_edf(Pass *P, int skip_urgent) {
             n--;
             continue;
         }
+        if (c->ahead < 1 + PREFETCH_LOW) c->ahead = 1 + PREFETCH_LOW;
         due[l] = rl_key_due(c->peek.key);
         for (; i > 0 && due[at[i - 1]] > due[l]; i--) at[i] = at[i - 1]; /* lanes come in order */
         at[i] = (uint8_t)l;
     }
     while (P->n < P->budget && n) {
         uint32_t best = at[0], i = 0;
-        lane_take(P, best, 1); /* a lost race exhausts the lane or grants; no spin */
         Cursor *c = &P->cursors[best];
+        lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
         if (P->n >= P->budget) return;
         if (!lane_peek(P, c)) {
             memmove(at, at + 1, --n);
@@ -742,8 +748,8 @@ static void remainder_edf(Pass *P, int skip_urgent) {
  * not hold or it wins. An opened lane's head is weighed exactly at once: its interval is the
  * lane's one where its bounds have met, else prefetched with its rows (reading it later, only
  * when a bound on it decided nothing, cost a second step on nearly every grant:
- * docs/design.md §3). The lanes are a max-heap by their most
- * lateness: the top takes the grant when its least beats the most of its larger child (the
+ * docs/design.md §3). The lanes are sorted by their most
+ * lateness: the first takes the grant when its least beats the most of the second (the
  * runner-up); otherwise whichever of the two is a bound is weighed (by its memo, or opened), which
  * changes no choice and only lowers its most. The winner keeps the grants while its next head
  * still beats that runner-up (without weighing it while it is due before a threshold: heads
@@ -754,7 +760,7 @@ typedef struct {
     unsigned __int128 late; /* weight x (now - due) of the head; of the floor for a bound */
     uint32_t iv;            /* the head's interval; iv_min for a bound */
     uint8_t state;          /* LATE_* */
-    double v;               /* late / iv as a double: the heap compares these, and the exact
+    double v;               /* late / iv as a double: the order compares these, and the exact
                              * products only when they are too close to tell */
 } LateHead;
 #define LATE_BOUND 0 /* not opened: lateness in [0, late / iv] */
@@ -770,7 +776,7 @@ static inline int late_beats(unsigned __int128 a, uint32_t b, uint32_t la, unsig
 }
 
 /* late_beats of lanes a and b by their v (late / iv), decided by the doubles when they are more
- * than 1e-12 apart (each is within 3e-16 of its quotient), else exactly: the heap compares a
+ * than 1e-12 apart (each is within 3e-16 of its quotient), else exactly: the order compares a
  * double each, not two 128-bit products. */
 static inline int late_beats_d(const LateHead *h, uint32_t a, uint32_t b) {
     if (h[a].v > h[b].v * (1 + 1e-12)) return 1;
@@ -783,7 +789,7 @@ static inline int late_beats_d(const LateHead *h, uint32_t a, uint32_t b) {
  * libgcc call. */
 static inline void late_set(LateHead *h, uint32_t w, uint64_t dt) {
     h->late = (unsigned __int128)w * dt;
-    h->v = (double)w * (double)dt / h->iv;
+    h->v = (double)w * (double)(int64_t)dt / h->iv; /* dt < 2^42: a signed conversion is one step */
 }
 
 /* The interval of lane l's head `row` (0 counts as 1 s): the lane's one interval when its bounds
@@ -865,38 +871,33 @@ static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w) {
     else h->state = LATE_NONE;
 }
 
-/* The lanes a lateness pass weighs, as a binary max-heap by v (their most lateness), ties to
- * the lower lane: the top and its larger child are the two a grant is decided between. Only an
- * opening lowers a lane's v, and only the top's (its next head) may rise, so sifting down keeps
- * the order. */
+/* The lanes a lateness pass weighs, sorted by v (their most lateness), ties to the lower lane:
+ * the first two are the two a grant is decided between. Only an opening lowers a lane's v, and
+ * only the first's may rise (its next head), so sinking the lane that moved keeps the order. A
+ * grant passing to the runner-up swaps the first two, which is nearly all a sink does (the
+ * other lanes lie far behind): a heap sifted down two levels and compared the children again. */
 typedef struct {
     uint8_t at[RL_MAX_LANES];
     uint32_t n;
-} LaneHeap;
+} LaneOrder;
 
-static void heap_down(LaneHeap *q, const LateHead *h, uint32_t i) {
-    for (;;) {
-        uint32_t c = 2 * i + 1, top = i;
-        if (c < q->n && late_beats_d(h, q->at[c], q->at[top])) top = c;
-        if (c + 1 < q->n && late_beats_d(h, q->at[c + 1], q->at[top])) top = c + 1;
-        if (top == i) return;
-        uint8_t t = q->at[i];
-        q->at[i] = q->at[top];
-        q->at[top] = t;
-        i = top;
-    }
+/* at[i]'s v fell (or, at 0, rose): move it down to its place. */
+static inline void order_sink(LaneOrder *q, const LateHead *h, uint32_t i) {
+    uint8_t l = q->at[i];
+    for (; i + 1 < q->n && late_beats_d(h, q->at[i + 1], l); i++) q->at[i] = q->at[i + 1];
+    q->at[i] = l;
 }
 
-static void heap_remove(LaneHeap *q, const LateHead *h, uint32_t i) {
-    q->at[i] = q->at[--q->n];
-    if (i >= q->n) return;
-    heap_down(q, h, i);
-    while (i > 0 && late_beats_d(h, q->at[i], q->at[(i - 1) / 2])) { /* the last may beat a parent */
-        uint8_t t = q->at[i];
-        q->at[i] = q->at[(i - 1) / 2];
-        q->at[(i - 1) / 2] = t;
-        i = (i - 1) / 2;
-    }
+/* Lane l joins (lanes join in lane order: one tying an earlier one stays after it). */
+static inline void order_add(LaneOrder *q, const LateHead *h, uint8_t l) {
+    uint32_t i = q->n++;
+    for (; i > 0 && late_beats_d(h, l, q->at[i - 1]); i--) q->at[i] = q->at[i - 1];
+    q->at[i] = l;
+}
+
+/* at[i] has nothing left. */
+static inline void order_drop(LaneOrder *q, uint32_t i) {
+    for (q->n--; i < q->n; i++) q->at[i] = q->at[i + 1];
 }
 
 /* A band lane's spread weight, (hi / lo) ** (3 / 16) in RL_ONE fixed point rounded half up, as
@@ -953,7 +954,7 @@ static void lane_weights(const Pass *P, uint32_t first, uint32_t *wt) {
 static void remainder_lateness(Pass *P, int skip_urgent) {
     LateHead h[RL_MAX_LANES];
     uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES], wt[RL_MAX_LANES];
-    LaneHeap q = {.n = 0}; /* the lanes that may have a head */
+    LaneOrder q = {.n = 0}; /* the lanes that may have a head */
     uint64_t used = remainder_lanes(P, skip_urgent); /* a 64-lane layout pays for those used */
     lane_weights(P, skip_urgent ? 1 : 0, wt);
     /* heads remembered from this thread's last pass hold only while no lapsed lease waits for
@@ -968,36 +969,34 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
         if (P->cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
             late_peek(P, l, &h[l], wt[l]);
-            if (h[l].state != LATE_NONE) q.at[q.n++] = (uint8_t)l;
+            if (h[l].state != LATE_NONE) order_add(&q, h, (uint8_t)l);
             continue;
         }
         if (ivmax[l] == 0) { /* no row was ever published into it (its bounds come first) */
             h[l].state = LATE_NONE;
             continue;
         }
-        q.at[q.n++] = (uint8_t)l;
         uint64_t since = (uint64_t)fm * 60000u; /* no floor (0) bounds nothing */
         h[l].iv = ivmin[l] ? ivmin[l] : 1;
         h[l].state = LATE_BOUND;
         late_set(&h[l], wt[l], (uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
+        order_add(&q, h, (uint8_t)l);
     }
-    for (uint32_t i = q.n / 2; i-- > 0;) heap_down(&q, h, i);
     while (P->n < P->budget) {
         int best, run;
         for (;;) {
-            /* best: the lane of the most lateness (the heap's top); run: the most of the
-             * others (a child of the top). best wins unless one of the two is a bound (two
-             * heads weighed exactly are in heap order); that one is weighed by its memo, else
-             * opened, which lowers its most (the heap moves it down) */
+            /* best: the lane of the most lateness (the first); run: the most of the others (the
+             * second). best wins unless one of the two is a bound (two heads weighed exactly
+             * are in order); that one is weighed by its memo, else opened, which lowers its
+             * most (it sinks) */
             if (q.n == 0) return;
             best = q.at[0];
-            run = q.n == 1 ? -1 : q.n == 2 || late_beats_d(h, q.at[1], q.at[2]) ? q.at[1] : q.at[2];
+            run = q.n == 1 ? -1 : q.at[1];
             if (run < 0 || late_surely_beats(h, (uint32_t)best, (uint32_t)run)) break;
-            uint32_t l = (uint32_t)best, i = 0; /* the lane weighed, and where it is */
-            if (h[best].state != LATE_BOUND) l = (uint32_t)run, i = q.at[1] == run ? 1 : 2;
+            uint32_t i = h[best].state == LATE_BOUND ? 0 : 1, l = q.at[i]; /* the lane weighed */
             if (!memos || !head_memo(P, l, wt[l], &h[l])) late_peek(P, l, &h[l], wt[l]);
-            if (h[l].state == LATE_NONE) heap_remove(&q, h, i);
-            else heap_down(&q, h, i);
+            if (h[l].state == LATE_NONE) order_drop(&q, i);
+            else order_sink(&q, h, i);
         }
         if (h[best].state != LATE_EXACT) { /* not opened: won on its memo, or a bound left
                                             * alone (no runner-up). Its cursor is a past pass's,
@@ -1007,11 +1006,11 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             LateHead was = h[best];
             late_peek(P, (uint32_t)best, &h[best], wt[best]);
             if (h[best].state == LATE_NONE) {
-                heap_remove(&q, h, 0);
+                order_drop(&q, 0);
                 continue;
             }
             if (run >= 0 && (h[best].late != was.late || h[best].iv != was.iv)) {
-                heap_down(&q, h, 0);
+                order_sink(&q, h, 0);
                 continue;
             }
         }
@@ -1029,7 +1028,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             sure = 0;
             if (ivmax[best] && wt[best]) {
                 double q = h[run].v * ivmax[best] / wt[best] * (1 + 1e-12) + 1;
-                if (q + 1 < (double)P->now) sure = (uint64_t)P->now - (uint64_t)q - 1;
+                if (q + 1 < (double)P->now) sure = (uint64_t)P->now - (uint64_t)(int64_t)q - 1;
             }
         }
         for (;;) {
@@ -1043,8 +1042,8 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             late_head(P, (uint32_t)best, c, &h[best], wt[best]);
             if (run >= 0 && !late_surely_beats(h, (uint32_t)best, (uint32_t)run)) break; /* again */
         }
-        if (h[best].state == LATE_NONE) heap_remove(&q, h, 0);
-        else heap_down(&q, h, 0); /* its lateness moved (the top's may rise: it stays the top) */
+        if (h[best].state == LATE_NONE) order_drop(&q, 0);
+        else order_sink(&q, h, 0); /* its lateness moved (the first's may rise: it stays first) */
     }
 }
 
