@@ -54,6 +54,8 @@ def main() -> None:
     for side, tree in trees.items():
         if not (tree / ".venv" / "bin" / "python").exists():
             sys.exit(f"{side} tree {tree} has no .venv: run `make .venv/.installed` there")
+        if not (tree / "bench" / f"{args.script}.py").exists():
+            sys.exit(f"{side} tree {tree} has no bench/{args.script}.py")
     runs: dict[str, list[dict[str, dict]]] = {"before": [], "after": []}
     for k in range(1 if args.smoke else args.runs):
         for side in (("before", "after") if k % 2 == 0 else ("after", "before")):
