@@ -15,10 +15,14 @@ same scope the way a clear mode takes it, every URL read over the wire first
 (``find_prefix``, then ``prioritize_many``), and their ratio; and the server's CPU seconds for
 the scope at rest (main thread, ``INFO cpu``), which a loaded machine inflates less than the
 wall time, with the shares of it in ZADD and in reading the records, and the scope's median and
-longest FCALL (``SLOWLOG``: how long every other client waited). Then the scope over all rows on
-a queue over 3 shards of a local Redis Cluster, the shards worked in parallel. Also the memory
-of the URL index (``MEMORY USAGE``) per row, beside that of the two URL hashes. The server's
-instructions for a scope, which a loaded machine does not move: ``profile_recache.py``.
+longest FCALL (``SLOWLOG``: how long every other client waited). Then the floor: the same
+pool put back at rest, and only the moves the scope makes in ``ready`` sent as plain ``ZADD
+XX`` commands, a page at a time in the scope's order, timed and in server CPU. Then the scope
+over all rows on a queue over 3 shards of a local Redis Cluster, the shards worked in parallel,
+with each primary's CPU seconds for it (the slowest one's is what the scope would take were
+each on a core of its own; this machine has 2). Also the memory of the URL index (``MEMORY
+USAGE``) per row, beside that of the two URL hashes. The server's instructions for a scope,
+which a loaded machine does not move: ``profile_recache.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ import engine
 from engine import factory
 from engine.api import IntArray
 from engine.checks import wall_ms
-from engine.redis.urls import PREFIX_PAGE
+from engine.keys import STRIDE
+from engine.redis.urls import PREFIX_PAGE, pool_keys
 from engine.serve.recache import Ask, Pool, prioritize
 
 FULL = {"rows": 1_000_000, "runs": 3}
@@ -54,28 +59,39 @@ def _urls(n: int) -> list[str]:
 
 def _timed(fresh: Callable[[], tuple[Any, Any, Callable[[], None]]], runs: int,
            probe: Callable[[Any], Probe] | None = None,
-           slowest: Callable[[Any], list[float]] | None = None) -> dict[str, list[float]]:
+           slowest: Callable[[Any], list[float]] | None = None,
+           nodes_cpu: Callable[[], list[float]] | None = None) -> dict[str, list[float]]:
     """Seconds of the scope over all rows per run, on a pool at rest (``fresh``: a new engine,
     its table and what drops them) and re-run. With ``probe`` (Redis), for the scope at rest
     also the server's CPU seconds (what it takes of a core, whatever else the machine runs), the
     shares of its FCALLs' time spent in ZADD (moving the rows in ready) and in reading the
     records, the median and longest FCALL of the scope (``slowest``: the milliseconds of each
     since the last call, from SLOWLOG: how long the server held every other client at once),
-    and that scope read over the wire after the re-run."""
-    extra = ["wire", "cpu", "zadd", "read", "fcall_ms", "fcall_max_ms"] if probe else []
+    and that scope read over the wire after the re-run, then the moves alone (``_moves_alone``).
+    With ``nodes_cpu`` (shards), the most and the total CPU seconds of the scope at rest over the
+    servers."""
+    extra = ["wire", "cpu", "zadd", "read", "fcall_ms", "fcall_max_ms", "floor",
+             "floor_cpu"] if probe else []
+    extra += ["node_max_cpu", "nodes_cpu"] if nodes_cpu else []
     out: dict[str, list[float]] = {k: [] for k in [*RUNS, *extra]}
     for _ in range(runs):
         eng, table, drop = fresh()
         try:
             pool = Pool(eng, table, None, None)
+            rest = _ready(eng) if probe is not None else []
             for key in RUNS:
                 if slowest is not None and key == "rest":
                     slowest(eng)  # emptied: what it holds next is this scope's
                 before = probe(eng) if probe is not None else Probe(0, 0, 0, 0)
+                was = nodes_cpu() if nodes_cpu is not None else []
                 t = time.perf_counter()
                 got = prioritize(pool, Ask.scoped(SCOPE, "wait"))
                 out[key].append(time.perf_counter() - t)
                 assert got["matched"] == len(table), got
+                if nodes_cpu is not None and key == "rest":
+                    took = [b - a for a, b in zip(was, nodes_cpu(), strict=True)]
+                    out["node_max_cpu"].append(max(took))
+                    out["nodes_cpu"].append(sum(took))
                 if probe is not None and key == "rest":
                     after = probe(eng)
                     fcalls = max(1.0, after.fcall_us - before.fcall_us)
@@ -91,9 +107,39 @@ def _timed(fresh: Callable[[], tuple[Any, Any, Callable[[], None]]], runs: int,
                 rows, _ = table.find_prefix(SCOPE[:-1])
                 eng.prioritize_many(rows, "wait")
                 out["wire"].append(time.perf_counter() - t)
+                floor = _moves_alone(eng, table, rest, probe)
+                out["floor"].append(floor[0])
+                out["floor_cpu"].append(floor[1])
         finally:
             drop()
     return out
+
+
+def _ready(eng: Any) -> list[tuple[bytes, float]]:
+    """Every (member, score) of a Redis queue's ``ready``."""
+    return [(bytes(m), float(k)) for m, k in
+            eng.transport.live().zrange(eng.keys[0], 0, -1, withscores=True)]
+
+
+def _moves_alone(eng: Any, table: Any, rest: list[tuple[bytes, float]],
+                 probe: Callable[[Any], Probe]) -> tuple[float, float]:
+    """The floor of a scope over all rows at rest on one server: ``ready`` put back as it was
+    at rest (``rest``, untimed), then each row moved where mode ``wait`` moves it (its own lane,
+    due now) by plain ``ZADD XX`` commands of PREFIX_PAGE rows, in the scope's order (its URLs'
+    byte order), and nothing else. Seconds, and the server's CPU seconds."""
+    client, ready = eng.transport.live(), eng.keys[0]
+    for i in range(0, len(rest), PREFIX_PAGE):
+        client.zadd(ready, dict(rest[i:i + PREFIX_PAGE]), xx=True)
+    lane = {m: int(k) // STRIDE for m, k in rest}
+    members = [bytes(m)[-8:] for m in eng.transport.live().zrange(
+        pool_keys(eng.name)[3], b"-", b"+", bylex=True)]
+    assert len(members) == len(rest) == len(table)
+    now = wall_ms()
+    before, t = probe(eng), time.perf_counter()
+    for i in range(0, len(members), PREFIX_PAGE):
+        client.zadd(ready, {m: lane[m] * STRIDE + now
+                            for m in members[i:i + PREFIX_PAGE]}, xx=True)
+    return time.perf_counter() - t, probe(eng).cpu_s - before.cpu_s
 
 
 class Probe(NamedTuple):
@@ -131,8 +177,6 @@ def on_shm(n: int, runs: int) -> dict[str, list[float]]:
 def on_redis(n: int, runs: int) -> tuple[dict[str, list[float]], dict[str, float]]:
     sys.path.insert(0, str(ROOT / "tests" / "lib"))
     from redis_server import RedisServer
-
-    from engine.redis.urls import pool_keys
 
     memory: dict[str, float] = {}
     with RedisServer() as srv:
@@ -210,7 +254,12 @@ def on_shards(n: int, runs: int) -> dict[str, list[float]]:
                 eng.drop()
             return eng, table, drop
 
-        return _timed(fresh, runs)
+        def nodes_cpu() -> list[float]:
+            cpus = [node.client().info("cpu") for node in cluster.nodes]
+            return [float(c["used_cpu_user_main_thread"] + c["used_cpu_sys_main_thread"])
+                    for c in cpus]
+
+        return _timed(fresh, runs, nodes_cpu=nodes_cpu)
 
 
 def main() -> None:
@@ -253,6 +302,14 @@ def main() -> None:
         figures.append(figure("recache.redis.scope_all_fcall_max_ms", "Redis: the scope's"
                               " longest FCALL (the server held every other client that long)",
                               "ms", red["fcall_max_ms"]))
+        figures.append(figure("recache.redis.moves_alone_s", f"Redis: the floor of {rest}: only"
+                              " its moves in ready, as plain ZADD XX commands from the client",
+                              "s", red["floor"]))
+        figures.append(figure("recache.redis.moves_alone_server_cpu_s", "Redis: the server's CPU"
+                              " seconds for those moves alone", "s", red["floor_cpu"]))
+        figures.append(figure("recache.redis.moves_alone_over_scope_cpu", "Redis: the server's"
+                              " CPU for the moves alone ÷ for the scope at rest, same run", "x",
+                              ratios(red["floor_cpu"], red["cpu"]), better="higher"))
         figures.append(figure("recache.redis.wire_all_s", f"Redis: the scope over all {n:,}"
                               " rows due already with every URL read over the wire"
                               " (find_prefix, then prioritize_many)", "s", red["wire"]))
@@ -266,6 +323,13 @@ def main() -> None:
         figures.append(figure("recache.redis_sharded.scope_all_s", f"Redis over {SHARDS} shards"
                               f" (a local cluster, {SHARDS} primaries): {rest}, the shards in"
                               " parallel", "s", sharded["rest"], note=goal))
+        figures.append(figure("recache.redis_sharded.scope_all_node_max_cpu_s", f"Redis over"
+                              f" {SHARDS} shards: the busiest primary's CPU seconds for {rest}",
+                              "s", sharded["node_max_cpu"], note=goal + " (the wall time with"
+                              " each primary on a core of its own)"))
+        figures.append(figure("recache.redis_sharded.scope_all_nodes_cpu_s", f"Redis over"
+                              f" {SHARDS} shards: the primaries' CPU seconds in all for {rest}",
+                              "s", sharded["nodes_cpu"]))
         figures.append(figure("recache.redis_sharded.scope_rerun_s", f"Redis over {SHARDS}"
                               f" shards: {again}", "s", sharded["rerun"]))
         figures.append(figure("recache.redis_sharded_over_shm.scope_all", f"a scope over all"
