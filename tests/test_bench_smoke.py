@@ -42,9 +42,10 @@ EXPECTED = {
                                           "first_after_many_released_us",
                                           "many_released_us", "many_released_ratio")]
     + ["inflight.ring.first_claim_us", "inflight.ring.next_claims_us"]
-    + [f"inflight.expiry.{k}_us" for k in ("base", "held", "lapsed", "next", "steady")]
-    + [f"inflight.expiry.{k}_ratio" for k in ("held", "lapsed", "next", "steady")]
-    + ["inflight.expiry.slowest_after_lapse_us", "inflight.expiry.slowest_base_us"],
+    + [f"inflight.expiry.{k}_us" for k in ("base", "held", "lapsed", "next", "steady", "catchup")]
+    + [f"inflight.expiry.{k}_ratio" for k in ("held", "lapsed", "next", "steady", "catchup")]
+    + ["inflight.expiry.slowest_after_lapse_us", "inflight.expiry.slowest_held_us",
+       "inflight.expiry.slowest_base_us"],
     "bench_constraints": [f"constraints.floor.{v}.{k}" for v in
                           ("product", "floor_only", "unfloored", "hint_only", "tombs_only")
                           for k in ("first_us", "last_us", "ratio", "grants")]
