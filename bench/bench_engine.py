@@ -186,7 +186,8 @@ def main() -> None:
                            [r["total"] for r in runs[p]], better="higher"))
         if p > 1:
             figs.append(figure(f"engine.cycle_scaling.p{p}", f"{p} proc total / 1 proc", "x",
-                               [t / o for t, o in zip((r["total"] for r in runs[p]), one)],
+                               [t / o for t, o in zip((r["total"] for r in runs[p]), one,
+                                                      strict=True)],
                                better="higher"))
         if p == 2 and apart:
             figs.append(figure("engine.cycle_rows_s.p2.apart",
@@ -194,7 +195,8 @@ def main() -> None:
                                "rows/s", [r["total"] for r in apart], better="higher"))
             figs.append(figure("engine.cycle_sharing.p2",
                                "2 proc sharing one engine / 2 proc on an engine each", "x",
-                               [r["total"] / a["total"] for r, a in zip(runs[2], apart)],
+                               [r["total"] / a["total"]
+                                for r, a in zip(runs[2], apart, strict=True)],
                                better="higher"))
         figs.append(figure(f"engine.worker_peak_rss_mib.p{p}",
                            f"peak RSS per worker ({p} proc; shared segment pages included)",

@@ -134,7 +134,7 @@ class HeapQueue:
     """Lives in the manager process; every method call is a round trip."""
 
     def __init__(self, keys: list[int], interval_ms: list[int]) -> None:
-        self.heap = list(zip(keys, range(len(keys))))
+        self.heap = list(zip(keys, range(len(keys)), strict=True))
         heapq.heapify(self.heap)
         self.interval = interval_ms
         self.key = list(keys)

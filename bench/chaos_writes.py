@@ -1,7 +1,7 @@
-"""The long form of tests/chaos/test_write_chaos.py: every write path SIGKILLed midway, then the oracle
-(tests/lib/write_chaos_lib.py). With ``--kinds add_many --rows 4000000 --kills 120 --kill-ms 50 120``
-it is the run that found rows reserved and never written, and a fresh ``verify()`` reporting
-false problems after a killed ``add_many`` loop:
+"""The long form of tests/chaos/test_write_chaos.py: every write path SIGKILLed midway, then the
+oracle (tests/lib/write_chaos_lib.py). With ``--kinds add_many --rows 4000000 --kills 120
+--kill-ms 50 120`` it is the run that found rows reserved and never written, and a fresh
+``verify()`` reporting false problems after a killed ``add_many`` loop:
 
     .venv/bin/python bench/chaos_writes.py                                   # every kind, 120 kills
     .venv/bin/python bench/chaos_writes.py --kinds add_many --rows 4000000 --kill-ms 50 120

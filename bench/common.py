@@ -182,7 +182,7 @@ def stalled(fid: str, label: str, reason: str, unit: str = "") -> dict[str, Any]
 
 def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
     """Per-run ratios a/b of two series measured side by side (run i of a beside run i of b)."""
-    return [x / y for x, y in zip(a, b) if y > 0]
+    return [x / y for x, y in zip(a, b, strict=True) if y > 0]
 
 
 def timed_ns() -> int:
@@ -313,8 +313,8 @@ def commit() -> str:
 # --------------------------------------------------------------------------------- scripts ----
 
 
-def parse_args(doc: str | None,
-               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+def parse_args(doc: str | None, extra: Callable[[argparse.ArgumentParser], None] | None = None
+               ) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, a few seconds (CI)")
     ap.add_argument("--out", type=Path, help="write the figures here as JSON")

@@ -145,7 +145,7 @@ def table(figs: list[dict[str, Any]]) -> str:
     out = []
     for k, r in enumerate(rows):
         out.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) if i in (1, 2) else c.ljust(w)
-                             for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+                             for i, (c, w) in enumerate(zip(r, widths, strict=False))).rstrip())
         if k == 0:
             out.append("-" * len(out[0]))
     return "\n".join(out)
@@ -217,8 +217,8 @@ def main() -> None:
     m = result["machine"]
     print()
     print(f"render-lanes benchmark, {result['date']}, commit {result['commit']}, {m['cpu']}, "
-          f"{m['cores']} cores, {m['memory_gib']} GiB, {m['os']}, Python {m['python']}; load before "
-          f"{load_before}, after {m['load_avg']}; {result['seconds']} s")
+          f"{m['cores']} cores, {m['memory_gib']} GiB, {m['os']}, Python {m['python']}; load"
+          f" before {load_before}, after {m['load_avg']}; {result['seconds']} s")
     print(table(figs))
     missed = [f for f in figs if f.get("met") is False]
     if missed:

@@ -1,5 +1,5 @@
-"""The two backends side by side (docs/design.md §14, "one contract"): the same random sequence of adds,
-claims, completes, fails, releases, renews and rushes, in virtual time, run on a shared-memory
+"""The two backends side by side (docs/design.md §14, "one contract"): the same random sequence of
+adds, claims, completes, fails, releases, renews and rushes, in virtual time, run on a shared-memory
 engine and on a Redis queue with the same policy, grants the same rows in the same order with
 the same lanes and due times, accepts and refuses the same tokens, and leaves every row and the
 share credits the same. Only the tokens differ (each backend makes its own); each is mapped to

@@ -97,7 +97,8 @@ def smoke(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           timeout=180, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     after = _leftovers()
-    for what, b, a in zip(("segments", "server processes", "temp dirs"), before, after):
+    for what, b, a in zip(("segments", "server processes", "temp dirs"), before, after,
+                            strict=True):
         assert a <= b, f"the benchmark left {what} behind: {sorted(a - b)}"
     return out
 

@@ -20,11 +20,12 @@ Small ring capacities (16) make writes overflow the recent-write ring and merge,
 larger than the ring take the full-rebuild path; small capacities reach ``CapacityError``.
 
 The same machine runs against the Redis backend (``RedisLanesMachine``, docs/design.md
-§14, "one contract"): every rule and invariant as here, but for three that read the shared-memory engine's own
-mechanics: ``compact`` (on Redis a no-op: it must change nothing), the token a renew returns (a
-shared-memory token encodes the lease's expiry, so a renew to the same expiry returns the same
-token; a Redis token comes from a counter and is always new), and which rows a bounded restamp
-takes first (row order here, queue order on Redis; how many, and their lanes, are held alike).
+§14, "one contract"): every rule and invariant as here, but for three that read the shared-memory
+engine's own mechanics: ``compact`` (on Redis a no-op: it must change nothing), the token a
+renew returns (a shared-memory token encodes the lease's expiry, so a renew to the same expiry
+returns the same token; a Redis token comes from a counter and is always new), and which rows a
+bounded restamp takes first (row order here, queue order on Redis; how many, and their lanes,
+are held alike).
 """
 
 from __future__ import annotations

@@ -74,8 +74,8 @@ def test_stale_token_raises_lease_lost_and_changes_nothing(eng):
 @pytest.mark.one_queue(ONE_PASS)
 @pytest.mark.parametrize("op", ["complete", "fail", "release", "renew"])
 def test_a_lapsed_lease_nobody_claimed_again_can_still_be_ended_by_its_holder(eng, op):
-    """Stale means the lease expired *and someone else claimed the row* (docs/design.md §5): until then
-    the holder's token works, even after a claim pass that granted other rows."""
+    """Stale means the lease expired *and someone else claimed the row* (docs/design.md §5): until
+    then the holder's token works, even after a claim pass that granted other rows."""
     row = eng.add(NOW - MINUTE, 3600, provenance="discovered")  # lane 5
     _, tok = _claim_one(eng, lease_ms=1000)
     first = eng.add(NOW - DAY, 600)  # lane 1: the next pass grants it, not the lapsed row

@@ -136,9 +136,8 @@ def test_a_scope_by_prefix_or_route_rushes_every_page_in_it(pool: Pool) -> None:
 def test_a_route_scope_is_the_rows_whose_first_matching_route_it_is(
         pool: Pool, pattern: str, is_regex: bool) -> None:
     """An earlier route takes /p/1 and /p/1x from ``product``: its scope leaves them alone."""
-    from engine.serve.recache import Ask
+    from engine.serve.recache import Ask, prioritize
     from engine.serve.recache import Pool as Target
-    from engine.serve.recache import prioritize
 
     routes = Routes((Route("sale", "https://shop.example/p/1*", False, HOUR_S),
                      Route("product", pattern, is_regex, 24 * HOUR_S),

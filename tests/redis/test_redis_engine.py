@@ -841,7 +841,8 @@ def _grants_since(eng: RedisEngine, r: Any, held: dict[int, Any]) -> tuple[list[
 def test_a_claim_pass_puts_back_lapsed_batches_whole_and_bounded(q, server):
     """The expiry step of a pass puts lapsed batches back whole (every row of a batch, its
     lease entry and record together), and stops taking batches once their rows reach 1000
-    (EXPIRE_ROWS in the Lua library): three lapsed batches of 600 rows come back as two, then one."""
+    (EXPIRE_ROWS in the Lua library): three lapsed batches of 600 rows come back as two, then
+    one."""
     q.add_many(np.full(1800, NOW - HOUR), 600)
     firsts = [int(q.claim(budget=600, now_ms=NOW + i, lease_ms=1000, window=600).tokens[0])
               for i in range(3)]

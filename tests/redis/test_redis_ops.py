@@ -245,8 +245,8 @@ def test_a_cluster_serves_two_queues_on_different_primaries():
         engines = {n: Engine.connect(cluster.url, n, create=True) for n in (a, b)}
         for name, eng in engines.items():
             assert eng.transport.cluster is not None  # detected from INFO cluster
-            assert eng.transport.client.connection_pool.connection_kwargs["port"] == cluster.node_of(
-                queue_keys(name)[0])
+            port = eng.transport.client.connection_pool.connection_kwargs["port"]
+            assert port == cluster.node_of(queue_keys(name)[0])
         for node in cluster.nodes:  # the library is on every primary
             version = node.client().fcall_ro("lanes_version", 0)  # type: ignore[attr-defined]
             assert version[0].decode() == LIBRARY_VERSION

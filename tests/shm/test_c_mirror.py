@@ -96,8 +96,8 @@ def test_the_error_table_maps_every_status_of_the_header() -> None:
 
 
 def test_remainder_codes_and_weight_bounds_match_the_header():
-    """engine/shm/segment.py writes a remainder as its index in REMAINDERS and claim_pass.lua reads the
-    same index; the C pass names them RL_REMAINDER_*. Weights are RL_ONE fixed point."""
+    """engine/shm/segment.py writes a remainder as its index in REMAINDERS and claim_pass.lua reads
+    the same index; the C pass names them RL_REMAINDER_*. Weights are RL_ONE fixed point."""
     from engine.policy import ONE, REMAINDERS, WEIGHT_MAX, WEIGHT_MIN, weight_fp
 
     assert REMAINDERS.index("lane-order") == lib.RL_REMAINDER_LANE_ORDER

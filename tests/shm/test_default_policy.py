@@ -35,8 +35,8 @@ spread, and no lane's spread is over sqrt(2), the ladder's step: 4.27."""
 
 def least_fraction(capacity: float) -> float:
     """The least fraction of its demand a class of the default policy gets at ``capacity``:
-    ``c / W``, ``W`` the highest lane weight over the lowest (``HIGHEST_WEIGHT``). The remainder evens out
-    weighted lateness, so a lane weighed 1 runs at most ``W`` times later than one weighed
+    ``c / W``, ``W`` the highest lane weight over the lowest (``HIGHEST_WEIGHT``). The remainder
+    evens out weighted lateness, so a lane weighed 1 runs at most ``W`` times later than one weighed
     ``W``; beside a heavy lane holding a share ``a`` of the demand and not saturated, a light
     lane gets ``c / (1 + (W - 1) a)`` of its demand, which tends to ``c / W`` as ``a`` grows
     (docs/design.md, "The default policy"). Taken at 80 % for the noise of a short run: 0.047 at

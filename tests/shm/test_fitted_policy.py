@@ -2,8 +2,9 @@
 corpus's intervals (docs/design.md, "The fitted policy").
 
 What it derives (the weights ``LanePolicy()`` derives in the engine at every pass), what it
-refuses, and, in the simulator, the default's targets on every named corpus: nobody starved, the shortest-interval class on time, the worst class within 1.05x the
-bound at 100 % and 1.15x at 75 and 50 %. The CI form runs each corpus at a tenth of its rows
+refuses, and, in the simulator, the default's targets on every named corpus: nobody starved, the
+shortest-interval class on time, the worst class within 1.05x the bound at 100 % and 1.15x at 75
+and 50 %. The CI form runs each corpus at a tenth of its rows
 and one seed; ``bench/bench_policy.py`` runs them at a quarter over three seeds.
 """
 

@@ -448,8 +448,8 @@ class InFlightMachine(RuleBasedStateMachine):
     row and, unless they fill half the lane's window, are exactly its earliest claimable rows
     (so expired and released rows come back in due order among the rest); and a claim that
     grants less than its budget took at least one row from every lane that had a claimable row
-    (docs/design.md §14: a lane with a due unleased row is never passed over). ``drain`` claims until a claim
-    grants nothing and must get exactly the model's claimable rows.
+    (docs/design.md §14: a lane with a due unleased row is never passed over). ``drain`` claims
+    until a claim grants nothing and must get exactly the model's claimable rows.
 
     A lease whose time is up but that nobody has claimed again still belongs to its holder, as
     in tests/test_stateful.py: its token completes, fails, releases or renews."""
