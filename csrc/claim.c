@@ -113,12 +113,13 @@ typedef struct {
     int have_peek;         /* peek holds a candidate already checked claimable */
     Cand peek;             /* that candidate (lane_peek), taken by lane_take_one */
     uint64_t peek_word;    /* its lease word when checked: the expected value of the lease CAS */
+    HeadMemo memo;         /* this thread's last lateness pass's head (lane_open leaves it),
+                            * beside the peek it is noted from */
     uint32_t granted;      /* rows granted from this lane (added to the lane's counter) */
     uint32_t spilled;      /* due entries of the lane past the window, left unread */
     uint32_t stale;        /* entries skipped: stale, tombstones, in flight, moved under a grant */
     uint32_t refused;      /* candidates whose lease could not be taken (held, or a lost race) */
     uint32_t tombs;        /* tombstones crossed (part of stale: they ask for no merge) */
-    HeadMemo memo;         /* this thread's last lateness pass's head (lane_open leaves it) */
     Cand ring[RING_CANDS]; /* last: a pass that reads no ring entry touches only the lines above */
 } Cursor;
 
@@ -804,11 +805,10 @@ static inline void late_set(LateHead *h, uint32_t w, uint64_t dt) {
 /* The interval of lane l's head `row` (0 counts as 1 s): the lane's one interval when its bounds
  * have met, else the row's, a cache line of its own. The bounds are read after the head was:
  * rl_publish widens them before a row is visible, so they take the head in. */
-static inline uint32_t head_interval(const Pass *P, uint32_t l, uint32_t row) {
-    const rl_lane *ln = &P->s->lanes[l];
+static inline uint32_t head_interval(const rl_lane *ln, const _Atomic uint32_t *ivs, uint32_t row) {
     uint32_t lo = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
     if (lo && lo == atomic_load_explicit(&ln->iv_max, memory_order_acquire)) return lo;
-    uint32_t iv = atomic_load_explicit(&P->s->intervals[row], memory_order_relaxed);
+    uint32_t iv = atomic_load_explicit(&ivs[row], memory_order_relaxed);
     return iv ? iv : 1;
 }
 
@@ -837,7 +837,7 @@ static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
     if ((word & RL_WORD_FLIGHT) || RL_WORD_KEY(word) != m->key ||
         !lease_claimable(P, atomic_load_explicit(&r->lease, memory_order_acquire)))
         return 0;
-    h->iv = head_interval(P, l, m->row);
+    h->iv = head_interval(&P->s->lanes[l], P->s->intervals, m->row);
     h->state = LATE_MEMO;
     late_set(h, w, (uint64_t)P->now - due);
     return 1;
@@ -862,7 +862,7 @@ static inline int late_surely_beats(const LateHead *h, uint32_t a, uint32_t b) {
 /* Weigh lane l's peeked head exactly (w: the lane's weight). */
 static inline void late_head(const Pass *P, uint32_t l, const Cursor *c, LateHead *h, uint32_t w) {
     uint64_t due = rl_key_due(c->peek.key);
-    h->iv = head_interval(P, l, c->peek.row);
+    h->iv = head_interval(&P->s->lanes[l], P->s->intervals, c->peek.row);
     h->state = LATE_EXACT;
     late_set(h, w, (uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
 }
@@ -911,14 +911,27 @@ static inline void order_drop(LaneOrder *q, uint32_t i) {
  * grants here. Returns with the first lane to sink (LATE_NONE: to drop), or the budget met. */
 static void late_run(Pass *P, LateHead *h, LaneOrder *q, const uint32_t *wt) {
     uint64_t now = (uint64_t)P->now;
+    const _Atomic uint32_t *ivs = P->s->intervals;
     for (;;) {
         uint32_t b = q->at[0], w = wt[b];
         int r = q->n > 1 ? q->at[1] : -1;
         Cursor *c = &P->cursors[b];
+        const rl_lane *ln = &P->s->lanes[b]; /* for head_interval, found once */
         uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
         if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
         if (need > c->ahead) c->ahead = need;
         double hi = r < 0 ? 0 : h[r].v * (1 + 1e-12); /* a head above it surely beats r */
+        /* Heads of the lane come in due order, and each was visible before this reads iv_max,
+         * so the lane surely keeps winning while its head is due before `sure`: weight x
+         * (now - due) / iv_max > hi, i.e. now - due > hi x iv_max / weight, rounded up
+         * past the doubles' error (a `sure` too early only weighs a head sooner). Its
+         * interval need not be read. */
+        uint64_t sure = r < 0 ? UINT64_MAX : 0;
+        uint32_t ivmax = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
+        if (r >= 0 && ivmax && w) {
+            double most = hi * ivmax / w * (1 + 1e-12) + 1;
+            if (most + 1 < (double)now) sure = now - (uint64_t)(int64_t)most - 1;
+        }
         for (;;) {
             lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
             if (P->n >= P->budget) return;
@@ -926,9 +939,9 @@ static void late_run(Pass *P, LateHead *h, LaneOrder *q, const uint32_t *wt) {
                 h[b].state = LATE_NONE;
                 return;
             }
-            if (r < 0) continue;
             uint64_t due = rl_key_due(c->peek.key), dt = now > due ? now - due : 0;
-            uint32_t iv = head_interval(P, b, c->peek.row);
+            if (due < sure) continue;
+            uint32_t iv = head_interval(ln, ivs, c->peek.row);
             if ((double)w * (double)(int64_t)dt / iv > hi) continue; /* late_set's v */
             h[b].iv = iv;
             h[b].state = LATE_EXACT;
@@ -1003,17 +1016,19 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
      * the sweep (HeadMemo); a lane's is read only when its bound decides nothing */
     uint64_t lmin = atomic_load(&P->s->h->lease_min);
     int memos = !(lmin & RL_LMIN_SWEEPING) && RL_LMIN_MS(lmin) > P->now;
+    uint64_t opened = 0; /* by a floor class: those are weighed by their heads */
+    for (uint32_t i = 0; i < P->nopened; i++) opened |= 1ull << P->opened[i]->lane;
     for (uint64_t m = used; m; m &= m - 1) {
         uint32_t l = (uint32_t)__builtin_ctzll(m);
-        rl_lane *ln = &P->s->lanes[l];
-        uint32_t ivmin = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
-        uint32_t ivmax = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
-        uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
-        if (P->cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
+        if (opened >> l & 1) {
             late_peek(P, l, &h[l], wt[l]);
             if (h[l].state != LATE_NONE) order_add(&q, h, (uint8_t)l);
             continue;
         }
+        rl_lane *ln = &P->s->lanes[l];
+        uint32_t ivmin = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
+        uint32_t ivmax = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
+        uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
         if (ivmax == 0) { /* no row was ever published into it (its bounds come first) */
             h[l].state = LATE_NONE;
             continue;
