@@ -920,18 +920,13 @@ static void late_run(Pass *P, LateHead *h, LaneOrder *q, const uint32_t *wt) {
         uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
         if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
         if (need > c->ahead) c->ahead = need;
-        double hi = r < 0 ? 0 : h[r].v * (1 + 1e-12); /* a head above it surely beats r */
-        /* Heads of the lane come in due order, and each was visible before this reads iv_max,
-         * so the lane surely keeps winning while its head is due before `sure`: weight x
-         * (now - due) / iv_max > hi, i.e. now - due > hi x iv_max / weight, rounded up
-         * past the doubles' error (a `sure` too early only weighs a head sooner). Its
-         * interval need not be read. */
-        uint64_t sure = r < 0 ? UINT64_MAX : 0;
-        uint32_t ivmax = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
-        if (r >= 0 && ivmax && w) {
-            double most = hi * ivmax / w * (1 + 1e-12) + 1;
-            if (most + 1 < (double)now) sure = now - (uint64_t)(int64_t)most - 1;
-        }
+        /* A head surely beats r when w x dt > hi x iv, and without reading its interval when
+         * w x dt > hi x iv_max x (1 + 1e-12) (heads of the lane come in due order, each visible
+         * before iv_max is read here, so within it): products of doubles, past their error, so
+         * these decide only what late_beats_d would, without its divisions (without a runner-up,
+         * hi is negative: every head wins). */
+        double hi = r < 0 ? -1 : h[r].v * (1 + 1e-12), wd = w;
+        double hi_max = hi * atomic_load_explicit(&ln->iv_max, memory_order_acquire) * (1 + 1e-12);
         for (;;) {
             lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
             if (P->n >= P->budget) return;
@@ -940,9 +935,10 @@ static void late_run(Pass *P, LateHead *h, LaneOrder *q, const uint32_t *wt) {
                 return;
             }
             uint64_t due = rl_key_due(c->peek.key), dt = now > due ? now - due : 0;
-            if (due < sure) continue;
+            double late = wd * (double)(int64_t)dt; /* w x dt rounded once, as late_set's */
+            if (late > hi_max) continue;
             uint32_t iv = head_interval(ln, ivs, c->peek.row);
-            if ((double)w * (double)(int64_t)dt / iv > hi) continue; /* late_set's v */
+            if (late > hi * iv) continue;
             h[b].iv = iv;
             h[b].state = LATE_EXACT;
             late_set(&h[b], w, dt);
