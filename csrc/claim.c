@@ -67,6 +67,13 @@ typedef struct {
     uint32_t pos; /* index position, or CAND_RING | ring offset (see CAND_RING) */
 } Cand;
 
+/* A lane's head as a lateness pass left it (see head_memo). */
+typedef struct {
+    uint64_t serial, gen; /* the handle and the index generation it was read in */
+    uint64_t key;         /* the head's key */
+    uint32_t row;         /* the head's row */
+} HeadMemo;
+
 /* One lane's scan within one pass: where it reads, what it has seen, what it will write back
  * (counters, the floor proposal, the skip and ring hints) when the pass ends. Kept per thread
  * and per lane (tls_cursors) and reset when a pass first opens the lane (lane_open). */
@@ -106,6 +113,8 @@ typedef struct {
     int have_peek;         /* peek holds a candidate already checked claimable */
     Cand peek;             /* that candidate (lane_peek), taken by lane_take_one */
     uint64_t peek_word;    /* its lease word when checked: the expected value of the lease CAS */
+    HeadMemo memo;         /* this thread's last lateness pass's head (lane_open leaves it),
+                            * beside the peek it is noted from */
     uint32_t granted;      /* rows granted from this lane (added to the lane's counter) */
     uint32_t spilled;      /* due entries of the lane past the window, left unread */
     uint32_t stale;        /* entries skipped: stale, tombstones, in flight, moved under a grant */
@@ -768,8 +777,9 @@ typedef struct {
 #define LATE_MEMO 2  /* not opened, its head known from this thread's last pass: late / iv */
 #define LATE_NONE 3  /* opened, nothing left */
 
-/* Whether a / b beats c / d (exactly), ties to the lower lane: la < lc. */
-static inline int late_beats(unsigned __int128 a, uint32_t b, uint32_t la, unsigned __int128 c,
+/* Whether a / b beats c / d (exactly), ties to the lower lane: la < lc. Out of line: only heads
+ * too close for the doubles to tell come here. */
+static __attribute__((noinline, cold)) int late_beats(unsigned __int128 a, uint32_t b, uint32_t la, unsigned __int128 c,
                              uint32_t d, uint32_t lc) {
     unsigned __int128 x = a * d, y = c * b;
     return x > y || (x == y && la < lc);
@@ -795,11 +805,10 @@ static inline void late_set(LateHead *h, uint32_t w, uint64_t dt) {
 /* The interval of lane l's head `row` (0 counts as 1 s): the lane's one interval when its bounds
  * have met, else the row's, a cache line of its own. The bounds are read after the head was:
  * rl_publish widens them before a row is visible, so they take the head in. */
-static inline uint32_t head_interval(const Pass *P, uint32_t l, uint32_t row) {
-    const rl_lane *ln = &P->s->lanes[l];
+static inline uint32_t head_interval(const rl_lane *ln, const _Atomic uint32_t *ivs, uint32_t row) {
     uint32_t lo = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
     if (lo && lo == atomic_load_explicit(&ln->iv_max, memory_order_acquire)) return lo;
-    uint32_t iv = atomic_load_explicit(&P->s->intervals[row], memory_order_relaxed);
+    uint32_t iv = atomic_load_explicit(&ivs[row], memory_order_relaxed);
     return iv ? iv : 1;
 }
 
@@ -813,17 +822,11 @@ static inline uint32_t head_interval(const Pass *P, uint32_t l, uint32_t row) {
  * it, and within a generation the index gains no entry. Claims only take rows away. The one row
  * that comes back unwritten is one whose lease lapsed (or whose owner died) before the sweep
  * puts it back: a pass uses memos only while lease_min says there is none. The lane is opened
- * when it wins a grant, as before. */
-typedef struct {
-    uint64_t serial, gen; /* the handle and the index generation it was read in */
-    uint64_t key;         /* the head's key */
-    uint32_t row;         /* the head's row */
-} HeadMemo;
-static __thread HeadMemo tls_heads[RL_MAX_LANES];
+ * when it wins a grant, as before. Kept in the lane's cursor (Cursor.memo), which no pass resets. */
 
 /* Whether lane l's memo holds; if so, its head's exact lateness in h (w: the lane's weight). */
 static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
-    const HeadMemo *m = &tls_heads[l];
+    const HeadMemo *m = &P->cursors[l].memo;
     if (m->serial != P->s->serial || m->gen != P->gen || m->row >= P->used) return 0;
     uint64_t due = rl_key_due(m->key);
     if (due > (uint64_t)P->now ||
@@ -834,7 +837,7 @@ static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
     if ((word & RL_WORD_FLIGHT) || RL_WORD_KEY(word) != m->key ||
         !lease_claimable(P, atomic_load_explicit(&r->lease, memory_order_acquire)))
         return 0;
-    h->iv = head_interval(P, l, m->row);
+    h->iv = head_interval(&P->s->lanes[l], P->s->intervals, m->row);
     h->state = LATE_MEMO;
     late_set(h, w, (uint64_t)P->now - due);
     return 1;
@@ -842,8 +845,8 @@ static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
 
 /* At the end of a lateness pass: remember the head each opened lane would grant next (or forget
  * the lane's memo: none was peeked, or the index moved under the pass). */
-static void heads_note(const Pass *P, const Cursor *c, int gen_moved) {
-    HeadMemo *m = &tls_heads[c->lane];
+static void heads_note(const Pass *P, Cursor *c, int gen_moved) {
+    HeadMemo *m = &c->memo;
     if (gen_moved || !c->have_peek) {
         m->serial = 0;
         return;
@@ -859,7 +862,7 @@ static inline int late_surely_beats(const LateHead *h, uint32_t a, uint32_t b) {
 /* Weigh lane l's peeked head exactly (w: the lane's weight). */
 static inline void late_head(const Pass *P, uint32_t l, const Cursor *c, LateHead *h, uint32_t w) {
     uint64_t due = rl_key_due(c->peek.key);
-    h->iv = head_interval(P, l, c->peek.row);
+    h->iv = head_interval(&P->s->lanes[l], P->s->intervals, c->peek.row);
     h->state = LATE_EXACT;
     late_set(h, w, (uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
 }
@@ -900,6 +903,52 @@ static inline void order_drop(LaneOrder *q, uint32_t i) {
     for (q->n--; i < q->n; i++) q->at[i] = q->at[i + 1];
 }
 
+/* The first lane of q won a grant over the second, the runner-up (if any): take grants from it
+ * while its head beats the runner-up's most lateness, which stays put meanwhile, so what
+ * late_beats_d compares with is worked out once. Where its head stops beating it, the head is
+ * weighed into h; then, when the runner-up is opened and that head still beats the third lane,
+ * the two swap, as order_sink and the pass's next decision would, and the runner-up takes the
+ * grants here. Returns with the first lane to sink (LATE_NONE: to drop), or the budget met. */
+static void late_run(Pass *P, LateHead *h, LaneOrder *q, const uint32_t *wt) {
+    uint64_t now = (uint64_t)P->now;
+    const _Atomic uint32_t *ivs = P->s->intervals;
+    for (;;) {
+        uint32_t b = q->at[0], w = wt[b];
+        int r = q->n > 1 ? q->at[1] : -1;
+        Cursor *c = &P->cursors[b];
+        const rl_lane *ln = &P->s->lanes[b]; /* for head_interval, found once */
+        uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
+        if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
+        if (need > c->ahead) c->ahead = need;
+        /* A head surely beats r when w x dt > hi x iv, and without reading its interval when
+         * w x dt > hi x iv_max x (1 + 1e-12) (heads of the lane come in due order, each visible
+         * before iv_max is read here, so within it): products of doubles, past their error, so
+         * these decide only what late_beats_d would, without its divisions (without a runner-up,
+         * hi is negative: every head wins). */
+        double hi = r < 0 ? -1 : h[r].v * (1 + 1e-12), wd = w;
+        double hi_max = hi * atomic_load_explicit(&ln->iv_max, memory_order_acquire) * (1 + 1e-12);
+        for (;;) {
+            lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
+            if (P->n >= P->budget) return;
+            if (!lane_peek(P, c)) {
+                h[b].state = LATE_NONE;
+                return;
+            }
+            uint64_t due = rl_key_due(c->peek.key), dt = now > due ? now - due : 0;
+            double late = wd * (double)(int64_t)dt; /* w x dt rounded once, as late_set's */
+            if (late > hi_max) continue;
+            uint32_t iv = head_interval(ln, ivs, c->peek.row);
+            if (late > hi * iv) continue;
+            h[b].iv = iv;
+            h[b].state = LATE_EXACT;
+            late_set(&h[b], w, dt);
+            if (!late_beats_d(h, b, (uint32_t)r)) break;
+        }
+        if (h[r].state != LATE_EXACT || (q->n > 2 && !late_beats_d(h, b, q->at[2]))) return;
+        q->at[0] = (uint8_t)r, q->at[1] = (uint8_t)b;
+    }
+}
+
 /* A band lane's spread weight, (hi / lo) ** (3 / 16) in RL_ONE fixed point rounded half up, as
  * engine.policy.spread_weight_fp computes it (one libm pow of the same doubles). */
 static uint32_t spread_weight(uint32_t lo, uint32_t hi) {
@@ -912,8 +961,10 @@ static uint32_t spread_weight(uint32_t lo, uint32_t hi) {
  * weighs its spread, four times that when it holds the shortest interval of those lanes;
  * urgent, cold and the other lanes, 1. A thread keeps what it derived until a bound moves
  * (wv_epoch), or the policy, the lanes or the segment: pow is paid only then. */
-static __thread uint64_t tls_wt_seg, tls_wt_epoch, tls_wt_policy = UINT64_MAX;
-static __thread uint32_t tls_wt_lanes, tls_wt[RL_MAX_LANES];
+static __thread struct { /* one struct: one thread-local lookup, not one per word */
+    uint64_t seg, epoch, policy;
+    uint32_t lanes, wt[RL_MAX_LANES];
+} tls_wt = {.policy = UINT64_MAX};
 
 static void lane_weights(const Pass *P, uint32_t first, uint32_t *wt) {
     const rl_policy *p = P->p;
@@ -924,9 +975,9 @@ static void lane_weights(const Pass *P, uint32_t first, uint32_t *wt) {
     /* as this thread derived them last, unless a bound, the policy, the lanes or the segment
      * moved since (the epoch is read before the bounds, so a widening after it derives again) */
     uint64_t epoch = atomic_load(&P->s->h->wv_epoch), version = atomic_load(&P->s->h->policy_version);
-    if (tls_wt_seg == P->s->serial && tls_wt_epoch == epoch && tls_wt_policy == version &&
-        tls_wt_lanes == P->lanes) {
-        memcpy(wt, tls_wt, P->lanes * sizeof *wt);
+    if (tls_wt.seg == P->s->serial && tls_wt.epoch == epoch && tls_wt.policy == version &&
+        tls_wt.lanes == P->lanes) {
+        memcpy(wt, tls_wt.wt, P->lanes * sizeof *wt);
         return;
     }
     uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES];
@@ -946,14 +997,14 @@ static void lane_weights(const Pass *P, uint32_t first, uint32_t *wt) {
         if (lo == shortest) w *= RL_FIRST_BAND_WEIGHT;
         wt[l] = w > RL_WEIGHT_MAX ? RL_WEIGHT_MAX : (uint32_t)w;
     }
-    memcpy(tls_wt, wt, P->lanes * sizeof *wt);
-    tls_wt_seg = P->s->serial, tls_wt_epoch = epoch, tls_wt_policy = version;
-    tls_wt_lanes = P->lanes;
+    memcpy(tls_wt.wt, wt, P->lanes * sizeof *wt);
+    tls_wt.seg = P->s->serial, tls_wt.epoch = epoch, tls_wt.policy = version;
+    tls_wt.lanes = P->lanes;
 }
 
 static void remainder_lateness(Pass *P, int skip_urgent) {
     LateHead h[RL_MAX_LANES];
-    uint32_t ivmin[RL_MAX_LANES], ivmax[RL_MAX_LANES], wt[RL_MAX_LANES];
+    uint32_t wt[RL_MAX_LANES];
     LaneOrder q = {.n = 0}; /* the lanes that may have a head */
     uint64_t used = remainder_lanes(P, skip_urgent); /* a 64-lane layout pays for those used */
     lane_weights(P, skip_urgent ? 1 : 0, wt);
@@ -961,23 +1012,25 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
      * the sweep (HeadMemo); a lane's is read only when its bound decides nothing */
     uint64_t lmin = atomic_load(&P->s->h->lease_min);
     int memos = !(lmin & RL_LMIN_SWEEPING) && RL_LMIN_MS(lmin) > P->now;
+    uint64_t opened = 0; /* by a floor class: those are weighed by their heads */
+    for (uint32_t i = 0; i < P->nopened; i++) opened |= 1ull << P->opened[i]->lane;
     for (uint64_t m = used; m; m &= m - 1) {
         uint32_t l = (uint32_t)__builtin_ctzll(m);
-        rl_lane *ln = &P->s->lanes[l];
-        ivmin[l] = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
-        ivmax[l] = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
-        uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
-        if (P->cursors[l].stamp == P->stamp) { /* opened already (a floor class): its head */
+        if (opened >> l & 1) {
             late_peek(P, l, &h[l], wt[l]);
             if (h[l].state != LATE_NONE) order_add(&q, h, (uint8_t)l);
             continue;
         }
-        if (ivmax[l] == 0) { /* no row was ever published into it (its bounds come first) */
+        rl_lane *ln = &P->s->lanes[l];
+        uint32_t ivmin = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
+        uint32_t ivmax = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
+        uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
+        if (ivmax == 0) { /* no row was ever published into it (its bounds come first) */
             h[l].state = LATE_NONE;
             continue;
         }
         uint64_t since = (uint64_t)fm * 60000u; /* no floor (0) bounds nothing */
-        h[l].iv = ivmin[l] ? ivmin[l] : 1;
+        h[l].iv = ivmin ? ivmin : 1;
         h[l].state = LATE_BOUND;
         late_set(&h[l], wt[l], (uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
         order_add(&q, h, (uint8_t)l);
@@ -1014,35 +1067,9 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
                 continue;
             }
         }
-        Cursor *c = &P->cursors[best]; /* opened: it has a head */
-        uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
-        if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
-        if (need > c->ahead) c->ahead = need;
-        /* Heads of the lane come in due order, so the lane surely keeps winning while its head
-         * is due before `sure`: weight x (now - due) / iv_max > the runner-up's most, i.e.
-         * now - due > q = floor(run.late x iv_max / (weight x run.iv)). Past it, weigh it.
-         * q from run's v, rounded up past the doubles' error: a `sure` too early only weighs
-         * a head sooner, and saves a 128-bit division. */
-        uint64_t sure = UINT64_MAX;
-        if (run >= 0) {
-            sure = 0;
-            if (ivmax[best] && wt[best]) {
-                double q = h[run].v * ivmax[best] / wt[best] * (1 + 1e-12) + 1;
-                if (q + 1 < (double)P->now) sure = (uint64_t)P->now - (uint64_t)(int64_t)q - 1;
-            }
-        }
-        for (;;) {
-            lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
-            if (P->n >= P->budget) return;
-            if (!lane_peek(P, c)) {
-                h[best].state = LATE_NONE;
-                break;
-            }
-            if (rl_key_due(c->peek.key) < sure) continue;
-            late_head(P, (uint32_t)best, c, &h[best], wt[best]);
-            if (run >= 0 && !late_surely_beats(h, (uint32_t)best, (uint32_t)run)) break; /* again */
-        }
-        if (h[best].state == LATE_NONE) order_drop(&q, 0);
+        late_run(P, h, &q, wt); /* best is opened: it has a head */
+        if (P->n >= P->budget) return;
+        if (h[q.at[0]].state == LATE_NONE) order_drop(&q, 0);
         else order_sink(&q, h, 0); /* its lateness moved (the first's may rise: it stays first) */
     }
 }
