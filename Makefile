@@ -26,7 +26,7 @@ $(STAMP): $(SOURCES)
 	touch $@
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check engine
+	$(VENV)/bin/ruff check engine bench tests
 	$(VENV)/bin/mypy engine
 
 # Debian packages the tests run: spin model-checks the floor protocol (tests/test_model.py),

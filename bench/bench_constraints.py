@@ -100,12 +100,13 @@ def reschedule_run(n: int, flags: int, reschedules: int, bucket: int) -> dict[st
             stalled = stalled + 1 if got == 0 else 0
         cum = np.cumsum(grants)
         # the first bucket leaves out 10 warm-up passes (cold caches, the first floor raises)
-        first = [t for i, (t, c) in enumerate(zip(times, cum)) if c <= bucket and i >= 10]
+        first = [t for i, (t, c) in enumerate(zip(times, cum, strict=True))
+                 if c <= bucket and i >= 10]
         if stalled:  # every lane stranded behind stale entries: time the passes that grant 0
             last, lastg = times[-stalled:], grants[-stalled:]
         else:
-            last = [t for t, c in zip(times, cum) if c > reschedules - bucket]
-            lastg = [g for g, c in zip(grants, cum) if c > reschedules - bucket]
+            last = [t for t, c in zip(times, cum, strict=True) if c > reschedules - bucket]
+            lastg = [g for g, c in zip(grants, cum, strict=True) if c > reschedules - bucket]
         st = eng.stats(NOW)
         return {"first_us": statistics.median(first) / 1000,
                 "last_us": statistics.median(last) / 1000,
@@ -157,10 +158,10 @@ def _bare_cycle(engines: list[Any], budgets: list[int], passes: int) -> float:
     for _ in range(passes):
         got = []
         t0 = clock()
-        for (h, o), b, out in zip(hs, budgets, outs):
+        for (h, o), b, out in zip(hs, budgets, outs, strict=True):
             got.append(lib.rl_claim(h, o, b, NOW, 600_000, 140, out, advice))
         t += clock() - t0
-        for (h, o), b, out, g, e in zip(hs, budgets, outs, got, engines):
+        for (h, o), b, out, g, e in zip(hs, budgets, outs, got, engines, strict=True):
             lib.rl_complete_many(h, o, g, out, out + 3 * b, ffi.NULL, NOW, ok, advice)
             if advice[0]:
                 e.compact()
@@ -200,7 +201,7 @@ def interleaving(c: dict[str, Any]) -> list[dict[str, Any]]:
                "turn: µs per 16 rows (bare)", "µs", sep_vals),
         figure("constraints.lanes.separate_over_interleaved",
                "(b) separate / interleaved, time per 16 rows", "x",
-               [s / o for s, o in zip(sep_vals, one_vals)]),
+               [s / o for s, o in zip(sep_vals, one_vals, strict=True)]),
         figure("constraints.lanes.bytes_ratio", "(b) shared memory, separate / interleaved", "x",
                [bytes_sep / bytes_one]),
     ]
@@ -235,10 +236,11 @@ def sidedness(c: dict[str, Any]) -> list[dict[str, Any]]:
     figs = [figure(f"constraints.sided.{vid}_us", f"(c) {label}: µs per claim(16)", "µs",
                    vals[vid]) for vid, label, _ in variants]
     figs.append(figure("constraints.sided.two_over_one", "(c) two-sided / one-sided", "x",
-                       [t / o for t, o in zip(vals["two_sided"], vals["one_sided"])]))
+                       [t / o for t, o in zip(vals["two_sided"], vals["one_sided"], strict=True)]))
     figs.append(figure("constraints.sided.two_over_one_seek",
                        "(c) two-sided / one-sided, seeking every pass", "x",
-                       [t / o for t, o in zip(vals["two_sided_seek"], vals["one_sided_seek"])]))
+                       [t / o for t, o in zip(vals["two_sided_seek"], vals["one_sided_seek"],
+                                            strict=True)]))
     return figs
 
 
@@ -267,7 +269,7 @@ def remainders(c: dict[str, Any]) -> list[dict[str, Any]]:
     for rid in ("edf", "lateness", "bands"):
         figs.append(figure(f"constraints.remainder.{rid}_over_lane_order",
                            f"(d) remainder {rid} / lane-order, same round", "x",
-                           [t / o for t, o in zip(vals[rid], vals["lane_order"])]))
+                           [t / o for t, o in zip(vals[rid], vals["lane_order"], strict=True)]))
     return figs
 
 
