@@ -131,8 +131,8 @@ def _moves_alone(eng: Any, table: Any, rest: list[tuple[bytes, float]],
     for i in range(0, len(rest), PREFIX_PAGE):
         client.zadd(ready, dict(rest[i:i + PREFIX_PAGE]), xx=True)
     lane = {m: int(k) // STRIDE for m, k in rest}
-    members = [bytes(m)[-8:] for m in eng.transport.live().zrange(
-        pool_keys(eng.name)[3], b"-", b"+", bylex=True)]
+    members = [bytes(m)[-8:] for m in client.zrange(pool_keys(eng.name)[3], b"-", b"+",
+                                                    bylex=True)]
     assert len(members) == len(rest) == len(table)
     now = wall_ms()
     before, t = probe(eng), time.perf_counter()

@@ -779,8 +779,8 @@ typedef struct {
 
 /* Whether a / b beats c / d (exactly), ties to the lower lane: la < lc. Out of line: only heads
  * too close for the doubles to tell come here. */
-static __attribute__((noinline, cold)) int late_beats(unsigned __int128 a, uint32_t b, uint32_t la, unsigned __int128 c,
-                             uint32_t d, uint32_t lc) {
+static __attribute__((noinline, cold)) int late_beats(unsigned __int128 a, uint32_t b, uint32_t la,
+                                                      unsigned __int128 c, uint32_t d, uint32_t lc) {
     unsigned __int128 x = a * d, y = c * b;
     return x > y || (x == y && la < lc);
 }
