@@ -30,8 +30,10 @@
     claims of 64, 1 h lease); bands 1 h / 6 h / 24 h, floors discovered 0.10 and cold 0.02.
     claim(16), each followed by complete_many (untimed), under lane order, the lateness
     remainder with its derived weights (``LanePolicy``'s default weighing) and edf, an engine
-    each, block by block in turn each round; every claim timed on its own, the figure is the
-    median of a round's claims, and the ratio is per round to lane order's block of that round.
+    each, built anew every round in an order that turns (where a segment lands in memory moves
+    its claims' time), block by block in turn each round; every claim timed on its own, the
+    figure is the median of a round's claims, and the ratio is per round to lane order's block
+    of that round.
 
 ``--only a,f`` runs the named parts.
 """
@@ -66,7 +68,7 @@ from engine.sim import build_corpus, corpus_config
 
 FULL = {"rows": 1_600_000, "reschedules": 40_000, "bucket": 2_000, "runs": 3,
         "b_rounds": 5, "b_passes": 2000, "c_rounds": 5, "c_passes": 2000,
-        "d_rounds": 31, "d_passes": 500, "f_rounds": 10, "f_claims": 250, "f_held": 128}
+        "d_rounds": 31, "d_passes": 500, "f_rounds": 12, "f_claims": 250, "f_held": 128}
 SMOKE = {"rows": 20_000, "reschedules": 2_000, "bucket": 400, "runs": 1,
          "b_rounds": 2, "b_passes": 50, "c_rounds": 2, "c_passes": 50,
          "d_rounds": 2, "d_passes": 50, "f_rounds": 2, "f_claims": 50, "f_held": 128}
@@ -358,40 +360,58 @@ def _claim_times(eng: Any, claims: int) -> list[int]:
     return times
 
 
+def _production_engines(rows: Any, held: int, k: int) -> tuple[dict[str, Engine], list[Engine]]:
+    """Round ``k``'s engines, one per remainder, each with ``held`` rows held in flight by
+    another owner and past its first passes (weights derived, floors raised). They are built in
+    an order that turns with ``k``: where a segment lands in memory moves its claims' time, even
+    between engines of one process under one remainder, so each remainder takes each place in
+    turn rather than one place for the whole run."""
+    engines: dict[str, Engine] = {}
+    others: list[Engine] = []
+    try:
+        for i in range(len(PRODUCTION_POLICIES)):
+            pid, _, policy = PRODUCTION_POLICIES[(i + k) % len(PRODUCTION_POLICIES)]
+            eng = engines[pid] = new_engine(f"production-{i}", len(rows[0]), policy, rows=rows)
+            other = Engine.attach(eng.name)  # another worker: its own owner, holding batches
+            others.append(other)
+            got = 0
+            while got < held:
+                n = len(other.claim(budget=min(64, held - got), now_ms=NOW, lease_ms=3_600_000))
+                if n == 0:
+                    raise RuntimeError(f"the holding claims stalled at {got} rows")
+                got += n
+            _claim_times(eng, 100)
+    except BaseException:
+        _drop_engines(engines, others)
+        raise
+    return engines, others
+
+
+def _drop_engines(engines: dict[str, Engine], others: list[Engine]) -> None:
+    for other in others:
+        other.close()
+    for eng in engines.values():
+        drop(eng)
+
+
 def production(c: dict[str, Any]) -> list[dict[str, Any]]:
     """(f) claim(16) in the production shape under three remainders, side by side: an engine
     each (a remainder leaves the lanes' heads where its own order left them, so blocks of
-    another remainder on the same rows would time that one's state), taking turns block by
-    block within each round."""
+    another remainder on the same rows would time that one's state), new ones every round
+    (_production_engines), taking turns block by block within the round."""
     rows = _production_rows(c["rows"])
-    engines: dict[str, Engine] = {}
-    others: list[Engine] = []
     vals: dict[str, list[float]] = {pid: [] for pid, _, _ in PRODUCTION_POLICIES}
-    try:
-        for pid, _, policy in PRODUCTION_POLICIES:
-            eng = engines[pid] = new_engine(f"production-{pid}", len(rows[0]), policy, rows=rows)
-            other = Engine.attach(eng.name)  # another worker: its own owner, holding batches
-            others.append(other)
-            held = 0
-            while held < c["f_held"]:
-                got = len(other.claim(budget=min(64, c["f_held"] - held), now_ms=NOW,
-                                      lease_ms=3_600_000))
-                if got == 0:
-                    raise RuntimeError(f"the holding claims stalled at {held} rows")
-                held += got
-            _claim_times(eng, 100)  # past the first passes (weights derived, floors raised)
-        for k in range(c["f_rounds"]):
+    for k in range(c["f_rounds"]):
+        engines, others = _production_engines(rows, c["f_held"], k)
+        try:
             order = PRODUCTION_POLICIES if k % 2 == 0 else PRODUCTION_POLICIES[::-1]
             for pid, _, _ in order:
                 vals[pid].append(statistics.median(_claim_times(engines[pid], c["f_claims"]))
                                  / 1000)
-    finally:
-        for other in others:
-            other.close()
-        for eng in engines.values():
-            drop(eng)
+        finally:
+            _drop_engines(engines, others)
     note = (f"{c['rows']:,} rows, {c['f_held']} held in flight by another owner; medians of"
-            f" {c['f_claims']} claims a round, {c['f_rounds']} rounds")
+            f" {c['f_claims']} claims a round, {c['f_rounds']} rounds, new engines each round")
     figs = [figure(f"constraints.production.{pid}_us", f"(f) production shape, {label}: µs per"
                    " claim(16) (bare, median)", "µs", vals[pid], note=note)
             for pid, label, _ in PRODUCTION_POLICIES]
