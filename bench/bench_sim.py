@@ -1,6 +1,6 @@
 """The README's scheduling table: `lanes sim` of one EDF queue, the default and `floors`.
 
-    .venv/bin/python bench/bench_sim.py [--smoke] [--out FILE]
+    .venv/bin/python bench/bench_sim.py [--smoke] [--renders] [--out FILE]
 
 Runs the simulator (the real engine in virtual time, docs/simulator.md) on the default corpus,
 seed 1, windows of three times the longest interval, at 100 %, 75 % and 50 % of demand, and
@@ -8,6 +8,10 @@ reports for each policy and capacity the homepages' mean age ÷ TTL, the worst c
 bound no policy can beat (``engine.sim.bound``). The simulator is deterministic for a seed, so
 each figure is one run. About 10 s; ``--smoke`` runs a twentieth of the corpus over short
 windows (not steady: its figures are not the README's).
+
+``--renders`` instead runs every policy of the simulator at the three capacities and reports its
+renders against ``today``'s and its attempts on rows that always fail (docs/simulator.md, "Lanes
+only redistribute work"). About a minute.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 from common import figure, finish, parse_args, skipped
 
+from engine.sim import POLICIES as ALL_POLICIES
 from engine.sim import SimConfig, bound, policy_spec, run_many, worst_class
 
 POLICIES = ("today", "default", "floors")
@@ -49,13 +54,34 @@ def figures(config: SimConfig) -> list[dict[str, Any]]:
     return out
 
 
+def renders(config: SimConfig) -> list[dict[str, Any]]:
+    """Each policy's renders over ``today``'s, minus 1, and its attempts on rows that always fail,
+    at each capacity: the attempts are the same to the row, so the first is the second's
+    difference from ``today``'s, give or take the random failures."""
+    results = run_many(config, [policy_spec(p, config) for p in ALL_POLICIES], CAPACITIES)
+    today = {r.capacity: r for r in results if r.policy == "today"}
+    out: list[dict[str, Any]] = []
+    for r in results:
+        cap = round(r.capacity * 100)
+        base = today[r.capacity]
+        if r.attempts != base.attempts:
+            raise RuntimeError(f"{r.policy} at {cap} % made {r.attempts} attempts against"
+                               f" today's {base.attempts}: a policy must only redistribute them")
+        out.append(figure(f"sim.renders.{r.policy}.c{cap}", f"sim {r.policy} at {cap} %: renders"
+                          " / today's - 1", "%", [100 * (r.renders / base.renders - 1)]))
+        out.append(figure(f"sim.broken_attempts.{r.policy}.c{cap}", f"sim {r.policy} at {cap} %:"
+                          " attempts on rows that always fail", "attempts", [r.broken_attempts]))
+    return out
+
+
 def main() -> None:
-    args = parse_args(__doc__)
+    args = parse_args(__doc__, lambda ap: ap.add_argument(
+        "--renders", action="store_true", help="every policy's renders against today's"))
     started = time.perf_counter()
     config = SimConfig(seed=1)
     if args.smoke:
         config = replace(config, scale=0.05, warmup_h=6, measure_h=6)
-    finish("bench_sim", args, figures(config), started)
+    finish("bench_sim", args, (renders if args.renders else figures)(config), started)
 
 
 if __name__ == "__main__":

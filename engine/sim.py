@@ -447,6 +447,9 @@ class SimResult:
     lag_by_hour: list[float] = field(default_factory=list)
     """Mean lateness of the renders of each virtual hour from the start (warm-up included)."""
     seconds: float = 0.0
+    broken_attempts: int = 0
+    """Attempts in the window on rows that always fail: what a policy spends on them is what its
+    renders fall short of another's by (docs/simulator.md; not in the JSON)."""
 
     def to_json(self) -> dict[str, Any]:
         """The object ``lanes sim --json`` prints."""
@@ -646,7 +649,7 @@ def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
     cadence = config.reschedule == "cadence"
     interval_ms = corpus.interval_s * 1000
     overdue = np.bincount(corpus.cls[corpus.due_ms < T0], minlength=len(config.classes))
-    attempts = 0
+    attempts = broken_attempts = 0
     tokens = 0.0
     turn = 0
     interval_s = corpus.interval_s
@@ -700,7 +703,9 @@ def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
             if got:
                 in_flight[rows] = True
                 pending.append((now, c, rows, toks, dues))
-                attempts += got if measuring else 0
+                if measuring:
+                    attempts += got
+                    broken_attempts += int(np.count_nonzero(broken[rows]))
             tokens -= got
             if got < want:
                 # Nothing more is due (or only urgent rows beyond their cap): the rest of this
@@ -711,12 +716,14 @@ def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
     problems = eng.verify()
     if problems:
         raise EngineError(f"simulation left the engine inconsistent: {problems[:3]}")
-    return _summarise(config, spec, capacity, corpus, metrics, attempts, now, overdue, started)
+    return _summarise(config, spec, capacity, corpus, metrics, (attempts, broken_attempts), now,
+                      overdue, started)
 
 
 def _summarise(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
-               metrics: _Metrics, attempts: int, end: int, overdue: I64,
+               metrics: _Metrics, attempts: tuple[int, int], end: int, overdue: I64,
                started: float) -> SimResult:
+    """``attempts``: all of them in the window, and those on rows that always fail."""
     window_ms = config.windows_h[1] * HOUR_MS
     ages = np.concatenate(metrics.ages) if metrics.ages else np.zeros(0, np.int64)
     rows = np.concatenate(metrics.rows) if metrics.rows else np.zeros(0, np.int64)
@@ -743,8 +750,8 @@ def _summarise(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Co
     late = np.concatenate(metrics.late) if metrics.late else np.zeros(0, np.int64)
     lag = float(late.mean()) / HOUR_MS if len(late) else 0.0
     return SimResult(
-        policy=spec.name, capacity=capacity, renders=len(ages), classes=out, attempts=attempts,
-        lag_hours=lag,
+        policy=spec.name, capacity=capacity, renders=len(ages), classes=out,
+        attempts=attempts[0], broken_attempts=attempts[1], lag_hours=lag,
         lag_by_hour=[round(float(s) / n / HOUR_MS, 3) if n else 0.0
                      for s, n in zip(metrics.lag_sum, metrics.lag_n, strict=True)],
         overdue_at_start={c.name: int(overdue[k]) for k, c in enumerate(config.classes)},
