@@ -578,7 +578,8 @@ class _Claimer:
 
 
 class _Metrics:
-    """Ages of replaced content per route class, collected batch by batch in the window."""
+    """Ages of replaced content per route class, collected batch by batch in the window, and the
+    attempts there: all of them, and those on rows that always fail."""
 
     def __init__(self, corpus: _Corpus, n_classes: int, hours: int) -> None:
         self.cls = corpus.cls
@@ -592,6 +593,13 @@ class _Metrics:
         self.late: list[I64] = []
         self.lag_sum = np.zeros(hours)
         self.lag_n = np.zeros(hours)
+        self.broken = corpus.broken
+        self.attempts = self.broken_attempts = 0
+
+    def attempted(self, rows: I64, measuring: bool) -> None:
+        if measuring:
+            self.attempts += len(rows)
+            self.broken_attempts += int(np.count_nonzero(self.broken[rows]))
 
     def rendered(self, rows: I64, now: int, late: I64, measuring: bool) -> None:
         hour = (now - T0) // HOUR_MS
@@ -649,7 +657,6 @@ def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
     cadence = config.reschedule == "cadence"
     interval_ms = corpus.interval_s * 1000
     overdue = np.bincount(corpus.cls[corpus.due_ms < T0], minlength=len(config.classes))
-    attempts = broken_attempts = 0
     tokens = 0.0
     turn = 0
     interval_s = corpus.interval_s
@@ -703,9 +710,7 @@ def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
             if got:
                 in_flight[rows] = True
                 pending.append((now, c, rows, toks, dues))
-                if measuring:
-                    attempts += got
-                    broken_attempts += int(np.count_nonzero(broken[rows]))
+                metrics.attempted(rows, measuring)
             tokens -= got
             if got < want:
                 # Nothing more is due (or only urgent rows beyond their cap): the rest of this
@@ -716,14 +721,11 @@ def _loop(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
     problems = eng.verify()
     if problems:
         raise EngineError(f"simulation left the engine inconsistent: {problems[:3]}")
-    return _summarise(config, spec, capacity, corpus, metrics, (attempts, broken_attempts), now,
-                      overdue, started)
+    return _summarise(config, spec, capacity, corpus, metrics, now, overdue, started)
 
 
 def _summarise(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Corpus,
-               metrics: _Metrics, attempts: tuple[int, int], end: int, overdue: I64,
-               started: float) -> SimResult:
-    """``attempts``: all of them in the window, and those on rows that always fail."""
+               metrics: _Metrics, end: int, overdue: I64, started: float) -> SimResult:
     window_ms = config.windows_h[1] * HOUR_MS
     ages = np.concatenate(metrics.ages) if metrics.ages else np.zeros(0, np.int64)
     rows = np.concatenate(metrics.rows) if metrics.rows else np.zeros(0, np.int64)
@@ -751,7 +753,7 @@ def _summarise(config: SimConfig, spec: PolicySpec, capacity: float, corpus: _Co
     lag = float(late.mean()) / HOUR_MS if len(late) else 0.0
     return SimResult(
         policy=spec.name, capacity=capacity, renders=len(ages), classes=out,
-        attempts=attempts[0], broken_attempts=attempts[1], lag_hours=lag,
+        attempts=metrics.attempts, broken_attempts=metrics.broken_attempts, lag_hours=lag,
         lag_by_hour=[round(float(s) / n / HOUR_MS, 3) if n else 0.0
                      for s, n in zip(metrics.lag_sum, metrics.lag_n, strict=True)],
         overdue_at_start={c.name: int(overdue[k]) for k, c in enumerate(config.classes)},
