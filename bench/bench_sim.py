@@ -11,7 +11,8 @@ windows (not steady: its figures are not the README's).
 
 ``--renders`` instead runs every policy of the simulator at the three capacities and reports its
 renders against ``today``'s and its attempts on rows that always fail (docs/simulator.md, "Lanes
-only redistribute work"). About a minute.
+only redistribute work"), and ``today``'s standing lag at 100 %, which the corpus is calibrated
+by. About a minute.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def renders(config: SimConfig) -> list[dict[str, Any]]:
                           " / today's - 1", "%", [100 * (r.renders / base.renders - 1)]))
         out.append(figure(f"sim.broken_attempts.{r.policy}.c{cap}", f"sim {r.policy} at {cap} %:"
                           " attempts on rows that always fail", "attempts", [r.broken_attempts]))
+    out.append(figure("sim.today.c100.lag_h", "sim today at 100 %: standing lag (calibrated to"
+                      " production's 3.05 h)", "h", [today[1.0].lag_hours]))
     return out
 
 
