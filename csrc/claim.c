@@ -212,9 +212,20 @@ static int held_in_flight(const Pass *P, uint32_t row, uint64_t word) {
            !lease_claimable(P, atomic_load_explicit(&P->s->rows[row].lease, memory_order_acquire));
 }
 
+/* rows_used, clamped to the table. A pass reads it after index_gen: the merge read it before
+ * publishing the generation, so every row the index names is below it. Read first, a row added
+ * and merged meanwhile read as not queued: the skip hint moved past it and the floor could
+ * rise over it, until the next merge (tests/model/floor.pml -DBROKEN_USED_FIRST). */
+static uint32_t used_now(rl_seg *s) {
+    uint32_t used = atomic_load(&s->h->rows_used);
+    return used > s->h->row_capacity ? s->h->row_capacity : used;
+}
+
 /* Keep the RING_CANDS smallest due ring entries of a lane, sorted. The scan starts at the lane's
  * ring hint while nothing it stepped over can have fallen due (ring_low), and notes where the
- * hint may move to: up to the first entry a later pass must still read (csrc/layout.h). */
+ * hint may move to: up to the first entry a later pass must still read (csrc/layout.h). A
+ * published slot names a row added before it was published, perhaps after the pass read
+ * P.used: P.used is read again then, since skipping the row would move the hint past it. */
 static void ring_collect(Pass *P, Cursor *c) {
     rl_seg *s = P->s;
     rl_lane *ln = &s->lanes[c->lane];
@@ -245,7 +256,11 @@ static void ring_collect(Pass *P, Cursor *c) {
             if (pos < c->ring_block) c->ring_block = pos;
             continue;
         }
-        if (key == RL_KEY_NONE || rl_key_lane(key) != c->lane || row >= P->used) continue;
+        if (key == RL_KEY_NONE || rl_key_lane(key) != c->lane) continue;
+        if (row >= P->used && row >= (P->used = used_now(s))) { /* torn: no hint past it */
+            if (pos < c->ring_block) c->ring_block = pos;
+            continue;
+        }
         uint64_t word = atomic_load_explicit(&s->rows[row].word, memory_order_acquire);
         if (RL_WORD_KEY(word) != key) continue; /* stale */
         if (key > c->due_limit) {
@@ -1124,12 +1139,11 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     P.now = now_ms;
     P.lease_ms = lease_ms;
     P.window = window;
-    P.used = atomic_load(&s->h->rows_used);
-    if (P.used > s->h->row_capacity) P.used = s->h->row_capacity;
     P.gen = atomic_load(&s->h->index_gen);
     uint32_t buf = P.gen & 1;
     P.count = atomic_load(&s->h->index_count[buf]);
     if (P.count > s->h->row_capacity) P.count = s->h->row_capacity;
+    P.used = used_now(s); /* after index_gen: the index names no row past it (used_now) */
     P.ik = s->ikeys[buf];
     P.ir = s->irows[buf];
     P.lane_start = s->h->lane_start[buf];

@@ -35,6 +35,9 @@ VERIFIED = {
     "stale-grant",
     "add",
     "add-twice",
+    "grow",
+    "grow-writes",
+    "grow-leases",
 }
 CAUGHT = {
     "broken-raise",
@@ -45,6 +48,7 @@ CAUGHT = {
     "broken-fresh",
     "reach-top",
     "broken-hint",
+    "broken-used-first",
     "broken-release",
     "broken-republish",
     "broken-sweep-min",

@@ -274,6 +274,43 @@ def child_claim_loop(name: str, now_ms: int, budget: int, idle_rounds: int, q: A
     _report(q, body)
 
 
+def child_add_singly(name: str, now_ms: int, n: int, seed: int, q: Any) -> None:
+    """Add ``n`` rows one call each, due at random minutes of the last 2000, all in one lane."""
+
+    def body() -> list[int]:
+        import random
+
+        from engine import Engine
+
+        rng = random.Random(seed)
+        eng = Engine.attach(name)
+        rows = [eng.add(now_ms - rng.randint(1, 2000) * MINUTE, 7200) for _ in range(n)]
+        eng.close()
+        return rows
+
+    _report(q, body)
+
+
+def child_claim_until(name: str, now_ms: int, stop: Any, q: Any) -> None:
+    """Claim two rows at a time and complete them (far into the future) until ``stop`` is set."""
+
+    def body() -> list[int]:
+        from engine import Engine
+
+        eng = Engine.attach(name)
+        got: list[int] = []
+        while not stop.is_set():
+            c = eng.claim(budget=2, now_ms=now_ms, lease_ms=3_600_000)
+            got += c.rows.tolist()
+            if len(c):
+                eng.complete_many(c.rows, c.tokens, next_due_ms=[now_ms + 30 * DAY] * len(c),
+                                  now_ms=now_ms)
+        eng.close()
+        return got
+
+    _report(q, body)
+
+
 def child_add_batches(name: str, now_ms: int, batches: int, size: int, seed: int | None,
                       q: Any) -> None:
     """Add ``batches`` x ``size`` rows, due ever earlier (``seed`` None: every write lowers the

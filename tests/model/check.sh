@@ -16,6 +16,9 @@
 #      lease-merge        one claimer that grants, a compactor, the sweeper, the clock
 #      lease-write        a write, one claimer that grants, the sweeper, the clock
 #      lease-write-merge  a write, one claimer that grants, a compactor (no clock, no sweep)
+#      grow               a row added (rows_used grows), one claimer making two passes, a
+#                         compactor; grow-writes: an add and a write; grow-leases: an add, one
+#                         claimer that grants, a compactor
 #      relapse            one row; one claimer making two passes (a lease lapses, the row is
 #                         granted again), a compactor, the sweeper, the clock
 #      stale-grant        one row; two claimers granting from the index and releasing (or
@@ -27,7 +30,8 @@
 #    property provably catches each bug), each with its counterexample printed step by step:
 #    BROKEN_RAISE, BROKEN_LOWER, BROKEN_GEN, BROKEN_RING_MIN, BROKEN_PROPOSAL, BROKEN_FRESH
 #    (the floor protocol); BROKEN_HINT (the skip hint used whatever the floor did since: the C
-#    before the fix this model found); BROKEN_RELEASE, BROKEN_REPUBLISH, BROKEN_SWEEP_MIN,
+#    before the fix this model found); BROKEN_USED_FIRST (a pass reading rows_used before
+#    the index generation: the C before the fix this model confirmed); BROKEN_RELEASE, BROKEN_REPUBLISH, BROKEN_SWEEP_MIN,
 #    BROKEN_FLIGHT_ORDER, BROKEN_NOTE_ORDER (rows in flight); RELEASE_PUBLISH_FIRST,
 #    SWEEP_PUBLISH_FIRST and NO_END_RECHECK (the rows-in-flight protocol as first written,
 #    before the fixes this model found); and a sanity run, REACH_TOP, whose violation shows
@@ -210,6 +214,9 @@ job verified passes -DNCL=1 -DNPASS=3
 job verified lease-merge -DLEASES -DNW=0 -DNCL=1 -DNC=1
 job verified lease-write -DLEASES -DNW=1 -DNCL=1 -DNC=0
 job verified lease-write-merge -DLEASES -DNW=1 -DNCL=1 -DNC=1 -DNT=1 -DNSW=0
+job verified grow -DADDS -DNCL=1 -DNPASS=2
+job verified grow-writes -DADDS -DNCL=1 -DNW=2
+job verified grow-leases -DADDS -DLEASES -DNW=1 -DNCL=1 -DNC=1 -DNT=1 -DNSW=0
 job caught broken-raise -DNC=0 -DNW=2 -DANY_START -DBROKEN_RAISE
 job caught broken-lower -DNC=0 -DNW=2 -DANY_START -DBROKEN_LOWER
 job caught broken-gen -DBROKEN_GEN
@@ -218,6 +225,7 @@ job caught broken-proposal -DNC=0 -DNW=2 -DANY_START -DBROKEN_PROPOSAL
 job caught broken-fresh -DNCL=1 -DNW=2 -DBROKEN_FRESH
 job caught reach-top -DREACH_TOP
 job caught broken-hint -DNCL=1 -DNPASS=3 -DBROKEN_HINT
+job caught broken-used-first -DADDS -DNCL=1 -DBROKEN_USED_FIRST
 job caught broken-release -DLEASES -DNW=0 -DNCL=1 -DNC=1 -DBROKEN_RELEASE
 job caught broken-republish -DLEASES -DNW=0 -DNCL=2 -DNC=0 -DNSW=0 -DNT=1 -DBROKEN_REPUBLISH
 job caught broken-sweep-min -DLEASES -DNW=0 -DNCL=2 -DNC=0 -DBROKEN_SWEEP_MIN

@@ -104,7 +104,9 @@
  *     that lease, after it clears FLIGHT, so a later read of the row could only keep more.
  *   - not modelled: owner deaths (marking one dead notes 0, as a lapse makes a sweep due),
  *     rl_renew, a sweeper's takeover and two sweeps at once, full rebuilds (rl_repair), batches
- *     of several rows, a ring that wraps, the ring hint (ring_skip / ring_low) of csrc/claim.c.
+ *     of several rows, a ring that wraps, the ring hint (ring_skip / ring_low) of csrc/claim.c
+ *     (so not ring_collect reading rows_used again for a slot naming a row past P.used: the
+ *     same race by the ring, held by tests/shm/test_fork.py).
  *
  * The property, in every reachable state, for every row r: r is not queued; or r is FLIGHT
  * and its lease is held (not claimable at now), and then it is covered: ms(lease_min) <= its
@@ -152,6 +154,15 @@
  *                   next pass starts at the hint, never reads the row, and raises the floor
  *                   over it. Fixed: the hint carries the floor minute its pass read, and a pass
  *                   whose W is below that minute seeks instead.
+ *   -DADDS          the last row starts not yet added (rows_used = NR - 1); the writer's first
+ *                   write adds it: the CAS on rows_used, then the steps of any write. A pass
+ *                   reads P.used after P.gen, and an index entry of a row at or past it reads as
+ *                   not queued (not live, no tombstone), as in idx_advance
+ *   -DBROKEN_USED_FIRST  broken (the C before the fix this model confirmed, found by the fork
+ *                   stress test): P.used is read before P.gen. A row is added and merged into
+ *                   the next generation meanwhile; the pass reads its entry as not queued, and
+ *                   records the skip hint past it (and may raise the floor over it): no pass
+ *                   finds it until the next merge
  *   -DBROKEN_RELEASE   broken: release frees the lease and puts nothing back (FLIGHT stays)
  *   -DBROKEN_REPUBLISH broken: a put-back (release, sweep) appends but does not lower the floor
  *   -DBROKEN_SWEEP_MIN broken: the sweep's end stores its own least expiry, losing the notes
@@ -268,6 +279,17 @@ byte rs_state[NRING];           /* ring slots */
 byte rs_key[NRING];
 byte rs_row[NRING];
 byte gen;                       /* index_gen; its buffer is gen % 2 */
+#ifdef ADDS
+byte used = NR - 1;             /* rows_used: the last row is not yet added */
+#define SEEN(r) ((r) < pused)   /* a row the pass's P.used covers (csrc/claim.c idx_advance) */
+#else
+#define SEEN(r) 1
+#endif
+#ifdef ADDS
+#define PUSED_RESET pused = 0
+#else
+#define PUSED_RESET skip
+#endif
 byte icnt[2];                   /* index_count[buffer] */
 byte ikey[2 * NI];              /* buffer b, position i at b * NI + i; key | TOMB */
 byte irow[2 * NI];
@@ -412,8 +434,23 @@ proctype writer() {
     byte lw_min, lw_ep, next;
 #endif
     for (n : 1 .. NW) {
+#ifdef ADDS
+        if
+        :: n == 1 ->
+            /* rl_add_many of the last row: reserve it (the CAS on rows_used), then as any
+             * write (its key, the ring, the floor) */
+            r = NR - 1;
+            select (m : 0 .. NM - 1);
+            skip;               /* the select's break target: not the first step of a d_step */
+            d_step { used++; printf("MSC: writer: 0. add: rows_used = %d\n", used) }
+        :: n > 1 ->
+            select (r : 0 .. NR - 1);
+            select (m : 0 .. NM)        /* m == NM: remove */
+        fi;
+#else
         select (r : 0 .. NR - 1);
         select (m : 0 .. NM);           /* m == NM: remove */
+#endif
         if
         :: m == NM ->
             /* rl_remove: the key goes (the new word has no FLIGHT), any lease ends, then
@@ -564,6 +601,9 @@ proctype claimer(byte me) {
      * last_key is the key at pos - 1 when any entry was read, and stale_run is pos, or pos - 1
      * when the last entry read was live. */
     byte n, g, w_min, w_ep, pos, rmin, prop;
+#ifdef ADDS
+    byte pused;                 /* P.used: rows at or past it read as not queued */
+#endif
     bit any, found;
 #if GRANTS
     byte pnow, rh, rt, tmask, st, cr, ck, cp, cexp, wk, m, p;
@@ -575,11 +615,20 @@ proctype claimer(byte me) {
         skip;
         /* rl_claim: P.now, P.gen (the buffer's count and entries are read where they are used:
          * they cannot change while gen is still g, and if gen moved the pass does nothing) */
+#if defined(ADDS) && defined(BROKEN_USED_FIRST)
+        /* broken (the C before the fix this model found): P.used before P.gen */
+        d_step { pused = used; printf("MSC: claimer %d: BROKEN: P.used = %d, before P.gen\n", me, pused) };
+#endif
         d_step { g = gen;
 #if GRANTS
                  pnow = now;
 #endif
                  printf("MSC: claimer %d: P.gen = %d\n", me, g) };
+#if defined(ADDS) && !defined(BROKEN_USED_FIRST)
+        /* P.used after P.gen: every row the generation's index names is below it (the merge
+         * read rows_used before it published the generation) */
+        d_step { pused = used; printf("MSC: claimer %d: P.used = %d\n", me, pused) };
+#endif
         /* lane_open: (a) W, before the index and the ring */
         d_step { w_min = fmin; w_ep = fep; printf("MSC: claimer %d: (a) W = [%d:%d]\n", me, w_min, w_ep) };
         /* the start: this generation's skip hint, else the lower bound of W's minute */
@@ -618,12 +667,15 @@ proctype claimer(byte me) {
                 :: IK(g % 2, pos) & TOMB -> skip
                 :: else ->
                     if
-                    :: key[tx] != IK(g % 2, pos) -> tmask = tmask | (1 << pos)
-                    :: key[tx] == IK(g % 2, pos) && !flight[tx] -> found = 1
+#ifdef ADDS
+                    :: !SEEN(tx) -> skip        /* read as not queued: not live, no tombstone */
+#endif
+                    :: SEEN(tx) && key[tx] != IK(g % 2, pos) -> tmask = tmask | (1 << pos)
+                    :: SEEN(tx) && key[tx] == IK(g % 2, pos) && !flight[tx] -> found = 1
 #if GRANTS
-                    :: key[tx] == IK(g % 2, pos) && flight[tx] -> fl = 1
+                    :: SEEN(tx) && key[tx] == IK(g % 2, pos) && flight[tx] -> fl = 1
 #else
-                    :: key[tx] == IK(g % 2, pos) && flight[tx] -> tmask = tmask | (1 << pos)
+                    :: SEEN(tx) && key[tx] == IK(g % 2, pos) && flight[tx] -> tmask = tmask | (1 << pos)
 #endif
                     fi
                 fi;
@@ -724,7 +776,7 @@ proctype claimer(byte me) {
         if
         :: d_step { gen != g ->                                 /* (c) moved: nothing */
                         printf("MSC: claimer %d: (c) generation moved: no raise\n", me);
-                        g = 0; w_min = 0; w_ep = 0; pos = 0; rmin = 0; any = 0; found = 0; ZERO_GRANT_SCRATCH }
+                        g = 0; w_min = 0; w_ep = 0; pos = 0; rmin = 0; any = 0; found = 0; ZERO_GRANT_SCRATCH; PUSED_RESET }
         :: d_step { gen == g ->
 #else
         if
@@ -752,7 +804,7 @@ proctype claimer(byte me) {
                 :: prop == NONE || prop <= w_min -> prop = 0; w_min = 0; w_ep = 0   /* no raise */
                 :: else
                 fi;
-                g = 0; pos = 0; found = 0 };
+                g = 0; pos = 0; found = 0; PUSED_RESET };
             if
             :: prop != 0 ->
                 /* rl_floor_raise: only upward, CAS on the whole word seen at (a) */
@@ -1138,6 +1190,9 @@ init {
     byte r, m;
 #ifndef ANY_START
     for (r : 0 .. NR - 1) { key[r] = (r + 1) % NM };
+#ifdef ADDS
+    key[NR - 1] = NONE;         /* not yet added */
+#endif
 #else
     /* rows are alike but for their order among equal keys: start them in key order */
     for (r : 0 .. NR - 1) {
