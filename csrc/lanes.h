@@ -44,6 +44,10 @@
 #define RL_SPREAD_NUM 3
 #define RL_SPREAD_DEN 16
 #define RL_FIRST_BAND_WEIGHT 4
+/* A failed row backs off 30 s doubling per failure, to at most its interval; in the cold lane,
+ * its interval doubling per further failure, at most this many times (up to 8 intervals;
+ * engine.policy.COLD_BACKOFF_DOUBLINGS; csrc/writes.c rl_fail). */
+#define RL_COLD_BACKOFF_DOUBLINGS 3
 
 /* Flags a claim pass reports back (rl_claim's *advice). */
 #define RL_ADVISE_COMPACT 1

@@ -335,9 +335,18 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
     uint32_t f = RL_WORD_FAILURES(word) + 1;
     if (permanent && f < p->cold_after) f = p->cold_after; /* a 404 will not heal: cold at once */
     if (f > 255) f = 255;
-    /* Back-off: 30 s doubling per failure, never longer than the row's own interval. */
-    int64_t backoff = 30000LL << (f - 1 < 20 ? f - 1 : 20);
-    if (backoff > (int64_t)interval * 1000) backoff = (int64_t)interval * 1000;
+    /* Back-off: 30 s doubling per failure, never longer than the row's own interval. In the cold
+     * lane, its interval doubling per further failure up to RL_COLD_BACKOFF_DOUBLINGS times: the
+     * cold floor would retry a row that keeps failing each time a short back-off ends, more
+     * often than the healthy rows of its interval. Lanes disabled, there is no cold lane. */
+    int64_t iv = (int64_t)interval * 1000, backoff;
+    if (f >= p->cold_after && p->lanes_enabled) {
+        uint32_t d = f - p->cold_after;
+        backoff = iv << (d < RL_COLD_BACKOFF_DOUBLINGS ? d : RL_COLD_BACKOFF_DOUBLINGS);
+    } else {
+        backoff = 30000LL << (f - 1 < 20 ? f - 1 : 20);
+        if (backoff > iv) backoff = iv;
+    }
     int64_t due = retry_at >= 0 ? retry_at : clamp_due(now_ms + backoff);
     uint64_t key = rl_encode(rl_lane_for(p, prov, interval, f, 0), (uint64_t)due);
     atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, 0));

@@ -31,6 +31,7 @@ class _Lib:
     RL_SPREAD_NUM: int
     RL_SPREAD_DEN: int
     RL_FIRST_BAND_WEIGHT: int
+    RL_COLD_BACKOFF_DOUBLINGS: int
     RL_ADVISE_COMPACT: int
     RL_ADVISE_REAP: int
     RL_PROV_SUBMITTED: int

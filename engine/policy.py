@@ -45,6 +45,14 @@ WEIGHT_MAX = 1000.0
 them in ``ONE`` fixed point (csrc/lanes.h RL_WEIGHT_MAX)."""
 
 
+COLD_BACKOFF_DOUBLINGS = 3
+"""A failed row backs off 30 s doubling per failure, to at most its interval; in the cold lane
+(``cold_after`` failures, lanes enabled), its interval doubling per further failure, at most
+this many times (up to 8 intervals): the cold floor would otherwise retry a row that keeps
+failing each time a short back-off ends, more often than the healthy rows of its interval
+(docs/simulator.md, "Lanes only redistribute work"). csrc/lanes.h RL_COLD_BACKOFF_DOUBLINGS,
+the Lua's lanes_fail; ``LanePolicy.backoff_ms``."""
+
 FIRST_BAND_WEIGHT = 4
 """The lanes holding the shortest interval weigh four times their spread: their rows are served
 before they are a whole interval late while the rest are up to four (docs/design.md, "The
@@ -322,6 +330,13 @@ class LanePolicy:
             return self.cold_lane
         base = 1 if provenance == "submitted" else 1 + self.bands_per_class
         return base + self.band_of(interval_s)
+
+    def backoff_ms(self, failures: int, interval_s: int) -> int:
+        """The back-off of a row that has just failed for the ``failures``-th time in a row
+        (``COLD_BACKOFF_DOUBLINGS``; ``rl_fail``)."""
+        if self.lanes_enabled and failures >= self.cold_after:
+            return interval_s * 1000 << min(failures - self.cold_after, COLD_BACKOFF_DOUBLINGS)
+        return min(30_000 << min(failures - 1, 20), interval_s * 1000)
 
     def class_of(self, lane: int) -> str:
         """Class of a lane; a lane past this layout (left by a wider policy) counts as cold."""

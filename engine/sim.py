@@ -515,8 +515,8 @@ class _ExactQueue:
     each can be granted, so only those are ranked), so its lateness remainder, weighing the
     classes' heads, takes the rows in the order of their lateness across every class. Writes
     do what the engine's do to a row's schedule: a completion sets the due time given (the
-    failures and the rush cleared), a failure backs off 30 s doubling, never longer than the
-    interval, and a rush makes the row urgent and due now."""
+    failures and the rush cleared), a failure backs off as ``LanePolicy.backoff_ms`` says, and
+    a rush makes the row urgent and due now."""
 
     def __init__(self, corpus: _Corpus, policy: LanePolicy) -> None:
         self.policy = policy
@@ -557,7 +557,7 @@ class _ExactQueue:
 
     def fail(self, row: int, token: int, now_ms: int) -> None:
         f = self.failures[row] = min(255, int(self.failures[row]) + 1)
-        self.due[row] = now_ms + min(30_000 << min(f - 1, 20), int(self.interval_s[row]) * 1000)
+        self.due[row] = now_ms + self.policy.backoff_ms(f, int(self.interval_s[row]))
         self.urgent[row] = False
         self.in_flight[row] = False
 

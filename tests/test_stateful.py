@@ -312,12 +312,12 @@ class LanesMachine(RuleBasedStateMachine):
         self._failed(row, r, permanent)
 
     def _failed(self, row: int, retry_at: int | None, permanent: bool = False) -> None:
-        """Failures + 1 (cold_after at least when permanent), back-off 30 s doubling (capped at
-        the interval) or retry_at."""
+        """Failures + 1 (cold_after at least when permanent), back-off (LanePolicy.backoff_ms) or
+        retry_at."""
         m = self.model[row]
         m.failures = min(255, max(m.failures + 1,
                                   self.policy.cold_after if permanent else 0))
-        backoff = min(30_000 * 2 ** min(m.failures - 1, 20), m.interval * 1000)
+        backoff = self.policy.backoff_ms(m.failures, m.interval)
         m.due = retry_at if retry_at is not None else min(HORIZON, self.clock + backoff)
         m.urgent = False
         m.lane = self.policy.lane_for(m.prov, m.interval, m.failures)

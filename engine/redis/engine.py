@@ -398,7 +398,8 @@ class RedisEngine:
              now_ms: int | None = None, permanent: bool = False) -> None:
         """Count a failure, derive the lane again (cold after ``cold_after``; ``permanent``
         counts ``cold_after`` failures at least), and back off: 30 s doubling per failure,
-        capped at the row's interval, unless ``retry_at_ms``."""
+        capped at the row's interval (in the cold lane, ``LanePolicy.backoff_ms``), unless
+        ``retry_at_ms``."""
         check_bool(permanent, "permanent")
         r, t = self._row(row), self._token(token)
         retry = -1 if retry_at_ms is None else check_due_ms(retry_at_ms, "retry_at_ms")

@@ -11,6 +11,7 @@ from lanes_testlib import DAY, HOUR, MINUTE, NOW, ten_lanes
 
 from engine import LeaseLost
 from engine.errors import EngineError, EngineValueError
+from engine.policy import COLD_BACKOFF_DOUBLINGS
 
 ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
 
@@ -231,6 +232,49 @@ def test_back_off_grows_with_failures(make_engine):
         now = due
     assert all(w > 0 for w in waits)
     assert waits == sorted(waits)
+    assert eng.verify() == []
+
+
+def test_a_cold_row_backs_off_its_interval_doubling_up_to_eight(make_engine):
+    """30 s doubling, capped at the interval, until the row is cold; in the cold lane (a row
+    that keeps failing), its interval, doubling per further failure up to 8 intervals
+    (COLD_BACKOFF_DOUBLINGS), so the cold floor does not retry it each time a short back-off
+    ends; with lanes disabled there is no cold lane and the cap stays the interval. The same on
+    both backends, and as LanePolicy.backoff_ms says."""
+    policy = ten_lanes(cold_after=3)
+    eng = make_engine(policy)
+    row = eng.add(NOW - HOUR, 60)
+    waits, now = [], NOW
+    for failures in range(1, 9):
+        r, tok = _claim_one(eng, now=now)
+        assert r == row
+        eng.fail(row, tok, now_ms=now)
+        waits.append(eng.due_ms(row) - now)
+        assert waits[-1] == policy.backoff_ms(failures, 60)
+        now += waits[-1]
+    assert waits == [30_000, 60_000, 60_000, 120_000, 240_000, 480_000, 480_000, 480_000]
+    assert 480_000 == 60_000 << COLD_BACKOFF_DOUBLINGS
+    assert eng.describe(row)["lane"] == 9  # cold
+    assert eng.verify() == []
+    # a permanent failure is cold at once: tried again an interval later, not 2 min later
+    eng = make_engine(policy)
+    row = eng.add(NOW - HOUR, 600)
+    r, tok = _claim_one(eng, now=NOW)
+    eng.fail(row, tok, now_ms=NOW, permanent=True)
+    assert eng.due_ms(row) - NOW == 600_000
+    # lanes disabled: one queue, no cold lane, the back-off never past the interval
+    off = ten_lanes(cold_after=3, lanes_enabled=False)
+    eng = make_engine(off)
+    row = eng.add(NOW - HOUR, 60)
+    waits, now = [], NOW
+    for failures in range(1, 7):
+        r, tok = _claim_one(eng, now=now)
+        eng.fail(row, tok, now_ms=now)
+        waits.append(eng.due_ms(row) - now)
+        assert waits[-1] == off.backoff_ms(failures, 60)
+        now += waits[-1]
+    assert waits == [30_000, 60_000, 60_000, 60_000, 60_000, 60_000]
+    assert eng.describe(row)["lane"] == 0
     assert eng.verify() == []
 
 

@@ -330,7 +330,7 @@ def test_a_renew_of_a_lapsed_lease_takes_the_row_out_with_its_ready_key(q):
 def test_fail_backs_off_doubling_capped_at_the_interval_then_goes_cold(q):
     row = q.add(NOW - MINUTE, 600)
     now = NOW
-    for backoff_ms in (30_000, 60_000, 120_000):
+    for backoff_ms in (30_000, 60_000, 600_000):  # cold at the third: its interval
         r, tok = _claim_one(q, now=now)
         q.fail(r, tok, now_ms=now)
         assert q.due_ms(row) == now + backoff_ms

@@ -107,3 +107,10 @@ def test_remainder_codes_and_weight_bounds_match_the_header():
     assert ONE == lib.RL_ONE
     assert weight_fp(WEIGHT_MAX) == lib.RL_WEIGHT_MAX
     assert weight_fp(WEIGHT_MIN) >= 1
+
+
+def test_the_cold_back_off_matches_the_header():
+    """rl_fail and LanePolicy.backoff_ms double a cold row's interval as many times at most."""
+    from engine.policy import COLD_BACKOFF_DOUBLINGS
+
+    assert COLD_BACKOFF_DOUBLINGS == lib.RL_COLD_BACKOFF_DOUBLINGS

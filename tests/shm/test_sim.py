@@ -71,9 +71,10 @@ def _home(grid: dict[tuple[str, float], SimResult], policy: str, cap: float) -> 
 @pytest.mark.parametrize("cap", [1.0, 0.75, 0.5])
 def test_lanes_only_redistribute_work(grid, cap):
     renders = {p: grid[p, cap].renders for p in POLICIES}
-    lo, hi = min(renders.values()), max(renders.values())
-    assert lo > 0
-    assert hi <= lo * 1.01, renders
+    assert min(renders.values()) > 0
+    # within 0.5 % of today's: a broken row in the cold lane backs off its interval, doubling
+    # (LanePolicy.backoff_ms), so no floor spends much on rows that always fail
+    assert all(abs(n / renders["today"] - 1) <= 0.005 for n in renders.values()), renders
     # the same attempts, to the row; renders fall short of today's by what a policy spends on
     # the rows that always fail (docs/simulator.md), give or take the random failures
     today = grid["today", cap]

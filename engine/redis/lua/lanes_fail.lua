@@ -10,6 +10,8 @@ Returns 1. ]]
 --- @include "leases"
 --- @include "register"
 
+local COLD_BACKOFF_DOUBLINGS = 3 -- engine.policy.COLD_BACKOFF_DOUBLINGS
+
 local function f_fail(K, A)
   check_version(A)
   local P = queue_meta(K)
@@ -23,9 +25,14 @@ local function f_fail(K, A)
   local f = r.failures + 1
   if A[6] == '1' and f < P.cold_after then f = P.cold_after end -- a 404 will not heal
   if f > 255 then f = 255 end
-  -- Back-off: 30 s doubling per failure, never longer than the row's own interval.
-  local backoff = 30000 * 2 ^ math.min(f - 1, 20)
-  if backoff > r.interval * 1000 then backoff = r.interval * 1000 end
+  -- Back-off: 30 s doubling per failure, never longer than the row's own interval. In the cold
+  -- lane, its interval, doubling per further failure up to COLD_BACKOFF_DOUBLINGS times (rl_fail).
+  local backoff
+  if f >= P.cold_after and P.on then
+    backoff = r.interval * 1000 * 2 ^ math.min(f - P.cold_after, COLD_BACKOFF_DOUBLINGS)
+  else
+    backoff = math.min(30000 * 2 ^ math.min(f - 1, 20), r.interval * 1000)
+  end
   local discovered = has(r.flags, F_DISCOVERED)
   r.failures = f
   r.flags = F_LIVE + (discovered and F_DISCOVERED or 0)
