@@ -72,7 +72,7 @@ def renders(config: SimConfig) -> list[dict[str, Any]]:
                                f" today's {base.attempts}: a policy must only redistribute them")
         off = 100 * (r.renders / base.renders - 1)
         out.append(figure(f"sim.renders.{r.policy}.c{cap}", f"sim {r.policy} at {cap} %: renders"
-                          " / today's - 1", "%", [off], note="goal within 0.5 %: " +
+                          " / today's - 1", "%", [off], note=f"goal within {RENDERS_GOAL_PCT} %: " +
                           ("met" if abs(off) <= RENDERS_GOAL_PCT else "MISSED")))
         out.append(figure(f"sim.broken_attempts.{r.policy}.c{cap}", f"sim {r.policy} at {cap} %:"
                           " attempts on rows that always fail", "attempts", [r.broken_attempts]))

@@ -257,7 +257,8 @@ static void ring_collect(Pass *P, Cursor *c) {
             continue;
         }
         if (key == RL_KEY_NONE || rl_key_lane(key) != c->lane) continue;
-        if (row >= P->used && row >= (P->used = used_now(s))) { /* torn: no hint past it */
+        if (row >= P->used) P->used = used_now(s); /* added during this pass */
+        if (row >= P->used) { /* a torn read: no hint past it */
             if (pos < c->ring_block) c->ring_block = pos;
             continue;
         }

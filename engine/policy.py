@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .checks import is_int, is_number
+from .checks import check_int, is_int, is_number
 from .errors import EngineTypeError, EngineValueError
 
 PROVENANCES: tuple[str, ...] = ("submitted", "discovered")
@@ -333,7 +333,10 @@ class LanePolicy:
 
     def backoff_ms(self, failures: int, interval_s: int) -> int:
         """The back-off of a row that has just failed for the ``failures``-th time in a row
-        (``COLD_BACKOFF_DOUBLINGS``; ``rl_fail``)."""
+        (``COLD_BACKOFF_DOUBLINGS``; ``rl_fail``). Failures in [1, 255], the interval in whole
+        seconds in [1, ``MAX_INTERVAL_S``]; anything else raises an ``EngineError``."""
+        failures = check_int(failures, "failures", 1, 255)
+        interval_s = check_int(interval_s, "interval_s", 1, MAX_INTERVAL_S)
         if self.lanes_enabled and failures >= self.cold_after:
             return interval_s * 1000 << min(failures - self.cold_after, COLD_BACKOFF_DOUBLINGS)
         return min(30_000 << min(failures - 1, 20), interval_s * 1000)

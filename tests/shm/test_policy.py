@@ -410,3 +410,13 @@ def test_reference_lateness_takes_the_head_with_the_highest_weighted_relative_la
     score = [Fraction(fp[lane + 1] * late, max(1, iv)) for lane, (late, iv, _) in enumerate(heads)]
     best = score.index(max(score)) + 1
     assert grants == [1 if lane == best else 0 for lane in range(10)]
+
+
+@pytest.mark.parametrize(("failures", "interval_s", "error"), [
+    (0, 60, EngineValueError), (256, 60, EngineValueError), (1, 0, EngineValueError),
+    (1, 1 << 32, EngineValueError), (1.0, 60, EngineTypeError), (True, 60, EngineTypeError),
+    (None, 60, EngineValueError),
+])
+def test_backoff_ms_refuses_what_no_row_can_hold(failures, interval_s, error):
+    with pytest.raises(error):
+        LanePolicy().backoff_ms(failures, interval_s)
