@@ -140,7 +140,8 @@ typedef struct {
     const _Atomic uint32_t *lane_start; /* and the first position of each lane */
     const rl_policy *p;               /* the policy in force (cached per thread) */
     Cursor *cursors;                  /* this thread's tls_cursors, found once per pass */
-    int late;                         /* the remainder weighs heads' intervals: prefetch them */
+    int late;                         /* the remainder weighs heads (remainder_lateness) */
+    int unit;                         /* ... each lane weighing 1, each interval 1 s: edf */
     uint32_t lanes;                   /* lanes to consider: up to the highest ever written */
     uint32_t n;                       /* rows granted so far */
     uint32_t budget;                  /* rows asked for */
@@ -394,7 +395,7 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     }
     c->pos = c->start = c->stale_run = c->pf = lo;
     c->ahead = PREFETCH_LOW; /* until a take asks for more (lane_take) */
-    c->iv_pf = P->late && atomic_load_explicit(&s->lanes[lane].iv_min, memory_order_relaxed) !=
+    c->iv_pf = P->late && !P->unit && atomic_load_explicit(&s->lanes[lane].iv_min, memory_order_relaxed) !=
                               atomic_load_explicit(&s->lanes[lane].iv_max, memory_order_relaxed);
     c->end = (P->count - lo > P->window) ? lo + P->window : P->count;
 #ifdef RL_BENCH
@@ -717,111 +718,85 @@ static uint64_t remainder_lanes(const Pass *P, int skip_urgent) {
     return P->lanes < RL_MAX_LANES ? used & ((1ull << P->lanes) - 1) : used;
 }
 
-/* Each grant to the lane whose head is due first, ties to the lower lane. A head changes only
- * when its lane is taken from, and only to a later one (a lane's heads come in key order), so
- * each lane is opened and peeked once, the lanes kept sorted by (head's due, lane), and after a
- * grant only the winner, first, is peeked again and moved back into place (or dropped, empty).
- * Each lane prefetches as a take of one row would (lane_take), set once, not on every grant. */
-static void remainder_edf(Pass *P, int skip_urgent) {
-    uint64_t due[RL_MAX_LANES];
-    uint8_t at[RL_MAX_LANES];
-    uint32_t n = 0;
-    for (uint64_t m = remainder_lanes(P, skip_urgent); m; m &= m - 1) {
-        uint32_t l = (uint32_t)__builtin_ctzll(m), i = n++;
-        Cursor *c = lane_open(P, l);
-        if (!lane_peek(P, c)) {
-            n--;
-            continue;
-        }
-        if (c->ahead < 1 + PREFETCH_LOW) c->ahead = 1 + PREFETCH_LOW;
-        due[l] = rl_key_due(c->peek.key);
-        for (; i > 0 && due[at[i - 1]] > due[l]; i--) at[i] = at[i - 1]; /* lanes come in order */
-        at[i] = (uint8_t)l;
-    }
-    while (P->n < P->budget && n) {
-        uint32_t best = at[0], i = 0;
-        Cursor *c = &P->cursors[best];
-        lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
-        if (P->n >= P->budget) return;
-        if (!lane_peek(P, c)) {
-            memmove(at, at + 1, --n);
-            continue;
-        }
-        due[best] = rl_key_due(c->peek.key);
-        for (; i + 1 < n && (due[at[i + 1]] < due[best] ||
-                             (due[at[i + 1]] == due[best] && at[i + 1] < best)); i++)
-            at[i] = at[i + 1];
-        at[i] = (uint8_t)best;
-    }
-}
-
 /* The lane whose head is latest relative to its own interval takes each grant: the head's
- * lateness is (now - due) / interval, times the lane's weight. Compared by cross-multiplying in
- * 128-bit integers, never divided, so the choice is exact and equals engine.policy's
- * (reference_pass, Python integers): weight (< 2^26) x lateness in ms (< 2^42) x interval in
- * seconds (< 2^32) stays below 2^100. An interval of 0 counts as 1 s. Only due heads are
- * candidates (lane_peek stops at the first row not yet due), so now - due >= 0; ties go to the
- * lower lane. Within a lane the order stays EDF: only the choice between lane heads changes.
+ * lateness is weight x (now - due) / interval, an interval of 0 counting as 1 s, worked out in
+ * doubles as fl(fl(w x dt) / iv) (w < 2^26 and dt < 2^42 convert exactly; a product and a
+ * quotient each round once, as engine.policy's reference_pass and the Lua pass round them). The
+ * lanes are compared by that lateness in quanta of a 64th (LATE_BITS: a double's exponent and
+ * its top six mantissa bits, so lateness 0.8 to 1.6 % apart may share one), ties to the lower
+ * lane: a lane's key (late_key) is its quantum, then the lane, one integer compare. Only due
+ * heads are candidates (lane_peek stops at the first row not yet due), so now - due >= 0.
+ * Within a lane the order stays EDF: only the choice between lane heads changes. Quanta, not
+ * exact ratios: heads of lanes that tie take turns row by row when compared exactly (in the
+ * production shape, bench_constraints (f), two lanes of one band took turns four times a
+ * claim(16)), and each turn cost a mispredicted branch and a weighing; quanta keep a lane's
+ * grants together while its heads stay in the runner-up's quantum, and cost at most 1.6 % of
+ * lateness in order (docs/design.md §3). The edf remainder is this pass with every lane weighing
+ * 1 and every interval 1 s (Pass.unit): a head weighs now - due, its intervals never read.
  *
  * What a lane-order pass does not pay: opening every lane (its seek, its rows, its floor work at
  * the end of the pass) and reading every head's interval (an array of its own). So a lane is
  * opened only while it may win. Until then it is weighed by a bound: no live row is below its
  * floor minute and none has an interval below iv_min (a word beside the floor, moved only
  * downward by rl_publish before a row is visible), so its lateness is at most weight x
- * (now - floor) / iv_min. When that decides nothing, it is weighed exactly by its head as this
- * thread's last pass left it (HeadMemo), while that still holds, and opened only when that does
- * not hold or it wins. An opened lane's head is weighed exactly at once: its interval is the
- * lane's one where its bounds have met, else prefetched with its rows (reading it later, only
- * when a bound on it decided nothing, cost a second step on nearly every grant:
- * docs/design.md §3). The lanes are sorted by their most
- * lateness: the first takes the grant when its least beats the most of the second (the
- * runner-up); otherwise whichever of the two is a bound is weighed (by its memo, or opened), which
- * changes no choice and only lowers its most. The winner keeps the grants while its next head
- * still beats that runner-up (without weighing it while it is due before a threshold: heads
- * come in due order).
- * A write racing the pass may be missed by it, as by any pass; bounds read at its start hold for
- * every row that was there when it started. */
+ * (now - floor) / iv_min, and quanta keep that order. When that decides nothing, it is weighed
+ * by its head as this thread's last pass left it (HeadMemo), while that still holds, and opened
+ * only when that does not hold or it wins. An opened lane's head is weighed at once: its
+ * interval is the lane's one where its bounds have met, else prefetched with its rows (reading
+ * it later, only when a bound on it decided nothing, cost a second step on nearly every grant).
+ * The lanes are sorted by their keys, most lateness first: the first takes the grant when it
+ * is weighed by its head (not a bound) and its key beats the second's (the runner-up); otherwise
+ * whichever of the two is a bound is weighed (by its memo, or opened), which changes no choice
+ * and only lowers its key. The winner keeps the grants while its next head still beats that
+ * runner-up (late_run). A write racing the pass may be missed by it, as by any pass; bounds
+ * read at its start hold for every row that was there when it started. */
+#define LATE_BITS 6
+
 typedef struct {
-    unsigned __int128 late; /* weight x (now - due) of the head; of the floor for a bound */
-    uint32_t iv;            /* the head's interval; iv_min for a bound */
-    uint8_t state;          /* LATE_* */
-    double v;               /* late / iv as a double: the order compares these, and the exact
-                             * products only when they are too close to tell */
+    uint64_t key;  /* late_key of the head; of the floor for a bound */
+    uint8_t state; /* LATE_* */
 } LateHead;
-#define LATE_BOUND 0 /* not opened: lateness in [0, late / iv] */
-#define LATE_EXACT 1 /* opened, a due head: lateness late / iv */
-#define LATE_MEMO 2  /* not opened, its head known from this thread's last pass: late / iv */
+#define LATE_BOUND 0 /* not opened: its key bounds its head's from above */
+#define LATE_EXACT 1 /* opened, a due head: the head's key */
+#define LATE_MEMO 2  /* not opened, its head known from this thread's last pass: that head's key */
 #define LATE_NONE 3  /* opened, nothing left */
 
-/* Whether a / b beats c / d (exactly), ties to the lower lane: la < lc. Out of line: only heads
- * too close for the doubles to tell come here. */
-static __attribute__((noinline, cold)) int late_beats(unsigned __int128 a, uint32_t b, uint32_t la,
-                                                      unsigned __int128 c, uint32_t d, uint32_t lc) {
-    unsigned __int128 x = a * d, y = c * b;
-    return x > y || (x == y && la < lc);
+/* The quantum of a lateness v >= 0: its bits' order is the doubles' order, and those past the
+ * top LATE_BITS of the mantissa are dropped (0 for 0). */
+static inline uint64_t late_q(double v) {
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
+    return b >> (52 - LATE_BITS);
 }
 
-/* late_beats of lanes a and b by their v (late / iv), decided by the doubles when they are more
- * than 1e-12 apart (each is within 3e-16 of its quotient), else exactly: the order compares a
- * double each, not two 128-bit products. */
-static inline int late_beats_d(const LateHead *h, uint32_t a, uint32_t b) {
-    if (h[a].v > h[b].v * (1 + 1e-12)) return 1;
-    if (h[a].v < h[b].v * (1 - 1e-12)) return 0;
-    return late_beats(h[a].late, h[a].iv, a, h[b].late, h[b].iv, b);
+/* The least lateness of quantum q: v >= late_floor(q) exactly when late_q(v) >= q. */
+static inline double late_floor(uint64_t q) {
+    uint64_t b = q << (52 - LATE_BITS);
+    double v;
+    memcpy(&v, &b, sizeof v);
+    return v;
 }
 
-/* Set a head's late to w x dt and its v (after its iv is set): the product of two exact doubles
- * (w < 2^26, dt < 2^42) rounds once, as a conversion of the 128-bit product would, without its
- * libgcc call. */
-static inline void late_set(LateHead *h, uint32_t w, uint64_t dt) {
-    h->late = (unsigned __int128)w * dt;
-    h->v = (double)w * (double)(int64_t)dt / h->iv; /* dt < 2^42: a signed conversion is one step */
+/* A lane's key: the quantum of its lateness, then the lane (the lower lane the higher key). */
+static inline uint64_t late_key(double v, uint32_t lane) {
+    return late_q(v) << 8 | (255u - lane);
+}
+
+/* The lateness w x dt / iv, rounded as reference_pass rounds it. */
+static inline double late_of(uint32_t w, uint64_t dt, uint32_t iv) {
+    return (double)w * (double)(int64_t)dt / iv; /* dt < 2^42: a signed conversion is one step */
+}
+
+/* The intervals a pass weighs heads by: none (every interval 1 s) for edf. */
+static inline const _Atomic uint32_t *pass_ivs(const Pass *P) {
+    return P->unit ? NULL : P->s->intervals;
 }
 
 /* The interval of lane l's head `row` (0 counts as 1 s): the lane's one interval when its bounds
  * have met, else the row's, a cache line of its own. The bounds are read after the head was:
  * rl_publish widens them before a row is visible, so they take the head in. */
 static inline uint32_t head_interval(const rl_lane *ln, const _Atomic uint32_t *ivs, uint32_t row) {
+    if (!ivs) return 1; /* edf: every interval 1 s */
     uint32_t lo = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
     if (lo && lo == atomic_load_explicit(&ln->iv_max, memory_order_acquire)) return lo;
     uint32_t iv = atomic_load_explicit(&ivs[row], memory_order_relaxed);
@@ -830,7 +805,7 @@ static inline uint32_t head_interval(const rl_lane *ln, const _Atomic uint32_t *
 
 /* A lane's head as this thread's last lateness pass that opened the lane left it: the first
  * claimable row it would have granted next. A later pass of the same index generation, when
- * the lane's bound decides nothing, weighs the lane exactly from it instead of opening it (its
+ * the lane's bound decides nothing, weighs the lane from it instead of opening it (its
  * seek, its rows, its floor work at the end), while that row still holds the key, out of
  * flight and claimable, and nothing ahead of it was written into the lane: every write that
  * makes a row visible appends it to the ring and lowers the lane's ring_min first
@@ -840,7 +815,7 @@ static inline uint32_t head_interval(const rl_lane *ln, const _Atomic uint32_t *
  * puts it back: a pass uses memos only while lease_min says there is none. The lane is opened
  * when it wins a grant, as before. Kept in the lane's cursor (Cursor.memo), which no pass resets. */
 
-/* Whether lane l's memo holds; if so, its head's exact lateness in h (w: the lane's weight). */
+/* Whether lane l's memo holds; if so, its head's key in h (w: the lane's weight). */
 static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
     const HeadMemo *m = &P->cursors[l].memo;
     if (m->serial != P->s->serial || m->gen != P->gen || m->row >= P->used) return 0;
@@ -853,9 +828,9 @@ static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
     if ((word & RL_WORD_FLIGHT) || RL_WORD_KEY(word) != m->key ||
         !lease_claimable(P, atomic_load_explicit(&r->lease, memory_order_acquire)))
         return 0;
-    h->iv = head_interval(&P->s->lanes[l], P->s->intervals, m->row);
+    uint32_t iv = head_interval(&P->s->lanes[l], pass_ivs(P), m->row);
+    h->key = late_key(late_of(w, (uint64_t)P->now - due, iv), l);
     h->state = LATE_MEMO;
-    late_set(h, w, (uint64_t)P->now - due);
     return 1;
 }
 
@@ -870,98 +845,80 @@ static void heads_note(const Pass *P, Cursor *c, int gen_moved) {
     *m = (HeadMemo){P->s->serial, P->gen, c->peek.key, c->peek.row};
 }
 
-/* Whether lane a's least lateness beats lane b's most. */
-static inline int late_surely_beats(const LateHead *h, uint32_t a, uint32_t b) {
-    return h[a].state != LATE_BOUND && late_beats_d(h, a, b); /* a bound's least is 0 */
-}
-
-/* Weigh lane l's peeked head exactly (w: the lane's weight). */
-static inline void late_head(const Pass *P, uint32_t l, const Cursor *c, LateHead *h, uint32_t w) {
-    uint64_t due = rl_key_due(c->peek.key);
-    h->iv = head_interval(&P->s->lanes[l], P->s->intervals, c->peek.row);
-    h->state = LATE_EXACT;
-    late_set(h, w, (uint64_t)P->now > due ? (uint64_t)P->now - due : 0);
-}
-
-/* Open lane l (if it is not) and weigh its head exactly. */
+/* Open lane l (if it is not) and weigh its head (w: the lane's weight). */
 static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w) {
     Cursor *c = lane_open(P, l);
-    if (lane_peek(P, c)) late_head(P, l, c, h, w);
-    else h->state = LATE_NONE;
+    if (!lane_peek(P, c)) {
+        h->state = LATE_NONE;
+        return;
+    }
+    uint64_t due = rl_key_due(c->peek.key);
+    uint32_t iv = head_interval(&P->s->lanes[l], pass_ivs(P), c->peek.row);
+    h->key = late_key(late_of(w, (uint64_t)P->now > due ? (uint64_t)P->now - due : 0, iv), l);
+    h->state = LATE_EXACT;
 }
 
-/* The lanes a lateness pass weighs, sorted by v (their most lateness), ties to the lower lane:
- * the first two are the two a grant is decided between. Only an opening lowers a lane's v, and
- * only the first's may rise (its next head), so sinking the lane that moved keeps the order. A
- * grant passing to the runner-up swaps the first two, which is nearly all a sink does (the
- * other lanes lie far behind): a heap sifted down two levels and compared the children again. */
-typedef struct {
-    uint8_t at[RL_MAX_LANES];
-    uint32_t n;
-} LaneOrder;
-
-/* at[i]'s v fell (or, at 0, rose): move it down to its place. */
-static inline void order_sink(LaneOrder *q, const LateHead *h, uint32_t i) {
-    uint8_t l = q->at[i];
-    for (; i + 1 < q->n && late_beats_d(h, q->at[i + 1], l); i++) q->at[i] = q->at[i + 1];
-    q->at[i] = l;
+/* The three highest keys of the lanes in `live`, k[0] > k[1] > k[2] (0 where there are fewer: a
+ * key is never 0), by min and max alone: which lanes lead moves from pass to pass, and an
+ * insertion sort's branches mispredicted on it. */
+static inline void late_top(const LateHead *h, uint64_t live, uint64_t *k) {
+    uint64_t a = 0, b = 0, c = 0;
+    for (; live; live &= live - 1) {
+        uint64_t x = h[__builtin_ctzll(live)].key, y = x < a ? x : a;
+        a = x > a ? x : a;
+        x = y < b ? y : b;
+        b = y > b ? y : b;
+        c = x > c ? x : c;
+    }
+    k[0] = a, k[1] = b, k[2] = c;
 }
+#define KEY_LANE(k) (255u - (uint32_t)((k) & 255u))
 
-/* Lane l joins (lanes join in lane order: one tying an earlier one stays after it). */
-static inline void order_add(LaneOrder *q, const LateHead *h, uint8_t l) {
-    uint32_t i = q->n++;
-    for (; i > 0 && late_beats_d(h, l, q->at[i - 1]); i--) q->at[i] = q->at[i - 1];
-    q->at[i] = l;
-}
-
-/* at[i] has nothing left. */
-static inline void order_drop(LaneOrder *q, uint32_t i) {
-    for (q->n--; i < q->n; i++) q->at[i] = q->at[i + 1];
-}
-
-/* The first lane of q won a grant over the second, the runner-up (if any): take grants from it
- * while its head beats the runner-up's most lateness, which stays put meanwhile, so what
- * late_beats_d compares with is worked out once. Where its head stops beating it, the head is
- * weighed into h; then, when the runner-up is opened and that head still beats the third lane,
- * the two swap, as order_sink and the pass's next decision would, and the runner-up takes the
- * grants here. Returns with the first lane to sink (LATE_NONE: to drop), or the budget met. */
-static void late_run(Pass *P, LateHead *h, LaneOrder *q, const uint32_t *wt) {
-    uint64_t now = (uint64_t)P->now;
-    const _Atomic uint32_t *ivs = P->s->intervals;
+/* Lane KEY_LANE(k[0]) won a grant over the lane of k[1], the runner-up (if any): take grants
+ * from it while its head beats the runner-up's key, which stays put meanwhile: while the
+ * head's lateness is at least `least`, the least of the quantum it must reach (the
+ * runner-up's, one more when the runner-up is the lower lane). Where its head stops beating
+ * it, the head's key goes into h; then, when the runner-up is opened and that head still beats
+ * the third (k[2]), the runner-up takes the grants here, as the pass's next decision would
+ * give them. Returns when the lane taken from holds a head that does not win, or none (its
+ * bit cleared from `live`), or the budget is met. */
+static void late_run(Pass *P, LateHead *h, const uint64_t *k, const uint32_t *wt, uint64_t *live) {
+    uint64_t now = (uint64_t)P->now, kr = k[1];
+    const _Atomic uint32_t *ivs = pass_ivs(P);
+    uint32_t b = KEY_LANE(k[0]);
     for (;;) {
-        uint32_t b = q->at[0], w = wt[b];
-        int r = q->n > 1 ? q->at[1] : -1;
+        uint32_t r = KEY_LANE(kr), w = wt[b];
         Cursor *c = &P->cursors[b];
         const rl_lane *ln = &P->s->lanes[b]; /* for head_interval, found once */
         uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
         if (need > PREFETCH_AHEAD) need = PREFETCH_AHEAD; /* the lane may well keep winning */
         if (need > c->ahead) c->ahead = need;
-        /* A head surely beats r when w x dt > hi x iv, and without reading its interval when
-         * w x dt > hi x iv_max x (1 + 1e-12) (heads of the lane come in due order, each visible
-         * before iv_max is read here, so within it): products of doubles, past their error, so
-         * these decide only what late_beats_d would, without its divisions (without a runner-up,
-         * hi is negative: every head wins). */
-        double hi = r < 0 ? -1 : h[r].v * (1 + 1e-12), wd = w;
-        double hi_max = hi * atomic_load_explicit(&ln->iv_max, memory_order_acquire) * (1 + 1e-12);
+        /* Heads come in due order, each visible before iv_max is read here, so within it: a
+         * head whose w x dt passes least x iv_max by more than the roundings can take back
+         * (1e-9) has w x dt / iv_max past `least`: it beats r without its interval being
+         * read, a multiply and a compare a grant. Without a runner-up every head wins. */
+        double least = kr ? late_floor((kr >> 8) + (b > r)) : 0, wd = w;
+        double iv_max = ivs ? atomic_load_explicit(&ln->iv_max, memory_order_acquire) : 1;
+        double sure = least * iv_max * (1 + 1e-9);
         for (;;) {
             lane_take_one(P, c); /* a lost race exhausts the lane or grants; no spin */
             if (P->n >= P->budget) return;
             if (!lane_peek(P, c)) {
                 h[b].state = LATE_NONE;
+                *live &= ~(1ull << b);
                 return;
             }
             uint64_t due = rl_key_due(c->peek.key), dt = now > due ? now - due : 0;
-            double late = wd * (double)(int64_t)dt; /* w x dt rounded once, as late_set's */
-            if (late > hi_max) continue;
-            uint32_t iv = head_interval(ln, ivs, c->peek.row);
-            if (late > hi * iv) continue;
-            h[b].iv = iv;
+            double late = wd * (double)(int64_t)dt; /* w x dt, rounded as late_of rounds it */
+            if (late > sure) continue;
+            double v = late / head_interval(ln, ivs, c->peek.row);
+            if (v >= least) continue;
+            h[b].key = late_key(v, b);
             h[b].state = LATE_EXACT;
-            late_set(&h[b], w, dt);
-            if (!late_beats_d(h, b, (uint32_t)r)) break;
+            break;
         }
-        if (h[r].state != LATE_EXACT || (q->n > 2 && !late_beats_d(h, b, q->at[2]))) return;
-        q->at[0] = (uint8_t)r, q->at[1] = (uint8_t)b;
+        if (h[r].state != LATE_EXACT || h[b].key < k[2]) return;
+        kr = h[b].key, b = r;
     }
 }
 
@@ -984,6 +941,10 @@ static __thread struct { /* one struct: one thread-local lookup, not one per wor
 
 static void lane_weights(const Pass *P, uint32_t first, uint32_t *wt) {
     const rl_policy *p = P->p;
+    if (P->unit) { /* edf: a head weighs its lateness in ms */
+        for (uint32_t l = first; l < P->lanes; l++) wt[l] = 1;
+        return;
+    }
     if (!p->weights_live) {
         for (uint32_t l = first; l < P->lanes; l++) wt[l] = p->weight[l];
         return;
@@ -1021,7 +982,7 @@ static void lane_weights(const Pass *P, uint32_t first, uint32_t *wt) {
 static void remainder_lateness(Pass *P, int skip_urgent) {
     LateHead h[RL_MAX_LANES];
     uint32_t wt[RL_MAX_LANES];
-    LaneOrder q = {.n = 0}; /* the lanes that may have a head */
+    uint64_t live = 0; /* the lanes that may have a head */
     uint64_t used = remainder_lanes(P, skip_urgent); /* a 64-lane layout pays for those used */
     lane_weights(P, skip_urgent ? 1 : 0, wt);
     /* heads remembered from this thread's last pass hold only while no lapsed lease waits for
@@ -1034,59 +995,49 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         uint32_t l = (uint32_t)__builtin_ctzll(m);
         if (opened >> l & 1) {
             late_peek(P, l, &h[l], wt[l]);
-            if (h[l].state != LATE_NONE) order_add(&q, h, (uint8_t)l);
+            if (h[l].state != LATE_NONE) live |= 1ull << l;
             continue;
         }
         rl_lane *ln = &P->s->lanes[l];
         uint32_t ivmin = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
         uint32_t ivmax = atomic_load_explicit(&ln->iv_max, memory_order_acquire);
         uint32_t fm = RL_FLOOR_MINUTE(atomic_load_explicit(&ln->floor, memory_order_acquire));
-        if (ivmax == 0) { /* no row was ever published into it (its bounds come first) */
-            h[l].state = LATE_NONE;
+        if (ivmax == 0) /* no row was ever published into it (its bounds come first) */
             continue;
-        }
         uint64_t since = (uint64_t)fm * 60000u; /* no floor (0) bounds nothing */
-        h[l].iv = ivmin ? ivmin : 1;
+        uint64_t dt = (uint64_t)P->now > since ? (uint64_t)P->now - since : 0;
+        h[l].key = late_key(late_of(wt[l], dt, ivmin && !P->unit ? ivmin : 1), l);
         h[l].state = LATE_BOUND;
-        late_set(&h[l], wt[l], (uint64_t)P->now > since ? (uint64_t)P->now - since : 0);
-        order_add(&q, h, (uint8_t)l);
+        live |= 1ull << l;
     }
     while (P->n < P->budget) {
-        int best, run;
+        uint64_t k[3];
+        uint32_t best;
         for (;;) {
-            /* best: the lane of the most lateness (the first); run: the most of the others (the
-             * second). best wins unless one of the two is a bound (two heads weighed exactly
-             * are in order); that one is weighed by its memo, else opened, which lowers its
-             * most (it sinks) */
-            if (q.n == 0) return;
-            best = q.at[0];
-            run = q.n == 1 ? -1 : q.at[1];
-            if (run < 0 || late_surely_beats(h, (uint32_t)best, (uint32_t)run)) break;
-            uint32_t i = h[best].state == LATE_BOUND ? 0 : 1, l = q.at[i]; /* the lane weighed */
-            if (!memos || !head_memo(P, l, wt[l], &h[l])) late_peek(P, l, &h[l], wt[l]);
-            if (h[l].state == LATE_NONE) order_drop(&q, i);
-            else order_sink(&q, h, i);
+            /* best: the lane of the highest key; k[1]: the highest of the others. best wins
+             * unless it is a bound (a head's key beats every key below it, a bound's
+             * included); then it is weighed by its memo, else opened, which lowers its key */
+            if (!live) return;
+            late_top(h, live, k);
+            best = KEY_LANE(k[0]);
+            if (!k[1] || h[best].state != LATE_BOUND) break;
+            if (!memos || !head_memo(P, best, wt[best], &h[best])) late_peek(P, best, &h[best], wt[best]);
+            if (h[best].state == LATE_NONE) live &= ~(1ull << best);
         }
         if (h[best].state != LATE_EXACT) { /* not opened: won on its memo, or a bound left
                                             * alone (no runner-up). Its cursor is a past pass's,
                                             * maybe another segment's: open it before taking
                                             * from it, and decide again should its head not be
                                             * the one weighed (a write racing this pass) */
-            LateHead was = h[best];
-            late_peek(P, (uint32_t)best, &h[best], wt[best]);
+            uint64_t was = h[best].key;
+            late_peek(P, best, &h[best], wt[best]);
             if (h[best].state == LATE_NONE) {
-                order_drop(&q, 0);
+                live &= ~(1ull << best);
                 continue;
             }
-            if (run >= 0 && (h[best].late != was.late || h[best].iv != was.iv)) {
-                order_sink(&q, h, 0);
-                continue;
-            }
+            if (k[1] && h[best].key != was) continue;
         }
-        late_run(P, h, &q, wt); /* best is opened: it has a head */
-        if (P->n >= P->budget) return;
-        if (h[q.at[0]].state == LATE_NONE) order_drop(&q, 0);
-        else order_sink(&q, h, 0); /* its lateness moved (the first's may rise: it stays first) */
+        late_run(P, h, k, wt, &live); /* best is opened: it has a head */
     }
 }
 
@@ -1168,7 +1119,8 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
     memo_reset();
 
     const rl_policy *p = P.p;
-    P.late = p->lanes_enabled && p->remainder == RL_REMAINDER_LATENESS;
+    P.late = p->lanes_enabled && p->remainder != RL_REMAINDER_LANE_ORDER;
+    P.unit = p->remainder == RL_REMAINDER_EDF;
     if (!p->lanes_enabled) {
         for (uint32_t l = 0; l < P.lanes && P.n < budget; l++) lane_take(&P, l, budget);
     } else {
@@ -1195,8 +1147,7 @@ int rl_claim(rl_seg *s, uint32_t owner, uint32_t budget, int64_t now_ms, int64_t
         /* 4. remainder: remainder_edf, remainder_lateness, or lane order */
         uint32_t before[RL_CLASSES];
         memcpy(before, P.cls_granted, sizeof before);
-        if (p->remainder == RL_REMAINDER_EDF) remainder_edf(&P, capped);
-        else if (p->remainder == RL_REMAINDER_LATENESS) remainder_lateness(&P, capped);
+        if (P.late) remainder_lateness(&P, capped);
         else
             for (uint32_t l = capped ? 1 : 0; l < P.lanes && P.n < budget; l++) lane_take(&P, l, budget);
         /* 5. commit: the floor classes' grants from the remainder against their credit (the

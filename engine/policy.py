@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -504,33 +505,44 @@ def floors(p: _Pass) -> None:
             p.cred[cls] -= got * ONE
 
 
-def remainder_edf(p: _Pass) -> None:
-    """One grant at a time to the lane whose head is due first; ties to the lower lane."""
+def remainder_edf(p: _Pass, now: int) -> None:
+    """One grant at a time to the lane whose head is latest, ``now - due`` in quanta of a 64th
+    (``lateness_quantum`` of weight 1 and interval 1 s: the lateness remainder with every lane
+    weighing the same), ties to the lower lane."""
     order = p.remainder_lanes()
     while p.remaining > 0:
-        heads = [(p.left[lane][0], lane) for lane in order if p.left[lane]]
+        heads = [(lateness_quantum(1, now - p.left[lane][0], 1), -lane)
+                 for lane in order if p.left[lane]]
         if not heads:
             break
-        p.take(min(heads)[1], 1)
+        p.take(-max(heads)[1], 1)
+
+
+LATE_BITS = 6
+"""The lateness remainder compares lane heads by their lateness in quanta: a double's exponent
+and its top ``LATE_BITS`` mantissa bits (lateness 0.8 to 1.6 % apart may share a quantum)."""
+
+
+def lateness_quantum(weight: int, late_ms: int, interval_s: int) -> int:
+    """The quantum the lateness remainder weighs a head by: ``weight * late_ms / interval_s``
+    rounded as the C pass and the Lua pass round it (a product of two doubles, then a quotient,
+    each rounded once; an interval of 0 counts as 1 s), its bits with all but the top
+    ``LATE_BITS`` of the mantissa dropped. Higher is later; 0 for no lateness."""
+    v = float(weight) * float(max(0, late_ms)) / float(max(1, interval_s))
+    return int.from_bytes(struct.pack("<d", v), "little") >> (52 - LATE_BITS)
 
 
 def remainder_lateness(p: _Pass, now: int) -> None:
-    """One grant at a time to the lane whose head is latest relative to its own interval,
-    times the lane's weight; compared in integers exactly as the C pass compares them."""
+    """One grant at a time to the lane whose head has the highest ``lateness_quantum`` (weight
+    times lateness relative to its own interval), ties to the lower lane."""
     weight = p.policy.lane_weights_fp(p.lanes, p.bounds)
     order = p.remainder_lanes()
     while p.remaining > 0:
-        best, best_late, best_iv = -1, 0, 1
-        for lane in order:
-            if not p.left[lane]:
-                continue
-            late = weight[lane] * max(0, now - p.left[lane][0])
-            iv = max(1, p.ivs[lane][0])
-            if best < 0 or late * best_iv > best_late * iv:
-                best, best_late, best_iv = lane, late, iv
-        if best < 0:
+        heads = [(lateness_quantum(weight[lane], now - p.left[lane][0], p.ivs[lane][0]), -lane)
+                 for lane in order if p.left[lane]]
+        if not heads:
             break
-        p.take(best, 1)
+        p.take(-max(heads)[1], 1)
 
 
 def commit(p: _Pass, before: Sequence[int]) -> None:
@@ -561,13 +573,13 @@ def reference_pass(
     2. ``urgent_cap``: urgent (lane 0) is served first but never beyond its credit: a cap on
        drain share.
     3. ``floors``: each ``min_share`` class, in lane order, takes up to its credit.
-    4. The remainder goes in lane order, by global due time (``remainder_edf``), or one grant
-       at a time to the lane whose head row is latest relative to its own interval,
-       ``weight * (now - due) / interval`` (``remainder_lateness``: needs ``now`` and
-       ``intervals[L]``, the intervals in seconds of ``due[L]``'s rows). Compared as
-       ``w_a * (now - due_a) * iv_b > w_b * (now - due_b) * iv_a`` in integers, weights in
-       ``ONE`` fixed point and an interval of 0 as 1 s, exactly as the C pass does; ties go to
-       the lower lane. Derived weights (``weights=INTERVALS``) need ``bounds[L]``, the lane's
+    4. The remainder goes in lane order, or one grant at a time to the lane whose head row is
+       latest relative to its own interval, ``weight * (now - due) / interval``
+       (``remainder_lateness``: needs ``now`` and ``intervals[L]``, the intervals in seconds of
+       ``due[L]``'s rows; weights in ``ONE`` fixed point), or latest alone, ``now - due``
+       (``remainder_edf``: needs ``now``). Heads are compared in quanta of a 64th
+       (``lateness_quantum``), as the C pass and the Lua pass compare them; ties go to the
+       lower lane. Derived weights (``weights=INTERVALS``) need ``bounds[L]``, the lane's
        ``(iv_min, iv_max)`` as the backend keeps them (``stats()``'s ``iv_min``/``iv_max``).
     5. ``commit``: grants a floor class gets from the remainder count against its credit, so
        it cannot bank them.
@@ -578,6 +590,8 @@ def reference_pass(
         if now is None or intervals is None or len(intervals) != lanes or any(
                 len(i) != len(d) for i, d in zip(intervals, due, strict=True)):
             raise EngineValueError("remainder='lateness' needs now and intervals shaped as due")
+    if policy.lanes_enabled and policy.remainder == "edf" and now is None:
+        raise EngineValueError("remainder='edf' needs now")
     p = _Pass(policy, [list(d) for d in due],
               [list(i) for i in intervals] if intervals is not None else [[] for _ in due],
               {c: int(credits.get(c, 0)) for c in CLASSES}, budget, bounds)
@@ -593,7 +607,8 @@ def reference_pass(
         assert now is not None
         remainder_lateness(p, now)
     elif policy.remainder == "edf":
-        remainder_edf(p)
+        assert now is not None
+        remainder_edf(p, now)
     else:
         for lane in p.remainder_lanes():
             p.take(lane, p.remaining)

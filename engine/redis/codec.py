@@ -34,7 +34,7 @@ from ..keys import STRIDE, check_due_array, check_due_ms
 from ..policy import MAX_INTERVAL_S, PROVENANCES, REMAINDERS, LanePolicy, share_fp
 
 LIBRARY = "render_lanes"
-LIBRARY_VERSION = "20"
+LIBRARY_VERSION = "21"
 """Bump with any change to the library (its VERSION): a server holding another version is
 refused, or replaced when the caller allows it (``create=True`` or ``upgrade=True``)."""
 LAYOUT_VERSION = 5

@@ -13,6 +13,7 @@ from lanes_testlib import DAY, HOUR, MINUTE, NOW, ten_lanes
 
 from engine import STRIDE, encode
 from engine.errors import EngineError, EngineTypeError, EngineValueError
+from engine.policy import lateness_quantum
 
 ONE_PASS = "what one pass over the whole queue grants (over shards a pass sees one shard)"
 
@@ -140,18 +141,40 @@ def test_remainder_lateness_opens_a_lone_lane_before_taking_from_it(make_engine)
 
 
 @pytest.mark.one_queue(ONE_PASS)
-@pytest.mark.parametrize("flip", [False, True])
-def test_remainder_lateness_is_exact_where_doubles_cannot_tell(make_engine, flip):
-    """Two heads whose lateness x other interval differ by 1 in 2^64 (the lengths of a 136-year
-    interval): as doubles they tie, exactly one is later. The later one is granted first,
-    whichever lane it is in, on every backend (C 128-bit, Python integers, Lua limbs)."""
-    i2 = (1 << 32) - 2
-    eng = make_engine(ten_lanes(remainder="lateness", min_share={}))
-    # a: i2 ms late of an (i2 + 1) s interval; b: (i2 - 1) ms late of i2 s. a*b' - b*a' = +1
-    a = eng.add(NOW - i2, i2 + 1, provenance="submitted" if flip else "discovered")
-    b = eng.add(NOW - (i2 - 1), i2, provenance="discovered" if flip else "submitted")
-    c = eng.claim(budget=2, now_ms=NOW)
-    assert c.rows.tolist() == [a, b]
+def test_remainder_lateness_weighs_heads_in_quanta_of_a_64th_ties_to_the_lower_lane(make_engine):
+    """Heads are compared by weight x lateness / interval in quanta of a 64th (a double's exponent
+    and top six mantissa bits: engine.policy.lateness_quantum), ties to the lower lane, on every
+    backend. Weight 1 (65536 in fixed point) and a 1 h interval: 225 x 2^14 ms late weighs
+    exactly 2^26, a quantum's first value. A head 1/128 later is in that quantum and waits for
+    the lower lane's; one 1/64 later is in the next quantum and goes first from the higher lane."""
+    eng = make_engine(ten_lanes(remainder="lateness", min_share={}, weights={}))
+    late = 225 << 14
+    assert late * 65536 // 3600 == 1 << 26
+    lower = eng.add(NOW - late, 3600, provenance="submitted")
+    tied = eng.add(NOW - (late + late // 128), 3600, provenance="discovered")
+    assert eng.lane(lower) < eng.lane(tied)
+    assert eng.claim(budget=2, now_ms=NOW).rows.tolist() == [lower, tied]
+    lower = eng.add(NOW - late, 3600, provenance="submitted")
+    later = eng.add(NOW - (late + late // 64), 3600, provenance="discovered")
+    assert eng.claim(budget=2, now_ms=NOW).rows.tolist() == [later, lower]
+    assert eng.verify() == []
+
+
+@pytest.mark.one_queue(ONE_PASS)
+def test_remainder_edf_weighs_heads_by_lateness_alone_in_the_same_quanta(make_engine):
+    """edf is the lateness remainder with every lane weighing 1 and every interval 1 s: heads are
+    compared by now - due in quanta of a 64th, ties to the lower lane. 2^26 ms late is a
+    quantum's first value: a head 1/128 later waits for the lower lane's, 1/64 later goes first.
+    Intervals play no part: the later head's is 48 times the other's."""
+    eng = make_engine(ten_lanes(remainder="edf", min_share={}))
+    late = 1 << 26
+    lower = eng.add(NOW - late, 1800, provenance="submitted")
+    tied = eng.add(NOW - (late + late // 128), 1800, provenance="discovered")
+    assert eng.claim(budget=2, now_ms=NOW).rows.tolist() == [lower, tied]
+    lower = eng.add(NOW - late, 1800, provenance="submitted")
+    later = eng.add(NOW - (late + late // 64), 48 * 1800, provenance="discovered")
+    assert eng.lane(lower) < eng.lane(later)
+    assert eng.claim(budget=2, now_ms=NOW).rows.tolist() == [later, lower]
     assert eng.verify() == []
 
 
@@ -304,13 +327,21 @@ def test_lanes_disabled_behaves_as_one_edf_queue(fresh, spec, budget):
     ),
     budget=st.integers(1, 50),
 )
-def test_remainder_edf_grants_the_globally_earliest_rows(fresh, spec, budget):
+def test_remainder_edf_grants_the_globally_earliest_rows_to_a_quantum(fresh, spec, budget):
+    """edf grants the most overdue rows across lanes, told apart to a quantum of a 64th of how
+    overdue (``lateness_quantum`` of weight 1 and interval 1 s): no row left behind is in a
+    higher quantum than any row granted."""
     with fresh(ten_lanes(remainder="edf", min_share={}), capacity=128) as eng:
         for off, interval, prov in spec:
             eng.add(NOW + off, interval, provenance=prov)
         c = eng.claim(budget=budget, now_ms=NOW)
-        expected = sorted(NOW + s[0] for s in spec)[:budget]
-        assert sorted(c.due_ms.tolist()) == expected
+        granted = c.due_ms.tolist()
+        left = sorted(NOW + s[0] for s in spec)
+        for due in granted:
+            left.remove(due)
+        assert len(granted) == min(budget, len(spec))
+        quantum = [lateness_quantum(1, NOW - due, 1) for due in granted]
+        assert all(lateness_quantum(1, NOW - due, 1) <= min(quantum) for due in left)
         assert eng.verify() == []
 
 

@@ -193,8 +193,10 @@ def test_the_claim_pass_steps_carry_the_names_of_the_c_pass() -> None:
     steps = {"accrue", "urgent_cap", "floors", "remainder_edf", "remainder_lateness", "commit"}
     assert steps <= names
     c = (ROOT / "csrc" / "claim.c").read_text()
-    for step in ("remainder_edf", "remainder_lateness", "credit_accrue"):
+    for step in ("remainder_lateness", "credit_accrue"):
         assert re.search(rf"^static \w+ {step}\(", c, re.M), step
+    # C's edf is remainder_lateness with every lane weighing 1, every interval 1 s (P.unit)
+    assert re.search(r"P\.unit = p->remainder == RL_REMAINDER_EDF;", c)
     for step in steps:  # the header's table maps every step
         assert re.search(rf"^  \S.*\b{step}\b", text, re.M), step
 

@@ -21,10 +21,11 @@ HELD = 2 * 24 * HOUR
 
 def _equally_late(eng, per_lane: int) -> dict[int, list[int]]:
     """``per_lane`` rows in each of 16 submitted lanes, their heads equally late (3 intervals)
-    and each next row a thousandth of an interval less: grants go round the lanes."""
+    and each next row 1/32 less late, past a quantum of the pass's weighing (a 64th at most;
+    heads in one quantum go to the lower lane): grants go round the lanes."""
     rows = {}
     for iv in INTERVALS:
-        late = 3 - np.arange(per_lane) / 1000
+        late = 3 * (31 / 32) ** np.arange(per_lane)
         rows[iv] = eng.add_many(NOW - (late * iv * 1000).astype(np.int64), iv).tolist()
     eng.compact()
     return rows

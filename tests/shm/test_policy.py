@@ -280,7 +280,7 @@ def _run_reference(policy, budgets, due):
     left = [sorted(d) for d in due]
     total = [0] * len(due)
     for budget in budgets:
-        grants, credits = reference_pass(policy, budget, left, credits)
+        grants, credits = reference_pass(policy, budget, left, credits, now=NOW)
         for lane, g in enumerate(grants):
             assert 0 <= g <= len(left[lane])
             del left[lane][:g]
@@ -357,7 +357,7 @@ def test_reference_lanes_disabled_is_one_queue_without_shares():
 def test_reference_grants_the_whole_budget_when_no_urgent_row_is_due(sizes, budget, remainder):
     sizes[0] = 0
     due = [list(range(n)) for n in sizes]
-    grants, credits = reference_pass(ten_lanes(remainder=remainder), budget, due, {})
+    grants, credits = reference_pass(ten_lanes(remainder=remainder), budget, due, {}, now=NOW)
     assert sum(grants) == min(budget, sum(sizes))
     assert all(0 <= c < 3 * budget * ONE + ONE for c in credits.values())
 
@@ -387,6 +387,8 @@ def test_reference_lateness_needs_now_and_intervals_shaped_as_due():
         reference_pass(p, 1, due, {}, now=NOW, intervals=[[]] * 10)
     grants, _ = reference_pass(p, 1, due, {}, now=NOW, intervals=[[], [3600]] + [[]] * 8)
     assert grants[1] == 1
+    with pytest.raises(EngineValueError):  # edf weighs heads by now - due too
+        reference_pass(ten_lanes(remainder="edf"), 1, due, {})
 
 
 @settings(max_examples=200)
@@ -397,7 +399,10 @@ def test_reference_lateness_needs_now_and_intervals_shaped_as_due():
 )
 def test_reference_lateness_takes_the_head_with_the_highest_weighted_relative_lateness(heads):
     """One grant, no floors: it goes to the lane whose head maximises weight * late / interval
-    (exact rationals; an interval of 0 counts as 1 s), the lowest such lane on a tie."""
+    (an interval of 0 counts as 1 s) in quanta of a 64th: frexp's exponent and the top six bits
+    of its mantissa, the lowest such lane on a tie. So no head is more than a 64th later than
+    the one granted (exact rationals, past the doubles' roundings), and any that is later is
+    in a higher lane."""
     from fractions import Fraction
 
     names = TEN_LANES.lane_names()
@@ -407,9 +412,19 @@ def test_reference_lateness_takes_the_head_with_the_highest_weighted_relative_la
     intervals = [[]] + [[iv] for _, iv, _ in heads]
     grants, _ = reference_pass(p, 1, due, {}, now=NOW, intervals=intervals)
     fp = p.lane_weights_fp(10)
-    score = [Fraction(fp[lane + 1] * late, max(1, iv)) for lane, (late, iv, _) in enumerate(heads)]
-    best = score.index(max(score)) + 1
+
+    def quantum(v: float) -> float:
+        m, e = math.frexp(v)
+        return e * 64 + math.floor((m - 0.5) * 128) if v > 0 else -math.inf
+
+    q = [quantum(float(fp[lane + 1]) * float(late) / max(1, iv))
+         for lane, (late, iv, _) in enumerate(heads)]
+    best = q.index(max(q)) + 1
     assert grants == [1 if lane == best else 0 for lane in range(10)]
+    score = [Fraction(fp[lane + 1] * late, max(1, iv)) for lane, (late, iv, _) in enumerate(heads)]
+    won = score[best - 1] * (1 + Fraction(1, 2**40))  # past the doubles' roundings
+    assert all(s * 64 <= won * 65 for s in score)
+    assert all(lane + 1 > best for lane, s in enumerate(score) if s > won)
 
 
 @pytest.mark.parametrize(("failures", "interval_s", "error"), [

@@ -62,7 +62,7 @@ Every function checks ARGV[1] against VERSION, so a client built for another ver
 library gets a clear error instead of a silent misreading.
 ]]
 
-local VERSION = '20' -- bump with any change to the payload (engine.py LIBRARY_VERSION)
+local VERSION = '21' -- bump with any change to the payload (engine.py LIBRARY_VERSION)
 local LAYOUT = '5' -- bump with any change to a key's or a record's meaning (engine.py too)
 local STRIDE = 4398046511104 -- 2^42
 local HORIZON = STRIDE - 1

@@ -8,7 +8,7 @@ same steps under the same names:
                                              lane_take, credit_refund
   floors              floors               rl_claim: credit_reserve,          floors
                                              class_take, credit_refund
-  remainder edf       remainder_edf        remainder_edf                      remainder_edf
+  remainder edf       remainder_edf        remainder_lateness (P.unit)        remainder_edf
   remainder lateness  remainder_lateness   remainder_lateness                 remainder_lateness
   lane order          lane_order           rl_claim: a loop of lane_take      a loop of take
   commit              commit               rl_claim: credit_absorb,           commit
@@ -18,9 +18,9 @@ same steps under the same names:
      plus ONE;
   2. urgent_cap: urgent (lane 0) takes at most its credit while capped;
   3. floors: each min_share class, its lanes in order, takes up to its credit;
-  4. the remainder in lane order (lane_order), by global due time (remainder_edf), or one grant
-     at a time to the lane whose head is latest relative to its interval, times the lane's
-     weight (remainder_lateness);
+  4. the remainder in lane order (lane_order), or one grant at a time to the lane whose head is
+     latest relative to its interval, times the lane's weight (remainder_lateness), or latest
+     alone (remainder_edf), heads compared in quanta of a 64th, ties to the lower lane;
   5. commit: what a floor class got from the remainder counts against its credit; the credits,
      the batch's leases and the counters are written.
 With lanes disabled the pass is lane_order over every lane, with no shares (as C and Python).
@@ -38,7 +38,6 @@ nothing to do with the share floors of step 3.) ]]
 --- @include "queue"
 --- @include "records"
 --- @include "holder"
---- @include "exact"
 
 local S_LANES, S_MEMBERS, S_KEYS, S_HOLD = {}, {}, {}, {} -- pass_open, batch_lease
 
@@ -95,14 +94,6 @@ end
 local function has_due(pass, lane)
   return #rcall('ZRANGE', pass.K[1], lane_lo(lane), lane_hi(pass, lane), 'BYSCORE',
     'LIMIT', pass.taken[lane], 1) > 0
-end
-
--- The due rows the remainder may take next from lane l, with their scores.
-local function ahead(pass, l)
-  local n = math.min(pass.remaining, pass.window - pass.taken[l])
-  if n <= 0 then return {} end
-  return rcall('ZRANGE', pass.K[1], lane_lo(l), lane_hi(pass, l), 'BYSCORE', 'LIMIT',
-    pass.taken[l], n, 'WITHSCORES')
 end
 
 -- Lanes from `first` on take what is left of the budget, in lane order (with lanes disabled, and
@@ -163,50 +154,6 @@ local function floors(pass)
   end
 end
 
--- Grants from position `start` + 1 on, as the remainder took them lane by lane, put in the
--- order it serves them: by due time, ties to the lower lane, a lane's own order kept (as the
--- shared-memory pass grants with remainder = edf, one global earliest row after another).
--- `cols` are the parallel arrays of the batch (keys and lanes among them), permuted alike.
-local function in_due_order(cols, keys, lanes, start)
-  local idx, dues = {}, {}
-  for i = start + 1, #keys do
-    idx[#idx + 1] = i
-    dues[i] = tonumber(keys[i]) - lanes[i] * STRIDE
-  end
-  table.sort(idx, function(a, b)
-    if dues[a] ~= dues[b] then return dues[a] < dues[b] end
-    if lanes[a] ~= lanes[b] then return lanes[a] < lanes[b] end
-    return a < b
-  end)
-  for _, col in ipairs(cols) do
-    local moved = {}
-    for k, i in ipairs(idx) do moved[k] = col[i] end
-    for k = 1, #idx do col[start + k] = moved[k] end
-  end
-end
-
--- 4. The remainder by global due time, lanes from `first` on: the earliest `remaining` of the
--- lanes' next due rows, taken lane by lane, then put in due order.
-local function remainder_edf(pass, first)
-  if pass.remaining <= 0 then return end
-  local heads = {}
-  for l = first, pass.nl - 1 do
-    local got = ahead(pass, l)
-    for i = 2, #got, 2 do heads[#heads + 1] = {tonumber(got[i]) - l * STRIDE, l} end
-  end
-  table.sort(heads, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
-  local want = {}
-  for i = 1, math.min(pass.remaining, #heads) do
-    local l = heads[i][2]
-    want[l] = (want[l] or 0) + 1
-  end
-  local start = #pass.members
-  for l = first, pass.nl - 1 do
-    if want[l] then take(pass, l, want[l]) end
-  end
-  in_due_order({pass.lanes, pass.members, pass.keys}, pass.keys, pass.lanes, start)
-end
-
 -- The heads remainder_lateness weighs are read as picks reach them: a lane's first due row
 -- when it is found, then, each time a pick uses up what was read of a lane, its next rows, half
 -- as many as picks are left (most picks go to few lanes; a read costs the server about what
@@ -227,7 +174,8 @@ local function late_lane(pass, l)
   end
   local limit = pass.window - pass.taken[l] -- what its window leaves, within the budget's
   if limit > pass.remaining then limit = pass.remaining end
-  h.at, h.read, h.ivs_read, h.w, h.limit = 1, 0, 0, pass.P.weights[l] or ONE, limit
+  h.at, h.read, h.ivs_read, h.limit = 1, 0, 0, limit
+  h.w = pass.unit and 1 or pass.P.weights[l] or ONE
   return h
 end
 
@@ -257,6 +205,13 @@ end
 -- interval of 0 as 1 s), one read for them all.
 local function late_intervals(pass, heads, ms)
   if #ms == 0 then return end
+  if pass.unit then -- edf: every interval 1 s, none read
+    for _, h in ipairs(heads) do
+      for j = h.ivs_read + 1, h.read do h.ivs[j] = 1 end
+      h.ivs_read = h.read
+    end
+    return
+  end
   local recs, at = get_many(pass.K, ms), 0
   for _, h in ipairs(heads) do
     for j = h.ivs_read + 1, h.read do
@@ -315,34 +270,35 @@ local function late_heads(pass, first)
   return live
 end
 
--- A head's weight * lateness / interval as a double, kept on its lane (h.s, with the lateness
--- and interval it comes from) while it is the lane's head: a pick compares these, and the
--- products (product_gt, exact) decide only between two within NEAR of each other (a double
--- of w * late / iv is within 3e-16 of the exact ratio): comparing products at every pick, for
--- every lane, was a sixth of a cycle's instructions.
-local NEAR = 1e-12
+-- A head's quantum, kept on its lane (h.q) while it is the lane's head: its weight * lateness /
+-- interval, a product then a quotient of doubles each rounded once (as C and reference_pass
+-- round them), and of that double its exponent and top six mantissa bits (LATE_BITS in C and
+-- engine.policy): frexp's m is in [0.5, 1), so (m - 0.5) * 128 (exact) holds them. Its order is
+-- C's late_q, which reads the same bits (offset by a constant).
 local function late_weigh(pass, h)
   local late = pass.now - h.dues[h.at]
   if late < 0 then late = 0 end
-  local iv = h.ivs[h.at]
-  h.late, h.iv, h.s = late, iv, h.w * late / iv
+  local s = h.w * late / h.ivs[h.at]
+  if s > 0 then
+    local m, e = math.frexp(s)
+    h.q = e * 64 + math.floor((m - 0.5) * 128)
+  else
+    h.q = -math.huge
+  end
 end
 
 -- The next `remaining` grants: one pick at a time of the lane whose head has the highest
--- weight * (now - due) / interval (ties to the lower lane), each as its lane's heads and the
--- index of the row in them. A picked lane's next head is read when there is a next pick.
+-- quantum of weight * (now - due) / interval (ties to the lower lane), each as its lane's heads
+-- and the index of the row in them. A picked lane's next head is read when there is a next
+-- pick.
 local function late_picks(pass, live)
   for _, h in ipairs(live) do late_weigh(pass, h) end
   local picks, idx, n = cleared(S_PICKS), cleared(S_IDX), pass.remaining
   for p = 1, n do
-    local best, bs
+    local best, bq
     for i = 1, #live do -- in lane order: a later lane wins only when it is higher
       local h = live[i]
-      local s = h.s
-      if not best or s > bs * (1 + NEAR) or
-          (s >= bs * (1 - NEAR) and product_gt(h.w, h.late, best.iv, best.w, best.late, h.iv)) then
-        best, bs = h, s
-      end
+      if not best or h.q > bq then best, bq = h, h.q end
     end
     if not best then break end
     picks[p], idx[p] = best, best.at
@@ -376,6 +332,14 @@ local function remainder_lateness(pass, first)
     grants[l] = grants[l] + 1
   end
   pass.remaining = pass.remaining - #picks
+end
+
+-- 4. The remainder by global due time, lanes from `first` on: the lateness remainder with every
+-- lane weighing 1 and every interval 1 s, so a head weighs now - due, in quanta of a 64th as in
+-- C and reference_pass, ties to the lower lane.
+local function remainder_edf(pass, first)
+  pass.unit = true
+  remainder_lateness(pass, first)
 end
 
 -- The batch leased: its rows out of ready, a holder entry per row and the batch's record, its
