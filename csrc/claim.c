@@ -858,36 +858,48 @@ static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w) {
     h->state = LATE_EXACT;
 }
 
-/* The three highest keys of the lanes in `live`, k[0] > k[1] > k[2] (0 where there are fewer: a
- * key is never 0), by min and max alone: which lanes lead moves from pass to pass, and an
- * insertion sort's branches mispredicted on it. */
-static inline void late_top(const LateHead *h, uint64_t live, uint64_t *k) {
-    uint64_t a = 0, b = 0, c = 0;
-    for (; live; live &= live - 1) {
-        uint64_t x = h[__builtin_ctzll(live)].key, y = x < a ? x : a;
-        a = x > a ? x : a;
-        x = y < b ? y : b;
-        b = y > b ? y : b;
-        c = x > c ? x : c;
-    }
-    k[0] = a, k[1] = b, k[2] = c;
-}
-#define KEY_LANE(k) (255u - (uint32_t)((k) & 255u))
+/* The lanes a lateness pass weighs, sorted by key, highest first: the first two are the two a
+ * grant is decided between. Only an opening lowers a lane's key, and only the first's may rise
+ * (its next head), so sinking the lane that moved keeps the order. (A scan of every lane for
+ * the top three at each decision, tried instead, cost more where 40 lanes are in use:
+ * bench_constraints (e), spread.) */
+typedef struct {
+    uint8_t at[RL_MAX_LANES];
+    uint32_t n;
+} LaneOrder;
 
-/* Lane KEY_LANE(k[0]) won a grant over the lane of k[1], the runner-up (if any): take grants
- * from it while its head beats the runner-up's key, which stays put meanwhile: while the
- * head's lateness is at least `least`, the least of the quantum it must reach (the
- * runner-up's, one more when the runner-up is the lower lane). Where its head stops beating
- * it, the head's key goes into h; then, when the runner-up is opened and that head still beats
- * the third (k[2]), the runner-up takes the grants here, as the pass's next decision would
- * give them. Returns when the lane taken from holds a head that does not win, or none (its
- * bit cleared from `live`), or the budget is met. */
-static void late_run(Pass *P, LateHead *h, const uint64_t *k, const uint32_t *wt, uint64_t *live) {
-    uint64_t now = (uint64_t)P->now, kr = k[1];
+/* at[i]'s key fell (or, at 0, rose): move it down to its place. */
+static inline void order_sink(LaneOrder *q, const LateHead *h, uint32_t i) {
+    uint8_t l = q->at[i];
+    for (; i + 1 < q->n && h[q->at[i + 1]].key > h[l].key; i++) q->at[i] = q->at[i + 1];
+    q->at[i] = l;
+}
+
+/* Lane l joins. */
+static inline void order_add(LaneOrder *q, const LateHead *h, uint8_t l) {
+    uint32_t i = q->n++;
+    for (; i > 0 && h[l].key > h[q->at[i - 1]].key; i--) q->at[i] = q->at[i - 1];
+    q->at[i] = l;
+}
+
+/* at[i] has nothing left. */
+static inline void order_drop(LaneOrder *q, uint32_t i) {
+    for (q->n--; i < q->n; i++) q->at[i] = q->at[i + 1];
+}
+
+/* The first lane of q won a grant over the second, the runner-up (if any): take grants from it
+ * while its head beats the runner-up's key, which stays put meanwhile: while the head's
+ * lateness is at least `least`, the least of the quantum it must reach (the runner-up's, one
+ * more when the runner-up is the lower lane). Where its head stops beating it, the head's key
+ * goes into h; then, when the runner-up is opened and that head still beats the third lane,
+ * the two swap, as order_sink and the pass's next decision would, and the runner-up takes the
+ * grants here. Returns with the first lane to sink (LATE_NONE: to drop), or the budget met. */
+static void late_run(Pass *P, LateHead *h, LaneOrder *q, const uint32_t *wt) {
+    uint64_t now = (uint64_t)P->now;
     const _Atomic uint32_t *ivs = pass_ivs(P);
-    uint32_t b = KEY_LANE(k[0]);
     for (;;) {
-        uint32_t r = KEY_LANE(kr), w = wt[b];
+        uint32_t b = q->at[0], w = wt[b];
+        int r = q->n > 1 ? q->at[1] : -1;
         Cursor *c = &P->cursors[b];
         const rl_lane *ln = &P->s->lanes[b]; /* for head_interval, found once */
         uint32_t need = P->budget - P->n + PREFETCH_LOW; /* prefetch as a take of the rest would: */
@@ -897,7 +909,7 @@ static void late_run(Pass *P, LateHead *h, const uint64_t *k, const uint32_t *wt
          * head whose w x dt passes least x iv_max by more than the roundings can take back
          * (1e-9) has w x dt / iv_max past `least`: it beats r without its interval being
          * read, a multiply and a compare a grant. Without a runner-up every head wins. */
-        double least = kr ? late_floor((kr >> 8) + (b > r)) : 0, wd = w;
+        double least = r < 0 ? 0 : late_floor((h[r].key >> 8) + (b > (uint32_t)r)), wd = w;
         double iv_max = ivs ? atomic_load_explicit(&ln->iv_max, memory_order_acquire) : 1;
         double sure = least * iv_max * (1 + 1e-9);
         for (;;) {
@@ -905,7 +917,6 @@ static void late_run(Pass *P, LateHead *h, const uint64_t *k, const uint32_t *wt
             if (P->n >= P->budget) return;
             if (!lane_peek(P, c)) {
                 h[b].state = LATE_NONE;
-                *live &= ~(1ull << b);
                 return;
             }
             uint64_t due = rl_key_due(c->peek.key), dt = now > due ? now - due : 0;
@@ -917,8 +928,8 @@ static void late_run(Pass *P, LateHead *h, const uint64_t *k, const uint32_t *wt
             h[b].state = LATE_EXACT;
             break;
         }
-        if (h[r].state != LATE_EXACT || h[b].key < k[2]) return;
-        kr = h[b].key, b = r;
+        if (h[r].state != LATE_EXACT || (q->n > 2 && h[b].key < h[q->at[2]].key)) return;
+        q->at[0] = (uint8_t)r, q->at[1] = (uint8_t)b;
     }
 }
 
@@ -982,7 +993,7 @@ static void lane_weights(const Pass *P, uint32_t first, uint32_t *wt) {
 static void remainder_lateness(Pass *P, int skip_urgent) {
     LateHead h[RL_MAX_LANES];
     uint32_t wt[RL_MAX_LANES];
-    uint64_t live = 0; /* the lanes that may have a head */
+    LaneOrder q = {.n = 0}; /* the lanes that may have a head */
     uint64_t used = remainder_lanes(P, skip_urgent); /* a 64-lane layout pays for those used */
     lane_weights(P, skip_urgent ? 1 : 0, wt);
     /* heads remembered from this thread's last pass hold only while no lapsed lease waits for
@@ -995,7 +1006,7 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         uint32_t l = (uint32_t)__builtin_ctzll(m);
         if (opened >> l & 1) {
             late_peek(P, l, &h[l], wt[l]);
-            if (h[l].state != LATE_NONE) live |= 1ull << l;
+            if (h[l].state != LATE_NONE) order_add(&q, h, (uint8_t)l);
             continue;
         }
         rl_lane *ln = &P->s->lanes[l];
@@ -1008,21 +1019,22 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
         uint64_t dt = (uint64_t)P->now > since ? (uint64_t)P->now - since : 0;
         h[l].key = late_key(late_of(wt[l], dt, ivmin && !P->unit ? ivmin : 1), l);
         h[l].state = LATE_BOUND;
-        live |= 1ull << l;
+        order_add(&q, h, (uint8_t)l);
     }
     while (P->n < P->budget) {
-        uint64_t k[3];
-        uint32_t best;
+        int best, run;
         for (;;) {
-            /* best: the lane of the highest key; k[1]: the highest of the others. best wins
-             * unless it is a bound (a head's key beats every key below it, a bound's
-             * included); then it is weighed by its memo, else opened, which lowers its key */
-            if (!live) return;
-            late_top(h, live, k);
-            best = KEY_LANE(k[0]);
-            if (!k[1] || h[best].state != LATE_BOUND) break;
+            /* best: the lane of the highest key (the first); run: the highest of the others
+             * (the second). best wins unless it is a bound (a head's key beats every key
+             * below it, a bound's included); then it is weighed by its memo, else opened,
+             * which lowers its key (it sinks) */
+            if (q.n == 0) return;
+            best = q.at[0];
+            run = q.n == 1 ? -1 : q.at[1];
+            if (run < 0 || h[best].state != LATE_BOUND) break;
             if (!memos || !head_memo(P, best, wt[best], &h[best])) late_peek(P, best, &h[best], wt[best]);
-            if (h[best].state == LATE_NONE) live &= ~(1ull << best);
+            if (h[best].state == LATE_NONE) order_drop(&q, 0);
+            else order_sink(&q, h, 0);
         }
         if (h[best].state != LATE_EXACT) { /* not opened: won on its memo, or a bound left
                                             * alone (no runner-up). Its cursor is a past pass's,
@@ -1030,14 +1042,20 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
                                             * from it, and decide again should its head not be
                                             * the one weighed (a write racing this pass) */
             uint64_t was = h[best].key;
-            late_peek(P, best, &h[best], wt[best]);
+            late_peek(P, (uint32_t)best, &h[best], wt[best]);
             if (h[best].state == LATE_NONE) {
-                live &= ~(1ull << best);
+                order_drop(&q, 0);
                 continue;
             }
-            if (k[1] && h[best].key != was) continue;
+            if (run >= 0 && h[best].key != was) {
+                order_sink(&q, h, 0);
+                continue;
+            }
         }
-        late_run(P, h, k, wt, &live); /* best is opened: it has a head */
+        late_run(P, h, &q, wt); /* best is opened: it has a head */
+        if (P->n >= P->budget) return;
+        if (h[q.at[0]].state == LATE_NONE) order_drop(&q, 0);
+        else order_sink(&q, h, 0); /* its lateness moved (the first's may rise: it stays first) */
     }
 }
 
