@@ -9,7 +9,10 @@ class over ``exact``'s in the same seed. Medians over the seeds with the range i
 Not part of ``make bench`` (it takes tens of minutes at full scale); the short form is
 tests/shm/test_default_policy.py.
 
-    nice python bench/bench_policy.py [--scale 1] [--seeds 1,2,3] [--jobs 2]
+    nice python bench/bench_policy.py [--scale 1] [--seeds 1,2,3] [--jobs 2] [--out FILE]
+
+``--out`` also saves, as figures, each policy's worst class over ``exact``'s (one value per
+seed) per corpus, layout and capacity.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from common import figure, finish  # noqa: E402
 
 from engine.sim import (  # noqa: E402
     CORPORA,
@@ -62,7 +68,7 @@ def _row(config: SimConfig, runs: list[SimResult], today: list[SimResult],
 
 
 def measure(name: str, bands: tuple[int, ...] | None, scale: float, seeds: list[int],
-            jobs: int) -> list[list[str]]:
+            jobs: int, figs: list[dict[str, Any]]) -> list[list[str]]:
     by: dict[tuple[str, float], list[SimResult]] = {}
     config = corpus_config(name, scale=scale, ttl_bands=bands)
     for seed in seeds:
@@ -71,6 +77,14 @@ def measure(name: str, bands: tuple[int, ...] | None, scale: float, seeds: list[
         for r in run_many(config, specs, CAPACITIES, jobs):
             by.setdefault((r.policy, r.capacity), []).append(r)
     layout = "default" if bands is None else "/".join(f"{b // 3600}h" for b in bands)
+    for cap in CAPACITIES:
+        for pol in POLICIES[1:-1]:
+            figs.append(figure(
+                f"policy.{name}.{layout}.c{round(cap * 100)}.{pol}_over_exact",
+                f"{name} ({layout} bands) at {cap:.0%}: {pol}'s worst class / exact's", "x",
+                [worst_class(r) / worst_class(e)
+                 for r, e in zip(by[pol, cap], by["exact", cap], strict=True)],
+                note=f"seeds {seeds}, scale {scale}"))
     return [[name, layout, *_row(config, by[p, cap], by["today", cap], by["exact", cap])]
             for cap in CAPACITIES for p in POLICIES if p != "today"]
 
@@ -82,7 +96,11 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--corpora", default=",".join(CORPORA))
     p.add_argument("--no-other-layout", action="store_true")
+    p.add_argument("--out", type=Path, help="write each policy's worst class over exact's as JSON")
     args = p.parse_args()
+    args.smoke = False
+    started = time.perf_counter()
+    figs: list[dict[str, Any]] = []
     seeds = [int(s) for s in args.seeds.split(",")]
     work: list[tuple[str, tuple[int, ...] | None]] = [
         (c, None) for c in args.corpora.split(",")]
@@ -92,10 +110,12 @@ def main() -> None:
           " shortest class | starved | renders vs today |")
     print("|---|---|---|---|---:|---:|---:|---|---:|")
     for name, bands in work:
-        started = time.perf_counter()
-        for row in measure(name, bands, args.scale, seeds, args.jobs):
+        t0 = time.perf_counter()
+        for row in measure(name, bands, args.scale, seeds, args.jobs, figs):
             print("| " + " | ".join(row) + " |", flush=True)
-        print(f"<!-- {name}: {time.perf_counter() - started:.0f} s -->", flush=True)
+        print(f"<!-- {name}: {time.perf_counter() - t0:.0f} s -->", flush=True)
+    if args.out:
+        finish("bench_policy", args, figs, started)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from fractions import Fraction
 from typing import Any
 
 from .checks import check_int, is_int, is_number
@@ -532,13 +533,19 @@ def lateness_quantum(weight: int, late_ms: int, interval_s: int) -> int:
     return int.from_bytes(struct.pack("<d", v), "little") >> (52 - LATE_BITS)
 
 
-def remainder_lateness(p: _Pass, now: int) -> None:
+def _lateness_exact(weight: int, late_ms: int, interval_s: int) -> Fraction:
+    return Fraction(weight * max(0, late_ms), max(1, interval_s))
+
+
+def remainder_lateness(p: _Pass, now: int, quanta: bool = True) -> None:
     """One grant at a time to the lane whose head has the highest ``lateness_quantum`` (weight
-    times lateness relative to its own interval), ties to the lower lane."""
+    times lateness relative to its own interval), ties to the lower lane; with ``quanta``
+    false, the highest such lateness exactly (a rational)."""
     weight = p.policy.lane_weights_fp(p.lanes, p.bounds)
     order = p.remainder_lanes()
     while p.remaining > 0:
-        heads = [(lateness_quantum(weight[lane], now - p.left[lane][0], p.ivs[lane][0]), -lane)
+        heads = [((lateness_quantum if quanta else _lateness_exact)(
+            weight[lane], now - p.left[lane][0], p.ivs[lane][0]), -lane)
                  for lane in order if p.left[lane]]
         if not heads:
             break
@@ -562,6 +569,7 @@ def reference_pass(
     now: int | None = None,
     intervals: Sequence[Sequence[int]] | None = None,
     bounds: Sequence[tuple[int, int]] | None = None,
+    quanta: bool = True,
 ) -> tuple[list[int], dict[str, int]]:
     """What one claim pass grants, in plain Python: the oracle for ``csrc/claim.c``.
 
@@ -579,8 +587,10 @@ def reference_pass(
        ``due[L]``'s rows; weights in ``ONE`` fixed point), or latest alone, ``now - due``
        (``remainder_edf``: needs ``now``). Heads are compared in quanta of a 64th
        (``lateness_quantum``), as the C pass and the Lua pass compare them; ties go to the
-       lower lane. Derived weights (``weights=INTERVALS``) need ``bounds[L]``, the lane's
-       ``(iv_min, iv_max)`` as the backend keeps them (``stats()``'s ``iv_min``/``iv_max``).
+       lower lane (``quanta=False``: the lateness remainder's heads compared exactly, as
+       rationals, as no backend does: engine.sim's ``exact`` anchor). Derived weights
+       (``weights=INTERVALS``) need ``bounds[L]``, the lane's ``(iv_min, iv_max)`` as the
+       backend keeps them (``stats()``'s ``iv_min``/``iv_max``).
     5. ``commit``: grants a floor class gets from the remainder count against its credit, so
        it cannot bank them.
     With lanes disabled the pass is one EDF queue over every lane, in lane order, with no shares.
@@ -605,7 +615,7 @@ def reference_pass(
     before = list(p.grants)
     if policy.remainder == "lateness":
         assert now is not None
-        remainder_lateness(p, now)
+        remainder_lateness(p, now, quanta)
     elif policy.remainder == "edf":
         assert now is not None
         remainder_edf(p, now)

@@ -513,7 +513,8 @@ class _ExactQueue:
     shares are the engine's own: ``reference_pass`` over the four classes, each class's due rows
     given as one lane ranked by lateness rather than due time (only the ``budget`` highest of
     each can be granted, so only those are ranked), so its lateness remainder, weighing the
-    classes' heads, takes the rows in the order of their lateness across every class. Writes
+    classes' heads exactly (``quanta=False``), takes the rows in the order of their lateness
+    across every class. Writes
     do what the engine's do to a row's schedule: a completion sets the due time given (the
     failures and the rush cleared), a failure backs off as ``LanePolicy.backoff_ms`` says, and
     a rush makes the row urgent and due now."""
@@ -541,7 +542,7 @@ class _ExactQueue:
             ranked.append(due[mine[np.lexsort((due[mine], -score[mine]))]])
         grants, self.credits = reference_pass(
             self.policy, budget, [self.due[r].tolist() for r in ranked], self.credits,
-            now=now_ms, intervals=[self.interval_s[r].tolist() for r in ranked])
+            now=now_ms, intervals=[self.interval_s[r].tolist() for r in ranked], quanta=False)
         rows = np.concatenate([r[:g] for r, g in zip(ranked, grants, strict=True)])
         self.in_flight[rows] = True
         return _Batch(rows, np.zeros(len(rows), np.int64), self.due[rows].copy())

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import STRIDE, LanePolicy, encode
-from engine.policy import PROVENANCES
+from engine.policy import LATE_BITS, PROVENANCES
 from engine.shm.segment import lib, policy_to_c
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +40,16 @@ def test_c_lane_for_mirrors_the_policy(policy: LanePolicy, provenance: str, inte
     expected = policy.lane_for(provenance, interval, failures, urgent=urgent)
     got = lib.rl_lane_for(c_policy, PROVENANCES.index(provenance), interval, failures, urgent)
     assert got == expected
+
+
+def test_lateness_quanta_are_as_wide_in_c_lua_and_python() -> None:
+    """The three passes compare lane heads in quanta of the same width: C's LATE_BITS, the
+    Python reference's, and Lua's frexp arithmetic (2^LATE_BITS quanta a binade)."""
+    c = (ROOT / "csrc" / "claim.c").read_text()
+    m = re.search(r"^#define LATE_BITS (\d+)", c, re.M)
+    assert m and int(m.group(1)) == LATE_BITS
+    lua = (ROOT / "engine" / "redis" / "lua" / "includes" / "claim_pass.lua").read_text()
+    assert f"h.q = e * {2 ** LATE_BITS} + math.floor((m - 0.5) * {2 ** (LATE_BITS + 1)})" in lua
 
 
 def test_band_edges_fall_in_the_shorter_band() -> None:

@@ -425,6 +425,10 @@ def test_reference_lateness_takes_the_head_with_the_highest_weighted_relative_la
     won = score[best - 1] * (1 + Fraction(1, 2**40))  # past the doubles' roundings
     assert all(s * 64 <= won * 65 for s in score)
     assert all(lane + 1 > best for lane, s in enumerate(score) if s > won)
+    # quanta=False (engine.sim's exact anchor): the highest exactly, the lowest lane on a tie
+    grants, _ = reference_pass(p, 1, due, {}, now=NOW, intervals=intervals, quanta=False)
+    exact = score.index(max(score)) + 1
+    assert grants == [1 if lane == exact else 0 for lane in range(10)]
 
 
 @pytest.mark.parametrize(("failures", "interval_s", "error"), [
