@@ -35,8 +35,9 @@ lint: $(STAMP)
 # --browser's default), chromium the dashboard's tests and the shell's fidelity test, curl and
 # wget are the renders of the pool's end-to-end tests, openssl makes the TLS test's CA, iproute2
 # (`ip`) the network namespaces of the partition tests (tests/lib/netns.py; they run as root, as
-# CI does), wrk the load of bench_store's smoke run (tests/test_bench_smoke.py); nginx (in /usr/sbin, not always on PATH) and node with npm run tests/e2e/test_loop.py,
-# whose Express app's packages (prerender-node, pinned by its package-lock.json) npm installs in
+# CI does), wrk the load of bench_store's smoke run (tests/test_bench_smoke.py); nginx (in
+# /usr/sbin, not always on PATH) and node with npm run tests/e2e/test_loop.py, whose Express
+# app's packages (prerender-node, pinned by its package-lock.json) npm installs in
 # tests/e2e/node/node_modules. Each command is named with its package where they differ.
 # Whatever is missing is installed (root, apt and the npm registry reachable); when that fails
 # the tests that need it fail and say so.

@@ -92,10 +92,14 @@ def worker(url: str, name: str, log_path: str, stop_at: float, seed: int) -> Non
 
 
 def overlaps(logs: list[Path], lease_ms: int) -> list[str]:
-    """The oracle: per row, leases sorted by claim time must not overlap. Times are brackets
-    (sent, answered) of calls the server timed with the same clock, so a violation is reported
-    only when it is certain: the later claim was answered before the earlier lease could have
-    ended at the earliest, i.e. before min(its expiry, the first end attempt that may have been
+    """The oracle: per row, leases in the order the server granted them must not overlap. That
+    order is the tokens': each claim's first token is above every token before it, the counter
+    persisted with the grant (AOF, fsync always), so it survives the restart. (Ordered by the
+    time a claim was sent instead, two claims that reached the server in the other order, the
+    first released within the millisecond, read as a double grant.) Times are brackets (sent,
+    answered) of calls the server timed with the same clock, so a violation is reported only
+    when it is certain: the later grant was answered before the earlier lease could have ended
+    at the earliest, i.e. before min(its expiry, the first end attempt that may have been
     applied)."""
     claims: dict[int, dict[int, tuple[int, int]]] = defaultdict(dict)
     ends: dict[tuple[int, int], int] = {}
@@ -109,7 +113,7 @@ def overlaps(logs: list[Path], lease_ms: int) -> list[str]:
                 ends[key] = min(ends.get(key, 1 << 62), int(f[4]))
     problems = []
     for row, leases in claims.items():
-        order = sorted(leases.items(), key=lambda kv: kv[1][0])
+        order = sorted(leases.items())  # by token: the order the server granted them
         for (tok_a, (a0, _a1)), (tok_b, (_b0, b1)) in zip(order, order[1:], strict=False):
             end_a = min(a0 + lease_ms, ends.get((row, tok_a), 1 << 62))
             if b1 < end_a:
@@ -161,7 +165,10 @@ def test_a_server_killed_mid_run_loses_no_row_and_grants_no_row_twice(tmp_path):
 def test_the_oracle_catches_a_row_granted_twice(tmp_path):
     log = tmp_path / "w.log"
     log.write_text("C 7 1 1000 1002\nC 7 2 1500 1501\n"  # token 2 granted inside token 1's lease
-                   "C 8 3 1000 1001\nE 8 3 ok 1100 1101\nC 8 4 1200 1201\n")  # completed first
+                   "C 8 3 1000 1001\nE 8 3 ok 1100 1101\nC 8 4 1200 1201\n"  # completed first
+                   # token 6's claim was sent first but reached the server after token 5's,
+                   # which was released before token 6 was granted: no overlap
+                   "C 9 6 1000 1003\nC 9 5 1001 1002\nE 9 5 ok 1002 1002\n")
     assert overlaps([log], 1500) == ["row 7: token 2 granted at <= 1501 while token 1 held it "
                                      "until >= 2500"]
 
