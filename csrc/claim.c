@@ -723,16 +723,16 @@ static uint64_t remainder_lanes(const Pass *P, int skip_urgent) {
  * doubles as fl(fl(w x dt) / iv) (w < 2^26 and dt < 2^42 convert exactly; a product and a
  * quotient each round once, as engine.policy's reference_pass and the Lua pass round them). The
  * lanes are compared by that lateness in quanta of a 64th (LATE_BITS: a double's exponent and
- * its top six mantissa bits, so lateness 0.8 to 1.6 % apart may share one), ties to the lower
- * lane: a lane's key (late_key) is its quantum, then the lane, one integer compare. Only due
+ * its top six mantissa bits; a quantum spans 0.8 to 1.6 % of the lateness in it), ties to the
+ * lower lane: a lane's key (late_key) is its quantum, then the lane, one integer compare. Only due
  * heads are candidates (lane_peek stops at the first row not yet due), so now - due >= 0.
  * Within a lane the order stays EDF: only the choice between lane heads changes. Quanta, not
  * exact ratios: heads of lanes that tie take turns row by row when compared exactly (in the
- * production shape, bench_constraints (f), two lanes of one band took turns four times a
- * claim(16)), and each turn cost a mispredicted branch and a weighing; quanta keep a lane's
- * grants together while its heads stay in the runner-up's quantum, and cost at most 1.6 % of
- * lateness in order (docs/design.md §3). The edf remainder is this pass with every lane weighing
- * 1 and every interval 1 s (Pass.unit): a head weighs now - due, its intervals never read.
+ * production shape, bench_constraints (f), the two lanes of one band do), and each turn cost a
+ * mispredicted branch and a weighing; quanta keep a lane's grants together while its heads
+ * stay in the runner-up's quantum, and cost at most 1.6 % of lateness in order
+ * (docs/design.md §3). The edf remainder is this pass with every lane weighing 1 and every
+ * interval 1 s (Pass.unit): a head weighs now - due, its intervals never read.
  *
  * What a lane-order pass does not pay: opening every lane (its seek, its rows, its floor work at
  * the end of the pass) and reading every head's interval (an array of its own). So a lane is

@@ -521,7 +521,7 @@ def remainder_edf(p: _Pass, now: int) -> None:
 
 LATE_BITS = 6
 """The lateness remainder compares lane heads by their lateness in quanta: a double's exponent
-and its top ``LATE_BITS`` mantissa bits (lateness 0.8 to 1.6 % apart may share a quantum)."""
+and its top ``LATE_BITS`` mantissa bits (a quantum spans 0.8 to 1.6 % of the lateness in it)."""
 
 
 def lateness_quantum(weight: int, late_ms: int, interval_s: int) -> int:
