@@ -395,8 +395,9 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     }
     c->pos = c->start = c->stale_run = c->pf = lo;
     c->ahead = PREFETCH_LOW; /* until a take asks for more (lane_take) */
-    c->iv_pf = P->late && !P->unit && atomic_load_explicit(&s->lanes[lane].iv_min, memory_order_relaxed) !=
-                              atomic_load_explicit(&s->lanes[lane].iv_max, memory_order_relaxed);
+    c->iv_pf = P->late && !P->unit &&
+               atomic_load_explicit(&s->lanes[lane].iv_min, memory_order_relaxed) !=
+                   atomic_load_explicit(&s->lanes[lane].iv_max, memory_order_relaxed);
     c->end = (P->count - lo > P->window) ? lo + P->window : P->count;
 #ifdef RL_BENCH
     if (BENCH(RL_BENCH_TWO_SIDED)) { /* the range's other end: the last due entry of the lane */
@@ -803,6 +804,12 @@ static inline uint32_t head_interval(const rl_lane *ln, const _Atomic uint32_t *
     return iv ? iv : 1;
 }
 
+/* The key of lane l's head `row`, due at `due` (w: the lane's weight). */
+static inline uint64_t head_key(const Pass *P, uint32_t l, uint32_t w, uint64_t due, uint32_t row) {
+    uint64_t dt = (uint64_t)P->now > due ? (uint64_t)P->now - due : 0;
+    return late_key(late_of(w, dt, head_interval(&P->s->lanes[l], pass_ivs(P), row)), l);
+}
+
 /* A lane's head as this thread's last lateness pass that opened the lane left it: the first
  * claimable row it would have granted next. A later pass of the same index generation, when
  * the lane's bound decides nothing, weighs the lane from it instead of opening it (its
@@ -828,8 +835,7 @@ static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
     if ((word & RL_WORD_FLIGHT) || RL_WORD_KEY(word) != m->key ||
         !lease_claimable(P, atomic_load_explicit(&r->lease, memory_order_acquire)))
         return 0;
-    uint32_t iv = head_interval(&P->s->lanes[l], pass_ivs(P), m->row);
-    h->key = late_key(late_of(w, (uint64_t)P->now - due, iv), l);
+    h->key = head_key(P, l, w, due, m->row);
     h->state = LATE_MEMO;
     return 1;
 }
@@ -852,9 +858,7 @@ static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w) {
         h->state = LATE_NONE;
         return;
     }
-    uint64_t due = rl_key_due(c->peek.key);
-    uint32_t iv = head_interval(&P->s->lanes[l], pass_ivs(P), c->peek.row);
-    h->key = late_key(late_of(w, (uint64_t)P->now > due ? (uint64_t)P->now - due : 0, iv), l);
+    h->key = head_key(P, l, w, rl_key_due(c->peek.key), c->peek.row);
     h->state = LATE_EXACT;
 }
 
@@ -1032,7 +1036,8 @@ static void remainder_lateness(Pass *P, int skip_urgent) {
             best = q.at[0];
             run = q.n == 1 ? -1 : q.at[1];
             if (run < 0 || h[best].state != LATE_BOUND) break;
-            if (!memos || !head_memo(P, best, wt[best], &h[best])) late_peek(P, best, &h[best], wt[best]);
+            if (!memos || !head_memo(P, best, wt[best], &h[best]))
+                late_peek(P, best, &h[best], wt[best]);
             if (h[best].state == LATE_NONE) order_drop(&q, 0);
             else order_sink(&q, h, 0);
         }

@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import math
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from typing import Any
@@ -506,19 +506,6 @@ def floors(p: _Pass) -> None:
             p.cred[cls] -= got * ONE
 
 
-def remainder_edf(p: _Pass, now: int) -> None:
-    """One grant at a time to the lane whose head is latest, ``now - due`` in quanta of a 64th
-    (``lateness_quantum`` of weight 1 and interval 1 s: the lateness remainder with every lane
-    weighing the same), ties to the lower lane."""
-    order = p.remainder_lanes()
-    while p.remaining > 0:
-        heads = [(lateness_quantum(1, now - p.left[lane][0], 1), -lane)
-                 for lane in order if p.left[lane]]
-        if not heads:
-            break
-        p.take(-max(heads)[1], 1)
-
-
 LATE_BITS = 6
 """The lateness remainder compares lane heads by their lateness in quanta: a double's exponent
 and its top ``LATE_BITS`` mantissa bits (a quantum spans 0.8 to 1.6 % of the lateness in it)."""
@@ -527,29 +514,47 @@ and its top ``LATE_BITS`` mantissa bits (a quantum spans 0.8 to 1.6 % of the lat
 def lateness_quantum(weight: int, late_ms: int, interval_s: int) -> int:
     """The quantum the lateness remainder weighs a head by: ``weight * late_ms / interval_s``
     rounded as the C pass and the Lua pass round it (a product of two doubles, then a quotient,
-    each rounded once; an interval of 0 counts as 1 s), its bits with all but the top
-    ``LATE_BITS`` of the mantissa dropped. Higher is later; 0 for no lateness."""
+    each rounded once; an interval of 0 counts as 1 s, a row not yet late as 0), its bits with
+    all but the top ``LATE_BITS`` of the mantissa dropped. Higher is later; 0 for no lateness.
+    ``weight`` is in ``ONE`` fixed point, below ``2**26``."""
+    return _quantum(check_int(weight, "weight", 0, (1 << 26) - 1),
+                    check_int(late_ms, "late_ms", -(1 << 63), (1 << 63) - 1),
+                    check_int(interval_s, "interval_s", 0, (1 << 32) - 1))
+
+
+def _quantum(weight: int, late_ms: int, interval_s: int) -> int:
     v = float(weight) * float(max(0, late_ms)) / float(max(1, interval_s))
     return int.from_bytes(struct.pack("<d", v), "little") >> (52 - LATE_BITS)
 
 
-def _lateness_exact(weight: int, late_ms: int, interval_s: int) -> Fraction:
+def _exact(weight: int, late_ms: int, interval_s: int) -> Fraction:
     return Fraction(weight * max(0, late_ms), max(1, interval_s))
 
 
-def remainder_lateness(p: _Pass, now: int, quanta: bool = True) -> None:
-    """One grant at a time to the lane whose head has the highest ``lateness_quantum`` (weight
-    times lateness relative to its own interval), ties to the lower lane; with ``quanta``
-    false, the highest such lateness exactly (a rational)."""
-    weight = p.policy.lane_weights_fp(p.lanes, p.bounds)
+def _take_latest(p: _Pass, lateness: Callable[[int], int | Fraction]) -> None:
+    """One grant at a time to the lane whose head has the highest ``lateness(lane)``, ties to
+    the lower lane."""
     order = p.remainder_lanes()
     while p.remaining > 0:
-        heads = [((lateness_quantum if quanta else _lateness_exact)(
-            weight[lane], now - p.left[lane][0], p.ivs[lane][0]), -lane)
-                 for lane in order if p.left[lane]]
+        heads = [(lateness(lane), -lane) for lane in order if p.left[lane]]
         if not heads:
             break
         p.take(-max(heads)[1], 1)
+
+
+def remainder_edf(p: _Pass, now: int) -> None:
+    """The lateness remainder with every lane weighing the same and every interval 1 s: each
+    grant to the head latest by ``now - due``, in quanta of a 64th, ties to the lower lane."""
+    _take_latest(p, lambda lane: _quantum(1, now - p.left[lane][0], 1))
+
+
+def remainder_lateness(p: _Pass, now: int, quanta: bool = True) -> None:
+    """Each grant to the lane whose head has the highest ``lateness_quantum`` (weight times
+    lateness relative to its own interval), ties to the lower lane; with ``quanta`` false, the
+    highest such lateness exactly (a rational)."""
+    weight = p.policy.lane_weights_fp(p.lanes, p.bounds)
+    weigh = _quantum if quanta else _exact
+    _take_latest(p, lambda lane: weigh(weight[lane], now - p.left[lane][0], p.ivs[lane][0]))
 
 
 def commit(p: _Pass, before: Sequence[int]) -> None:
@@ -602,6 +607,8 @@ def reference_pass(
             raise EngineValueError("remainder='lateness' needs now and intervals shaped as due")
     if policy.lanes_enabled and policy.remainder == "edf" and now is None:
         raise EngineValueError("remainder='edf' needs now")
+    if not isinstance(quanta, bool):
+        raise EngineTypeError(f"quanta must be True or False, got {type(quanta).__name__}")
     p = _Pass(policy, [list(d) for d in due],
               [list(i) for i in intervals] if intervals is not None else [[] for _ in due],
               {c: int(credits.get(c, 0)) for c in CLASSES}, budget, bounds)

@@ -16,6 +16,7 @@ from engine.policy import (
     FIRST_BAND_WEIGHT,
     INTERVALS,
     ONE,
+    lateness_quantum,
     reference_pass,
     spread_weight_fp,
 )
@@ -429,6 +430,31 @@ def test_reference_lateness_takes_the_head_with_the_highest_weighted_relative_la
     grants, _ = reference_pass(p, 1, due, {}, now=NOW, intervals=intervals, quanta=False)
     exact = score.index(max(score)) + 1
     assert grants == [1 if lane == exact else 0 for lane in range(10)]
+
+
+@pytest.mark.parametrize(("args", "error"), [
+    ((1.0, 10, 60), EngineTypeError), ((1, 10.5, 60), EngineTypeError),
+    ((1, 10, True), EngineTypeError), ((None, 10, 60), EngineValueError),
+    ((-1, 10, 60), EngineValueError), ((1 << 26, 10, 60), EngineValueError),
+    ((1, 10, 1 << 32), EngineValueError), ((1, 10, -1), EngineValueError),
+])
+def test_lateness_quantum_refuses_what_no_head_can_hold(args, error):
+    with pytest.raises(error):
+        lateness_quantum(*args)
+
+
+def test_lateness_quantum_orders_heads_and_counts_a_head_not_yet_late_as_zero():
+    assert lateness_quantum(ONE, -5, 60) == lateness_quantum(ONE, 0, 60) == 0
+    assert lateness_quantum(ONE, 10, 0) == lateness_quantum(ONE, 10, 1)  # an interval of 0: 1 s
+    # 2**26 is a quantum's first value: a 128th more shares it, a 64th more is the next one
+    assert lateness_quantum(1, 1 << 26, 1) == lateness_quantum(1, (1 << 26) + (1 << 19), 1)
+    assert lateness_quantum(1, (1 << 26) + (1 << 20), 1) == lateness_quantum(1, 1 << 26, 1) + 1
+
+
+def test_reference_pass_refuses_a_quanta_that_is_not_a_bool():
+    with pytest.raises(EngineTypeError):
+        reference_pass(ten_lanes(), 1, [[NOW]] + [[]] * 9, {}, now=NOW,
+                       intervals=[[60]] + [[]] * 9, quanta="no")
 
 
 @pytest.mark.parametrize(("failures", "interval_s", "error"), [
