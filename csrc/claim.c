@@ -92,7 +92,8 @@ typedef struct {
     uint32_t pf;           /* rows of entries [.., pf) have been prefetched */
     uint32_t ahead;        /* how far ahead to prefetch: a peek needs few, a take its want */
     int iv_pf;             /* prefetch the rows' intervals too: a lateness pass may read a
-                            * head's (head_interval), the lane holding more than one */
+                            * head's (head_interval), the lane holding more than one and its
+                            * interval table full (a row may have no class) */
     uint32_t start;        /* index position the scan began at */
     uint32_t stale_run;    /* entries [start, stale_run) were all stale, tombstones or in flight:
                             * the next skip hint */
@@ -395,7 +396,8 @@ static Cursor *lane_open(Pass *P, uint32_t lane) {
     }
     c->pos = c->start = c->stale_run = c->pf = lo;
     c->ahead = PREFETCH_LOW; /* until a take asks for more (lane_take) */
-    c->iv_pf = P->late && !P->unit &&
+    c->iv_pf = P->late && !P->unit && /* a row of the lane may have no class (head_interval) */
+               atomic_load_explicit(&s->lanes[lane].iv_cls[RL_IV_CLASSES - 1], memory_order_relaxed) &&
                atomic_load_explicit(&s->lanes[lane].iv_min, memory_order_relaxed) !=
                    atomic_load_explicit(&s->lanes[lane].iv_max, memory_order_relaxed);
     c->end = (P->count - lo > P->window) ? lo + P->window : P->count;
@@ -736,15 +738,17 @@ static uint64_t remainder_lanes(const Pass *P, int skip_urgent) {
  * interval 1 s (Pass.unit): a head weighs now - due, its intervals never read.
  *
  * What a lane-order pass does not pay: opening every lane (its seek, its rows, its floor work at
- * the end of the pass) and reading every head's interval (an array of its own). So a lane is
+ * the end of the pass) and weighing every head by its interval. So a lane is
  * opened only while it may win. Until then it is weighed by a bound: no live row is below its
  * floor minute and none has an interval below iv_min (a word beside the floor, moved only
  * downward by rl_publish before a row is visible), so its lateness is at most weight x
  * (now - floor) / iv_min, and quanta keep that order. When that decides nothing, it is weighed
  * by its head as this thread's last pass left it (HeadMemo), while that still holds, and opened
  * only when that does not hold or it wins. An opened lane's head is weighed at once: its
- * interval is the lane's one where its bounds have met, else prefetched with its rows (reading
- * it later, only when a bound on it decided nothing, cost a second step on nearly every grant).
+ * interval is the lane's one where its bounds have met, else the one its row word's class names
+ * in the lane's table (csrc/layout.h), else the row's own, prefetched with its rows then. Read
+ * from the intervals array, a cache line of its own a head, it was half of what the pass cost
+ * over lane order in the production shape (bench_constraints (f): two intervals a busy lane).
  * The lanes are sorted by their keys, most lateness first: the first takes the grant when it
  * is weighed by its head (not a bound) and its key beats the second's (the runner-up); otherwise
  * whichever of the two is a bound is weighed (by its memo, or opened), which changes no choice
@@ -793,21 +797,30 @@ static inline const _Atomic uint32_t *pass_ivs(const Pass *P) {
     return P->unit ? NULL : P->s->intervals;
 }
 
-/* The interval of lane l's head `row` (0 counts as 1 s): the lane's one interval when its bounds
- * have met, else the row's, a cache line of its own. The bounds are read after the head was:
- * rl_publish widens them before a row is visible, so they take the head in. */
-static inline uint32_t head_interval(const rl_lane *ln, const _Atomic uint32_t *ivs, uint32_t row) {
+/* The interval of lane l's head `row` of key `key` (0 counts as 1 s): the lane's one interval
+ * when its bounds have met, else the one the row word's class names in the lane's table (the
+ * word's line was read to find the head: no new line), else (no class: the table was full) the
+ * row's own, a cache line of its own. The bounds are read after the head was: rl_publish widens
+ * them before a row is visible, so they take the head in. A word rewritten since the head was
+ * read names another key: its class may be another lane's, so the array is read. */
+static inline uint32_t head_interval(const rl_seg *s, const rl_lane *ln, const _Atomic uint32_t *ivs,
+                                     uint32_t row, uint64_t key) {
     if (!ivs) return 1; /* edf: every interval 1 s */
     uint32_t lo = atomic_load_explicit(&ln->iv_min, memory_order_acquire);
     if (lo && lo == atomic_load_explicit(&ln->iv_max, memory_order_acquire)) return lo;
-    uint32_t iv = atomic_load_explicit(&ivs[row], memory_order_relaxed);
+    uint64_t word = atomic_load_explicit(&s->rows[row].word, memory_order_acquire);
+    uint32_t cls = RL_WORD_CLS(word), iv;
+    if (cls && RL_WORD_KEY(word) == key) /* the slot was filled before the word was stored */
+        return atomic_load_explicit(&ln->iv_cls[cls - 1], memory_order_relaxed);
+    iv = atomic_load_explicit(&ivs[row], memory_order_relaxed);
     return iv ? iv : 1;
 }
 
-/* The key of lane l's head `row`, due at `due` (w: the lane's weight). */
-static inline uint64_t head_key(const Pass *P, uint32_t l, uint32_t w, uint64_t due, uint32_t row) {
+/* The key of lane l's head `row`, of key `key` (w: the lane's weight). */
+static inline uint64_t head_key(const Pass *P, uint32_t l, uint32_t w, uint64_t key, uint32_t row) {
+    uint64_t due = rl_key_due(key);
     uint64_t dt = (uint64_t)P->now > due ? (uint64_t)P->now - due : 0;
-    return late_key(late_of(w, dt, head_interval(&P->s->lanes[l], pass_ivs(P), row)), l);
+    return late_key(late_of(w, dt, head_interval(P->s, &P->s->lanes[l], pass_ivs(P), row, key)), l);
 }
 
 /* A lane's head as this thread's last lateness pass that opened the lane left it: the first
@@ -835,7 +848,7 @@ static int head_memo(const Pass *P, uint32_t l, uint32_t w, LateHead *h) {
     if ((word & RL_WORD_FLIGHT) || RL_WORD_KEY(word) != m->key ||
         !lease_claimable(P, atomic_load_explicit(&r->lease, memory_order_acquire)))
         return 0;
-    h->key = head_key(P, l, w, due, m->row);
+    h->key = head_key(P, l, w, m->key, m->row);
     h->state = LATE_MEMO;
     return 1;
 }
@@ -858,7 +871,7 @@ static void late_peek(Pass *P, uint32_t l, LateHead *h, uint32_t w) {
         h->state = LATE_NONE;
         return;
     }
-    h->key = head_key(P, l, w, rl_key_due(c->peek.key), c->peek.row);
+    h->key = head_key(P, l, w, c->peek.key, c->peek.row);
     h->state = LATE_EXACT;
 }
 
@@ -926,7 +939,7 @@ static void late_run(Pass *P, LateHead *h, LaneOrder *q, const uint32_t *wt) {
             uint64_t due = rl_key_due(c->peek.key), dt = now > due ? now - due : 0;
             double late = wd * (double)(int64_t)dt; /* w x dt, rounded as late_of rounds it */
             if (late > sure) continue;
-            double v = late / head_interval(ln, ivs, c->peek.row);
+            double v = late / head_interval(P->s, ln, ivs, c->peek.row, c->peek.key);
             if (v >= least) continue;
             h[b].key = late_key(v, b);
             h[b].state = LATE_EXACT;

@@ -24,7 +24,7 @@
 
 /* Bump on any change to csrc/layout.h (a struct, the region order, the row/lease/floor word
  * packing): attachers refuse a segment of another version with RL_E_LAYOUT. */
-#define RL_LAYOUT_VERSION 15
+#define RL_LAYOUT_VERSION 16
 #define RL_MAX_LANES 64
 #define RL_MAX_BANDS 30
 #define RL_MAX_OWNERS 1024
@@ -123,6 +123,7 @@ typedef struct {
 #define RL_V_HEADER 8
 #define RL_V_RING_MIN 9
 #define RL_V_LEASE_UNCOVERED 10
+#define RL_V_IV_CLASS 13 /* a row word's interval class names no slot holding its interval */
 /* Crash marks, not violations: what a writer killed midway left, which the next repair (reap(),
  * a claim pass's, `lanes check --repair`) finishes or takes back. detail: the dead owner. */
 #define RL_V_DEAD_WRITE 11    /* a queued row its dead writer stored but did not publish */

@@ -60,10 +60,16 @@
  * from each other too (an opaque 64-bit value; any bit pattern, carried as int64). */
 static inline uint64_t rl_token_mask(uint32_t row) { return ((uint64_t)row + 1) * 0x9E3779B97F4A7C15ULL; }
 
-/* ---- row word: [gone:1][void:1][flight:1][urgent:1][prov:1][failures:8][key:49] ----
+/* ---- row word: [iv class:2][gone:1][void:1][flight:1][urgent:1][prov:1][failures:8][key:49] ----
  * The key (lane:7, due_ms:42) and the inputs its lane is derived from change together in one
  * store, so a reader never sees a key with another write's failure count. RL_KEY_NONE in the
  * key bits means "not queued". The interval lives in its own uint32 array (written at add).
+ *
+ * IV CLASS: 1 to 3 names the slot of the key's lane's interval table (rl_lane.iv_cls) that holds
+ * the row's interval, 0 none (the table was full, or the row is not queued). Written with the
+ * key by every store of one (rl_word_make), the slot filled before: a lateness pass weighs a
+ * head by its interval from the row word it has read anyway, not from the intervals array, a
+ * random cache line of its own (csrc/claim.c, head_interval).
  *
  * FLIGHT: the row was granted and taken out of the index (its entry tombstoned, a ring entry of
  * it ignored): while its lease is held, no pass needs to find it, and whatever ends the lease
@@ -80,6 +86,11 @@ static inline uint64_t rl_token_mask(uint32_t row) { return ((uint64_t)row + 1) 
  * removed row never looks fresh. Both keep the key RL_KEY_NONE: "not queued". */
 #define RL_WORD_VOID (1ULL << 60)
 #define RL_WORD_GONE (1ULL << 61)
+#define RL_IV_CLASSES 3 /* the classes a row word's two bits can name besides 0 */
+#define RL_WORD_CLS_SHIFT 62
+#define RL_WORD_CLS(w) ((uint32_t)((w) >> RL_WORD_CLS_SHIFT))
+#define RL_WORD_CLS_MASK (3ULL << RL_WORD_CLS_SHIFT)
+/* A word with no interval class: one that is not queued, or to be given one (rl_word_make). */
 #define RL_WORD_MAKE(key, failures, prov, urgent)                                        \
     ((uint64_t)(key) | ((uint64_t)((failures) > 255 ? 255 : (failures)) << 49) |        \
      ((uint64_t)(prov) << 57) | ((uint64_t)(urgent) << 58))
@@ -149,7 +160,11 @@ typedef struct {
      * so a move to other bands is not weighed by the rows of the old ones. 0 0: none yet. */
     _Atomic uint32_t wv_min;
     _Atomic uint32_t wv_max;
-    char pad0[RL_LINE - 24];
+    /* The lane's interval table: each slot 0 (free) until a writer fills it with an interval,
+     * once, by CAS, before it stores a row word naming it (rl_iv_class); never changed after.
+     * A row word's class c > 0 names slot c - 1 of its key's lane. */
+    _Atomic uint32_t iv_cls[RL_IV_CLASSES];
+    char pad0[RL_LINE - 24 - 4 * RL_IV_CLASSES];
     _Alignas(RL_LINE) _Atomic uint64_t ring_min; /* [version:15][key:49], see below */
     char pad1[RL_LINE - 8];
     _Alignas(RL_LINE) _Atomic uint64_t granted;
@@ -422,6 +437,30 @@ static inline void rl_lane_iv_note(rl_seg *s, uint32_t lane, uint32_t iv, int pu
         atomic_fetch_or(&s->h->lanes_used, 1ull << lane);
     if (published && rl_bounds_widen(&s->lanes[lane].wv_min, &s->lanes[lane].wv_max, iv))
         atomic_fetch_add(&s->h->wv_epoch, 1);
+}
+
+/* The class (1 to RL_IV_CLASSES) of interval iv in lane `lane`: the slot of its table that holds
+ * iv, filled now if none does and one is free; 0 when the table is full of other intervals (or
+ * iv is 0), and the row is weighed by the intervals array. A slot is filled once by CAS, so two
+ * writers filling the same slot with different intervals cannot both win it (the spin model
+ * tests/model/ivclass.pml). Call it before storing the word that names the class. */
+static inline uint32_t rl_iv_class(rl_seg *s, uint32_t lane, uint32_t iv) {
+    _Atomic uint32_t *t = s->lanes[lane].iv_cls;
+    if (iv == 0) return 0;
+    for (uint32_t i = 0; i < RL_IV_CLASSES; i++) {
+        uint32_t cur = atomic_load_explicit(&t[i], memory_order_acquire);
+        if (cur == 0 && atomic_compare_exchange_strong(&t[i], &cur, iv)) return i + 1;
+        if (cur == iv) return i + 1; /* held, or filled with iv by another writer meanwhile */
+    }
+    return 0;
+}
+
+/* The row word of a queued key (or of RL_KEY_NONE, with no class) of a row of interval iv. */
+static inline uint64_t rl_word_make(rl_seg *s, uint64_t key, uint32_t failures, uint32_t prov,
+                                    uint32_t urgent, uint32_t iv) {
+    uint64_t w = RL_WORD_MAKE(key, failures, prov, urgent);
+    if (key == RL_KEY_NONE) return w;
+    return w | (uint64_t)rl_iv_class(s, rl_key_lane(key), iv) << RL_WORD_CLS_SHIFT;
 }
 
 /* classes: 0 urgent, 1 submitted, 2 discovered, 3 cold (lanes past the layout count as cold) */

@@ -133,12 +133,19 @@ static void rows_check(rl_seg *s, uint32_t used, const uint8_t *seen, Writers *w
                 note(out, max, found, RL_V_ABANDONED, r, 0, who);
             continue;
         }
-        if (key == RL_KEY_NONE) continue;
+        uint32_t cls = RL_WORD_CLS(word);
+        if (key == RL_KEY_NONE) {
+            if (cls) note(out, max, found, RL_V_IV_CLASS, r, 0, cls);
+            continue;
+        }
         uint32_t l = rl_key_lane(key);
         if (l >= RL_MAX_LANES) {
             note(out, max, found, RL_V_BAD_KEY, r, l, key);
             continue;
         }
+        uint32_t iv = atomic_load(&s->intervals[r]);
+        if (cls && atomic_load(&s->lanes[l].iv_cls[cls - 1]) != iv)
+            note(out, max, found, RL_V_IV_CLASS, r, l, iv); /* a pass would weigh it wrong */
         if ((word & RL_WORD_FLIGHT) && o) { /* in flight: its lease's end must put it back */
             if (!(lmin & RL_LMIN_SWEEPING) && RL_LEASE_EXPIRY(w) < RL_LMIN_MS(lmin))
                 note(out, max, found, RL_V_LEASE_UNCOVERED, r, l, (uint64_t)RL_LEASE_EXPIRY(w));

@@ -199,7 +199,7 @@ int rl_add_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *due, const
         atomic_store(&s->intervals[r], (uint32_t)interval[i]);
         keys[i] = rl_encode(lane, (uint64_t)due[i]);
         rows[i] = r;
-        atomic_store(&s->rows[r].word, RL_WORD_MAKE(keys[i], f, (uint32_t)prov[i], 0));
+        atomic_store(&s->rows[r].word, rl_word_make(s, keys[i], f, (uint32_t)prov[i], 0, (uint32_t)interval[i]));
         out_rows[i] = r;
     }
     int rc = rl_publish(s, owner, n, keys, rows, 1, advice);
@@ -302,7 +302,7 @@ int rl_complete_many(rl_seg *s, uint32_t owner, uint32_t n, const int64_t *rows,
                                                         : clamp_due(now_ms + (int64_t)interval * 1000);
             b.words[m] = rl_encode(rl_lane_for(p, prov, interval, 0, 0), (uint64_t)due);
             b.rows[m] = r;
-            atomic_store(&s->rows[r].word, RL_WORD_MAKE(b.words[m], 0, prov, 0));
+            atomic_store(&s->rows[r].word, rl_word_make(s, b.words[m], 0, prov, 0, interval));
             m++;
         }
         rc = rl_publish(s, owner, m, b.words, b.rows, 1, advice);
@@ -349,7 +349,7 @@ int rl_fail(rl_seg *s, uint32_t owner, uint32_t row, uint64_t token, int64_t ret
     }
     int64_t due = retry_at >= 0 ? retry_at : clamp_due(now_ms + backoff);
     uint64_t key = rl_encode(rl_lane_for(p, prov, interval, f, 0), (uint64_t)due);
-    atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, 0));
+    atomic_store(&s->rows[row].word, rl_word_make(s, key, f, prov, 0, interval));
     rc = rl_publish(s, owner, 1, &key, &row, 1, advice);
     lease_end_write(s, row, writing);
     return rc;
@@ -429,7 +429,7 @@ int rl_prioritize(rl_seg *s, uint32_t owner, uint32_t row, int rush, int64_t now
     uint32_t interval = atomic_load(&s->intervals[row]), prov = RL_WORD_PROV(word), f = RL_WORD_FAILURES(word);
     uint64_t key = rl_encode(rl_lane_for(p, prov, interval, f, rush), (uint64_t)now_ms);
     int j = journal_take(s, owner, RL_JOURNAL(row, 1));
-    atomic_store(&s->rows[row].word, RL_WORD_MAKE(key, f, prov, rush ? 1u : 0u));
+    atomic_store(&s->rows[row].word, rl_word_make(s, key, f, prov, rush ? 1u : 0u, interval));
     int rc = rl_publish(s, owner, 1, &key, &row, 1, advice);
     journal_drop(s, owner, j);
     return rc;
@@ -455,7 +455,7 @@ int rl_reclassify(rl_seg *s, uint32_t owner, uint32_t row, uint32_t provenance, 
         uint32_t f = RL_WORD_FAILURES(word), urgent = RL_WORD_URGENT(word);
         key = rl_encode(rl_lane_for(p, provenance, interval, f, (int)urgent),
                         rl_key_due(RL_WORD_KEY(word)));
-        nw = RL_WORD_MAKE(key, f, provenance, urgent);
+        nw = rl_word_make(s, key, f, provenance, urgent, interval);
     } while (!atomic_compare_exchange_weak(&s->rows[row].word, &word, nw));
     int rc = rl_publish(s, owner, 1, &key, &row, 1, advice);
     journal_drop(s, owner, j);
@@ -504,15 +504,16 @@ int rl_restamp(rl_seg *s, uint32_t owner, uint32_t limit, uint32_t *restamped, u
     for (uint32_t r = 0; r < used && r < s->h->row_capacity; r++) {
         uint64_t word = atomic_load(&s->rows[r].word), key = RL_WORD_KEY(word);
         if (key == RL_KEY_NONE || rl_key_lane(key) != 0 || RL_WORD_URGENT(word)) continue;
-        uint32_t lane = rl_lane_for(&on, RL_WORD_PROV(word), atomic_load(&s->intervals[r]),
-                                    RL_WORD_FAILURES(word), 0);
+        uint32_t iv = atomic_load(&s->intervals[r]);
+        uint32_t lane = rl_lane_for(&on, RL_WORD_PROV(word), iv, RL_WORD_FAILURES(word), 0);
         if (lane == 0) continue;
         if (m == limit) {
             left = 1;
             break;
         }
         uint64_t nk = rl_encode(lane, rl_key_due(key));
-        uint64_t nw = (word & ~RL_KEY_MASK) | nk;
+        uint64_t nw = (word & ~(RL_KEY_MASK | RL_WORD_CLS_MASK)) | nk |
+                      (uint64_t)rl_iv_class(s, lane, iv) << RL_WORD_CLS_SHIFT; /* the new lane's */
         if (!atomic_compare_exchange_strong(&s->rows[r].word, &word, nw)) continue; /* moved: its writer decided */
         keys[m] = nk;
         rows[m] = r;

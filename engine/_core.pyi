@@ -46,6 +46,7 @@ class _Lib:
     RL_V_HEADER: int
     RL_V_RING_MIN: int
     RL_V_LEASE_UNCOVERED: int
+    RL_V_IV_CLASS: int
     RL_V_DEAD_WRITE: int
     RL_V_ABANDONED: int
     def rl_encode(self, lane: int, due_ms: int) -> int: ...

@@ -1,6 +1,7 @@
-"""The claim-floor protocol (csrc/floor.c), the rows-in-flight protocol (csrc/sweep.c) and the
+"""The claim-floor protocol (csrc/floor.c), the rows-in-flight protocol (csrc/sweep.c), the
 add path's reservation, rolled forward or back by a repair when its writer dies (csrc/writes.c),
-model-checked by spin: tests/model/check.sh.
+and the interval classes of row words (csrc/layout.h), model-checked by spin:
+tests/model/check.sh.
 
 check.sh searches every interleaving of tests/model/floor.pml, in each of its bounded
 configurations, for a live row left below its lane's floor, a row in flight that lease_min does
@@ -38,6 +39,7 @@ VERIFIED = {
     "grow",
     "grow-writes",
     "grow-leases",
+    "ivclass",
 }
 CAUGHT = {
     "broken-raise",
@@ -62,6 +64,10 @@ CAUGHT = {
     "add-settle-ignores-live",
     "add-drop-before-publish",
     "add-settle-journals-first",
+    "ivclass-broken-store",
+    "ivclass-broken-keep-class",
+    "ivclass-broken-word-first",
+    "ivclass-reach-full",
 }
 
 # Set for the sanitized run (make test-sanitize) and meant for its C core only: neither spin

@@ -81,6 +81,8 @@ _PROBLEMS = {
     lib.RL_V_RING_MIN: "recent write below its lane's ring minimum",
     lib.RL_V_LEASE_UNCOVERED: "row in flight whose lease ends before lease_min (no sweep would "
                               "put it back)",
+    lib.RL_V_IV_CLASS: "row word's interval class names a slot of its lane that holds another "
+                       "interval",
 }
 # Crash marks: what a writer killed midway left, which a repair finishes or takes back (reap()).
 _MARKS = {

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Model-check the per-lane claim-floor protocol and the rows-in-flight protocol (tests/model/
-# floor.pml; csrc/floor.c, csrc/claim.c, csrc/sweep.c, csrc/writes.c, csrc/index.c), and the add
+# floor.pml; csrc/floor.c, csrc/claim.c, csrc/sweep.c, csrc/writes.c, csrc/index.c), the add
 # path's reservation with the repair that rolls a dead writer's add forward or back
-# (tests/model/add.pml; csrc/writes.c, csrc/lease.c, csrc/stats.c), with spin.
+# (tests/model/add.pml; csrc/writes.c, csrc/lease.c, csrc/stats.c), and the interval classes
+# of row words (tests/model/ivclass.pml; csrc/layout.h, csrc/writes.c, csrc/claim.c), with spin.
 #
 #   sh tests/model/check.sh
 #
@@ -26,6 +27,8 @@
 #      add                (add.pml) two writers adding two rows each, any of them killed at
 #                         any step, a repair at any moment, then the last repair
 #      add-twice          (add.pml) two writers adding one row twice each, two repairs
+#      ivclass            (ivclass.pml) two writers filling one lane's interval table, a move
+#                         to another lane, a claim pass weighing rows at any moment
 # 2. Deliberately broken variants, in which spin must find an assertion violation (so the
 #    property provably catches each bug), each with its counterexample printed step by step:
 #    BROKEN_RAISE, BROKEN_LOWER, BROKEN_GEN, BROKEN_RING_MIN, BROKEN_PROPOSAL, BROKEN_FRESH
@@ -37,7 +40,8 @@
 #    before the fixes this model found); and a sanity run, REACH_TOP, whose violation shows
 #    that the floor does get raised to the top minute. In add.pml: NO_SETTLE (the repair before
 #    the write journal: rows counted but empty), JOURNAL_AFTER, SETTLE_IGNORES_LIVE,
-#    DROP_BEFORE_PUBLISH and SETTLE_JOURNALS_FIRST.
+#    DROP_BEFORE_PUBLISH and SETTLE_JOURNALS_FIRST. In ivclass.pml: BROKEN_STORE, BROKEN_KEEP_CLASS,
+#    BROKEN_WORD_FIRST, and the sanity run REACH_FULL (a lane's table found full).
 #
 # The searches run CHECK_JOBS at a time (default 2); their results are printed in the order
 # above. SPIN_DEFINES is added to every run (e.g. SPIN_DEFINES=-DLITERAL_CAS_LOOPS). Work
@@ -83,7 +87,8 @@ search() {
     name=$1
     shift
     dir="$work/$name"
-    case $name in add*) source="$here/add.pml" ;; *) source="$model" ;; esac
+    case $name in add*) source="$here/add.pml" ;; ivclass*) source="$here/ivclass.pml" ;;
+        *) source="$model" ;; esac
     mkdir "$dir" && cp "$source" "$dir/model.pml" || exit 2
     # shellcheck disable=SC2086  # $extra is a list of words
     if ! (cd "$dir" && spin -a "$@" $extra model.pml >spin.log 2>&1); then
@@ -240,6 +245,11 @@ job caught add-journal-after -DJOURNAL_AFTER
 job caught add-settle-ignores-live -DSETTLE_IGNORES_LIVE
 job caught add-drop-before-publish -DDROP_BEFORE_PUBLISH
 job caught add-settle-journals-first -DSETTLE_JOURNALS_FIRST
+job verified ivclass
+job caught ivclass-broken-store -DBROKEN_STORE
+job caught ivclass-broken-keep-class -DBROKEN_KEEP_CLASS
+job caught ivclass-broken-word-first -DBROKEN_WORD_FIRST
+job caught ivclass-reach-full -DREACH_FULL
 while [ "$printed" -lt "$njobs" ]; do
     nap
     flush
