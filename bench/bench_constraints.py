@@ -51,6 +51,7 @@ from common import (
     BUDGET,
     DAY_MS,
     NOW,
+    PRODUCTION,
     corpus,
     corpus_lanes,
     drop,
@@ -58,11 +59,11 @@ from common import (
     finish,
     new_engine,
     parse_args,
+    production_rows,
 )
 from seek_variants import NO_SKIP, NO_TOMB, TWO_SIDED, UNFLOORED, Handle
 
 from engine import Engine, LanePolicy
-from engine.policy import CLASSIC_FLOORS, COARSE_BANDS
 from engine.shm.segment import ffi, lib
 from engine.sim import build_corpus, corpus_config
 
@@ -323,23 +324,11 @@ def fitted(c: dict[str, Any]) -> list[dict[str, Any]]:
     return figs
 
 
-PRODUCTION_INTERVALS = (1800, 3600, 8 * 3600, 30 * 3600, 48 * 3600)
-PRODUCTION = LanePolicy(ttl_bands=COARSE_BANDS, min_share=CLASSIC_FLOORS)
 PRODUCTION_POLICIES = [  # (id, label, policy): the same bands and floors, three remainders
     ("lane_order", "lane order", replace(PRODUCTION, remainder="lane-order")),
     ("lateness", "lateness (LanePolicy()'s weighing)", PRODUCTION),
     ("edf", "edf", replace(PRODUCTION, remainder="edf")),
 ]
-
-
-def _production_rows(n: int) -> tuple[Any, Any, Any, Any]:
-    """``n`` rows of the production shape: every one overdue by 3 to 30 days, intervals drawn
-    from PRODUCTION_INTERVALS, 46 % discovered, 2 % failed into the cold lane."""
-    rng = np.random.default_rng(38)
-    interval = rng.choice(np.array(PRODUCTION_INTERVALS, np.int64), n)
-    prov = (rng.random(n) < 0.46).astype(np.int64)  # 1: discovered
-    due = NOW - rng.integers(3 * DAY_MS, 30 * DAY_MS, n)
-    return due, interval, prov, np.where(rng.random(n) < 0.02, 5, 0)
 
 
 def _claim_times(eng: Any, claims: int) -> list[int]:
@@ -399,7 +388,7 @@ def production(c: dict[str, Any]) -> list[dict[str, Any]]:
     each (a remainder leaves the lanes' heads where its own order left them, so blocks of
     another remainder on the same rows would time that one's state), new ones every round
     (_production_engines), taking turns block by block within the round."""
-    rows = _production_rows(c["rows"])
+    rows = production_rows(c["rows"])
     vals: dict[str, list[float]] = {pid: [] for pid, _, _ in PRODUCTION_POLICIES}
     for k in range(c["f_rounds"]):
         engines, others = _production_engines(rows, c["f_held"], k)

@@ -2,20 +2,24 @@
 after releases, with due writes in the ring, and when leases lapse.
 
     .venv/bin/python bench/bench_inflight.py [--smoke] [--out FILE] [--only PARTS]
+        [--shape bench|production]
 
 A render pool always holds rows: every worker has a batch leased while renders take seconds.
 The other benchmarks complete each batch at once, so they run with one batch in flight; this
 one holds rows first and then times claims beside them.
 
-Corpus and definitions as in bench_engine.py: rows over the default lanes, all overdue, window
-140, budget 16, virtual time (``now_ms=``) so that leases lapse exactly when the script says.
-"Rows in flight" are held by claims of budget 64 with a 1 h lease, never completed, made before
-timing: the same claim calls a pool makes, so they sit where a pool's batches sit, at the heads
-of the lanes. Latency is bench_engine's: claim(16) is timed, complete_many of its batch is not
-(the median over rounds of the mean µs per claim in a round; a merge the claim asks for runs
-inside the call and is timed with it); throughput is bench_engine's
-claim(16) + complete_many rows/s, both timed, forked workers. Every ratio is against a figure
-measured in the same rounds of the same run (0 in flight, or the comparison the label names).
+Corpus and definitions as in bench_engine.py: rows over the benchmarks' ten lanes (one interval
+a lane), or with ``--shape production`` bench_constraints (f)'s rows and policy
+(``LanePolicy()``; its busiest lanes hold two intervals, so a head's interval comes from its row
+word), all overdue, window 140, budget 16, virtual time (``now_ms=``) so that leases lapse
+exactly when the script says. "Rows in flight" are held by claims of budget 64 with a 1 h lease,
+never completed, made before timing: the same claim calls a pool makes, so they sit where a
+pool's batches sit, at the heads of the lanes. Latency is bench_engine's: claim(16) is timed,
+complete_many of its batch is not (the median over rounds of the mean µs per claim in a round; a
+merge the claim asks for runs inside the call and is timed with it); throughput is
+bench_engine's claim(16) + complete_many rows/s, both timed, forked workers. Every ratio is
+against a figure measured in the same rounds of the same run (0 in flight, or the comparison the
+label names).
 
 A claim that grants 0 rows while due rows are queued is a stall: its figure is reported as
 STALLED with the count, never as a (fast) time. Parts: inflight (claim(16) with 0 .. 65,536
@@ -36,6 +40,7 @@ from bench_engine import size_label
 from common import (
     BUDGET,
     NOW,
+    SHAPES,
     Slot,
     drop,
     figure,
@@ -44,6 +49,7 @@ from common import (
     parse_args,
     run_clients,
     stalled,
+    use_shape,
 )
 
 from engine import Engine
@@ -521,11 +527,14 @@ PARTS = ("inflight", "pool", "release", "expiry")
 def options(ap: Any) -> None:
     ap.add_argument("--only", default=",".join(PARTS),
                     help=f"comma-separated parts to run (default all): {', '.join(PARTS)}")
+    ap.add_argument("--shape", default="bench", choices=SHAPES,
+                    help="the rows and policy of every engine (default bench)")
 
 
 def main() -> None:
     args = parse_args(__doc__, options)
     started = time.perf_counter()
+    use_shape(args.shape)
     c = dict(SMOKE if args.smoke else FULL)
     only = {p.strip() for p in args.only.split(",") if p.strip()}
     if only - set(PARTS):
@@ -545,7 +554,7 @@ def main() -> None:
         else:
             part_expiry(c, figs)
         print(f"-- {part}: {time.perf_counter() - t0:.0f} s", flush=True)
-    finish("bench_inflight", args, figs, started)
+    finish(f"bench_inflight --shape {args.shape}", args, figs, started)
 
 
 if __name__ == "__main__":

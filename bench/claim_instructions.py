@@ -41,7 +41,7 @@ def child(policy: str, rows: int, claims: int) -> None:
     from engine import Engine
 
     spec = {pid: p for pid, _, p in bc.PRODUCTION_POLICIES}[policy]
-    data = bc._production_rows(rows)
+    data = bc.production_rows(rows)
     eng = new_engine("instructions", len(data[0]), spec, rows=data)
     other = Engine.attach(eng.name)
     try:

@@ -50,6 +50,11 @@ before it weighed its lanes by their intervals): ten lanes over the bands 1 h / 
 the peers (bench_python_peers, bench_servers) model the same lanes. The default itself,
 ``LanePolicy()``, is measured by bench_constraints (e) on rows of each corpus's shape."""
 LANES = 10  # BENCH_POLICY's lane count: urgent, submitted/b0..b3, discovered/b0..b3, cold
+PRODUCTION_INTERVALS = (1800, 3600, 8 * 3600, 30 * 3600, 48 * 3600)
+PRODUCTION = LanePolicy(ttl_bands=COARSE_BANDS, min_share=CLASSIC_FLOORS)
+"""The production deployment's layout (issue 38, bench_constraints (f)): bands 1 h / 6 h / 24 h,
+floors 0.10 discovered and 0.02 cold, the default's lateness remainder with weights derived
+from the intervals each lane holds."""
 
 # ---------------------------------------------------------------------------------- corpus ----
 
@@ -64,6 +69,29 @@ def corpus(n: int, seed: int = 7, overdue_days: tuple[int, int] = (3, 30)) -> tu
     prov = rng.integers(0, 2, n)
     failures = np.where(rng.random(n) < 0.02, 5, 0)
     return due, interval, prov, failures
+
+
+def production_rows(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` rows of the production shape: every one overdue by 3 to 30 days, intervals drawn
+    from PRODUCTION_INTERVALS (so the two busiest lanes each hold 30 min and 1 h rows), 46 %
+    discovered, 2 % failed into the cold lane."""
+    rng = np.random.default_rng(38)
+    interval = rng.choice(np.array(PRODUCTION_INTERVALS, np.int64), n)
+    prov = (rng.random(n) < 0.46).astype(np.int64)  # 1: discovered
+    due = NOW - rng.integers(3 * DAY_MS, 30 * DAY_MS, n)
+    return due, interval, prov, np.where(rng.random(n) < 0.02, 5, 0)
+
+
+SHAPES = ("bench", "production")
+_shape = ["bench"]
+
+
+def use_shape(shape: str) -> None:
+    """What new_engine fills an engine with when not told: ``bench`` (the corpus over
+    BENCH_POLICY's ten lanes) or ``production`` (production_rows under PRODUCTION)."""
+    if shape not in SHAPES:
+        raise SystemExit(f"--shape: unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    _shape[0] = shape
 
 
 def corpus_lanes(interval: np.ndarray, prov: np.ndarray, failures: np.ndarray,
@@ -98,14 +126,17 @@ def seg_name(tag: str) -> str:
 
 def new_engine(tag: str, n: int, policy: LanePolicy | None = None, rows: Any = None,
                capacity: int | None = None) -> Engine:
-    """A fresh engine filled with the corpus (or `rows` = (due, interval, prov, failures)),
-    merged; its segment is unlinked at exit even on Ctrl-C or an exception."""
+    """A fresh engine filled with the shape's rows (use_shape; or `rows` = (due, interval, prov,
+    failures)) under its policy (or `policy`), merged; its segment is unlinked at exit even on
+    Ctrl-C or an exception."""
     name = seg_name(tag)
-    eng = Engine.create(name, capacity=capacity or n, policy=policy or BENCH_POLICY)
+    production = _shape[0] == "production"
+    eng = Engine.create(name, capacity=capacity or n,
+                        policy=policy or (PRODUCTION if production else BENCH_POLICY))
     _segments[name] = os.getpid()
     try:
         if rows is None:
-            rows = corpus(n)
+            rows = production_rows(n) if production else corpus(n)
         if len(rows[0]):
             eng.add_many(*rows)
         eng.compact()

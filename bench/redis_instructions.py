@@ -64,7 +64,7 @@ def engine_cycles(srv: RedisServer, rows: int, remainder: str | None = None,
     if shape == "production":
         import bench_constraints as bc
 
-        rows_in, policy = bc._production_rows(rows), bc.PRODUCTION
+        rows_in, policy = bc.production_rows(rows), bc.PRODUCTION
     if fitted:
         policy = LanePolicy.fitted(rows_in[1], rows_in[2])
     if remainder is not None:

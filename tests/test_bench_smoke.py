@@ -149,3 +149,24 @@ def test_run_all_joins_everything_into_latest_json(smoke: Path) -> None:
     for script in SCRIPTS:
         assert set(EXPECTED[script]) <= ids
     assert doc["machine"]["memory_gib"] > 0 and doc["date"]
+
+
+def test_bench_inflight_runs_on_the_production_shape(tmp_path: Path) -> None:
+    """``--shape production`` (bench_constraints (f)'s rows and policy, lanes of two intervals,
+    so the pass weighs heads by their row words' interval classes) reports every figure the
+    ten-lane shape does, with no claim stalled and nothing left behind."""
+    before = _leftovers()
+    out = tmp_path / "inflight.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_inflight.py"), "--smoke",
+                           "--shape", "production", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    after = _leftovers()
+    assert all(a <= b for a, b in zip(after, before, strict=True)), (before, after)
+    doc = json.loads(out.read_text())
+    assert doc["script"] == "bench_inflight --shape production"
+    figs = _figures(doc)
+    for fid in EXPECTED["bench_inflight"]:
+        assert fid in figs and "median" in figs[fid], fid
+    for k in (0, 16, 256):
+        assert figs[f"inflight.rows_per_claim.k{k}"]["min"] == 16

@@ -85,6 +85,18 @@ def unique_name() -> str:
     return f"{PREFIX}{SESSION}-{uuid.uuid4().hex[:12]}"
 
 
+def attach_raw(name: str) -> Any:
+    """A test's own mapping of segment ``name`` (a ``SharedMemory``), to read or forge its bytes.
+    Python 3.11 registers an attached segment with the resource tracker, which would unlink it
+    at exit: the test does not own it."""
+    from multiprocessing import resource_tracker
+    from multiprocessing.shared_memory import SharedMemory
+
+    shm = SharedMemory(name=name)
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    return shm
+
+
 def shm_path(name: str) -> str:
     return os.path.join(SHM_DIR, name)
 

@@ -9,16 +9,13 @@ the pass against ``reference_pass`` over random intervals, many to a lane."""
 from __future__ import annotations
 
 import struct
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
-from lanes_testlib import HOUR, NOW, fresh_engine, lane_bounds, ten_lanes
+from chaos_lib import row_words
+from lanes_testlib import HOUR, NOW, attach_raw, fresh_engine, lane_bounds, ten_lanes
 
-from engine import _core
 from engine.policy import reference_pass
 
-ffi, lib = _core.ffi, _core.lib
 CLS_SHIFT = 62  # RL_WORD_CLS_SHIFT
 OFF_ROWS = 40 + 2 * 8  # rl_header's off_rows: the third of its region offsets
 EQUAL = ten_lanes(weights={})  # bands 1 h / 6 h / 24 h, every lane weighing 1
@@ -27,9 +24,7 @@ BAND = [7200, 10800, 14400, 18000, 21600]
 
 
 def _classes(eng, rows) -> list[int]:
-    n = eng.rows_used()
-    words, leases = ffi.new("uint64_t[]", n), ffi.new("uint64_t[]", n)
-    assert lib.rl_rows_dump(eng._h, 0, n, words, leases) == 0
+    words = row_words(eng, eng.rows_used())
     return [int(words[int(r)]) >> CLS_SHIFT for r in rows]
 
 
@@ -104,18 +99,12 @@ def test_a_lane_of_more_intervals_than_slots_weighs_each_head_by_its_own():
         assert eng.verify() == []
 
 
-def _attach_raw(name: str) -> SharedMemory:
-    shm = SharedMemory(name=name)
-    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    return shm
-
-
 def test_verify_reports_a_class_that_names_another_interval():
     with fresh_engine(EQUAL, capacity=64) as eng:
         eng.add(NOW - HOUR, 10800)
         row = eng.add(NOW - HOUR, 7200)
         assert _classes(eng, [row]) == [2] and eng.verify() == []
-        shm = _attach_raw(eng.stats()["name"])
+        shm = attach_raw(eng.stats()["name"])
         try:
             (rows_at,) = struct.unpack_from("<Q", shm.buf, OFF_ROWS)
             at = rows_at + 16 * row

@@ -7,11 +7,19 @@ import struct
 import subprocess
 import sys
 import time
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
 
 import pytest
-from lanes_testlib import DAY, HOUR, NOW, ROOT, TEN_LANES, dispose, shm_path, unique_name
+from lanes_testlib import (
+    DAY,
+    HOUR,
+    NOW,
+    ROOT,
+    TEN_LANES,
+    attach_raw,
+    dispose,
+    shm_path,
+    unique_name,
+)
 
 from engine import Engine, EngineError, LanePolicy, LayoutMismatch
 from engine.errors import (
@@ -28,16 +36,8 @@ LANE_KEYS = {"lane", "name", "floor_minute", "queued", "due", "leased", "granted
              "stale_skipped", "lease_refused"}
 
 
-def _attach_raw(name: str) -> SharedMemory:
-    shm = SharedMemory(name=name)
-    # Python 3.11 registers an attached segment with the resource tracker, which would unlink
-    # it at exit: this test does not own it.
-    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    return shm
-
-
 def _patch(name: str, fmt: str, offset: int, value: int) -> int:
-    shm = _attach_raw(name)
+    shm = attach_raw(name)
     try:
         (old,) = struct.unpack_from(fmt, shm.buf, offset)
         struct.pack_into(fmt, shm.buf, offset, value)
@@ -450,7 +450,7 @@ def test_verify_reports_a_live_row_stranded_below_its_lane_floor(make_engine):
     assert c.rows.tolist() == [held]
     assert eng.floor_minute(1) == (NOW - 7 * HOUR) // 60_000  # held by the in-flight row
     assert eng.verify() == []
-    shm = _attach_raw(name)
+    shm = attach_raw(name)
     try:
         at = _find_floor_word(eng, shm, 1)
         (word,) = struct.unpack_from("<Q", shm.buf, at)
